@@ -1,0 +1,18 @@
+"""smallinit: small initialization for language models.
+
+    from smallinit import gamma_init_
+    report = gamma_init_(model, gamma=1.0)   # W ~ N(0, d_in^(−2γ)) for every weight matrix
+"""
+
+from .config import AnalysisConfig, Config, DataConfig, ModelConfig, MoEConfig, TrainConfig
+from .errors import SmallinitError
+from .init import InitReport, gamma_init_, gamma_normal_, set_norm_eps_
+from .model import ModelOutput, Transformer
+from .train import load_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AnalysisConfig", "Config", "DataConfig", "InitReport", "ModelConfig", "ModelOutput", "MoEConfig",
+    "SmallinitError", "TrainConfig", "Transformer", "gamma_init_", "gamma_normal_", "load_model", "set_norm_eps_",
+]

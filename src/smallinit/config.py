@@ -1,0 +1,343 @@
+"""Typed configs (model / train / data / analysis), presets, TOML files and ``--set key=value`` overrides.
+
+Resolution order: dataclass defaults → TOML file → ``--preset`` → ``--set`` overrides. A ``model.preset``
+key starts the model section from that preset; the section's other keys then override it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+GATES = ("none", "headwise", "elementwise")
+
+
+@dataclass
+class MoEConfig:
+    """Mixture-of-experts feed-forward: E experts of width d_expert, top-k routing, optional shared expert."""
+
+    num_experts: int = 8
+    top_k: int = 2
+    d_expert: int = 0  # 0 → the model's d_ff
+    shared_expert: bool = False
+    every_n_layers: int = 1  # 1 → every layer is MoE; 2 → every second layer, ...
+    score: str = "softmax"  # "softmax" | "sigmoid"
+    aux_loss_weight: float = 0.01  # Switch-style load balancing
+    z_loss_weight: float = 1e-3  # router z-loss
+    capacity_factor: float = 0.0  # 0 → dropless
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = 64
+    n_layers: int = 6
+    n_heads: int = 4
+    n_kv_heads: int = 4
+    d_ff: int = 256
+    vocab_size: int = 8192
+    max_seq_len: int = 512
+    gamma: float = 1.0
+    norm_eps: float = 1e-12
+    gate: str = "elementwise"
+    qk_norm: bool = False
+    tie_embeddings: bool = True
+    rope_theta: float = 10000.0
+    moe: MoEConfig | None = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @staticmethod
+    def presets() -> list[str]:
+        return list(PRESETS) + list(PRESET_ALIASES)
+
+    @staticmethod
+    def preset(name: str, **overrides: Any) -> ModelConfig:
+        name = PRESET_ALIASES.get(name, name)
+        if name not in PRESETS:
+            raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(ModelConfig.presets())}")
+        raw = dict(PRESETS[name])
+        raw.update(overrides)
+        return from_dict(ModelConfig, raw, "model")
+
+    def validate(self) -> None:
+        _positive(self, "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "max_seq_len")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"model.n_heads={self.n_heads} must divide model.d_model={self.d_model}")
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim = d_model / n_heads = {self.head_dim} must be even for RoPE")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"model.n_kv_heads={self.n_kv_heads} must divide model.n_heads={self.n_heads}")
+        if not (self.gamma > 0 and math.isfinite(self.gamma)):
+            raise ConfigError(f"model.gamma must be > 0, got {self.gamma}")
+        if not (self.norm_eps > 0 and math.isfinite(self.norm_eps)):
+            raise ConfigError(f"model.norm_eps must be > 0 (the paper uses 1e-12), got {self.norm_eps}")
+        if self.gate not in GATES:
+            raise ConfigError(f"model.gate must be one of {', '.join(GATES)}, got {self.gate!r}")
+        if self.rope_theta <= 0:
+            raise ConfigError(f"model.rope_theta must be > 0, got {self.rope_theta}")
+        if self.moe is not None:
+            m = self.moe
+            _positive(m, "num_experts", "top_k", "every_n_layers")
+            if m.top_k > m.num_experts:
+                raise ConfigError(f"model.moe.top_k={m.top_k} exceeds model.moe.num_experts={m.num_experts}")
+            if m.d_expert < 0 or m.aux_loss_weight < 0 or m.z_loss_weight < 0 or m.capacity_factor < 0:
+                raise ConfigError("model.moe.d_expert and the MoE loss weights must be ≥ 0")
+            if m.score not in ("softmax", "sigmoid"):
+                raise ConfigError(f"model.moe.score must be softmax or sigmoid, got {m.score!r}")
+
+
+# Our shape guesses (the paper gives sizes, not shapes; 1.5b has d_model 2048 as in its Fig. 1c).
+# Parameter counts are computed by `smallinit info --preset NAME`; see the README for the table.
+PRESETS: dict[str, dict[str, Any]] = {
+    "cpu-1m": dict(d_model=64, n_layers=6, n_heads=4, n_kv_heads=4, d_ff=256, vocab_size=8192, max_seq_len=256),
+    "cpu-5m": dict(d_model=192, n_layers=8, n_heads=6, n_kv_heads=6, d_ff=512, vocab_size=8192, max_seq_len=512),
+    "cpu-20m": dict(d_model=384, n_layers=8, n_heads=6, n_kv_heads=6, d_ff=1152, vocab_size=8192, max_seq_len=512),
+    "0.1b": dict(d_model=640, n_layers=12, n_heads=10, n_kv_heads=10, d_ff=1728, vocab_size=32768,
+                 max_seq_len=2048, tie_embeddings=False),
+    "0.3b": dict(d_model=1024, n_layers=16, n_heads=16, n_kv_heads=16, d_ff=2816, vocab_size=32768,
+                 max_seq_len=2048, tie_embeddings=False),
+    "0.5b": dict(d_model=1280, n_layers=18, n_heads=10, n_kv_heads=10, d_ff=3456, vocab_size=32768,
+                 max_seq_len=2048, tie_embeddings=False),
+    "1b": dict(d_model=1792, n_layers=20, n_heads=14, n_kv_heads=14, d_ff=4864, vocab_size=32768,
+               max_seq_len=2048, tie_embeddings=False),
+    "1.5b": dict(d_model=2048, n_layers=24, n_heads=16, n_kv_heads=16, d_ff=5504, vocab_size=32768,
+                 max_seq_len=2048, tie_embeddings=False),
+}
+PRESET_ALIASES = {"tiny": "cpu-1m"}
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 300
+    seed: int = 0
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    schedule: str = "cosine"  # "cosine" | "wsd" | "constant"
+    warmup_steps: int = 30
+    decay_frac: float = 0.2  # wsd: the last fraction of steps decays linearly
+    batch_size: int = 16  # sequences per optimizer step (global, over all ranks and accumulation)
+    grad_accum: int = 1
+    weight_decay: float = 0.1
+    decay_norms_and_embeddings: bool = False
+    beta1: float = 0.9
+    beta2: float = 0.95
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 → off
+    eval_every: int = 50
+    eval_batches: int = 8
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
+    precision: str = "auto"  # "auto" (bf16 autocast on GPU, fp32 on CPU) | "fp32" | "bf16"
+    compile: bool = False
+    parallel: str = "none"  # "none" | "ddp" | "fsdp" (under torchrun)
+    nonfinite: str = "stop"  # "stop" | "skip" (skip the batch and count it)
+    max_skips: int = 10
+    threads: int = 0  # torch intra-op threads; 0 → torch's default
+
+    def validate(self) -> None:
+        _positive(self, "steps", "batch_size", "grad_accum", "eval_batches", "keep_checkpoints", "log_every")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"train.lr must be > 0, got {self.lr}")
+        for k in ("warmup_steps", "eval_every", "checkpoint_every", "max_skips", "threads", "seed"):
+            if getattr(self, k) < 0:
+                raise ConfigError(f"train.{k} must be ≥ 0, got {getattr(self, k)}")
+        if not 0 <= self.min_lr_ratio <= 1 or not 0 < self.decay_frac <= 1:
+            raise ConfigError("train.min_lr_ratio must be in [0, 1] and train.decay_frac in (0, 1]")
+        if self.weight_decay < 0 or self.grad_clip < 0 or not 0 <= self.beta1 < 1 or not 0 <= self.beta2 < 1:
+            raise ConfigError("train.weight_decay and train.grad_clip must be ≥ 0, betas in [0, 1)")
+        _choice(self, "schedule", ("cosine", "wsd", "constant"))
+        if self.precision == "fp16":
+            raise ConfigError(
+                "train.precision=fp16 is refused: ε = 1e-12 (and the small-init activations it protects) "
+                "underflow to 0 in fp16, whose smallest subnormal is 6e-8; use bf16 or fp32"
+            )
+        _choice(self, "precision", ("auto", "fp32", "bf16"))
+        _choice(self, "parallel", ("none", "ddp", "fsdp"))
+        _choice(self, "nonfinite", ("stop", "skip"))
+        if self.batch_size % self.grad_accum:
+            raise ConfigError(f"train.grad_accum={self.grad_accum} must divide train.batch_size={self.batch_size}")
+
+
+@dataclass
+class DataConfig:
+    corpus: str = "default"  # builtin name, file, directory or glob
+    tokenizer: str = "default"  # "default" | "bytes" | path to a tokenizer.json
+    text_field: str = "text"
+    seq_len: int = 128
+    val_fraction: float = 0.05
+
+    def validate(self) -> None:
+        _positive(self, "seq_len")
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"data.val_fraction must be in (0, 1), got {self.val_fraction}")
+
+
+@dataclass
+class AnalysisConfig:
+    every: int = 0  # measure every N steps during training; 0 → off
+
+    def validate(self) -> None:
+        if self.every < 0:
+            raise ConfigError(f"analysis.every must be ≥ 0, got {self.every}")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=lambda: ModelConfig.preset("cpu-1m"))
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+
+    def validate(self) -> Config:
+        for section in (self.model, self.train, self.data, self.analysis):
+            section.validate()
+        if self.data.seq_len > self.model.max_seq_len:
+            raise ConfigError(
+                f"data.seq_len={self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}"
+            )
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @staticmethod
+    def from_dict(raw: dict[str, Any]) -> Config:
+        raw = dict(raw)
+        model = dict(raw.pop("model", None) or {})
+        preset = model.pop("preset", "cpu-1m")
+        if not isinstance(preset, str):
+            raise ConfigError(f"model.preset must be a name, got {preset!r}")
+        cfg = from_dict(Config, {k: v for k, v in raw.items()}, "")
+        cfg.model = ModelConfig.preset(preset, **model)
+        return cfg.validate()
+
+    @staticmethod
+    def from_json_file(path: str | Path) -> Config:
+        """A resolved config as written to a run folder's config.json."""
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"{p} not found; is {p.parent} a run folder?")
+        try:
+            return Config.from_dict(json.loads(p.read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ConfigError(f"{p} is not valid JSON; the run folder is damaged") from None
+
+    @staticmethod
+    def load(path: str | Path | None = None, *, preset: str | None = None, overrides: list[str] = ()) -> Config:
+        """Resolve a config: file, then preset, then ``key=value`` overrides."""
+        raw: dict[str, Any] = read_toml(path) if path is not None else {}
+        if preset is not None:
+            raw.setdefault("model", {})["preset"] = preset
+        for item in overrides:
+            key, value = parse_override(item)
+            set_dotted(raw, key, value)
+        return Config.from_dict(raw)
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} not found; pass an existing .toml file")
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``key=value``: the value is read as a TOML literal (1e-12, true, "x", [1, 2]) or else kept as text."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part.isidentifier() for part in key.split(".")):
+        raise ConfigError(f"--set {item!r} is not of the form section.key=value (e.g. train.steps=200)")
+    try:
+        value = tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    return key, value
+
+
+def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    *parents, last = key.split(".")
+    node = raw
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {key}: {part!r} is a value, not a section")
+        node = child
+    node[last] = value
+
+
+def from_dict(cls: type, raw: Any, where: str) -> Any:
+    """Build dataclass ``cls`` from a dict, checking names and types; ``where`` names the section."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config section [{where}] must be a table, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        label = f"{where}." if where else ""
+        raise ConfigError(
+            f"unknown config key {label}{unknown[0]}; known keys: {', '.join(sorted(names))}"
+        )
+    kwargs = {name: _coerce(hints[name], value, f"{where}.{name}" if where else name) for name, value in raw.items()}
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and len(args) == 1):
+            return None
+        return _coerce(args[0], value, where)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:
+        return value
+    raise ConfigError(f"config key {where} must be {tp.__name__}, got {value!r}")
+
+
+def _positive(obj: Any, *names: str) -> None:
+    section = type(obj).__name__.replace("Config", "").lower()
+    for n in names:
+        v = getattr(obj, n)
+        if v <= 0:
+            raise ConfigError(f"{section}.{n} must be > 0, got {v}")
+
+
+def _choice(obj: Any, name: str, choices: tuple[str, ...]) -> None:
+    v = getattr(obj, name)
+    if v not in choices:
+        section = type(obj).__name__.replace("Config", "").lower()
+        raise ConfigError(f"{section}.{name} must be one of {', '.join(choices)}, got {v!r}")

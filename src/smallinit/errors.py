@@ -1,0 +1,23 @@
+"""User-facing errors: one line that says what is wrong and what to do. The CLI exits 2 on them."""
+
+
+class SmallinitError(Exception):
+    """A problem with the user's input (config, file, checkpoint, corpus), not a bug in smallinit."""
+
+    exit_code = 2
+
+
+class ConfigError(SmallinitError):
+    """A config value, preset or override is invalid."""
+
+
+class DataError(SmallinitError):
+    """A corpus, tokenizer or data file cannot be used."""
+
+
+class CheckpointError(SmallinitError):
+    """A checkpoint or run folder is missing, incomplete, tampered with or does not match."""
+
+
+class TrainingError(SmallinitError):
+    """Training cannot go on (for example a non-finite loss)."""

@@ -1,0 +1,8 @@
+"""The model: a plain nn.Module that knows nothing of training, data, logging or distribution."""
+
+from .attention import Attention, apply_rope, rope_tables
+from .mlp import SwiGLU
+from .norm import RMSNorm
+from .transformer import Block, ModelOutput, Transformer
+
+__all__ = ["Attention", "Block", "ModelOutput", "RMSNorm", "SwiGLU", "Transformer", "apply_rope", "rope_tables"]

@@ -1,0 +1,85 @@
+"""Causal self-attention: RoPE, grouped-query SDPA, optional QK-norm, optional output gate.
+
+The gate (Qiu et al. 2025, position G1) multiplies each head's SDPA output by sigmoid(x W_θ), where x is the
+same normalised hidden state that feeds Q/K/V, so the gate depends on the query token. "headwise" learns one
+scalar per head, "elementwise" one per channel. It lets a head output ~0 without parking its attention on
+the first token, which is what small init otherwise encourages (the attention sink).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .norm import RMSNorm
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of shape (max_seq_len, head_dim) for the rotate-half convention, in fp32."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, H, T, hd) by position: x·cos + rotate_half(x)·sin."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(
+        self, d_model: int, n_heads: int, n_kv_heads: int, *, gate: str, qk_norm: bool, norm_eps: float
+    ):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads
+        self.gate = gate
+        self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
+        if gate != "none":  # W_θ
+            self.g_proj = nn.Linear(d_model, n_heads * (self.head_dim if gate == "elementwise" else 1), bias=False)
+        if qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, norm_eps)
+        self.qk_norm = qk_norm
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, captured: dict | None = None
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+        gqa = self.n_kv_heads != self.n_heads
+        if captured is not None and "attn" in captured:
+            y = self._attention_with_probs(q, k, v, captured)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        if captured is not None and "qk" in captured:
+            captured["qk"].append((q.detach(), k.detach()))
+
+        if self.gate != "none":
+            g = torch.sigmoid(self.g_proj(x).float()).to(y.dtype)  # (B, T, H·hd) or (B, T, H)
+            g = g.view(B, T, self.n_heads, -1).transpose(1, 2)  # (B, H, T, hd or 1)
+            y = y * g
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+    def _attention_with_probs(self, q, k, v, captured: dict) -> torch.Tensor:
+        """The non-fused path for analysis: same result as SDPA, and it keeps the probabilities."""
+        rep = self.n_heads // self.n_kv_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        T = q.shape[-2]
+        scores = (q.float() @ k.float().transpose(-2, -1)) * self.head_dim**-0.5
+        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        captured["attn"].append(probs.detach())
+        return (probs @ v.float()).to(q.dtype)

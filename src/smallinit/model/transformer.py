@@ -1,0 +1,140 @@
+"""The decoder: token embedding → L pre-norm blocks (attention, feed-forward) → final RMSNorm → LM head.
+
+h_0 = E[tokens];  h_l = h_{l−1} + Attn(Norm(h_{l−1}));  h_l ← h_l + FFN(Norm(h_l));  logits = Norm(h_L) Wᵀ.
+Every weight matrix starts from N(0, d_in^(−2γ)) (smallinit.init). For analysis, ``capture`` returns
+internal states from the same forward pass: "hidden" (h_0 … h_L, h_L being the final norm's input),
+"norms" (each norm's input, by name), "qk" (per-layer queries and keys after RoPE), "attn" (per-layer
+attention probabilities from a non-fused path). Training passes no capture and always uses fused SDPA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ModelConfig
+from ..init import InitReport, gamma_init_
+from .attention import Attention, rope_tables
+from .mlp import SwiGLU
+from .norm import RMSNorm
+
+CAPTURES = ("hidden", "norms", "qk", "attn")
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor | None = None
+    loss: torch.Tensor | None = None  # mean next-token cross-entropy (plus nothing else)
+    aux_loss: torch.Tensor | None = None  # weighted MoE router losses, to be added to ``loss`` for training
+    hidden_states: list[torch.Tensor] = field(default_factory=list)
+    norm_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    qk: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    attentions: list[torch.Tensor] = field(default_factory=list)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(
+            cfg.d_model, cfg.n_heads, cfg.n_kv_heads, gate=cfg.gate, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps
+        )
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        if cfg.moe is not None and layer % cfg.moe.every_n_layers == cfg.moe.every_n_layers - 1:
+            from .moe import MoE
+
+            self.mlp = MoE(cfg.d_model, cfg.d_ff, cfg.moe)
+        else:
+            self.mlp = SwiGLU(cfg.d_model, cfg.d_ff)
+
+    def forward(self, h, cos, sin, captured: dict | None = None, name: str = ""):
+        if captured is not None and "norms" in captured:
+            captured["norms"][f"{name}.attn_norm"] = h.detach()
+        h = h + self.attn(self.attn_norm(h), cos, sin, captured)
+        if captured is not None and "norms" in captured:
+            captured["norms"][f"{name}.mlp_norm"] = h.detach()
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig, *, seed: int = 0, init: bool = True):
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_report: InitReport | None = self.reset_parameters(seed) if init else None
+
+    def reset_parameters(self, seed: int = 0) -> InitReport:
+        """γ-init every matrix from ``seed`` (same weights on every machine and parallel layout)."""
+        return gamma_init_(self, self.config.gamma, generator=torch.Generator().manual_seed(seed))
+
+    def forward(
+        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, capture: Iterable[str] = ()
+    ) -> ModelOutput:
+        T = tokens.shape[1]
+        if T > self.config.max_seq_len:
+            raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}")
+        captured = _capture_slots(capture)
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+
+        h = self.embed(tokens)
+        hidden = [h.detach()] if captured and "hidden" in captured else None
+        for i, block in enumerate(self.blocks):
+            h = block(h, cos, sin, captured, f"blocks.{i}")
+            if hidden is not None:
+                hidden.append(h.detach())
+        if captured and "norms" in captured:
+            captured["norms"]["norm"] = h.detach()
+        logits = self.lm_head(self.norm(h))
+
+        out = ModelOutput(logits=logits)
+        if targets is not None:
+            out.loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        aux = [b.mlp.aux_loss for b in self.blocks if getattr(b.mlp, "aux_loss", None) is not None]
+        if aux:
+            out.aux_loss = torch.stack(aux).sum()
+        if captured:
+            out.hidden_states = hidden or []
+            out.norm_inputs = captured.get("norms", {})
+            out.qk = captured.get("qk", [])
+            out.attentions = captured.get("attn", [])
+        return out
+
+    def num_params(self, *, active: bool = False, embeddings: bool = True) -> int:
+        """Unique parameters; ``active`` counts only the experts a token uses (MoE)."""
+        seen, total = set(), 0
+        for name, mod in self.named_modules():
+            for pname, p in mod.named_parameters(recurse=False):
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                if not embeddings and mod is self.embed:
+                    continue
+                n = p.numel()
+                if active and hasattr(mod, "active_fraction"):
+                    n = round(n * mod.active_fraction(pname))
+                total += n
+        return total
+
+
+def _capture_slots(capture: Iterable[str]) -> dict | None:
+    capture = tuple(capture)
+    unknown = set(capture) - set(CAPTURES)
+    if unknown:
+        raise ValueError(f"unknown capture {sorted(unknown)}; choose from {CAPTURES}")
+    if not capture:
+        return None
+    slots = {"hidden": True, "norms": {}, "qk": [], "attn": []}
+    return {k: slots[k] for k in capture}
