@@ -1,0 +1,94 @@
+"""Batches from a flat token stream, stateless: batch ``step`` is a pure function of (seed, step).
+
+Training batches are random windows whose start offsets come from a fresh generator seeded with
+``[seed, step]``, so any step's batch can be recomputed without replaying the ones before it (exact
+resume), and every rank computes the same global batch and takes its own contiguous slice (the data a
+run sees does not depend on the number of ranks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from smallinit.errors import DataError
+
+
+def _check_sizes(n_tokens: int, batch_size: int, seq_len: int, what: str = "corpus") -> None:
+    if batch_size < 1:
+        raise DataError(f"batch size {batch_size} is invalid; use a positive batch size")
+    if seq_len < 1:
+        raise DataError(f"data.seq_len {seq_len} is invalid; use a positive sequence length")
+    if n_tokens < seq_len + 1:
+        raise DataError(
+            f"{what} has {n_tokens} tokens, fewer than one sequence of seq_len+1 = {seq_len + 1}; "
+            "use a larger corpus or a smaller data.seq_len"
+        )
+
+
+def batch_starts(n_tokens: int, batch_size: int, seq_len: int, seed: int, step: int) -> np.ndarray:
+    """Start offsets (int64, shape (batch_size,)) of the windows of global batch ``step``.
+
+    Each window covers tokens [start, start + seq_len + 1), so start <= n_tokens - seq_len - 1.
+    """
+    _check_sizes(int(n_tokens), int(batch_size), int(seq_len))
+    if seed < 0 or step < 0:
+        raise DataError(f"seed {seed} and step {step} must be non-negative; pass non-negative integers")
+    rng = np.random.default_rng([int(seed), int(step)])
+    return rng.integers(0, int(n_tokens) - int(seq_len), size=int(batch_size), dtype=np.int64)
+
+
+def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    idx = starts[:, None] + np.arange(seq_len + 1, dtype=np.int64)[None, :]
+    w = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
+    return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+
+def get_batch(
+    tokens: np.ndarray,
+    batch_size: int,
+    seq_len: int,
+    seed: int,
+    step: int,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs x and targets y (y = x shifted by one), int64, shape (batch_size // world_size, seq_len).
+
+    ``batch_size`` is the global batch; rank r takes rows [r * b, (r + 1) * b) of it, b = batch_size // world_size.
+    """
+    if world_size < 1 or not (0 <= rank < world_size):
+        raise DataError(f"rank {rank} / world size {world_size} is invalid; need 0 <= rank < world_size")
+    if batch_size % world_size:
+        raise DataError(
+            f"global batch size {batch_size} does not divide by the {world_size} ranks; "
+            "use a batch size that is a multiple of the number of ranks"
+        )
+    starts = batch_starts(len(tokens), batch_size, seq_len, seed, step)
+    b = batch_size // world_size
+    return _windows(tokens, starts[rank * b : (rank + 1) * b], seq_len)
+
+
+def n_eval_windows(n_tokens: int, seq_len: int) -> int:
+    """How many non-overlapping evaluation windows a split of ``n_tokens`` tokens holds."""
+    return max(0, (int(n_tokens) - 1) // int(seq_len))
+
+
+def iter_eval_batches(
+    tokens: np.ndarray, batch_size: int, seq_len: int, max_batches: int | None = None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Deterministic evaluation batches: consecutive windows with stride ``seq_len`` from the start.
+
+    Window k has inputs tokens[k*seq_len : (k+1)*seq_len] and the targets one further, so every target
+    token is scored at most once. The last batch may be smaller; at most ``max_batches`` batches.
+    """
+    _check_sizes(len(tokens), int(batch_size), int(seq_len), what="validation split")
+    n_win = n_eval_windows(len(tokens), seq_len)
+    if max_batches is not None:
+        n_win = min(n_win, max(0, int(max_batches)) * batch_size)
+    for lo in range(0, n_win, batch_size):
+        starts = np.arange(lo, min(lo + batch_size, n_win), dtype=np.int64) * seq_len
+        yield _windows(tokens, starts, seq_len)
