@@ -1,0 +1,96 @@
+"""The command line: parses arguments, calls the library, maps errors to exit codes — nothing else."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .errors import SmallinitError
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE.toml", help="a TOML config (sections model, train, data, analysis)")
+    p.add_argument("--preset", metavar="NAME", help="model preset, e.g. cpu-1m, cpu-5m, 0.1b, 1.5b")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set train.steps=200 --set model.gate=headwise")
+
+
+def _load_config(args: argparse.Namespace):
+    from .config import Config
+
+    return Config.load(args.config, preset=args.preset, overrides=args.overrides)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .config import Config
+    from .train import Trainer
+
+    out = Path(args.out)
+    if args.resume and not (args.config or args.preset or args.overrides):
+        cfg = Config.from_json_file(out / "config.json")
+    else:
+        cfg = _load_config(args)
+    summary = Trainer(cfg, out, resume=args.resume).fit()
+    print(f"done: step {summary['step']}, val loss {summary['val_loss']:.4f}; run folder {out}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .model import Transformer
+
+    cfg = _load_config(args)
+    model = Transformer(cfg.model, seed=cfg.train.seed)
+    total, active = model.num_params(), model.num_params(active=True)
+    print(f"parameters: {total:,} total, {active:,} active, {model.num_params(embeddings=False):,} without embeddings")
+    print(model.init_report)
+    return 0
+
+
+def cmd_tokenizer_train(args: argparse.Namespace) -> int:
+    from .data import iter_documents, train_tokenizer
+
+    tok = train_tokenizer(iter_documents(args.corpus, text_field=args.text_field), args.vocab_size, args.out)
+    print(f"wrote {args.out} (vocab {tok.vocab_size})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="smallinit", description="Small initialization for language models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a model")
+    _config_args(p)
+    p.add_argument("--out", default="runs/train", metavar="RUN_DIR", help="run folder (default runs/train)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("info", help="parameter counts and the γ-init table of a config")
+    _config_args(p)
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("tokenizer", help="tokenizer tools")
+    tsub = p.add_subparsers(dest="tokenizer_command", required=True)
+    t = tsub.add_parser("train", help="train a byte-level BPE tokenizer on a corpus")
+    t.add_argument("corpus", help="builtin corpus name, file, directory or glob")
+    t.add_argument("--vocab-size", type=int, default=8192)
+    t.add_argument("--text-field", default="text")
+    t.add_argument("--out", required=True, metavar="TOKENIZER.json")
+    t.set_defaults(func=cmd_tokenizer_train)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SmallinitError as e:
+        print(f"smallinit: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("smallinit: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,8 @@
+"""Training: the loop, optimizer and schedules, checkpoints, callbacks."""
+
+from .callbacks import Callback, Progress
+from .checkpoint import latest_checkpoint, load_model
+from .optim import build_optimizer, lr_at
+from .trainer import Runtime, Trainer
+
+__all__ = ["Callback", "Progress", "Runtime", "Trainer", "build_optimizer", "latest_checkpoint", "load_model", "lr_at"]

@@ -1,0 +1,271 @@
+"""The training loop: AdamW, schedules, accumulation, evaluation, checkpoints and exact resume.
+
+Exact resume rests on three facts: the batch of step s is a pure function of (seed, s) (data.batching), the
+model and optimizer are restored bit for bit from safetensors, and nothing else draws random numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import Config
+from ..data import get_batch, iter_eval_batches, load_token_data, load_tokenizer
+from ..errors import CheckpointError, ConfigError, TrainingError
+from ..model import Transformer
+from . import checkpoint as ckpt
+from .callbacks import Callback, Progress
+from .optim import build_optimizer, lr_at
+
+
+@dataclass
+class Runtime:
+    """Where this process trains: its device and its place among ranks (1 of 1 unless under torchrun)."""
+
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @staticmethod
+    def local(device: str = "auto") -> Runtime:
+        return Runtime(resolve_device(device))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"train.device {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"train.device={name} but no CUDA GPU is available; use train.device=cpu")
+    return device
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    if precision == "auto":
+        return torch.bfloat16 if device.type == "cuda" else None
+    return {"fp32": None, "bf16": torch.bfloat16}[precision]
+
+
+class Trainer:
+    def __init__(
+        self, cfg: Config, run_dir: str | Path, *, resume: bool = False, callbacks: list[Callback] | None = None,
+        runtime: Runtime | None = None,
+    ):
+        self.run_dir = Path(run_dir)
+        self.runtime = runtime or Runtime.local(cfg.train.device)
+        self.callbacks = [Progress()] if callbacks is None else list(callbacks)
+        tc = cfg.train
+        if tc.threads:
+            torch.set_num_threads(tc.threads)
+
+        self.tokenizer = load_tokenizer(cfg.data.tokenizer)
+        cfg.model.vocab_size = self.tokenizer.vocab_size  # the tokenizer defines the vocabulary
+        self.cfg = cfg.validate()
+        self.amp_dtype = autocast_dtype(tc.precision, self.runtime.device)
+        self._prepare_run_dir(resume)
+        self.data = load_token_data(
+            cfg.data.corpus, self.tokenizer, val_fraction=cfg.data.val_fraction, text_field=cfg.data.text_field
+        )
+        if len(self.data.val) < cfg.data.seq_len + 1:
+            raise ConfigError(
+                f"the validation split has {len(self.data.val)} tokens, fewer than one sequence of "
+                f"{cfg.data.seq_len + 1}; use a larger corpus, a larger data.val_fraction or a smaller data.seq_len"
+            )
+
+        self.model = Transformer(cfg.model, seed=tc.seed).to(self.runtime.device)
+        self.engine: torch.nn.Module = torch.compile(self.model) if tc.compile else self.model
+        self.optimizer = build_optimizer(self.model, tc)
+        self.names = {id(p): n for n, p in self.model.named_parameters()}
+        self.step, self.skipped = 0, 0
+        if resume:
+            self._restore()
+
+    # -- run folder ---------------------------------------------------------------------------------------
+
+    def _prepare_run_dir(self, resume: bool) -> None:
+        config_file = self.run_dir / "config.json"
+        if resume:
+            if not config_file.is_file():
+                raise CheckpointError(f"{self.run_dir} is not a run folder (no config.json); drop --resume")
+            try:
+                saved = json.loads(config_file.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise CheckpointError(f"{config_file} is not valid JSON; the run folder is damaged") from None
+            diff = _first_difference(saved, self.cfg.to_dict())
+            if diff:
+                raise ConfigError(
+                    f"--resume: {diff}; resume with the run's own config (omit --config/--preset/--set)"
+                )
+            return
+        if config_file.exists() or ckpt.list_checkpoints(self.run_dir):
+            raise ConfigError(
+                f"run folder {self.run_dir} already holds a run; pass --resume to continue it or choose another --out"
+            )
+        if self.runtime.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            ckpt.write_json_atomic(config_file, self.cfg.to_dict())
+
+    def _restore(self) -> None:
+        found = ckpt.latest_checkpoint(self.run_dir)
+        if found is None:
+            return  # killed before the first checkpoint: start over
+        if found.state.get("config") != self.cfg.to_dict():
+            raise CheckpointError(f"{found.path} was written by a different config than {self.run_dir}/config.json")
+        tensors = ckpt.load_tensors(found.path / "model.safetensors")
+        ckpt.load_model_tensors(self.model, tensors, found.path, found.state.get("aliases"))
+        optim = ckpt.load_tensors(found.path / "optim.safetensors")
+        ckpt.load_optimizer_tensors(self.optimizer, optim, self.names)
+        self.step, self.skipped = found.step, int(found.state.get("skipped", 0))
+        if self.runtime.is_main:
+            truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
+
+    def save(self) -> Path | None:
+        tensors, aliases = ckpt.split_aliases(self.model.state_dict())
+        optim = ckpt.optimizer_tensors(self.optimizer, self.names)
+        if not self.runtime.is_main:
+            return None
+        state = {"config": self.cfg.to_dict(), "aliases": aliases, "skipped": self.skipped}
+        return ckpt.save_checkpoint(self.run_dir, self.step, tensors, optim, state, keep=self.cfg.train.keep_checkpoints)
+
+    def log(self, record: dict[str, Any]) -> None:
+        """Append a record to metrics.jsonl (main process only)."""
+        if self.runtime.is_main:
+            with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(record, sort_keys=True) + "\n")
+
+    # -- the loop -------------------------------------------------------------------------------------------
+
+    def autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.runtime.device.type, dtype=self.amp_dtype)
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        self.engine.eval()
+        d, losses = self.cfg.data, []
+        for x, y in iter_eval_batches(self.data.val, self.cfg.train.batch_size, d.seq_len, self.cfg.train.eval_batches):
+            with self.autocast():
+                losses.append(self.engine(x.to(self.runtime.device), y.to(self.runtime.device)).loss.float())
+        self.engine.train()
+        return torch.stack(losses).mean().item()
+
+    def train_step(self) -> dict[str, Any]:
+        """One optimizer step over the global batch of this step; returns its record."""
+        tc, d, rt = self.cfg.train, self.cfg.data, self.runtime
+        lr = lr_at(self.step, tc)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        x, y = get_batch(self.data.train, tc.batch_size, d.seq_len, tc.seed, self.step,
+                         rank=rt.rank, world_size=rt.world_size)
+        x, y = x.to(rt.device), y.to(rt.device)
+        loss_sum = torch.zeros((), device=rt.device)
+        for xm, ym in zip(x.chunk(tc.grad_accum), y.chunk(tc.grad_accum)):
+            with self.autocast():
+                out = self.engine(xm, ym)
+                loss = out.loss if out.aux_loss is None else out.loss + out.aux_loss
+            (loss / tc.grad_accum).backward()
+            loss_sum += out.loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip or math.inf)
+        loss_value = loss_sum.item() / tc.grad_accum
+        finite = math.isfinite(loss_value) and math.isfinite(grad_norm.item())
+        if finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        record = {"step": self.step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm.item()}
+        if not finite:
+            self._nonfinite(record)
+        return record
+
+    def _nonfinite(self, record: dict[str, Any]) -> None:
+        self.skipped += 1
+        self.log({**record, "event": "nonfinite"})
+        last = ckpt.latest_checkpoint(self.run_dir)
+        where = f"the last good checkpoint is {last.path}" if last else "no checkpoint was written yet"
+        if self.cfg.train.nonfinite == "stop" or self.skipped > self.cfg.train.max_skips:
+            raise TrainingError(
+                f"non-finite loss or gradient at step {record['step']} (loss {record['loss']}); {where}; "
+                "lower train.lr, or set train.nonfinite=skip to skip such batches"
+            )
+
+    def fit(self) -> dict[str, Any]:
+        tc = self.cfg.train
+        tokens_per_step = tc.batch_size * self.cfg.data.seq_len
+        for cb in self.callbacks:
+            cb.on_train_start(self)
+        if self.step == 0 and tc.eval_every:
+            self._eval_and_log()
+        t_last, step_last = time.perf_counter(), self.step
+        val_loss = None
+        while self.step < tc.steps:
+            record = self.train_step()
+            if self.step % tc.log_every == 0 or self.step == tc.steps:
+                now = time.perf_counter()
+                record["tokens_per_s"] = tokens_per_step * (self.step - step_last) / max(now - t_last, 1e-9)
+                t_last, step_last = now, self.step
+                self.log(record)
+            else:
+                record["tokens_per_s"] = float("nan")
+            for cb in self.callbacks:
+                cb.on_step_end(self, record)
+            if (tc.eval_every and self.step % tc.eval_every == 0) or self.step == tc.steps:
+                val_loss = self._eval_and_log()
+            if (tc.checkpoint_every and self.step % tc.checkpoint_every == 0) or self.step == tc.steps:
+                self.save()
+        for cb in self.callbacks:
+            cb.on_train_end(self)
+        summary = {"step": self.step, "val_loss": val_loss, "skipped": self.skipped,
+                   "params": self.model.num_params(), "params_active": self.model.num_params(active=True)}
+        if self.runtime.is_main:
+            ckpt.write_json_atomic(self.run_dir / "summary.json", summary)
+        return summary
+
+    def _eval_and_log(self) -> float:
+        val = self.evaluate()
+        record = {"step": self.step, "val_loss": val}
+        self.log(record)
+        for cb in self.callbacks:
+            cb.on_eval(self, record)
+        return val
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """On resume, drop records past the checkpoint so the log reads like one uninterrupted run."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= last_step:
+                keep.append(line)
+        except (json.JSONDecodeError, AttributeError):
+            continue  # a line torn by a crash
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            d = _first_difference(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else k)
+            if d:
+                return d
+        return None
+    return None if a == b else f"the run has {prefix}={a!r}, this call has {b!r}"
