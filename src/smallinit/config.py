@@ -9,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import tomllib
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from .errors import ConfigError
 
@@ -218,12 +219,17 @@ class Config:
 
     @staticmethod
     def from_dict(raw: dict[str, Any]) -> Config:
+        if not isinstance(raw, dict):
+            raise ConfigError(f"a config must be a table of sections, got {raw!r}")
         raw = dict(raw)
-        model = dict(raw.pop("model", None) or {})
+        model = raw.pop("model", None) or {}
+        if not isinstance(model, dict):
+            raise ConfigError(f"config section [model] must be a table, got {model!r}")
+        model = dict(model)
         preset = model.pop("preset", "cpu-1m")
         if not isinstance(preset, str):
             raise ConfigError(f"model.preset must be a name, got {preset!r}")
-        cfg = from_dict(Config, {k: v for k, v in raw.items()}, "")
+        cfg = from_dict(Config, raw, "")
         cfg.model = ModelConfig.preset(preset, **model)
         return cfg.validate()
 

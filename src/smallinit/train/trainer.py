@@ -77,7 +77,7 @@ class Trainer:
         cfg.model.vocab_size = self.tokenizer.vocab_size  # the tokenizer defines the vocabulary
         self.cfg = cfg.validate()
         self.amp_dtype = autocast_dtype(tc.precision, self.runtime.device)
-        self._prepare_run_dir(resume)
+        self._check_run_dir(resume)
         self.data = load_token_data(
             cfg.data.corpus, self.tokenizer, val_fraction=cfg.data.val_fraction, text_field=cfg.data.text_field
         )
@@ -87,6 +87,9 @@ class Trainer:
                 f"{cfg.data.seq_len + 1}; use a larger corpus, a larger data.val_fraction or a smaller data.seq_len"
             )
 
+        if not resume and self.runtime.is_main:  # written only once the inputs proved usable
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            ckpt.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict())
         self.model = Transformer(cfg.model, seed=tc.seed).to(self.runtime.device)
         self.engine: torch.nn.Module = torch.compile(self.model) if tc.compile else self.model
         self.optimizer = build_optimizer(self.model, tc)
@@ -97,7 +100,7 @@ class Trainer:
 
     # -- run folder ---------------------------------------------------------------------------------------
 
-    def _prepare_run_dir(self, resume: bool) -> None:
+    def _check_run_dir(self, resume: bool) -> None:
         config_file = self.run_dir / "config.json"
         if resume:
             if not config_file.is_file():
@@ -116,9 +119,6 @@ class Trainer:
             raise ConfigError(
                 f"run folder {self.run_dir} already holds a run; pass --resume to continue it or choose another --out"
             )
-        if self.runtime.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            ckpt.write_json_atomic(config_file, self.cfg.to_dict())
 
     def _restore(self) -> None:
         found = ckpt.latest_checkpoint(self.run_dir)

@@ -1,0 +1,87 @@
+"""Configs resolve and validate; the CLI turns every user error into one line and exit code 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from smallinit import Config, ModelConfig
+from smallinit.cli import main
+from smallinit.errors import ConfigError
+
+
+def test_resolution_order(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('[model]\npreset = "cpu-5m"\ngamma = 0.5\n[train]\nsteps = 7\nlr = 1e-3\n')
+    cfg = Config.load(f, overrides=["train.lr=2e-3", "model.gate=headwise", "model.norm_eps=1e-5"])
+    assert cfg.model.d_model == ModelConfig.preset("cpu-5m").d_model
+    assert (cfg.model.gamma, cfg.train.steps, cfg.train.lr) == (0.5, 7, 2e-3)
+    assert (cfg.model.gate, cfg.model.norm_eps) == ("headwise", 1e-5)
+    assert Config.load(f, preset="cpu-20m").model.d_model == 384
+    assert Config.from_dict(json.loads(cfg.to_json())) == cfg
+    assert Config().model.norm_eps == 1e-12 and Config().model.gate == "elementwise" and Config().model.gamma == 1.0
+
+
+@pytest.mark.parametrize("override,match", [
+    ("model.gamma=0", "gamma"), ("model.gamma=-1", "gamma"), ("model.norm_eps=0", "norm_eps"),
+    ("model.n_heads=5", "divide"), ("model.n_kv_heads=3", "divide"), ("model.gate=sideways", "gate"),
+    ("model.preset=huge", "unknown preset"), ("train.steps=0", "steps"), ("train.lr=abc", "float"),
+    ("train.schedule=linear", "schedule"), ("train.precision=fp16", "fp16"), ("model.colour=1", "unknown config key"),
+    ("train.grad_accum=3", "divide"), ("data.seq_len=100000", "max_seq_len"), ("nonsense", "form"),
+    ("train.steps=1.5", "int"), ("model.moe.top_k=9", "top_k"),
+])
+def test_bad_values(override, match):
+    extra = ["model.moe.num_experts=4"] if override.startswith("model.moe") else []
+    with pytest.raises(ConfigError, match=match):
+        Config.load(overrides=[*extra, override])
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        Config.load(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[model\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        Config.load(bad)
+    bad.write_text("model = 3\n")
+    with pytest.raises(ConfigError, match="table"):
+        Config.load(bad)
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--set", "model.gamma=-2"],
+    ["train", "--preset", "nope"],
+    ["train", "--config", "/nonexistent.toml"],
+    ["train", "--set", "data.corpus=/nonexistent/corpus.txt", "--set", "data.tokenizer=bytes"],
+    ["info", "--set", "model.gate=x"],
+    ["tokenizer", "train", "/nonexistent/dir", "--out", "x.json"],
+])
+def test_cli_errors_are_one_line_exit_2(argv, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("smallinit: error:") and "\n" not in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cli_info_and_module_entry(capsys):
+    assert main(["info", "--preset", "cpu-5m"]) == 0
+    out = capsys.readouterr().out
+    assert "parameters: 5,4" in out and "blocks.7.mlp.down_proj.weight" in out
+    r = subprocess.run([sys.executable, "-m", "smallinit", "info", "--set", "model.n_heads=3"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    r = subprocess.run([sys.executable, "-m", "smallinit", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "train" in r.stdout
+
+
+def test_cli_train_and_resume_refusal(tmp_path, capsys):
+    run = tmp_path / "run"
+    sets = ["--set", "data.tokenizer=bytes", "--set", "data.corpus=shakespeare", "--set", "train.steps=3",
+            "--set", "train.eval_every=0", "--set", "model.d_model=32", "--set", "model.n_heads=2",
+            "--set", "model.n_kv_heads=2"]
+    assert main(["train", "--out", str(run), *sets]) == 0
+    assert main(["train", "--out", str(run), *sets]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert main(["train", "--out", str(tmp_path / "other"), "--resume"]) == 2

@@ -1,0 +1,180 @@
+"""Training: loss falls, checkpoints are atomic and verified, kill-and-resume is bit-exact, NaN stops."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from smallinit import Config, load_model
+from smallinit.errors import CheckpointError, ConfigError, TrainingError
+from smallinit.train import Callback, Trainer, lr_at
+from smallinit.train import checkpoint as ckpt
+
+TINY = [
+    "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=2", "model.d_ff=64",
+    "data.tokenizer=bytes", "data.corpus=shakespeare", "data.seq_len=32", "train.batch_size=8",
+    "train.warmup_steps=5", "train.eval_batches=2", "train.log_every=5",
+]
+
+
+def tiny(*extra: str) -> Config:
+    return Config.load(overrides=[*TINY, *extra])
+
+
+def final_tensors(run: Path) -> dict[str, torch.Tensor]:
+    found = ckpt.latest_checkpoint(run)
+    return {**load_file(found.path / "model.safetensors"), **load_file(found.path / "optim.safetensors")}
+
+
+def test_loss_falls_and_run_folder(tmp_path):
+    run = tmp_path / "run"
+    summary = Trainer(tiny("train.steps=40", "train.eval_every=20", "train.lr=1e-2"), run, callbacks=[]).fit()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    vals = [r["val_loss"] for r in records if "val_loss" in r]
+    assert records[0] == {"step": 0, "val_loss": vals[0]}
+    assert vals[-1] < vals[0] - 1.0  # from ≈ ln(257) = 5.55 to well below
+    assert summary["val_loss"] == vals[-1]
+    assert {"loss", "lr", "grad_norm", "tokens_per_s"} <= set(records[1])
+    assert json.loads((run / "config.json").read_text())["model"]["vocab_size"] == 257
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["step_0000040"]
+    model = load_model(run)
+    assert not model.training and model.config.d_model == 32
+
+
+def test_schedules():
+    c = Config().train
+    c.steps, c.warmup_steps, c.lr, c.min_lr_ratio = 100, 10, 1.0, 0.1
+    assert lr_at(0, c) == pytest.approx(0.1) and lr_at(9, c) == pytest.approx(1.0)
+    assert lr_at(10, c) == pytest.approx(1.0) and lr_at(100, c) == pytest.approx(0.1)
+    assert lr_at(55, c) == pytest.approx(0.55)
+    c.schedule, c.decay_frac = "wsd", 0.2
+    assert lr_at(79, c) == pytest.approx(1.0) and lr_at(99, c) == pytest.approx(0.1)
+    assert lr_at(89, c) == pytest.approx(0.55)
+
+
+def test_grad_accum_matches_full_batch(tmp_path):
+    a = Trainer(tiny("train.steps=3", "train.eval_every=0"), tmp_path / "a", callbacks=[])
+    b = Trainer(tiny("train.steps=3", "train.eval_every=0", "train.grad_accum=4"), tmp_path / "b", callbacks=[])
+    a.fit(), b.fit()
+    for (n, p), q in zip(a.model.named_parameters(), b.model.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_resume_in_process_is_bit_exact(tmp_path):
+    args = ("train.steps=20", "train.checkpoint_every=5", "train.eval_every=10", "train.keep_checkpoints=10")
+    Trainer(tiny(*args), tmp_path / "full", callbacks=[]).fit()
+    part = tmp_path / "part"
+
+    class StopAt12(Callback):  # stop between checkpoints: steps 11-12 are lost and redone
+        def on_step_end(self, trainer, record):
+            if trainer.step == 12:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(tiny(*args), part, callbacks=[StopAt12()]).fit()
+    Trainer(tiny(*args), part, resume=True, callbacks=[]).fit()
+    full, resumed = final_tensors(tmp_path / "full"), final_tensors(part)
+    assert full.keys() == resumed.keys()
+    assert all(torch.equal(full[k], resumed[k]) for k in full)
+    metrics = (part / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in metrics] == [
+        json.loads(x)["step"] for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
+    ]
+
+
+def _train_cmd(run: Path, *extra: str) -> list[str]:
+    sets = [a for s in (*TINY, *extra) for a in ("--set", s)]
+    return [sys.executable, "-m", "smallinit", "train", "--out", str(run), *sets]
+
+
+def test_sigkill_then_resume_is_bit_exact(tmp_path):
+    args = ("train.steps=60", "train.checkpoint_every=4", "train.eval_every=20", "train.log_every=1")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(_train_cmd(tmp_path / "full", *args), check=True, env=env, capture_output=True)
+    run = tmp_path / "killed"
+    proc = subprocess.Popen(_train_cmd(run, *args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # kill it mid-run, once it has logged past the second checkpoint
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] \
+            if (run / "metrics.jsonl").exists() else []
+        if steps and max(steps) >= 10:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    killed_at = ckpt.latest_checkpoint(run).step
+    assert 8 <= killed_at < 60
+    resumed = subprocess.run([sys.executable, "-m", "smallinit", "train", "--out", str(run), "--resume"],
+                             env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    full, res = final_tensors(tmp_path / "full"), final_tensors(run)
+    assert all(torch.equal(full[k], res[k]) for k in full)
+
+
+def test_checkpoints_atomic_and_verified(tmp_path):
+    run = tmp_path / "run"
+    t = Trainer(tiny("train.steps=4", "train.eval_every=0", "train.keep_checkpoints=3"), run, callbacks=[])
+    for _ in range(2):
+        t.train_step()
+        t.save()
+    # a crash inside a write leaves only a temp folder, which is never taken for a checkpoint
+    (run / "checkpoints" / ".step_0000003.tmp999").mkdir()
+    assert ckpt.latest_checkpoint(run).step == 2
+    # a truncated newest checkpoint is refused and the previous one is used
+    newest = run / "checkpoints" / "step_0000002" / "model.safetensors"
+    newest.write_bytes(newest.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="truncated"):
+        ckpt.read_checkpoint(newest.parent)
+    assert ckpt.latest_checkpoint(run).step == 1
+    # same size, altered bytes → checksum mismatch
+    f = run / "checkpoints" / "step_0000001" / "optim.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="checksum"):
+        ckpt.read_checkpoint(f.parent)
+    assert ckpt.latest_checkpoint(run) is None
+    with pytest.raises(CheckpointError):
+        load_model(run)
+
+
+def test_nonfinite_loss_stops_and_keeps_last_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    cfg = tiny("train.steps=30", "train.eval_every=0", "train.checkpoint_every=2", "train.lr=1e30",
+               "train.warmup_steps=0", "train.grad_clip=0")
+    t = Trainer(cfg, run, callbacks=[])
+    with pytest.raises(TrainingError, match="non-finite") as e:
+        t.fit()
+    assert "last good checkpoint" in str(e.value) or "no checkpoint" in str(e.value)
+    bad_step = t.step
+    last = ckpt.latest_checkpoint(run)
+    assert last is None or last.step < bad_step
+    events = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] == "nonfinite" and events[-1]["step"] == bad_step
+
+
+def test_nonfinite_skip_counts(tmp_path):
+    cfg = tiny("train.steps=6", "train.eval_every=0", "train.lr=1e30", "train.warmup_steps=0",
+               "train.grad_clip=0", "train.nonfinite=skip", "train.max_skips=100")
+    summary = Trainer(cfg, tmp_path / "run", callbacks=[]).fit()
+    assert summary["skipped"] >= 1
+
+
+def test_run_folder_is_never_overwritten(tmp_path):
+    run = tmp_path / "run"
+    Trainer(tiny("train.steps=2", "train.eval_every=0"), run, callbacks=[]).fit()
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match="already holds a run"):
+        Trainer(tiny("train.steps=2"), run, callbacks=[])
+    with pytest.raises(ConfigError, match="--resume"):
+        Trainer(tiny("train.steps=2", "train.lr=1"), run, resume=True, callbacks=[])
+    assert before == {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
