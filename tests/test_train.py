@@ -94,25 +94,35 @@ def _train_cmd(run: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "smallinit", "train", "--out", str(run), *sets]
 
 
-def test_sigkill_then_resume_is_bit_exact(tmp_path):
+def _wait_for_step(run: Path, step: int, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (run / "metrics.jsonl").exists():
+            steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+            if steps and max(steps) >= step:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"{run} did not reach step {step}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_signal_then_resume_is_bit_exact(tmp_path, sig):
+    """SIGKILL loses the steps since the last checkpoint; SIGTERM checkpoints the current step, exits 75."""
     args = ("train.steps=60", "train.checkpoint_every=4", "train.eval_every=20", "train.log_every=1")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(_train_cmd(tmp_path / "full", *args), check=True, env=env, capture_output=True)
     run = tmp_path / "killed"
     proc = subprocess.Popen(_train_cmd(run, *args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    # kill it mid-run, once it has logged past the second checkpoint
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] \
-            if (run / "metrics.jsonl").exists() else []
-        if steps and max(steps) >= 10:
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    killed_at = ckpt.latest_checkpoint(run).step
-    assert 8 <= killed_at < 60
+    _wait_for_step(run, 10)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    last = ckpt.latest_checkpoint(run).step
+    if sig == signal.SIGKILL:
+        assert proc.returncode == -signal.SIGKILL and 8 <= last < 60
+    else:
+        assert proc.returncode == 75 and b"--resume" in err
+        logged = max(json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines())
+        assert last == logged  # the step in flight was finished and saved
     resumed = subprocess.run([sys.executable, "-m", "smallinit", "train", "--out", str(run), "--resume"],
                              env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr

@@ -21,3 +21,9 @@ class CheckpointError(SmallinitError):
 
 class TrainingError(SmallinitError):
     """Training cannot go on (for example a non-finite loss)."""
+
+
+class Preempted(SmallinitError):
+    """Training stopped on SIGTERM/SIGINT after writing a checkpoint; ``--resume`` continues it."""
+
+    exit_code = 75  # EX_TEMPFAIL: try again later

@@ -10,6 +10,8 @@ import contextlib
 import json
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +21,7 @@ import torch
 
 from ..config import Config
 from ..data import get_batch, iter_eval_batches, load_token_data, load_tokenizer
-from ..errors import CheckpointError, ConfigError, TrainingError
+from ..errors import CheckpointError, ConfigError, Preempted, TrainingError
 from ..model import Transformer
 from . import checkpoint as ckpt
 from .callbacks import Callback, Progress
@@ -205,6 +207,7 @@ class Trainer:
             )
 
     def fit(self) -> dict[str, Any]:
+        """Train to ``train.steps``. On SIGTERM/SIGINT: finish the step, checkpoint, raise Preempted."""
         tc = self.cfg.train
         tokens_per_step = tc.batch_size * self.cfg.data.seq_len
         for cb in self.callbacks:
@@ -213,21 +216,26 @@ class Trainer:
             self._eval_and_log()
         t_last, step_last = time.perf_counter(), self.step
         val_loss = None
-        while self.step < tc.steps:
-            record = self.train_step()
-            if self.step % tc.log_every == 0 or self.step == tc.steps:
-                now = time.perf_counter()
-                record["tokens_per_s"] = tokens_per_step * (self.step - step_last) / max(now - t_last, 1e-9)
-                t_last, step_last = now, self.step
-                self.log(record)
-            else:
-                record["tokens_per_s"] = float("nan")
-            for cb in self.callbacks:
-                cb.on_step_end(self, record)
-            if (tc.eval_every and self.step % tc.eval_every == 0) or self.step == tc.steps:
-                val_loss = self._eval_and_log()
-            if (tc.checkpoint_every and self.step % tc.checkpoint_every == 0) or self.step == tc.steps:
-                self.save()
+        with preemption_guard() as stop:
+            while self.step < tc.steps:
+                record = self.train_step()
+                if self.step % tc.log_every == 0 or self.step == tc.steps:
+                    now = time.perf_counter()
+                    record["tokens_per_s"] = tokens_per_step * (self.step - step_last) / max(now - t_last, 1e-9)
+                    t_last, step_last = now, self.step
+                    self.log(record)
+                else:
+                    record["tokens_per_s"] = float("nan")
+                for cb in self.callbacks:
+                    cb.on_step_end(self, record)
+                if (tc.eval_every and self.step % tc.eval_every == 0) or self.step == tc.steps:
+                    val_loss = self._eval_and_log()
+                if (tc.checkpoint_every and self.step % tc.checkpoint_every == 0) or self.step == tc.steps:
+                    self.save()
+                elif self.stop_requested(stop):
+                    path = self.save()
+                    raise Preempted(f"stopped by {stop[0]} at step {self.step}, checkpoint {path}; "
+                                    f"continue with: smallinit train --out {self.run_dir} --resume")
         for cb in self.callbacks:
             cb.on_train_end(self)
         summary = {"step": self.step, "val_loss": val_loss, "skipped": self.skipped,
@@ -236,6 +244,10 @@ class Trainer:
             ckpt.write_json_atomic(self.run_dir / "summary.json", summary)
         return summary
 
+    def stop_requested(self, stop: list[str]) -> bool:
+        """Whether a stop signal arrived (on any rank, once distributed training agrees on it)."""
+        return bool(stop)
+
     def _eval_and_log(self) -> float:
         val = self.evaluate()
         record = {"step": self.step, "val_loss": val}
@@ -243,6 +255,29 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_eval(self, record)
         return val
+
+
+@contextlib.contextmanager
+def preemption_guard():
+    """Record SIGTERM/SIGINT (what SLURM and Kubernetes send) instead of dying mid-step.
+
+    Yields a list that holds the signal's name once one arrived. Handlers are installed only in the
+    main thread and restored on exit.
+    """
+    stop: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum, _frame):
+        stop.append(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
