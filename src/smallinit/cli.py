@@ -37,10 +37,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    import torch
+
     from .model import Transformer
 
     cfg = _load_config(args)
-    model = Transformer(cfg.model, seed=cfg.train.seed)
+    with torch.device("meta"):  # shapes only: counts and the init table without allocating the weights
+        model = Transformer(cfg.model, seed=cfg.train.seed)
     total, active = model.num_params(), model.num_params(active=True)
     print(f"parameters: {total:,} total, {active:,} active, {model.num_params(embeddings=False):,} without embeddings")
     print(model.init_report)

@@ -68,7 +68,9 @@ class ModelConfig:
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(ModelConfig.presets())}")
         raw = dict(PRESETS[name])
-        raw.update(overrides)
+        for key, value in overrides.items():  # a nested section (moe) is merged key by key, not replaced
+            both = isinstance(value, dict) and isinstance(raw.get(key), dict)
+            raw[key] = {**raw[key], **value} if both else value
         return from_dict(ModelConfig, raw, "model")
 
     def validate(self) -> None:
@@ -96,6 +98,16 @@ class ModelConfig:
                 raise ConfigError("model.moe.d_expert and the MoE loss weights must be ≥ 0")
             if m.score not in ("softmax", "sigmoid"):
                 raise ConfigError(f"model.moe.score must be softmax or sigmoid, got {m.score!r}")
+            if m.capacity_factor != 0:
+                raise ConfigError(
+                    f"model.moe.capacity_factor={m.capacity_factor}: token dropping is not implemented; "
+                    "use 0 (dropless)"
+                )
+            if m.every_n_layers > self.n_layers:
+                raise ConfigError(
+                    f"model.moe.every_n_layers={m.every_n_layers} exceeds model.n_layers={self.n_layers}, "
+                    "so no layer would be MoE; lower it or drop the moe section"
+                )
 
 
 # Our shape guesses (the paper gives sizes, not shapes; 1.5b has d_model 2048 as in its Fig. 1c).
@@ -114,6 +126,20 @@ PRESETS: dict[str, dict[str, Any]] = {
                max_seq_len=2048, tie_embeddings=False),
     "1.5b": dict(d_model=2048, n_layers=24, n_heads=16, n_kv_heads=16, d_ff=5504, vocab_size=32768,
                  max_seq_len=2048, tie_embeddings=False),
+    # MoE (our shapes): fine-grained experts, 64 per layer, top-6 softmax routing, every layer MoE, no shared
+    # expert; d_ff = top_k · d_expert, so a dense layer (moe.every_n_layers > 1) costs what an MoE layer does.
+    # Counts by `smallinit info --preset NAME`: 1.48B total / 0.25B active; 3.06B / 0.50B.
+    "moe-1.5b-a0.25b": dict(d_model=768, n_layers=24, n_heads=6, n_kv_heads=6, d_ff=2304, vocab_size=32768,
+                            max_seq_len=2048, tie_embeddings=False,
+                            moe=dict(num_experts=64, top_k=6, d_expert=384)),
+    "moe-3b-a0.5b": dict(d_model=1024, n_layers=32, n_heads=8, n_kv_heads=8, d_ff=2688, vocab_size=32768,
+                         max_seq_len=2048, tie_embeddings=False,
+                         moe=dict(num_experts=64, top_k=6, d_expert=448)),
+    # tiny MoE for CPU tests and demos: 8 experts, top-2
+    "cpu-moe-1m": dict(d_model=64, n_layers=4, n_heads=4, n_kv_heads=4, d_ff=128, vocab_size=8192, max_seq_len=256,
+                       moe=dict(num_experts=8, top_k=2, d_expert=64)),
+    "cpu-moe-5m": dict(d_model=128, n_layers=6, n_heads=4, n_kv_heads=4, d_ff=384, vocab_size=8192, max_seq_len=512,
+                       moe=dict(num_experts=8, top_k=2, d_expert=192)),
 }
 PRESET_ALIASES = {"tiny": "cpu-1m"}
 

@@ -34,6 +34,8 @@ def gamma_normal_(
         if tensor.dim() < 2:
             raise ConfigError(f"gamma_normal_ needs fan_in for a {tensor.dim()}-d tensor")
         fan_in = tensor.shape[-1]
+    if tensor.is_meta:  # shapes only (parameter counts, the init report): nothing to draw
+        return tensor
     # Draw in fp32 on the CPU so the weights do not depend on dtype, device or parallel layout.
     sample = torch.empty(tensor.shape, dtype=torch.float32).normal_(0.0, gamma_std(fan_in, gamma), generator=generator)
     return tensor.copy_(sample)

@@ -2,7 +2,8 @@
 
 from .attention import Attention, apply_rope, rope_tables
 from .mlp import SwiGLU
+from .moe import MoE, RouterStats
 from .norm import RMSNorm
 from .transformer import Block, ModelOutput, Transformer
 
-__all__ = ["Attention", "Block", "ModelOutput", "RMSNorm", "SwiGLU", "Transformer", "apply_rope", "rope_tables"]
+__all__ = ["Attention", "Block", "ModelOutput", "MoE", "RMSNorm", "RouterStats", "SwiGLU", "Transformer", "apply_rope", "rope_tables"]

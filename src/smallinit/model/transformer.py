@@ -1,6 +1,7 @@
 """The decoder: token embedding → L pre-norm blocks (attention, feed-forward) → final RMSNorm → LM head.
 
 h_0 = E[tokens];  h_l = h_{l−1} + Attn(Norm(h_{l−1}));  h_l ← h_l + FFN(Norm(h_l));  logits = Norm(h_L) Wᵀ.
+FFN is a SwiGLU, or in MoE layers (``model.moe``) a routed mixture of SwiGLU experts (model/moe.py).
 Every weight matrix starts from N(0, d_in^(−2γ)) (smallinit.init). For analysis, ``capture`` returns
 internal states from the same forward pass: "hidden" (h_0 … h_L, h_L being the final norm's input),
 "norms" (each norm's input, by name), "qk" (per-layer queries and keys after RoPE), "attn" (per-layer
@@ -20,6 +21,7 @@ from ..config import ModelConfig
 from ..init import InitReport, gamma_init_
 from .attention import Attention, rope_tables
 from .mlp import SwiGLU
+from .moe import MoE
 from .norm import RMSNorm
 
 CAPTURES = ("hidden", "norms", "qk", "attn")
@@ -29,7 +31,7 @@ CAPTURES = ("hidden", "norms", "qk", "attn")
 class ModelOutput:
     logits: torch.Tensor | None = None
     loss: torch.Tensor | None = None  # mean next-token cross-entropy (plus nothing else)
-    aux_loss: torch.Tensor | None = None  # weighted MoE router losses, to be added to ``loss`` for training
+    aux_loss: torch.Tensor | None = None  # MoE router losses (weighted, mean over MoE layers); add to ``loss``
     hidden_states: list[torch.Tensor] = field(default_factory=list)
     norm_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
     qk: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
@@ -44,20 +46,23 @@ class Block(nn.Module):
             cfg.d_model, cfg.n_heads, cfg.n_kv_heads, gate=cfg.gate, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps
         )
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp: SwiGLU | MoE
         if cfg.moe is not None and layer % cfg.moe.every_n_layers == cfg.moe.every_n_layers - 1:
-            from .moe import MoE
-
             self.mlp = MoE(cfg.d_model, cfg.d_ff, cfg.moe)
         else:
             self.mlp = SwiGLU(cfg.d_model, cfg.d_ff)
 
     def forward(self, h, cos, sin, captured: dict | None = None, name: str = ""):
+        """(h after the block, the MoE layer's weighted router loss or None for a dense block)."""
         if captured is not None and "norms" in captured:
             captured["norms"][f"{name}.attn_norm"] = h.detach()
         h = h + self.attn(self.attn_norm(h), cos, sin, captured)
         if captured is not None and "norms" in captured:
             captured["norms"][f"{name}.mlp_norm"] = h.detach()
-        return h + self.mlp(self.mlp_norm(h))
+        if isinstance(self.mlp, MoE):
+            y, aux = self.mlp(self.mlp_norm(h))
+            return h + y, aux
+        return h + self.mlp(self.mlp_norm(h)), None
 
 
 class Transformer(nn.Module):
@@ -91,8 +96,11 @@ class Transformer(nn.Module):
 
         h = self.embed(tokens)
         hidden = [h.detach()] if captured and "hidden" in captured else None
+        aux = []
         for i, block in enumerate(self.blocks):
-            h = block(h, cos, sin, captured, f"blocks.{i}")
+            h, block_aux = block(h, cos, sin, captured, f"blocks.{i}")
+            if block_aux is not None:
+                aux.append(block_aux)
             if hidden is not None:
                 hidden.append(h.detach())
         if captured and "norms" in captured:
@@ -102,9 +110,8 @@ class Transformer(nn.Module):
         out = ModelOutput(logits=logits)
         if targets is not None:
             out.loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-        aux = [b.mlp.aux_loss for b in self.blocks if getattr(b.mlp, "aux_loss", None) is not None]
-        if aux:
-            out.aux_loss = torch.stack(aux).sum()
+        if aux:  # the mean, so the loss weights do not scale with depth
+            out.aux_loss = torch.stack(aux).mean()
         if captured:
             out.hidden_states = hidden or []
             out.norm_inputs = captured.get("norms", {})
@@ -115,7 +122,7 @@ class Transformer(nn.Module):
     def num_params(self, *, active: bool = False, embeddings: bool = True) -> int:
         """Unique parameters; ``active`` counts only the experts a token uses (MoE)."""
         seen, total = set(), 0
-        for name, mod in self.named_modules():
+        for mod in self.modules():
             for pname, p in mod.named_parameters(recurse=False):
                 if id(p) in seen:
                     continue

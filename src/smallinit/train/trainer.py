@@ -25,6 +25,7 @@ from ..errors import CheckpointError, ConfigError, Preempted, TrainingError
 from ..model import Transformer
 from . import checkpoint as ckpt
 from .callbacks import Callback, Progress
+from .moe_log import RouterLog, has_moe
 from .optim import build_optimizer, lr_at
 
 
@@ -93,6 +94,8 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             ckpt.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict())
         self.model = Transformer(cfg.model, seed=tc.seed).to(self.runtime.device)
+        if has_moe(self.model):  # expert load and router losses go to metrics.jsonl
+            self.callbacks.append(RouterLog())
         self.engine: torch.nn.Module = torch.compile(self.model) if tc.compile else self.model
         self.optimizer = build_optimizer(self.model, tc)
         self.names = {id(p): n for n, p in self.model.named_parameters()}

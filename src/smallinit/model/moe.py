@@ -1,0 +1,162 @@
+"""Mixture-of-experts feed-forward: a top-k router over E SwiGLU experts, plus an optional shared expert.
+
+For a token x (after the block's norm):
+
+    s = softmax(x W_rᵀ)  or  sigmoid(x W_rᵀ)            router scores over E experts, in fp32
+    K = top-k indices of s;  g_e = s_e / Σ_{j∈K} s_j     top-k weights renormalised to sum 1 (k > 1);
+                                                          with k = 1 the raw score s_e is kept (Switch),
+                                                          so the language-model loss still trains the router
+    y = Σ_{e∈K} g_e · SwiGLU_e(x)  [+ SwiGLU_shared(x)]
+
+Dropless: every token reaches its k experts whatever the batch holds, so a token's output does not depend
+on the other tokens. Dispatch sorts the (token, slot) pairs by expert and runs each projection as one
+grouped matrix multiply over the E contiguous groups (``torch.nn.functional.grouped_mm`` on the CPU), or
+as one matmul per expert (a loop over experts, never over tokens) where that is not available.
+
+Expert weights are stored batched, (E, out, in) like PyTorch's Linear, so γ-init (fan_in = last dim,
+leading dims are a batch) draws each expert from its own d_in: d_model for gate/up, d_expert for down.
+
+Router losses, returned by ``forward`` as one weighted scalar:
+- load balancing (Switch Transformer): E · Σ_e f_e · P_e, f_e = fraction of (token, slot) assignments sent
+  to expert e, P_e = mean router probability of e (sigmoid scores normalised per token). It is 1 for uniform
+  routing, and E·Σ f_e² ≥ 1 when routing is sharp (f = P);
+- z-loss (ST-MoE): mean over tokens of logsumexp(router logits)², which keeps the logits small.
+
+In training mode the layer also adds its routing counts and unweighted losses to two non-persistent buffers
+that training callbacks read and reset through ``pop_stats``; the forward result never depends on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import MoEConfig
+from .mlp import SwiGLU
+
+EXPERT_PARAMS = ("gate_proj", "up_proj", "down_proj")
+DISPATCHES = ("auto", "grouped", "loop")
+
+
+@dataclass
+class RouterStats:
+    """Routing of one MoE layer, averaged over the training forwards since the last ``pop_stats``."""
+
+    load: list[float]  # fraction of (token, slot) assignments per expert; sums to 1, uniform = 1/E
+    balance_loss: float  # unweighted load-balancing loss (1 = balanced)
+    z_loss: float  # unweighted router z-loss
+    forwards: int
+
+
+def load_balancing_loss(probs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Switch loss E · Σ_e f_e · P_e from per-token probabilities (N, E) and assignment counts (E,)."""
+    E = probs.shape[-1]
+    f = counts.to(probs.dtype) / counts.sum()
+    return E * (f * probs.mean(0)).sum()
+
+
+def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
+    """Mean over tokens of logsumexp(logits)²."""
+    return torch.logsumexp(logits, dim=-1).pow(2).mean()
+
+
+def expert_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, *, grouped: bool) -> torch.Tensor:
+    """Rows of ``x`` grouped by expert (group e has counts[e] rows) times w[e]ᵀ, w of shape (E, out, in)."""
+    if grouped:
+        return F.grouped_mm(x, w.transpose(-2, -1), offs=counts.cumsum(0).to(torch.int32))
+    # one matmul per expert; .tolist() waits for the counts (a host sync on GPUs)
+    return torch.cat([xe @ w[e].T for e, xe in enumerate(x.split(counts.tolist()))])
+
+
+class MoE(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, cfg: MoEConfig, *, dispatch: str = "auto"):
+        super().__init__()
+        E, d_expert = cfg.num_experts, cfg.d_expert or d_ff
+        self.num_experts, self.top_k, self.d_expert, self.score = E, cfg.top_k, d_expert, cfg.score
+        self.aux_loss_weight, self.z_loss_weight = cfg.aux_loss_weight, cfg.z_loss_weight
+        self.dispatch = dispatch
+        self.router = nn.Linear(d_model, E, bias=False)
+        # empty: the model's gamma_init_ fills them (and nothing is drawn when built on the meta device)
+        self.gate_proj = nn.Parameter(torch.empty(E, d_expert, d_model))
+        self.up_proj = nn.Parameter(torch.empty(E, d_expert, d_model))
+        self.down_proj = nn.Parameter(torch.empty(E, d_model, d_expert))
+        self.shared_expert = SwiGLU(d_model, d_expert) if cfg.shared_expert else None
+        self.register_buffer("expert_counts", torch.zeros(E), persistent=False)
+        self.register_buffer("loss_sums", torch.zeros(3), persistent=False)  # balance, z, forwards
+
+    def active_fraction(self, name: str) -> float:
+        """Fraction of a parameter that one token uses (for ``Transformer.num_params(active=True)``)."""
+        return self.top_k / self.num_experts if name in EXPERT_PARAMS else 1.0
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Router logits and probabilities (N, E), top-k weights and expert indices (N, k), all fp32."""
+        with torch.autocast(x.device.type, enabled=False):
+            logits = F.linear(x.float(), self.router.weight.float())
+        if self.score == "softmax":
+            scores = logits.softmax(-1)
+            probs = scores
+        else:
+            scores = logits.sigmoid()
+            probs = scores / scores.sum(-1, keepdim=True)
+        weights, experts = scores.topk(self.top_k, dim=-1)
+        if self.top_k > 1:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return logits, probs, weights, experts
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(output shaped like x, weighted router loss: aux_loss_weight·balance + z_loss_weight·z)."""
+        shape, k = x.shape, self.top_k
+        x = x.reshape(-1, shape[-1])
+        logits, probs, weights, experts = self.route(x)
+
+        # dispatch: (token, slot) pairs sorted by expert, so each expert's tokens are one contiguous block
+        flat = experts.flatten()
+        order = flat.argsort(stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts)
+        grouped = self._grouped(x)
+        xs = x[order // k]
+        hs = F.silu(expert_matmul(xs, self.gate_proj, counts, grouped=grouped))
+        hs = hs * expert_matmul(xs, self.up_proj, counts, grouped=grouped)
+        ys = expert_matmul(hs, self.down_proj, counts, grouped=grouped)
+        # combine: back to (token, slot) order, weighted sum over the k slots
+        y = torch.zeros_like(ys).index_copy(0, order, ys).view(-1, k, shape[-1])
+        y = (y * weights.unsqueeze(-1).to(y.dtype)).sum(1)
+        if self.shared_expert is not None:
+            y = y + self.shared_expert(x)
+
+        balance, z = load_balancing_loss(probs, counts), router_z_loss(logits)
+        if self.training:
+            self._accumulate(counts, balance, z)
+        return y.view(shape), self.aux_loss_weight * balance + self.z_loss_weight * z
+
+    def _grouped(self, x: torch.Tensor) -> bool:
+        if self.dispatch not in DISPATCHES:
+            raise ValueError(f"MoE dispatch must be one of {DISPATCHES}, got {self.dispatch!r}")
+        if self.dispatch != "auto":
+            return self.dispatch == "grouped"
+        # PyTorch documents grouped_mm for bf16 on recent CUDA GPUs only; on the CPU it takes fp32 and bf16
+        # when both matrix widths are whole multiples of 16 bytes. On GPUs the loop is used until the grouped
+        # path is verified there.
+        aligned = all(n * x.element_size() % 16 == 0 for n in (x.shape[-1], self.d_expert))
+        return (hasattr(F, "grouped_mm") and x.device.type == "cpu" and aligned
+                and x.dtype == self.gate_proj.dtype and x.dtype in (torch.float32, torch.bfloat16))
+
+    @torch.no_grad()
+    def _accumulate(self, counts: torch.Tensor, balance: torch.Tensor, z: torch.Tensor) -> None:
+        self.expert_counts += counts.to(self.expert_counts.dtype)
+        self.loss_sums += torch.stack([balance.detach(), z.detach(), torch.ones_like(z)]).to(self.loss_sums.dtype)
+
+    @torch.no_grad()
+    def pop_stats(self) -> RouterStats | None:
+        """Routing statistics since the last call (None if no training forward ran), and reset them."""
+        forwards = int(self.loss_sums[2].item())
+        if forwards == 0:
+            return None
+        load = (self.expert_counts / self.expert_counts.sum()).tolist()
+        balance, z = (self.loss_sums[:2] / forwards).tolist()
+        self.expert_counts.zero_()
+        self.loss_sums.zero_()
+        return RouterStats(load=load, balance_loss=balance, z_loss=z, forwards=forwards)
