@@ -58,6 +58,21 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from .experiments import format_table, run_sweep, sweep_rows
+
+    if args.status:
+        print(format_table(sweep_rows(args.status)))
+        return 0
+    if not args.file:
+        raise SmallinitError("pass a sweep file (smallinit sweep SWEEP.toml) or --status SWEEP_DIR")
+    out = args.out or str(Path("runs") / Path(args.file).stem)
+    outcome = run_sweep(args.file, out, jobs=args.jobs, retry_failed=args.retry_failed, echo=sys.stderr)
+    print(format_table(outcome.rows))
+    print(f"results: {Path(out) / 'results.csv'}")
+    return outcome.exit_code
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="smallinit", description="Small initialization for language models.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -71,6 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="parameter counts and the γ-init table of a config")
     _config_args(p)
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("sweep", help="run a grid of training runs, one process per cell (exit 1 if a cell failed)")
+    p.add_argument("file", nargs="?", metavar="SWEEP.toml", help="sweep file: [base], [grid], optional [arms.NAME]")
+    p.add_argument("--out", metavar="DIR", help="sweep folder (default runs/<file name>); re-run to continue it")
+    p.add_argument("--jobs", type=int, metavar="N", help="cells side by side (default: one per core for small "
+                   "CPU models, else 1)")
+    p.add_argument("--retry-failed", action="store_true", help="run failed cells again (resuming where they can)")
+    p.add_argument("--status", metavar="DIR", help="print the cells of a sweep folder and stop")
+    p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("tokenizer", help="tokenizer tools")
     tsub = p.add_subparsers(dest="tokenizer_command", required=True)

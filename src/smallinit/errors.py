@@ -23,6 +23,10 @@ class TrainingError(SmallinitError):
     """Training cannot go on (for example a non-finite loss)."""
 
 
+class ExperimentError(SmallinitError):
+    """A sweep file, sweep folder or recipe cannot be used (bad grid, folder of another sweep, busy folder)."""
+
+
 class Preempted(SmallinitError):
     """Training stopped on SIGTERM/SIGINT after writing a checkpoint; ``--resume`` continues it."""
 

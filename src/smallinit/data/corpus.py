@@ -11,8 +11,8 @@ A corpus spec is one of
   allowed).
 
 ``"builtin:<name>"`` is accepted for every builtin name. ``"builtin:anchor"`` is the hook for the
-synthetic anchor-function task: it is served by ``smallinit.data.anchor`` (``iter_documents()`` and
-``fingerprint()``) when that module exists.
+synthetic anchor-function task: it is served by ``smallinit.data.anchor`` (``iter_documents(params)`` and
+``fingerprint(params)``), ``params`` being the spec's query string (``builtin:anchor?anchors=4&seed=1``).
 
 Documents that are empty or only whitespace are skipped; a corpus without any other document is an error.
 """
@@ -46,7 +46,7 @@ def _builtin_name(spec: str) -> str | None:
     if (
         name in BUILTIN_FILES
         or name in BUILTIN_MIXES
-        or (spec.startswith("builtin:") and name in SYNTHETIC_CORPORA)
+        or (spec.startswith("builtin:") and name.partition("?")[0] in SYNTHETIC_CORPORA)
     ):
         return name
     if spec.startswith("builtin:"):
@@ -82,8 +82,9 @@ def _iter_builtin(name: str) -> Iterator[str]:
         for part in BUILTIN_MIXES[name]:
             yield from _iter_builtin(part)
         return
-    if name in SYNTHETIC_CORPORA:
-        yield from _synthetic_module(name).iter_documents()
+    base, _, params = name.partition("?")  # synthetic corpora take parameters after '?'
+    if base in SYNTHETIC_CORPORA:
+        yield from _synthetic_module(base).iter_documents(params)
         return
     path = _builtin_file(name)
     try:
@@ -279,8 +280,9 @@ def corpus_fingerprint(spec: str | os.PathLike, text_field: str = "text") -> str
         parts = BUILTIN_MIXES.get(name, (name,))
         items: list = []
         for part in parts:
-            if part in SYNTHETIC_CORPORA:
-                items.append([part, str(_synthetic_module(part).fingerprint())])
+            base, _, params = part.partition("?")
+            if base in SYNTHETIC_CORPORA:
+                items.append([part, str(_synthetic_module(base).fingerprint(params))])
             else:
                 items.append([part, _sha256_file(_builtin_file(part))])
         payload = {"v": _FINGERPRINT_VERSION, "builtin": name, "parts": items}

@@ -23,7 +23,7 @@ EOS_TOKEN = "<|endoftext|>"
 DEFAULT_VOCAB_SIZE = 8192
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 DEFAULT_TOKENIZER_FILE = BUILTIN_DIR / "tokenizer-default.json"
-BUILTIN_TOKENIZERS = ("default", "bytes")
+BUILTIN_TOKENIZERS = ("default", "bytes", "anchor")
 
 
 class Tokenizer:
@@ -107,9 +107,14 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def load_tokenizer(name: str | os.PathLike) -> Tokenizer:
-    """``"default"`` (shipped BPE, vocabulary 8192), ``"bytes"`` (vocabulary 257) or a tokenizer.json path."""
+    """``"default"`` (shipped BPE, vocabulary 8192), ``"bytes"`` (vocabulary 257), ``"anchor"`` (whole words of
+    the synthetic anchor task, vocabulary 275) or a tokenizer.json path."""
     if isinstance(name, str) and name == "bytes":
         return bytes_tokenizer()
+    if isinstance(name, str) and name == "anchor":
+        from smallinit.data.anchor import anchor_tokenizer  # the task owns its vocabulary
+
+        return anchor_tokenizer()
     if isinstance(name, str) and name == "default":
         path = DEFAULT_TOKENIZER_FILE
         if not path.is_file():

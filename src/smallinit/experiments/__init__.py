@@ -1,0 +1,5 @@
+"""Experiments: sweeps of training runs (one process per cell), named recipes and the demo."""
+
+from .sweep import Cell, Sweep, SweepOutcome, SweepRunner, default_jobs, format_table, run_sweep, sweep_rows
+
+__all__ = ["Cell", "Sweep", "SweepOutcome", "SweepRunner", "default_jobs", "format_table", "run_sweep", "sweep_rows"]
