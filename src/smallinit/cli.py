@@ -9,6 +9,12 @@ from pathlib import Path
 from .errors import SmallinitError
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line and exit 2, like every other user error (argparse would print the usage first)."""
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE.toml", help="a TOML config (sections model, train, data, analysis)")
     p.add_argument("--preset", metavar="NAME", help="model preset, e.g. cpu-1m, cpu-5m, 0.1b, 1.5b")
@@ -32,7 +38,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         cfg = _load_config(args)
     summary = Trainer(cfg, out, resume=args.resume).fit()
-    print(f"done: step {summary['step']}, val loss {summary['val_loss']:.4f}; run folder {out}")
+    val = "nothing left to train" if summary["val_loss"] is None else f"val loss {summary['val_loss']:.4f}"
+    print(f"done: step {summary['step']}, {val}; run folder {out}")
     return 0
 
 
@@ -74,7 +81,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="smallinit", description="Small initialization for language models.")
+    parser = _Parser(prog="smallinit", description="Small initialization for language models.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a model")

@@ -185,6 +185,8 @@ class TrainConfig:
             raise ConfigError("train.min_lr_ratio must be in [0, 1] and train.decay_frac in (0, 1]")
         if self.weight_decay < 0 or self.grad_clip < 0 or not 0 <= self.beta1 < 1 or not 0 <= self.beta2 < 1:
             raise ConfigError("train.weight_decay and train.grad_clip must be ≥ 0, betas in [0, 1)")
+        if self.adam_eps < 0:
+            raise ConfigError(f"train.adam_eps must be ≥ 0, got {self.adam_eps}")
         _choice(self, "schedule", ("cosine", "wsd", "constant"))
         if self.precision == "fp16":
             raise ConfigError(
@@ -351,6 +353,8 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
             return int(value)
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # nan slips through every range check, and is not valid JSON
+                raise ConfigError(f"config key {where} must be a finite number, got {value!r}")
             return float(value)
     elif tp is str:
         if isinstance(value, str):

@@ -19,6 +19,10 @@ class CheckpointError(SmallinitError):
     """A checkpoint or run folder is missing, incomplete, tampered with or does not match."""
 
 
+class StorageError(SmallinitError):
+    """A file could not be written (disk full, read-only or missing folder); what was written before is kept."""
+
+
 class TrainingError(SmallinitError):
     """Training cannot go on (for example a non-finite loss)."""
 

@@ -8,6 +8,7 @@ as ordinary bytes), so a user's text cannot forge a document boundary.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import uuid
@@ -17,7 +18,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from smallinit.errors import DataError
+from smallinit.errors import DataError, StorageError
 
 EOS_TOKEN = "<|endoftext|>"
 DEFAULT_VOCAB_SIZE = 8192
@@ -62,13 +63,18 @@ class Tokenizer:
     def save(self, path: str | os.PathLike) -> Path:
         """Write the tokenizer JSON atomically; returns the path."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_text(self._json, encoding="utf-8")
             os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise StorageError(
+                f"cannot write tokenizer {path} ({e.strerror or type(e).__name__}); "
+                "pass a writable file path to --out"
+            ) from None
         return path
 
     def __repr__(self) -> str:

@@ -10,10 +10,17 @@ A checkpoint folder is written under a temporary name and renamed when complete,
 last) records the size and sha256 of each tensor file, so a torn or altered checkpoint is detected and
 refused. Optimizer state is keyed by parameter name, so it does not depend on the parallel layout.
 Nothing is ever unpickled.
+
+A crash (even SIGKILL) leaves at most a temporary folder, which is ignored and removed by the next save;
+a named checkpoint is always complete. So a damaged *newest* checkpoint means the disk or a person changed
+it: resuming and loading refuse it (``newest_checkpoint``) rather than silently falling back to an older
+one and losing the steps in between; the message names the older intact checkpoint and how to use it.
+A write that fails (disk full, read-only folder) raises StorageError and leaves the previous checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -26,11 +33,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, StorageError
 
 FORMAT = "smallinit-checkpoint-1"
 CKPT_DIR = "checkpoints"
 TENSOR_FILES = ("model.safetensors", "optim.safetensors")
+ADAM_STATE = ("exp_avg", "exp_avg_sq", "step")
 
 
 @dataclass
@@ -52,7 +60,8 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
+def write_json_atomic(path: Path, obj: Any, *, run_dir: Path | None = None) -> None:
+    """Write JSON to a temporary name, then rename; a failure names ``run_dir``'s last checkpoint if given."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -60,8 +69,23 @@ def write_json_atomic(path: Path, obj: Any) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        raise storage_error(path, e, run_dir) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the folder itself may be unusable; the error above says so
+            tmp.unlink(missing_ok=True)
+
+
+def storage_error(path: Path, e: OSError | SafetensorError, run_dir: Path | None = None) -> StorageError:
+    """One line for a failed write: what, why (ENOSPC, EROFS, ...), what to do, and what was kept."""
+    why = (e.strerror if isinstance(e, OSError) else None) or str(e).split("I/O error: ")[-1] or type(e).__name__
+    kept = f"; {kept_note(run_dir)}" if run_dir is not None else ""
+    return StorageError(f"cannot write {path} ({why}); free disk space or make the folder writable{kept}")
+
+
+def kept_note(run_dir: Path) -> str:
+    done = list_checkpoints(run_dir)
+    return f"the last checkpoint {done[-1]} is intact" if done else "no checkpoint was written yet"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -80,13 +104,14 @@ def save_checkpoint(
     final = checkpoint_dir(run_dir, step)
     tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     try:
+        tmp.mkdir(parents=True)
         files = {}
         for fname, tensors in zip(TENSOR_FILES, (model_tensors, optim_tensors)):
             save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp / fname)
             files[fname] = {"bytes": (tmp / fname).stat().st_size, "sha256": sha256(tmp / fname)}
-        write_json_atomic(tmp / "state.json", {**state, "format": FORMAT, "step": step, "files": files})
+        write_json_atomic(tmp / "state.json", {**state, "format": FORMAT, "step": step, "files": files},
+                          run_dir=run_dir)
         for fname in TENSOR_FILES:
             with open(tmp / fname, "rb") as f:
                 os.fsync(f.fileno())
@@ -94,11 +119,15 @@ def save_checkpoint(
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(final.parent)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) or (isinstance(e, SafetensorError) and "I/O error" in str(e)):
+            raise storage_error(final, e, run_dir) from None
         raise
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+    for debris in final.parent.glob(".step_*.tmp*"):  # left by crashed writers (one writer per run folder)
+        shutil.rmtree(debris, ignore_errors=True)
     return final
 
 
@@ -123,6 +152,7 @@ def read_checkpoint(path: Path, *, verify: bool = True) -> Checkpoint:
         raise CheckpointError(f"{state_file} is not valid JSON; the checkpoint is damaged") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("files"), dict):
         raise CheckpointError(f"{state_file} is not a smallinit checkpoint state ({FORMAT})")
+    _check_state(state, path)
     for fname in TENSOR_FILES:
         meta = state["files"].get(fname)
         f = path / fname
@@ -132,7 +162,27 @@ def read_checkpoint(path: Path, *, verify: bool = True) -> Checkpoint:
             raise CheckpointError(f"{f} has {f.stat().st_size} bytes, expected {meta.get('bytes')}: it is truncated")
         if verify and sha256(f) != meta.get("sha256"):
             raise CheckpointError(f"{f} does not match its checksum: it was altered or damaged")
-    return Checkpoint(path=path, step=int(state["step"]), state=state)
+    return Checkpoint(path=path, step=state["step"], state=state)
+
+
+def _check_state(state: dict[str, Any], path: Path) -> None:
+    """The fields the loaders use have the types they expect (state.json is not covered by the checksums)."""
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{path / 'state.json'}: {what}; the checkpoint is damaged or not from smallinit")
+
+    step = state.get("step")
+    if type(step) is not int or step < 0:
+        raise bad(f"step {step!r} is not a step number")
+    if path.name.startswith("step_") and path.name[5:].isdigit() and int(path.name[5:]) != step:
+        raise bad(f"it records step {step} but the folder is {path.name} (copied from another checkpoint?)")
+    if not isinstance(state.get("config"), dict):
+        raise bad("it has no config table")
+    aliases = state.get("aliases", {})
+    if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()):
+        raise bad("its aliases are not a table of tensor names")
+    skipped = state.get("skipped", 0)
+    if type(skipped) is not int or skipped < 0:
+        raise bad(f"skipped {skipped!r} is not a count")
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -144,12 +194,34 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 def latest_checkpoint(run_dir: Path) -> Checkpoint | None:
     """The newest checkpoint that verifies; damaged newer ones are skipped (they are never deleted)."""
-    for path in reversed(list_checkpoints(run_dir)):
+    return _first_intact(reversed(list_checkpoints(run_dir)))
+
+
+def _first_intact(paths) -> Checkpoint | None:
+    for path in paths:
         try:
             return read_checkpoint(path)
         except CheckpointError:
             continue
     return None
+
+
+def newest_checkpoint(run_dir: Path) -> Checkpoint | None:
+    """The newest checkpoint, verified; None if there is none. What resume and load_model use.
+
+    A damaged newest checkpoint is refused, never skipped in silence (that would drop the steps since the
+    older one): the error names the newest intact checkpoint and how to continue from it.
+    """
+    done = list_checkpoints(run_dir)
+    if not done:
+        return None
+    try:
+        return read_checkpoint(done[-1])
+    except CheckpointError as e:
+        older = _first_intact(reversed(done[:-1]))
+        fallback = (f"to continue from {older.path.name}, the newest intact one, move {done[-1].name} out of "
+                    f"{done[-1].parent}" if older else "no older intact checkpoint exists")
+        raise CheckpointError(f"{e}; {fallback}") from None
 
 
 def split_aliases(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -178,12 +250,22 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer, names: dict[int, str]) -
 def load_optimizer_tensors(
     optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], names: dict[int, str]
 ) -> None:
+    """Restore AdamW state; a parameter has all of its state or none (an expert that never got a gradient)."""
+    known = {f"{name}.{k}" for name in names.values() for k in ADAM_STATE}
+    unexpected = sorted(set(tensors) - known)
+    if unexpected:
+        raise CheckpointError(f"optimizer state {unexpected[0]} matches no parameter: the checkpoint is from another model")
     for group in optimizer.param_groups:
         for p in group["params"]:
             name = names[id(p)]
-            keys = [k for k in ("exp_avg", "exp_avg_sq", "step") if f"{name}.{k}" in tensors]
+            keys = [k for k in ADAM_STATE if f"{name}.{k}" in tensors]
             if not keys:
                 continue
+            if len(keys) < len(ADAM_STATE):
+                missing = next(k for k in ADAM_STATE if k not in keys)
+                raise CheckpointError(f"optimizer state {name}.{missing} is missing: the checkpoint is incomplete")
+            if tensors[f"{name}.step"].numel() != 1:
+                raise CheckpointError(f"optimizer state {name}.step is not a single count: the checkpoint is damaged")
             st = {}
             for k in keys:
                 t = tensors[f"{name}.{k}"]
@@ -215,6 +297,13 @@ def load_model_tensors(
     model.load_state_dict(tensors)
 
 
+def check_config(found: Checkpoint, config: dict[str, Any], source: Path) -> None:
+    """A checkpoint belongs to a run only if it was written under the run's own config."""
+    if found.state["config"] != config:
+        raise CheckpointError(f"{found.path} was written by a different config than {source}: "
+                              "it does not belong to this run; restore the run's own checkpoint")
+
+
 def resolve_checkpoint(path: str | Path) -> Checkpoint:
     """A checkpoint folder, or a run folder (its newest complete checkpoint)."""
     path = Path(path)
@@ -222,7 +311,7 @@ def resolve_checkpoint(path: str | Path) -> Checkpoint:
         raise CheckpointError(f"{path} does not exist; pass a run folder or a checkpoint folder")
     if (path / "state.json").is_file():
         return read_checkpoint(path)
-    found = latest_checkpoint(path)
+    found = newest_checkpoint(path)
     if found is None:
         raise CheckpointError(f"{path} holds no complete checkpoint; pass a run folder that finished a checkpoint")
     return found
@@ -234,6 +323,9 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu"):
     from ..model import Transformer
 
     found = resolve_checkpoint(path)
+    run_config = found.path.parent.parent / "config.json"
+    if run_config.is_file():
+        check_config(found, Config.from_json_file(run_config).to_dict(), run_config)
     cfg = Config.from_dict(found.state["config"])
     model = Transformer(cfg.model, init=False)
     tensors = load_tensors(found.path / "model.safetensors")

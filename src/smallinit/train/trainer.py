@@ -84,14 +84,19 @@ class Trainer:
         self.data = load_token_data(
             cfg.data.corpus, self.tokenizer, val_fraction=cfg.data.val_fraction, text_field=cfg.data.text_field
         )
-        if len(self.data.val) < cfg.data.seq_len + 1:
-            raise ConfigError(
-                f"the validation split has {len(self.data.val)} tokens, fewer than one sequence of "
-                f"{cfg.data.seq_len + 1}; use a larger corpus, a larger data.val_fraction or a smaller data.seq_len"
-            )
+        for split in ("train", "validation"):  # checked before anything is written to the run folder
+            n = len(self.data.train if split == "train" else self.data.val)
+            if n < cfg.data.seq_len + 1:
+                raise ConfigError(
+                    f"the {split} split has {n} tokens, fewer than one sequence of {cfg.data.seq_len + 1}; "
+                    "use a larger corpus, another data.val_fraction or a smaller data.seq_len"
+                )
 
         if not resume and self.runtime.is_main:  # written only once the inputs proved usable
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ckpt.storage_error(self.run_dir, e) from None
             ckpt.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict())
         self.model = Transformer(cfg.model, seed=tc.seed).to(self.runtime.device)
         if has_moe(self.model):  # expert load and router losses go to metrics.jsonl
@@ -120,17 +125,20 @@ class Trainer:
                     f"--resume: {diff}; resume with the run's own config (omit --config/--preset/--set)"
                 )
             return
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise ConfigError(f"--out {self.run_dir} is a file, not a folder; choose another --out")
         if config_file.exists() or ckpt.list_checkpoints(self.run_dir):
             raise ConfigError(
                 f"run folder {self.run_dir} already holds a run; pass --resume to continue it or choose another --out"
             )
 
     def _restore(self) -> None:
-        found = ckpt.latest_checkpoint(self.run_dir)
-        if found is None:
-            return  # killed before the first checkpoint: start over
-        if found.state.get("config") != self.cfg.to_dict():
-            raise CheckpointError(f"{found.path} was written by a different config than {self.run_dir}/config.json")
+        found = ckpt.newest_checkpoint(self.run_dir)
+        if found is None:  # killed before the first checkpoint: start over, with a fresh log
+            if self.runtime.is_main:
+                truncate_metrics(self.run_dir / "metrics.jsonl", -1)
+            return
+        ckpt.check_config(found, self.cfg.to_dict(), self.run_dir / "config.json")
         tensors = ckpt.load_tensors(found.path / "model.safetensors")
         ckpt.load_model_tensors(self.model, tensors, found.path, found.state.get("aliases"))
         optim = ckpt.load_tensors(found.path / "optim.safetensors")
@@ -150,8 +158,12 @@ class Trainer:
     def log(self, record: dict[str, Any]) -> None:
         """Append a record to metrics.jsonl (main process only)."""
         if self.runtime.is_main:
-            with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps(record, sort_keys=True) + "\n")
+            path = self.run_dir / "metrics.jsonl"
+            try:
+                with open(path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(record, sort_keys=True) + "\n")
+            except OSError as e:
+                raise ckpt.storage_error(path, e, self.run_dir) from None
 
     # -- the loop -------------------------------------------------------------------------------------------
 
@@ -244,7 +256,7 @@ class Trainer:
         summary = {"step": self.step, "val_loss": val_loss, "skipped": self.skipped,
                    "params": self.model.num_params(), "params_active": self.model.num_params(active=True)}
         if self.runtime.is_main:
-            ckpt.write_json_atomic(self.run_dir / "summary.json", summary)
+            ckpt.write_json_atomic(self.run_dir / "summary.json", summary, run_dir=self.run_dir)
         return summary
 
     def stop_requested(self, stop: list[str]) -> bool:
@@ -295,8 +307,13 @@ def truncate_metrics(path: Path, last_step: int) -> None:
         except (json.JSONDecodeError, AttributeError):
             continue  # a line torn by a crash
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise ckpt.storage_error(path, e) from None
 
 
 def _first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
