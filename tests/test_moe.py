@@ -252,3 +252,16 @@ def test_tiny_moe_trains_and_logs_expert_load(tmp_path):
         assert all(len(v) == 8 and sum(v) == pytest.approx(1.0, abs=1e-3) for v in r["load"].values())
         assert r["balance_loss"] >= 0.9 and r["z_loss"] > 0 and r["max_load_ratio"] >= 1.0
     assert summary["params_active"] < summary["params"]
+
+
+def test_dispatches_agree_under_bf16_autocast():
+    layer = moe_layer(d=32, d_ff=48, num_experts=4, top_k=2, dispatch="loop")
+    x = randn(40, 32)
+    outs = {}
+    for dispatch in DISPATCH:
+        layer.dispatch = dispatch
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            outs[dispatch] = layer(x)[0]
+    assert outs["grouped"].dtype == outs["loop"].dtype == torch.bfloat16
+    torch.testing.assert_close(outs["grouped"], outs["loop"])
+    torch.testing.assert_close(outs["loop"].float(), layer(x)[0], atol=0.05, rtol=0.05)

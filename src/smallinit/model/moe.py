@@ -63,10 +63,18 @@ def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1).pow(2).mean()
 
 
+def matmul_dtype(x: torch.Tensor, w: torch.Tensor) -> torch.dtype | None:
+    """The dtype a matmul of x and w computes in: autocast's if it is on, else theirs (None if they differ)."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype if x.dtype == w.dtype else None
+
+
 def expert_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, *, grouped: bool) -> torch.Tensor:
     """Rows of ``x`` grouped by expert (group e has counts[e] rows) times w[e]ᵀ, w of shape (E, out, in)."""
-    if grouped:
-        return F.grouped_mm(x, w.transpose(-2, -1), offs=counts.cumsum(0).to(torch.int32))
+    if grouped:  # grouped_mm is not an autocast op: cast as autocast would for a matmul
+        dtype = matmul_dtype(x, w)
+        return F.grouped_mm(x.to(dtype), w.to(dtype).transpose(-2, -1), offs=counts.cumsum(0).to(torch.int32))
     # one matmul per expert; .tolist() waits for the counts (a host sync on GPUs)
     return torch.cat([xe @ w[e].T for e, xe in enumerate(x.split(counts.tolist()))])
 
@@ -140,9 +148,10 @@ class MoE(nn.Module):
         # PyTorch documents grouped_mm for bf16 on recent CUDA GPUs only; on the CPU it takes fp32 and bf16
         # when both matrix widths are whole multiples of 16 bytes. On GPUs the loop is used until the grouped
         # path is verified there.
-        aligned = all(n * x.element_size() % 16 == 0 for n in (x.shape[-1], self.d_expert))
-        return (hasattr(F, "grouped_mm") and x.device.type == "cpu" and aligned
-                and x.dtype == self.gate_proj.dtype and x.dtype in (torch.float32, torch.bfloat16))
+        dtype = matmul_dtype(x, self.gate_proj)
+        if not hasattr(F, "grouped_mm") or x.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+            return False
+        return all(n * dtype.itemsize % 16 == 0 for n in (x.shape[-1], self.d_expert))
 
     @torch.no_grad()
     def _accumulate(self, counts: torch.Tensor, balance: torch.Tensor, z: torch.Tensor) -> None:
