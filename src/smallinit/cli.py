@@ -33,6 +33,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .train import Trainer
 
     out = Path(args.out)
+    args.overrides += ["train.wandb=true"] if args.wandb else []
     if args.resume and not (args.config or args.preset or args.overrides):
         cfg = Config.from_json_file(out / "config.json")
     else:
@@ -80,6 +81,34 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return outcome.exit_code
 
 
+def cmd_export_hf(args: argparse.Namespace) -> int:
+    from .export.hf import export_hf
+
+    r = export_hf(args.checkpoint, args.out_dir)
+    remote = " (load with trust_remote_code=True)" if r.remote_code else ""
+    print(f"wrote {r.out_dir}: {r.architecture}{remote}, step {r.step}; {r.reason}")
+    return 0
+
+
+def cmd_init_hf(args: argparse.Namespace) -> int:
+    from .export.hf import init_hf
+
+    print(init_hf(args.config, args.out_dir, gamma=args.gamma, norm_eps=args.norm_eps, seed=args.seed))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .export.lmeval import run_eval
+
+    limit = None if args.limit is None else (int(args.limit) if args.limit.is_integer() else args.limit)
+    r = run_eval(args.checkpoint, args.tasks.split(","), limit=limit, include_path=args.include_path,
+                 num_fewshot=args.num_fewshot, batch_size=args.batch_size, device=args.device,
+                 log_samples=args.log_samples)
+    print(r.table)
+    print(f"results: {r.results_file}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="smallinit", description="Small initialization for language models.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -88,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--out", default="runs/train", metavar="RUN_DIR", help="run folder (default runs/train)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
+    p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (needs the wandb package)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("info", help="parameter counts and the γ-init table of a config")
@@ -111,6 +141,30 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--text-field", default="text")
     t.add_argument("--out", required=True, metavar="TOKENIZER.json")
     t.set_defaults(func=cmd_tokenizer_train)
+
+    p = sub.add_parser("export-hf", help="write a Hugging Face transformers folder from a run or checkpoint")
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="run folder (its newest checkpoint) or checkpoint folder")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="new folder for the model, config and tokenizer")
+    p.set_defaults(func=cmd_export_hf)
+
+    p = sub.add_parser("init-hf", help="γ-init a Hugging Face architecture from its config.json and save it")
+    p.add_argument("config", metavar="CONFIG_OR_DIR", help="a config.json or a folder holding one")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="new folder for the initialised model")
+    p.add_argument("--gamma", type=float, default=1.0, help="σ = d_in^(−γ) (default 1, the paper's choice)")
+    p.add_argument("--norm-eps", type=float, default=1e-12, help="ε of every norm (default 1e-12)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_init_hf)
+
+    p = sub.add_parser("eval", help="lm-evaluation-harness on a run or checkpoint (needs the eval extra)")
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="run folder (its newest checkpoint) or checkpoint folder")
+    p.add_argument("--tasks", required=True, help="comma-separated lm-eval tasks, e.g. hellaswag,triviaqa,gsm8k")
+    p.add_argument("--limit", type=float, help="at most N examples per task (a fraction if < 1)")
+    p.add_argument("--include-path", metavar="DIR", help="folder of extra task YAMLs (e.g. local tasks)")
+    p.add_argument("--num-fewshot", type=int, help="few-shot examples (default: each task's own)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.add_argument("--log-samples", action="store_true", help="store every example's inputs and outputs too")
+    p.set_defaults(func=cmd_eval)
     return parser
 
 

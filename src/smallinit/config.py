@@ -173,6 +173,8 @@ class TrainConfig:
     nonfinite: str = "stop"  # "stop" | "skip" (skip the batch and count it)
     max_skips: int = 10
     threads: int = 0  # torch intra-op threads; 0 → torch's default
+    tensorboard: bool = False  # mirror metrics.jsonl into RUN/tb/ (needs the tensorboard extra)
+    wandb: bool = False  # mirror metrics.jsonl to Weights & Biases (needs the wandb package)
 
     def validate(self) -> None:
         _positive(self, "steps", "batch_size", "grad_accum", "eval_batches", "keep_checkpoints", "log_every")

@@ -19,6 +19,9 @@ class Callback:
 
     def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None: ...
 
+    def on_log(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """Every record ``trainer.log`` wrote to metrics.jsonl (main process only)."""
+
     def on_train_end(self, trainer: Trainer) -> None: ...
 
 

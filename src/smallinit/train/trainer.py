@@ -25,6 +25,7 @@ from ..errors import CheckpointError, ConfigError, Preempted, TrainingError
 from ..model import Transformer
 from . import checkpoint as ckpt
 from .callbacks import Callback, Progress
+from .loggers import metric_loggers
 from .moe_log import RouterLog, has_moe
 from .optim import build_optimizer, lr_at
 
@@ -72,6 +73,8 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.runtime = runtime or Runtime.local(cfg.train.device)
         self.callbacks = [Progress()] if callbacks is None else list(callbacks)
+        loggers = metric_loggers(cfg.train)  # TensorBoard / W&B; a missing package fails on every rank, early
+        self.callbacks += loggers if self.runtime.is_main else []
         tc = cfg.train
         if tc.threads:
             torch.set_num_threads(tc.threads)
@@ -156,7 +159,7 @@ class Trainer:
         return ckpt.save_checkpoint(self.run_dir, self.step, tensors, optim, state, keep=self.cfg.train.keep_checkpoints)
 
     def log(self, record: dict[str, Any]) -> None:
-        """Append a record to metrics.jsonl (main process only)."""
+        """Append a record to metrics.jsonl and pass it to the callbacks' on_log (main process only)."""
         if self.runtime.is_main:
             path = self.run_dir / "metrics.jsonl"
             try:
@@ -164,6 +167,8 @@ class Trainer:
                     f.write(json.dumps(record, sort_keys=True) + "\n")
             except OSError as e:
                 raise ckpt.storage_error(path, e, self.run_dir) from None
+            for cb in self.callbacks:
+                cb.on_log(self, record)
 
     # -- the loop -------------------------------------------------------------------------------------------
 

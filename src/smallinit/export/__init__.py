@@ -1,0 +1,1 @@
+"""Bridges to the Hugging Face ecosystem: transformers export / γ-init import, and lm-evaluation-harness."""

@@ -1,0 +1,349 @@
+"""Hugging Face bridge: export a smallinit checkpoint to a ``transformers`` folder, and γ-init any HF config.
+
+``export_hf`` writes safetensors + config.json + tokenizer files that ``AutoModelForCausalLM`` and
+``AutoTokenizer`` load offline. It picks the stock class that computes exactly what our model computes:
+
+    gate none,        no QK-norm      → LlamaForCausalLM
+    gate none,        QK-norm         → Qwen3ForCausalLM (per-head q/k RMSNorm before RoPE)
+    gate elementwise, QK-norm, dense  → Qwen3NextForCausalLM, every layer full attention, full rotary;
+                                        its q_proj emits [query | gate] per head and its RMSNorms scale by
+                                        (1 + w), so W_θ is interleaved into q_proj and norm weights stored as w − 1
+    anything else (headwise gate, elementwise gate without QK-norm, MoE)
+                                      → SmallinitForCausalLM, our own class shipped in the folder
+                                        (trust_remote_code=True; auto_map in config.json)
+
+``init_hf`` builds any causal-LM architecture from a Hugging Face config, applies the γ rule and the
+paper's ε to every norm, and saves it: pretraining from scratch with small init on a stock architecture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from ..config import Config, ModelConfig
+from ..data import EOS_TOKEN, load_tokenizer
+from ..errors import CheckpointError, ConfigError, SmallinitError
+from ..init import InitReport, InitRow, gamma_init_, is_norm, set_norm_eps_
+from ..train.checkpoint import load_model_tensors, load_tensors, resolve_checkpoint
+
+REMOTE_DIR = Path(__file__).resolve().parent / "remote"
+REMOTE_FILES = ("configuration_smallinit.py", "modeling_smallinit.py")
+REMOTE_CLASS = "SmallinitForCausalLM"
+EPS_FIELDS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "norm_epsilon")
+
+
+class ExportError(SmallinitError):
+    """The Hugging Face bridge cannot do what was asked (missing package, occupied output folder, ...)."""
+
+
+@dataclass
+class ExportResult:
+    out_dir: Path
+    architecture: str  # the transformers class written to config.json
+    remote_code: bool  # True → load with trust_remote_code=True
+    reason: str  # why this class reproduces the model exactly
+    step: int  # the checkpoint's training step
+
+
+def require_transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ExportError("transformers is not installed; pip install 'smallinit[hf]'") from None
+    if int(transformers.__version__.split(".")[0]) < 5:
+        raise ExportError(f"transformers {transformers.__version__} is too old; pip install 'transformers>=5'")
+    return transformers
+
+
+def choose_architecture(cfg: ModelConfig) -> tuple[str, str]:
+    """The transformers class that computes exactly what ``cfg`` computes, and why."""
+    if cfg.moe is not None:
+        return REMOTE_CLASS, "mixture-of-experts: no stock class has our router and expert layout"
+    if cfg.gate == "none":
+        if cfg.qk_norm:
+            return "Qwen3ForCausalLM", "no gate, per-head QK RMSNorm before RoPE: Qwen3 attention"
+        return "LlamaForCausalLM", "no gate, no QK-norm: Llama"
+    if cfg.gate == "elementwise" and cfg.qk_norm:
+        return "Qwen3NextForCausalLM", (
+            "elementwise gate with QK-norm: Qwen3-Next gated attention, all layers full attention, full rotary"
+        )
+    if cfg.gate == "headwise":
+        return REMOTE_CLASS, "headwise gate: no stock class has one sigmoid per head"
+    return REMOTE_CLASS, "elementwise gate without QK-norm: Qwen3-Next always normalises q and k"
+
+
+def hf_config(cfg: ModelConfig, architecture: str, eos_id: int):
+    """The transformers config object for ``architecture``."""
+    transformers = require_transformers()
+    common = dict(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+        max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
+        tie_word_embeddings=cfg.tie_embeddings, bos_token_id=None, eos_token_id=eos_id, pad_token_id=None,
+    )
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    stock = dict(common, head_dim=cfg.head_dim, hidden_act="silu", attention_bias=False, rope_parameters=rope)
+    if architecture == "LlamaForCausalLM":
+        return transformers.LlamaConfig(**stock, mlp_bias=False)
+    if architecture == "Qwen3ForCausalLM":
+        return transformers.Qwen3Config(**stock, use_sliding_window=False)
+    if architecture == "Qwen3NextForCausalLM":
+        return transformers.Qwen3NextConfig(
+            **dict(stock, rope_parameters=dict(rope, partial_rotary_factor=1.0)),
+            layer_types=["full_attention"] * cfg.n_layers, num_experts=0,
+            mlp_only_layers=list(range(cfg.n_layers)),
+        )
+    from .remote.configuration_smallinit import SmallinitConfig
+
+    moe: dict[str, Any] = {}
+    if cfg.moe is not None:
+        moe = dict(
+            num_experts=cfg.moe.num_experts, num_experts_per_tok=cfg.moe.top_k,
+            moe_intermediate_size=cfg.moe.d_expert or cfg.d_ff, moe_shared_expert=cfg.moe.shared_expert,
+            moe_every_n_layers=cfg.moe.every_n_layers, moe_score=cfg.moe.score,
+        )
+    config = SmallinitConfig(
+        **common, rope_theta=cfg.rope_theta, attn_output_gate=cfg.gate, qk_norm=cfg.qk_norm,
+        initializer_gamma=cfg.gamma, **moe,
+    )
+    config.auto_map = {
+        "AutoConfig": "configuration_smallinit.SmallinitConfig",
+        "AutoModelForCausalLM": f"modeling_smallinit.{REMOTE_CLASS}",
+    }
+    return config
+
+
+def hf_tensors(state: dict[str, torch.Tensor], cfg: ModelConfig, architecture: str) -> dict[str, torch.Tensor]:
+    """Our parameter names → Hugging Face names (``model.layers.N.self_attn.q_proj.weight``, ...)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        if name == "lm_head.weight" and cfg.tie_embeddings:
+            continue  # tied: transformers re-ties lm_head to the embedding on load
+        parts = name.split(".")
+        if parts[0] == "embed":
+            new = "model.embed_tokens.weight"
+        elif parts[0] == "norm":
+            new = "model.norm.weight"
+        elif parts[0] == "lm_head":
+            new = name
+        else:  # blocks.N.<module>.<rest>
+            module = {"attn_norm": "input_layernorm", "attn": "self_attn", "mlp_norm": "post_attention_layernorm",
+                      "mlp": "mlp"}[parts[2]]
+            new = ".".join(["model", "layers", parts[1], module, *parts[3:]])
+        out[new] = t.detach().to(torch.float32).contiguous()
+    if architecture == "Qwen3NextForCausalLM":
+        _to_qwen3_next(out, cfg)
+    return out
+
+
+def _to_qwen3_next(t: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
+    """Qwen3-Next: q_proj rows are [query_h | gate_h] per head h; RMSNorm multiplies by (1 + w)."""
+    H, hd, d = cfg.n_heads, cfg.head_dim, cfg.d_model
+    for i in range(cfg.n_layers):
+        pre = f"model.layers.{i}.self_attn."
+        q = t[pre + "q_proj.weight"].view(H, hd, d)
+        g = t.pop(pre + "g_proj.weight").view(H, hd, d)
+        t[pre + "q_proj.weight"] = torch.cat([q, g], dim=1).reshape(2 * H * hd, d).contiguous()
+    for name in list(t):
+        if name.endswith(("layernorm.weight", "q_norm.weight", "k_norm.weight")) or name == "model.norm.weight":
+            t[name] = t[name] - 1.0  # exact for weights in [0.5, 2] (Sterbenz), within an ulp elsewhere
+
+
+def hf_tokenizer(tokenizer, max_len: int):
+    """Our tokenizer as a fast HF tokenizer: same tokenizer.json, EOS (and padding) ``<|endoftext|>``."""
+    transformers = require_transformers()
+    # split_special_tokens keeps our rule that text never encodes to EOS (only the data pipeline inserts it)
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer.hf, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN, split_special_tokens=True,
+        model_max_length=max_len, clean_up_tokenization_spaces=False,
+    )
+
+
+def _check_against_class(tensors: dict[str, torch.Tensor], config, architecture: str) -> None:
+    """Build the target class on the meta device and check that names and shapes match one to one."""
+    transformers = require_transformers()
+    if architecture == REMOTE_CLASS:
+        from .remote.modeling_smallinit import SmallinitForCausalLM as cls
+    else:
+        cls = getattr(transformers, architecture)
+    with torch.device("meta"):
+        model = cls(config)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight", None)
+    got = {k: tuple(v.shape) for k, v in tensors.items()}
+    if expected != got:
+        diff = sorted(set(expected) ^ set(got)) or [k for k in expected if expected[k] != got[k]]
+        raise CheckpointError(f"the {architecture} export does not match the model at {diff[0]}; report this")
+
+
+def _fresh_out_dir(out_dir: Path) -> Path:
+    """A temporary sibling of ``out_dir``; refuses an out_dir that already holds files."""
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ExportError(f"{out_dir} already exists and is not empty; choose another output folder")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def _publish(tmp: Path, out_dir: Path) -> None:
+    if out_dir.exists():
+        out_dir.rmdir()  # empty (checked before writing)
+    os.replace(tmp, out_dir)
+
+
+def export_hf(checkpoint: str | Path, out_dir: str | Path) -> ExportResult:
+    """Write a transformers folder (safetensors, config.json, tokenizer) for a run or checkpoint folder."""
+    from ..model import Transformer
+
+    transformers = require_transformers()
+    found = resolve_checkpoint(checkpoint)
+    cfg = Config.from_dict(found.state["config"])
+    model = Transformer(cfg.model, init=False)
+    load_model_tensors(model, load_tensors(found.path / "model.safetensors"), found.path, found.state.get("aliases"))
+    tokenizer = load_tokenizer(cfg.data.tokenizer)
+    if tokenizer.vocab_size != cfg.model.vocab_size:
+        raise CheckpointError(
+            f"tokenizer {cfg.data.tokenizer!r} has {tokenizer.vocab_size} tokens but the model was trained with "
+            f"{cfg.model.vocab_size}; the tokenizer file changed since training"
+        )
+    architecture, reason = choose_architecture(cfg.model)
+    config = hf_config(cfg.model, architecture, tokenizer.eos_id)
+    config.architectures = [architecture]
+    config.dtype = torch.float32
+    tensors = hf_tensors(model.state_dict(), cfg.model, architecture)
+    _check_against_class(tensors, config, architecture)
+
+    out_dir = Path(out_dir)
+    tmp = _fresh_out_dir(out_dir)
+    try:
+        save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+        config.save_pretrained(tmp)
+        transformers.GenerationConfig(
+            bos_token_id=None, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.eos_id
+        ).save_pretrained(tmp)
+        hf_tokenizer(tokenizer, cfg.model.max_seq_len).save_pretrained(tmp)
+        if architecture == REMOTE_CLASS:
+            for fname in REMOTE_FILES:
+                shutil.copyfile(REMOTE_DIR / fname, tmp / fname)
+        _publish(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ExportResult(out_dir, architecture, architecture == REMOTE_CLASS, reason, found.step)
+
+
+# -- init-hf ----------------------------------------------------------------------------------------------------
+
+
+def read_hf_config(config_or_dir: str | Path):
+    """A transformers config from a config.json file or a folder holding one (no network, no remote code)."""
+    transformers = require_transformers()
+    path = Path(config_or_dir)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{path} not found; pass a Hugging Face config.json or a folder that holds one")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ConfigError(f"{path} is not valid JSON; pass a Hugging Face config.json") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
+        raise ConfigError(f"{path} has no model_type; pass a Hugging Face config.json")
+    model_type = raw.pop("model_type")
+    if model_type not in transformers.CONFIG_MAPPING:
+        raise ConfigError(f"{path}: model_type {model_type!r} is not known to transformers "
+                          f"{transformers.__version__}; upgrade transformers or use another config")
+    try:
+        return transformers.AutoConfig.for_model(model_type, **raw)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{path} is not a valid {model_type} config: {str(e).splitlines()[0]}") from None
+
+
+@torch.no_grad()
+def _neutral_offset_norms(model: torch.nn.Module, report: InitReport) -> list[str]:
+    """Norms that scale by (1 + w) (Gemma, Qwen3-Next) are neutral at w = 0, not 1; find and fix them.
+
+    Probed, not guessed from class names: with w = 0 a plain norm outputs 0, an offset norm does not.
+    """
+    fixed, rows = [], report.by_name()
+    for name, mod in model.named_modules():
+        w = getattr(mod, "weight", None)
+        if not (is_norm(mod) and isinstance(w, torch.nn.Parameter) and w.dim() == 1):
+            continue
+        saved = w.detach().clone()
+        w.zero_()
+        try:
+            out = mod(torch.randn(2, w.shape[0], generator=torch.Generator().manual_seed(0), dtype=w.dtype))
+        except (TypeError, RuntimeError):  # a norm that needs more inputs (e.g. gated norms): leave as set
+            w.copy_(saved)
+            continue
+        if isinstance(out, torch.Tensor) and out.abs().max() > 0:
+            fixed.append(name)  # offset form: keep w = 0
+            key = f"{name}.weight" if name else "weight"
+            if key in rows:
+                report.rows[report.rows.index(rows[key])] = InitRow(key, tuple(w.shape), "zeros", None, None)
+        else:
+            w.copy_(saved)
+    return fixed
+
+
+@dataclass
+class InitHFResult:
+    out_dir: Path
+    architecture: str
+    report: InitReport
+    norms: list[str]  # norm modules whose ε was set
+    offset_norms: list[str]  # norms of the (1 + w) form, set to w = 0
+    config_fields: list[str]  # config keys that now carry ε
+
+    def __str__(self) -> str:
+        lines = [str(self.report), f"norm ε set on {len(self.norms)} modules; config fields: "
+                 f"{', '.join(self.config_fields) or 'none'}"]
+        if self.offset_norms:
+            lines.append(f"{len(self.offset_norms)} norms scale by (1 + w): their weights start at 0")
+        lines.append(f"saved {self.architecture} to {self.out_dir}")
+        return "\n".join(lines)
+
+
+def init_hf(
+    config_or_dir: str | Path, out_dir: str | Path, gamma: float = 1.0, norm_eps: float = 1e-12, seed: int = 0
+) -> InitHFResult:
+    """Build a causal LM from a Hugging Face config, γ-init it, set every norm's ε, save it to ``out_dir``."""
+    transformers = require_transformers()
+    config = read_hf_config(config_or_dir)
+    if not norm_eps > 0:
+        raise ConfigError(f"--norm-eps must be > 0 (the paper uses 1e-12), got {norm_eps}")
+    fields = []
+    for cfg in {id(c): c for c in (config, config.get_text_config())}.values():
+        for key in EPS_FIELDS:
+            if isinstance(getattr(cfg, key, None), float):
+                setattr(cfg, key, float(norm_eps))
+                fields.append(key)
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    except ValueError as e:
+        raise ConfigError(f"{config_or_dir}: no causal-LM class for this config ({str(e).splitlines()[0]})") from None
+    report = gamma_init_(model, gamma, generator=torch.Generator().manual_seed(seed))
+    offset = _neutral_offset_norms(model, report)
+    norms = set_norm_eps_(model, norm_eps)
+
+    out_dir = Path(out_dir)
+    tmp = _fresh_out_dir(out_dir)
+    try:
+        model.save_pretrained(tmp)
+        _publish(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return InitHFResult(out_dir, type(model).__name__, report, norms, offset, sorted(set(fields)))

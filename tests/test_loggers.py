@@ -1,0 +1,78 @@
+"""Metric loggers: TensorBoard mirrors metrics.jsonl; --wandb without the package is a one-line error."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from smallinit.cli import main
+from smallinit.config import Config
+from smallinit.data import iter_documents
+from smallinit.train import Trainer
+from smallinit.train.loggers import scalars
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    play = next(iter(iter_documents("shakespeare")))
+    path = tmp_path_factory.mktemp("corpus") / "slice.jsonl"
+    path.write_text("".join(json.dumps({"text": play[i:i + 1000]}) + "\n" for i in range(0, 40_000, 1000)))
+    return path
+
+
+def tiny(corpus: Path) -> list[str]:
+    return ["data.tokenizer=bytes", f"data.corpus={corpus}", "model.d_model=32", "model.n_layers=2",
+            "model.n_heads=2", "model.n_kv_heads=2", "model.d_ff=64", "model.max_seq_len=64", "data.seq_len=32",
+            "train.steps=4", "train.batch_size=4", "train.warmup_steps=1", "train.log_every=2",
+            "train.eval_every=2", "train.eval_batches=1"]
+
+
+def test_tensorboard_mirrors_every_logged_number(corpus, tmp_path):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    # an MoE model, so the trainer also logs "moe" event records (tagged moe/...)
+    overrides = [*tiny(corpus), "train.tensorboard=true", "model.moe.num_experts=2", "model.moe.top_k=1"]
+    Trainer(Config.load(overrides=overrides), tmp_path / "run", callbacks=[]).fit()
+
+    expected: dict[str, dict[int, float]] = {}
+    for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        prefix = record["event"] + "/" if "event" in record else ""
+        for key, value in record.items():
+            if key not in ("step", "event") and isinstance(value, (int, float)) and math.isfinite(value):
+                expected.setdefault(prefix + key, {})[record["step"]] = float(value)
+    assert {"loss", "lr", "grad_norm", "tokens_per_s", "val_loss", "moe/balance_loss"} <= set(expected)
+
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "run" / "tb"))
+    acc.Reload()
+    assert set(acc.Tags()["scalars"]) == set(expected)
+    for tag, by_step in expected.items():
+        got = {e.step: e.value for e in acc.Scalars(tag)}
+        assert got.keys() == by_step.keys(), tag
+        for step, value in by_step.items():
+            assert got[step] == pytest.approx(value, rel=1e-6), (tag, step)
+
+
+def test_scalars_flattens_tables_and_skips_the_rest():
+    record = {"step": 7, "event": "probe", "a": 1, "ok": True, "t": {"x": 0.5, "y": {"z": 2}},
+              "lst": [1, 2], "s": "text", "n": float("nan")}
+    assert scalars(record) == {"probe/a": 1.0, "probe/ok": 1.0, "probe/t/x": 0.5, "probe/t/y/z": 2.0}
+
+
+def test_tensorboard_is_off_by_default(corpus, tmp_path):
+    Trainer(Config.load(overrides=[*tiny(corpus), "train.steps=1"]), tmp_path / "run", callbacks=[]).fit()
+    assert not (tmp_path / "run" / "tb").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed")
+def test_wandb_flag_without_the_package_is_a_one_line_error(corpus, tmp_path, capsys):
+    argv = ["train", "--wandb", "--out", str(tmp_path / "run")]
+    for item in tiny(corpus):
+        argv += ["--set", item]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "wandb" in err
+    assert not (tmp_path / "run").exists()
