@@ -109,6 +109,34 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_recipe(args: argparse.Namespace) -> int:
+    from .experiments.demo import verdict_table
+    from .experiments.recipes import describe, load_recipe, recipe_names, run_recipe
+
+    if args.list or not args.name:
+        print("\n".join(describe(load_recipe(n)) for n in recipe_names()))
+        return 0
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()] if args.presets else None
+    result = run_recipe(args.name, args.scale, args.out, jobs=args.jobs, presets=presets, overrides=args.overrides)
+    if result.analysis is not None:
+        print(verdict_table(result.analysis["claims"]))
+    print(f"recipe folder {result.out} ({result.wall_s / 60:.1f} min); findings {result.out / 'findings.json'}")
+    return result.exit_code
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .experiments.demo import run_demo
+
+    scale = args.scale or ("quick" if args.quick else "full")
+    demo = run_demo(scale=scale, out=args.out, jobs=args.jobs)
+    if not demo.table:
+        return demo.result.exit_code
+    print(f"\nsmallinit demo ({scale}): {demo.wall_s / 60:.1f} min; verdicts computed from the runs and their seed spread")
+    print(demo.table)
+    print(f"report: {demo.report}" if demo.report else f"findings: {demo.result.out / 'findings.json'}")
+    return demo.result.exit_code
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="smallinit", description="Small initialization for language models.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -132,6 +160,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-failed", action="store_true", help="run failed cells again (resuming where they can)")
     p.add_argument("--status", metavar="DIR", help="print the cells of a sweep folder and stop")
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("recipe", help="run a named experiment of the paper (see --list), then judge its claims")
+    p.add_argument("name", nargs="?", help="recipe name or a recipe .toml file")
+    p.add_argument("--list", action="store_true", help="list the recipes and their scales")
+    p.add_argument("--scale", default="cpu", help="cpu (2 cores), gpu (paper sizes; torchrun per cell) or micro")
+    p.add_argument("--out", metavar="DIR", help="recipe folder (default runs/<name>-<scale>); re-run to continue")
+    p.add_argument("--jobs", type=int, metavar="N", help="cells side by side (default: the sweep packing rule)")
+    p.add_argument("--presets", metavar="P1,P2", help="replace the recipe's sizes by these presets (e.g. MoE ones)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key in every run (not the keys the recipe sweeps)")
+    p.set_defaults(func=cmd_recipe)
+
+    p = sub.add_parser("demo", help="the paper's claims C1–C7 at CPU scale in ≈ 20 min (--quick ≈ 3 min), "
+                       "with an HTML report and a verdict table")
+    p.add_argument("--quick", action="store_true", help="the ≈ 3 minute version")
+    p.add_argument("--scale", choices=("full", "quick", "micro"), help=argparse.SUPPRESS)
+    p.add_argument("--out", metavar="DIR", help="demo folder (default runs/demo-full or runs/demo-quick)")
+    p.add_argument("--jobs", type=int, metavar="N", help="runs side by side (default: one per core)")
+    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("tokenizer", help="tokenizer tools")
     tsub = p.add_subparsers(dest="tokenizer_command", required=True)

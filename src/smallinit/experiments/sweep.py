@@ -19,8 +19,13 @@ A sweep file (TOML)::
     [arms.fixed]
     "model.norm_eps" = 1e-12
 
-Cells run in order (arms outermost, then the grid keys in file order) as ``python -m smallinit train --out
-SWEEP/cells/<cell-id> --set ...``, so a crash or a NaN in one cell cannot stop the others. The sweep folder
+    [sizes.small]                           # optional: a second named axis, for model sizes
+    "model.preset" = "cpu-1m"
+
+Cells run in order (sizes outermost, then arms, then the grid keys in file order) as ``python -m smallinit
+train --out SWEEP/cells/<cell-id> --set ...`` (or ``<launcher> -m smallinit train ...`` when [sweep] sets
+``launcher``, e.g. ``"torchrun --standalone --nproc_per_node=gpu"``), so a crash or a NaN in one cell cannot
+stop the others. Later layers win: base, then size, then arm, then grid values. The sweep folder
 holds ``sweep.json`` (the cells), ``status.json`` (pending / running / done / failed / interrupted per cell,
 with the error line; rewritten atomically after every change), ``results.csv`` and ``results.json`` (one
 row per cell) and ``cells/<cell-id>/`` (a run folder plus ``train.log``). Running the sweep again skips
@@ -44,6 +49,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import statistics
 import subprocess
@@ -60,8 +66,8 @@ from ..train.checkpoint import write_json_atomic
 
 STATUSES = ("pending", "running", "done", "failed", "interrupted")
 SMALL_MODEL_PARAMS = 6_000_000  # ≤ this (cpu-1m, cpu-5m and the demo's shapes): pack one cell per core
-_SECTIONS = ("sweep", "base", "grid", "arms")
-_SWEEP_KEYS = ("name", "description")
+_SECTIONS = ("sweep", "base", "grid", "arms", "sizes")
+_SWEEP_KEYS = ("name", "description", "launcher")
 _POLL_S = 0.2
 _ORPHAN_WAIT_S = 120.0  # how long a re-run waits for a cell process left over from a killed runner
 _EXIT_PREEMPTED = 75
@@ -114,13 +120,14 @@ class Cell:
     arm: str | None
     values: dict[str, Any]
     overrides: dict[str, Any]
+    size: str | None = None
 
     def set_args(self) -> list[str]:
         """The ``key=value`` overrides, as ``smallinit train --set`` takes them."""
         return [f"{k}={toml_literal(v)}" for k, v in self.overrides.items()]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "arm": self.arm, "values": self.values, "overrides": self.overrides}
+        return {"id": self.id, "size": self.size, "arm": self.arm, "values": self.values, "overrides": self.overrides}
 
 
 @dataclass
@@ -128,8 +135,10 @@ class Sweep:
     base: dict[str, Any] = field(default_factory=dict)
     grid: dict[str, list[Any]] = field(default_factory=dict)
     arms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sizes: dict[str, dict[str, Any]] = field(default_factory=dict)
     name: str = "sweep"
     description: str = ""
+    launcher: str = ""  # command that starts ``-m smallinit train`` instead of this Python, e.g. torchrun
 
     @staticmethod
     def from_dict(raw: dict[str, Any], where: str = "sweep") -> Sweep:
@@ -145,23 +154,27 @@ class Sweep:
         meta = raw.get("sweep", {})
         bad = sorted(set(meta) - set(_SWEEP_KEYS))
         if bad:
-            raise ExperimentError(f"{where}: unknown key sweep.{bad[0]}; [sweep] takes name and description")
+            raise ExperimentError(
+                f"{where}: unknown key sweep.{bad[0]}; [sweep] takes name, description and launcher"
+            )
         grid = flatten(raw.get("grid", {}))
         for key, values in grid.items():
             if not isinstance(values, list) or not values:
                 raise ExperimentError(
                     f"{where}: grid key {key} must be a non-empty list of values, e.g. {key} = [0.5, 1.0]"
                 )
-        arms = {}
-        for name, table in raw.get("arms", {}).items():
-            if not isinstance(table, dict):
-                raise ExperimentError(f"{where}: arms.{name} must be a table of config keys")
-            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+-]*", name):
-                raise ExperimentError(f"{where}: arm name {name!r} may hold only letters, digits and . + -")
-            arms[name] = flatten(table)
+        axes: dict[str, dict[str, dict[str, Any]]] = {"arms": {}, "sizes": {}}
+        for axis, named in axes.items():
+            for name, table in raw.get(axis, {}).items():
+                if not isinstance(table, dict):
+                    raise ExperimentError(f"{where}: {axis}.{name} must be a table of config keys")
+                if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+-]*", name):
+                    raise ExperimentError(f"{where}: {axis} name {name!r} may hold only letters, digits and . + -")
+                named[name] = flatten(table)
         sweep = Sweep(
-            base=flatten(raw.get("base", {})), grid=grid, arms=arms,
+            base=flatten(raw.get("base", {})), grid=grid, arms=axes["arms"], sizes=axes["sizes"],
             name=str(meta.get("name", "sweep")), description=str(meta.get("description", "")),
+            launcher=str(meta.get("launcher", "")),
         )
         sweep.cells()  # checks ids and literals
         return sweep
@@ -175,28 +188,28 @@ class Sweep:
         return Sweep.from_dict(raw, where=f"sweep file {os.fspath(path)}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description, "base": self.base, "grid": self.grid,
-                "arms": self.arms}
+        return {"name": self.name, "description": self.description, "launcher": self.launcher, "base": self.base,
+                "grid": self.grid, "arms": self.arms, "sizes": self.sizes}
 
     def cells(self) -> list[Cell]:
-        """Every cell, in run order: arms outermost, then the grid keys in the order they were written."""
+        """Every cell, in run order: sizes, then arms, then the grid keys in the order they were written."""
         short = {k: k.rsplit(".", 1)[-1] for k in self.grid}
         if len(set(short.values())) < len(short):
             short = {k: k.replace(".", "-") for k in self.grid}
         cells, seen = [], {}
-        for arm in list(self.arms) or [None]:
+        for size, arm in itertools.product(list(self.sizes) or [None], list(self.arms) or [None]):
             for combo in itertools.product(*self.grid.values()):
                 values = dict(zip(self.grid, combo))
-                parts = ([arm] if arm else []) + [f"{short[k]}-{_id_part(v)}" for k, v in values.items()]
+                parts = [n for n in (size, arm) if n] + [f"{short[k]}-{_id_part(v)}" for k, v in values.items()]
                 cid = "_".join(parts) or "base"
-                overrides = {**self.base, **(self.arms[arm] if arm else {}), **values}
+                overrides = {**self.base, **self.sizes.get(size or "", {}), **self.arms.get(arm or "", {}), **values}
                 if cid in seen:
                     raise ExperimentError(
                         f"sweep: cells {seen[cid]} and {values} get the same folder name {cid!r}; "
                         "make the grid values distinct"
                     )
                 seen[cid] = values
-                cell = Cell(cid, arm, values, overrides)
+                cell = Cell(cid, arm, values, overrides, size)
                 cell.set_args()  # every value must have a literal
                 cells.append(cell)
         return cells
@@ -304,6 +317,8 @@ def cell_row(sweep_dir: Path, cell: Cell, state: dict[str, Any]) -> dict[str, An
     vals = [r for r in records if "val_loss" in r]
     speeds = [r["tokens_per_s"] for r in train if isinstance(r.get("tokens_per_s"), (int, float))]
     row: dict[str, Any] = {"cell": cell.id, "status": state.get("status", "pending")}
+    if cell.size is not None:
+        row["size"] = cell.size
     if cell.arm is not None:
         row["arm"] = cell.arm
     row.update(cell.values)
@@ -326,7 +341,7 @@ def load_cells(sweep_dir: Path) -> list[Cell]:
     spec = _read_json(sweep_dir / "sweep.json")
     if not isinstance(spec, dict) or "cells" not in spec:
         raise ExperimentError(f"{sweep_dir} is not a sweep folder (no readable sweep.json); pass a sweep's --out")
-    return [Cell(c["id"], c.get("arm"), c["values"], c["overrides"]) for c in spec["cells"]]
+    return [Cell(c["id"], c.get("arm"), c["values"], c["overrides"], c.get("size")) for c in spec["cells"]]
 
 
 def sweep_rows(sweep_dir: str | os.PathLike) -> list[dict[str, Any]]:
@@ -531,7 +546,8 @@ class SweepRunner:
         run = self.dir / "cells" / cell.id
         run.mkdir(parents=True, exist_ok=True)
         resume = (run / "config.json").is_file()
-        cmd = [self.python, "-m", "smallinit", "train", "--out", str(run)]
+        start = shlex.split(self.sweep.launcher) if self.sweep.launcher else [self.python]
+        cmd = [*start, "-m", "smallinit", "train", "--out", str(run)]
         for item in cell.set_args():
             cmd += ["--set", item]
         if resume:

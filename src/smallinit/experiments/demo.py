@@ -1,0 +1,65 @@
+"""``smallinit demo``: the demo recipe (reduced paper recipes), the HTML report and the verdict table."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..train.checkpoint import write_json_atomic
+from .recipes import RecipeResult, run_recipe
+
+
+def verdict_table(claims: list[dict[str, Any]]) -> str:
+    """One block per claim: its verdict, then each comparison with its own verdict and the paper's number."""
+    rows = [("claim", "verdict", "measured (mean ± sd over seeds, n seeds) → verdict", "paper")]
+    for c in claims:
+        comps = c["comparisons"] or [{"text": "; ".join(c["notes"]) or "not measured at this scale",
+                                      "verdict": "", "paper": c["paper"]}]
+        for i, comp in enumerate(comps):
+            arrow = f" → {comp['verdict']}" if comp["verdict"] else ""
+            rows.append((c["claim"] if i == 0 else "", c["verdict"] if i == 0 else "", comp["text"] + arrow,
+                         comp.get("paper") or ""))
+        for note in c["notes"] if c["comparisons"] else []:
+            rows.append(("", "", f"({note})", ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def write_report(out: Path) -> Path | None:
+    """The HTML report of the demo folder, through smallinit.report (None if that package cannot build it)."""
+    try:
+        from ..report import build_report
+    except ImportError:
+        return None
+    return Path(build_report(out))
+
+
+@dataclass
+class DemoResult:
+    result: RecipeResult
+    report: Path | None
+    table: str
+    wall_s: float
+
+
+def run_demo(
+    *, scale: str = "full", out: str | os.PathLike | None = None, jobs: int | None = None,
+    echo: TextIO | None = sys.stderr,
+) -> DemoResult:
+    """Run (or continue) the demo at ``scale`` ("full", "quick" or "micro"), report and judge it."""
+    t0 = time.monotonic()
+    out = Path(out) if out is not None else Path("runs") / f"demo-{scale}"
+    result = run_recipe("demo", scale, out, jobs=jobs, echo=echo)
+    if result.analysis is None:
+        return DemoResult(result, None, "", time.monotonic() - t0)
+    table = verdict_table(result.analysis["claims"])
+    (out / "verdicts.txt").write_text(table + "\n", encoding="utf-8")
+    report = write_report(out)
+    wall = time.monotonic() - t0
+    write_json_atomic(out / "demo.json", {"scale": scale, "wall_s": wall, "report": str(report) if report else None})
+    return DemoResult(result, report, table, wall)

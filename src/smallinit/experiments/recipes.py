@@ -1,0 +1,225 @@
+"""Named recipes: the paper's experiments as shipped sweep files plus the analysis that reads them.
+
+A recipe is a TOML file in ``smallinit/experiments/recipes/`` (or any path)::
+
+    [recipe]
+    title = "..."
+    claims = ["C2", "C3"]        # what its analysis judges
+    analysis = "fig1"             # a name in smallinit.experiments.analyses.ANALYSES
+
+    [base]                        # config keys for every sweep of every scale (lowest priority)
+    ...
+    [scales.cpu]
+    description = "... (measured: N min on 2 cores)"
+    [scales.cpu.base]             # config keys for every sweep of this scale
+    [scales.cpu.options]          # parameters of the analysis
+    [scales.cpu.sweeps.NAME]      # one or more sweeps, in the sweep-file format ([base], [grid], [arms.*], [sizes.*])
+
+Running it (``smallinit recipe NAME --scale cpu --out DIR``) runs every sweep of the scale into
+``DIR/<sweep name>/`` (re-running continues them), then the analysis, which writes ``DIR/findings.json``
+(the claims with their comparisons and verdicts, and the numbers behind the figures) plus the files the
+HTML report reads (``residual_flow/``, ``tokens/``); ``smallinit report DIR`` then renders the folder.
+``--presets a,b`` replaces every sweep's size axis by those presets (dense or MoE); ``--set key=value``
+overrides the recipe everywhere except on its grid axes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..config import parse_override, read_toml
+from ..errors import ExperimentError, SmallinitError
+from ..train.checkpoint import write_json_atomic
+from .sweep import Sweep, SweepOutcome, flatten, resolve_config, run_sweep
+
+RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
+FINDINGS_FILE = "findings.json"
+_RECIPE_SECTIONS = ("recipe", "base", "scales")
+_SCALE_KEYS = ("description", "base", "options", "sweeps")
+
+
+@dataclass
+class Scale:
+    name: str
+    description: str
+    sweeps: dict[str, Sweep]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Recipe:
+    name: str
+    title: str
+    claims: list[str]
+    analysis: str
+    scales: dict[str, Scale]
+    path: Path
+
+    def scale(self, name: str) -> Scale:
+        if name not in self.scales:
+            raise ExperimentError(f"recipe {self.name} has no scale {name!r}; choose one of {', '.join(self.scales)}")
+        return self.scales[name]
+
+
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.toml"))
+
+
+def load_recipe(name: str | os.PathLike) -> Recipe:
+    """A shipped recipe by name, or a recipe file by path."""
+    path = Path(name)
+    if not (path.suffix == ".toml" and path.is_file()):
+        path = RECIPES_DIR / f"{name}.toml"
+        if not path.is_file():
+            raise ExperimentError(f"unknown recipe {str(name)!r}; choose one of {', '.join(recipe_names())} or pass a .toml")
+    where = f"recipe {path.stem}"
+    try:
+        raw = read_toml(path)
+    except SmallinitError as e:
+        raise ExperimentError(str(e).replace("config file", "recipe file")) from None
+    unknown = sorted(set(raw) - set(_RECIPE_SECTIONS))
+    if unknown:
+        raise ExperimentError(f"{where}: unknown section [{unknown[0]}]; use [recipe], [base] and [scales.NAME]")
+    meta = raw.get("recipe", {})
+    from .analyses import ANALYSES
+
+    analysis = meta.get("analysis", "")
+    if analysis not in ANALYSES:
+        raise ExperimentError(f"{where}: analysis {analysis!r} is not one of {', '.join(ANALYSES)}")
+    common = flatten(raw.get("base", {}))
+    scales = {}
+    for sname, table in raw.get("scales", {}).items():
+        bad = sorted(set(table) - set(_SCALE_KEYS))
+        if bad:
+            raise ExperimentError(f"{where}: unknown key scales.{sname}.{bad[0]}; use {', '.join(_SCALE_KEYS)}")
+        scale_base = {**common, **flatten(table.get("base", {}))}
+        sweeps = {}
+        for wname, sweep_raw in table.get("sweeps", {}).items():
+            sweep_raw = dict(sweep_raw)
+            sweep_raw["base"] = {**scale_base, **flatten(sweep_raw.get("base", {}))}
+            sweep_raw.setdefault("sweep", {}).setdefault("name", f"{path.stem}-{sname}-{wname}")
+            sweeps[wname] = Sweep.from_dict(sweep_raw, where=f"{where}, scale {sname}, sweep {wname}")
+        if not sweeps:
+            raise ExperimentError(f"{where}: scale {sname} has no [scales.{sname}.sweeps.NAME]")
+        scales[sname] = Scale(sname, str(table.get("description", "")), sweeps, dict(table.get("options", {})))
+    if not scales:
+        raise ExperimentError(f"{where}: no [scales.NAME]")
+    return Recipe(path.stem, str(meta.get("title", path.stem)), list(meta.get("claims", [])), analysis, scales, path)
+
+
+def customise(scale: Scale, *, presets: list[str] | None = None, overrides: list[str] = ()) -> Scale:
+    """The scale with its size axes replaced by ``presets`` and ``key=value`` overrides applied."""
+    pairs = [parse_override(item) for item in overrides]
+    sweeps = {}
+    for name, sw in scale.sweeps.items():
+        sizes = {p: {"model.preset": p} for p in presets} if presets else {k: dict(v) for k, v in sw.sizes.items()}
+        base, arms = dict(sw.base), {k: dict(v) for k, v in sw.arms.items()}
+        if presets:
+            base.pop("model.preset", None)
+        for key, value in pairs:
+            if key in sw.grid:
+                raise ExperimentError(f"--set {key}: the recipe sweeps that key; pick another or edit a copy of the recipe")
+            base[key] = value
+            for table in (*sizes.values(), *arms.values()):
+                if key in table:
+                    table[key] = value
+        sweeps[name] = Sweep(base=base, grid=sw.grid, arms=arms, sizes=sizes, name=sw.name,
+                             description=sw.description, launcher=sw.launcher)
+        sweeps[name].cells()
+    return Scale(scale.name, scale.description, sweeps, scale.options)
+
+
+@dataclass
+class RecipeResult:
+    recipe: Recipe
+    scale: Scale
+    out: Path
+    sweeps: dict[str, SweepOutcome]
+    analysis: dict[str, Any] | None
+    wall_s: float
+
+    @property
+    def exit_code(self) -> int:
+        codes = [o.exit_code for o in self.sweeps.values()]
+        return 75 if 75 in codes else (1 if any(codes) else 0)
+
+
+def run_recipe(
+    recipe: Recipe | str, scale: str = "cpu", out: str | os.PathLike | None = None, *, jobs: int | None = None,
+    presets: list[str] | None = None, overrides: list[str] = (), echo: TextIO | None = sys.stderr,
+    analyse: bool = True,
+) -> RecipeResult:
+    """Run every sweep of ``scale`` (continuing earlier runs in ``out``), then the recipe's analysis."""
+    from .analyses import ANALYSES
+
+    recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+    sc = customise(recipe.scale(scale), presets=presets, overrides=list(overrides))
+    out = Path(out) if out is not None else Path("runs") / f"{recipe.name}-{scale}"
+    vocab: dict[str, int] = {}
+    for sw in sc.sweeps.values():  # every cell of every sweep is checked before anything runs
+        for cell in sw.cells():
+            resolve_config(cell, vocab)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "recipe.json", {
+        "recipe": recipe.name, "title": recipe.title, "scale": sc.name, "description": sc.description,
+        "claims": recipe.claims, "analysis": recipe.analysis, "options": sc.options, "presets": presets,
+        "overrides": list(overrides), "sweeps": list(sc.sweeps),
+    })
+    t0 = time.monotonic()
+    outcomes = {}
+    for name, sw in sc.sweeps.items():
+        if echo is not None:
+            print(f"[recipe] {recipe.name} ({sc.name}): sweep {name}", file=echo, flush=True)
+        outcomes[name] = run_sweep(sw, out / name, jobs=jobs, echo=echo)
+        if outcomes[name].interrupted:
+            return RecipeResult(recipe, sc, out, outcomes, None, time.monotonic() - t0)
+    analysis = None
+    if analyse:
+        if echo is not None:
+            print(f"[recipe] {recipe.name}: analysis", file=echo, flush=True)
+        analysis = ANALYSES[recipe.analysis](out, sc.options)
+        analysis = {"recipe": recipe.name, "scale": sc.name, "title": recipe.title,
+                    "train_wall_s": time.monotonic() - t0, **analysis}
+        write_json_atomic(out / FINDINGS_FILE, _jsonable(analysis))
+    return RecipeResult(recipe, sc, out, outcomes, analysis, time.monotonic() - t0)
+
+
+def _jsonable(obj: Any) -> Any:
+    """NaN/inf → None and numpy scalars → Python, so analysis.json is strict JSON."""
+    import math
+
+    import numpy as np
+
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def describe(recipe: Recipe) -> str:
+    lines = [f"{recipe.name}: {recipe.title}" + (f" [{', '.join(recipe.claims)}]" if recipe.claims else "")]
+    for sc in recipe.scales.values():
+        n = sum(len(sw.cells()) for sw in sc.sweeps.values())
+        lines.append(f"  --scale {sc.name}: {n} runs. {sc.description}")
+    return "\n".join(lines)
+
+
+def read_findings(out: str | os.PathLike) -> dict[str, Any]:
+    path = Path(out) / FINDINGS_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        raise ExperimentError(f"{path} is missing or damaged; run the recipe into {out} again") from None
