@@ -29,6 +29,7 @@ def _load_config(args: argparse.Namespace):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from .analysis import AnalysisCallback, check_norm_saturation
     from .config import Config
     from .train import Trainer
 
@@ -38,7 +39,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = Config.from_json_file(out / "config.json")
     else:
         cfg = _load_config(args)
-    summary = Trainer(cfg, out, resume=args.resume).fit()
+    trainer = Trainer(cfg, out, resume=args.resume)
+    if trainer.runtime.is_main:
+        check_norm_saturation(trainer.cfg.model)
+    if trainer.cfg.analysis.every:
+        trainer.callbacks.append(AnalysisCallback(trainer.cfg.analysis))
+    summary = trainer.fit()
     val = "nothing left to train" if summary["val_loss"] is None else f"val loss {summary['val_loss']:.4f}"
     print(f"done: step {summary['step']}, {val}; run folder {out}")
     return 0
@@ -47,9 +53,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     import torch
 
+    from .analysis import check_norm_saturation
     from .model import Transformer
 
     cfg = _load_config(args)
+    check_norm_saturation(cfg.model)
     with torch.device("meta"):  # shapes only: counts and the init table without allocating the weights
         model = Transformer(cfg.model, seed=cfg.train.seed)
     total, active = model.num_params(), model.num_params(active=True)
@@ -107,6 +115,76 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(r.table)
     print(f"results: {r.results_file}")
     return 0
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from .analysis import analyze_checkpoint, check_norm_saturation
+    from .analysis.measure import default_output_dir
+    from .config import Config
+    from .report import write_analysis
+
+    result = analyze_checkpoint(args.checkpoint, data=args.data, batches=args.batches, batch_size=args.batch_size,
+                                seq_len=args.seq_len, device=args.device)
+    check_norm_saturation(Config.from_dict(result["config"]).model)
+    out = Path(args.out) if args.out else default_output_dir(result["checkpoint"])
+    paths = write_analysis(result, out)
+    print(f"step {result['step']}: loss {result['loss']:.4f} on {result['tokens']:,} tokens; "
+          f"sink mean {result['sink']['mean']:.4f}; residual flow {result['residual_flow']:.4f}; "
+          f"min norm factor {min(result['norm_factor'].values()):.4f}")
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .analysis.measure import compare_checkpoints
+    from .report import write_compare
+
+    labels = tuple(args.labels.split(",", 1)) if args.labels else None
+    r = compare_checkpoints(args.checkpoint_a, args.checkpoint_b, data=args.data, batch_size=args.batch_size,
+                            seq_len=args.seq_len, max_tokens=args.max_tokens, bins=args.bins, top_k=args.top_k,
+                            labels=labels, device=args.device)
+    print(f"{r.tokens:,} tokens: mean Δ_sym {r.mean_delta_sym:+.4f} (> 0: {r.meta['label_a']} better); "
+          f"loss {r.mean_loss_a:.4f} vs {r.mean_loss_b:.4f}")
+    print("wrote " + ", ".join(str(p) for p in write_compare(r, args.out)))
+    return 0
+
+
+def cmd_coordcheck(args: argparse.Namespace) -> int:
+    from .analysis import coord_check, residual_flow_sweep
+    from .report import write_coordcheck, write_sweep
+
+    cfg = _load_config(args)
+    cc = coord_check(cfg.model, args.gammas, args.steps, train=cfg.train, batch_size=args.batch_size,
+                     seq_len=cfg.data.seq_len, seed=cfg.train.seed)
+    paths = write_coordcheck(cc, args.out)
+    if args.residual_flow:
+        sweep = residual_flow_sweep(args.gammas, args.widths, base_config=cfg.model, seeds=args.seeds)
+        paths += write_sweep(sweep, args.out)
+        for g, s in zip(sweep.gammas, sweep.slopes):
+            print(f"γ = {g:g}: residual-flow exponent {s:+.3f} (predicted {1 - g:+.3f})")
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import build_report
+
+    print(f"wrote {build_report(args.dir, args.out)}")
+    return 0
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
 
 
 def cmd_recipe(args: argparse.Namespace) -> int:
@@ -212,6 +290,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("--log-samples", action="store_true", help="store every example's inputs and outputs too")
     p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("analyze", help="all single-model measurements of a run or checkpoint (JSON + figures)")
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="run folder (its newest checkpoint) or checkpoint folder")
+    p.add_argument("--data", metavar="CORPUS", help="text to measure on (default: the run's validation split)")
+    p.add_argument("--out", metavar="DIR", help="output folder (default: RUN/analysis)")
+    p.add_argument("--batches", type=int, default=4, help="batches of held-out text (default 4)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, help="sequence length (default: the run's data.seq_len)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("compare", help="token-level comparison of two models: Δ_sym by token difficulty")
+    p.add_argument("checkpoint_a", metavar="CKPT_A", help="model A (Δ_sym > 0 where A is better)")
+    p.add_argument("checkpoint_b", metavar="CKPT_B", help="model B")
+    p.add_argument("--data", metavar="CORPUS", help="text to compare on, streamed (default: A's validation split)")
+    p.add_argument("--out", default="compare", metavar="DIR", help="output folder (default ./compare)")
+    p.add_argument("--labels", metavar="A,B", help="names for the two models (default: their run folders)")
+    p.add_argument("--max-tokens", type=int, help="stop after about this many tokens")
+    p.add_argument("--bins", type=int, default=10, help="difficulty quantile bins (default 10)")
+    p.add_argument("--top-k", type=int, default=20, help="largest gaps to list each way (default 20)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, help="sequence length (default: the runs' data.seq_len)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("coordcheck", help="activation and update scales over γ in the first steps (fresh models)")
+    _config_args(p)
+    p.add_argument("--gammas", type=_floats, default=[0.5, 0.75, 1.0, 1.25], help="comma-separated γ values")
+    p.add_argument("--steps", type=int, default=5, help="optimizer steps per γ (default 5)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--out", default="coordcheck", metavar="DIR", help="output folder (default ./coordcheck)")
+    p.add_argument("--residual-flow", action="store_true",
+                   help="also fit the residual-flow exponent over widths (the paper predicts 1 − γ)")
+    p.add_argument("--widths", type=_ints, default=[64, 128, 256, 512], help="widths for --residual-flow")
+    p.add_argument("--seeds", type=_ints, default=[0, 1, 2], help="seeds for --residual-flow")
+    p.set_defaults(func=cmd_coordcheck)
+
+    p = sub.add_parser("report", help="one self-contained HTML report for a run or sweep folder")
+    p.add_argument("dir", metavar="RUN_OR_SWEEP_DIR")
+    p.add_argument("--out", metavar="FILE.html", help="where to write it (default DIR/report.html)")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

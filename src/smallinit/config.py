@@ -219,10 +219,25 @@ class DataConfig:
 @dataclass
 class AnalysisConfig:
     every: int = 0  # measure every N steps during training; 0 → off
+    # glob patterns of the matrices whose stable rank and mean |cos| are logged, and those whose row-cosine
+    # heatmaps are saved as snapshots (RUN/analysis/rowcos_step_*.npz)
+    matrices: list[str] = field(default_factory=lambda: ["*.attn.q_proj.weight", "*.mlp.up_proj.weight"])
+    heatmaps: list[str] = field(
+        default_factory=lambda: ["blocks.0.attn.q_proj.weight", "blocks.0.mlp.up_proj.weight"]
+    )
+    snapshots: int = 4  # heatmap snapshots spread over training (the first measurement included)
+    heatmap_rows: int = 128  # rows per heatmap (a seeded sample of larger matrices)
+    batch_size: int = 4  # held-out sequences (the first validation windows) measured each time
 
     def validate(self) -> None:
         if self.every < 0:
             raise ConfigError(f"analysis.every must be ≥ 0, got {self.every}")
+        for key in ("matrices", "heatmaps"):
+            value = getattr(self, key)
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"analysis.{key} must be a list of name patterns, got {value!r}")
+        if self.snapshots < 0 or self.heatmap_rows < 2 or self.batch_size < 1:
+            raise ConfigError("analysis.snapshots must be ≥ 0, analysis.heatmap_rows ≥ 2, analysis.batch_size ≥ 1")
 
 
 @dataclass

@@ -1,0 +1,128 @@
+"""Measurements during training: a callback that observes the model every N steps.
+
+Every ``every`` steps (and once at the start of a fresh run) it measures, on a fixed held-out batch (the
+first validation windows): sink score per layer, residual flow, measured RMSNorm factors, and stable rank
+and mean |cos| of the chosen matrices. One record per measurement goes to metrics.jsonl
+(``{"event": "analysis", "step": ...}``); row-cosine heatmaps of a few matrices are saved at a few steps
+as RUN/analysis/rowcos_step_NNNNNNN.npz (float16, one array per matrix) so condensation can be plotted
+over training. Enabled by ``analysis.every > 0``; ``smallinit train`` attaches it.
+
+It runs on the main process only, in eval mode without gradients, and restores train mode; it never
+changes what the trainer computes. Under FSDP (sharded weights) it does nothing and says so once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ..config import AnalysisConfig
+from ..data import iter_eval_batches
+from ..train.callbacks import Callback
+from .condensation import named_matrices, row_cosine, sampled_mean_abs_cos, stable_rank
+from .measure import measure_activations
+
+if TYPE_CHECKING:
+    from ..train.trainer import Trainer
+
+SNAPSHOT_DIR = "analysis"
+COS_ROWS = 512  # rows sampled for the logged mean |cos| of large matrices
+
+
+def snapshot_path(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / SNAPSHOT_DIR / f"rowcos_step_{step:07d}.npz"
+
+
+class AnalysisCallback(Callback):
+    def __init__(self, cfg: AnalysisConfig):
+        cfg.validate()
+        if cfg.every < 1:
+            raise ValueError("AnalysisCallback needs analysis.every ≥ 1")
+        self.cfg = cfg
+        self.batch: torch.Tensor | None = None
+        self.snapshot_steps: set[int] = set()
+        self.active = True
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        self.active = trainer.runtime.is_main and trainer.cfg.train.parallel != "fsdp"
+        if trainer.runtime.is_main and not self.active:
+            logging.getLogger("smallinit").warning("analysis.every is ignored under FSDP (the weights are sharded)")
+        if not self.active:
+            return
+        d = trainer.cfg.data
+        x, _ = next(iter_eval_batches(trainer.data.val, self.cfg.batch_size, d.seq_len, 1))
+        self.batch = x.to(trainer.runtime.device)
+        total, every, n = trainer.cfg.train.steps, self.cfg.every, self.cfg.snapshots
+        measured = list(range(0, total + 1, every))
+        # each snapshot at the first measurement at or after its evenly spaced target step
+        targets = [round(i * total / (n - 1)) for i in range(n)] if n > 1 else [0] * n
+        self.snapshot_steps = {next((s for s in measured if s >= t), measured[-1]) for t in targets}
+        if trainer.step == 0:
+            self.measure(trainer)
+
+    def on_step_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if self.active and trainer.step % self.cfg.every == 0:
+            self.measure(trainer)
+
+    @torch.no_grad()
+    def measure(self, trainer: Trainer) -> dict[str, Any]:
+        model = trainer.model
+        was_training = model.training
+        model.eval()
+        try:
+            acts = measure_activations(model, self.batch)
+            mats = named_matrices(model, self.cfg.matrices)
+            rec: dict[str, Any] = {
+                "event": "analysis", "step": trainer.step,
+                "sink": {str(i): v for i, v in enumerate(acts["sink"]["per_layer"])},
+                "sink_mean": acts["sink"]["mean"],
+                "residual_flow": acts["residual_flow"],
+                "norm_factor": acts["norm_factor"],
+                "stable_rank": {n: stable_rank(W) for n, W in mats.items()},
+                "mean_abs_cos": {n: sampled_mean_abs_cos(W, max_rows=COS_ROWS) for n, W in mats.items()},
+            }
+            if trainer.step in self.snapshot_steps:
+                self._snapshot(trainer, model)
+        finally:
+            model.train(was_training)
+        trainer.log(rec)
+        return rec
+
+    def _snapshot(self, trainer: Trainer, model: torch.nn.Module) -> None:
+        arrays = {}
+        for name, W in named_matrices(model, self.cfg.heatmaps).items():
+            rc = row_cosine(W, max_rows=self.cfg.heatmap_rows)
+            arrays[name] = rc.matrix.astype(np.float16)
+            arrays[f"{name}/stable_rank"] = np.float64(stable_rank(W))
+            arrays[f"{name}/mean_abs_cos"] = np.float64(rc.mean_abs)
+        if not arrays:
+            return
+        path = snapshot_path(trainer.run_dir, trainer.step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.npz")
+        np.savez(tmp, step=np.int64(trainer.step), **arrays)
+        os.replace(tmp, path)
+
+
+def load_snapshots(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The heatmap snapshots of a run, oldest first: ``{"step", "matrices": {name: array}, "stable_rank":
+    {name: float}, "mean_abs_cos": {name: float}}``."""
+    out = []
+    for path in sorted((Path(run_dir) / SNAPSHOT_DIR).glob("rowcos_step_*.npz")):
+        with np.load(path) as z:
+            snap: dict[str, Any] = {"step": int(z["step"]), "matrices": {}, "stable_rank": {}, "mean_abs_cos": {}}
+            for key in z.files:
+                if key == "step":
+                    continue
+                name, _, stat = key.partition("/")
+                if stat:
+                    snap[stat][name] = float(z[key])
+                else:
+                    snap["matrices"][name] = z[key].astype(np.float32)
+        out.append(snap)
+    return out

@@ -1,0 +1,159 @@
+"""All single-model measurements from one forward pass, and ``smallinit analyze`` on a checkpoint.
+
+:func:`measure_model` captures hidden states, norm inputs and post-RoPE q/k in a single forward and derives
+sink scores, residual flow and measured norm factors from them; the matrix statistics come from the
+weights. :func:`analyze_checkpoint` runs it on held-out batches of a trained model.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..config import Config
+from ..data import Tokenizer, iter_eval_batches, load_token_data, load_tokenizer
+from ..errors import DataError
+from ..train.checkpoint import load_model as _load_model
+from ..train.checkpoint import resolve_checkpoint
+from .condensation import matrix_stats
+from .norm_factor import norm_factors_from_inputs, relative_factor
+from .residual_flow import flow_from_hidden
+from .sink import sink_from_qk
+from .tokens import TokenGapResult, text_batches, token_gap
+
+
+@torch.no_grad()
+def measure_activations(model: nn.Module, tokens: torch.Tensor, *, chunk: int = 256) -> dict:
+    """Sink scores, residual flow and measured norm factors of ``model`` on ``tokens`` (one forward)."""
+    out = model(tokens, capture=("hidden", "norms", "qk"))
+    return {
+        "sink": sink_from_qk(out.qk, chunk=chunk).to_dict(),
+        "residual_flow": flow_from_hidden(out.hidden_states),
+        "norm_factor": norm_factors_from_inputs(model, out.norm_inputs),
+    }
+
+
+@dataclass
+class LoadedRun:
+    model: nn.Module
+    config: Config
+    step: int
+    path: Path  # the checkpoint folder
+
+
+def load_run(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> LoadedRun:
+    """A trained model with its resolved config, from a run folder or a checkpoint folder."""
+    found = resolve_checkpoint(path)
+    return LoadedRun(
+        model=_load_model(found.path, device=device), config=Config.from_dict(found.state["config"]),
+        step=found.step, path=found.path,
+    )
+
+
+def held_out_batches(
+    cfg: Config, tokenizer: Tokenizer, *, data: str | os.PathLike | None = None, batches: int = 4,
+    batch_size: int = 8, seq_len: int | None = None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(x, y) batches: the run's validation split, or the first windows of ``data`` (streamed)."""
+    seq_len = seq_len or cfg.data.seq_len
+    if data is None:
+        val = load_token_data(cfg.data.corpus, tokenizer, val_fraction=cfg.data.val_fraction,
+                              text_field=cfg.data.text_field).val
+        yield from iter_eval_batches(val, batch_size, seq_len, batches)
+        return
+    stream = text_batches(data, tokenizer, seq_len=seq_len, batch_size=batch_size, text_field=cfg.data.text_field)
+    for i, xy in enumerate(stream):
+        if i == batches:
+            return
+        yield xy
+
+
+def _mean_dicts(items: list[dict]) -> dict:
+    """Element-wise mean of nested dicts / lists of numbers with the same structure."""
+    first = items[0]
+    if isinstance(first, dict):
+        return {k: _mean_dicts([it[k] for it in items]) for k in first}
+    return np.mean(np.asarray(items, dtype=float), axis=0).tolist()
+
+
+@torch.no_grad()
+def analyze_model(
+    model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *, cosine_rows: int = 1024
+) -> dict:
+    """Every single-model measurement, averaged over ``batches`` (equal-sized batches weigh equally)."""
+    device = next(model.parameters()).device
+    per_batch, losses, n_tokens = [], [], 0
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        per_batch.append(measure_activations(model, x))
+        losses.append(model(x, y).loss.item())
+        n_tokens += y.numel()
+    if not per_batch:
+        raise DataError("no complete sequence to analyse; pass more text with --data or a smaller --seq-len")
+    cfg = model.config
+    result = _mean_dicts(per_batch)
+    result["loss"] = float(np.mean(losses))
+    result["tokens"] = n_tokens
+    result["norm_factor_analytic"] = relative_factor(cfg.gamma, cfg.norm_eps, cfg.d_model)
+    result["matrices"] = [s.to_dict() for s in matrix_stats(model, max_rows=cosine_rows)]
+    return result
+
+
+def analyze_checkpoint(
+    path: str | os.PathLike, *, data: str | os.PathLike | None = None, batches: int = 4, batch_size: int = 8,
+    seq_len: int | None = None, device: str = "cpu",
+) -> dict:
+    """``smallinit analyze``: load a run or checkpoint, measure it on held-out text, return a JSON-able dict."""
+    run = load_run(path, device=device)
+    tok = load_tokenizer(run.config.data.tokenizer)
+    result = analyze_model(run.model, held_out_batches(run.config, tok, data=data, batches=batches,
+                                                       batch_size=batch_size, seq_len=seq_len))
+    return {"checkpoint": str(run.path), "step": run.step, "config": run.config.to_dict(),
+            "data": str(data) if data is not None else f"validation split of {run.config.data.corpus}",
+            **result}
+
+
+def compare_checkpoints(
+    path_a: str | os.PathLike, path_b: str | os.PathLike, *, data: str | os.PathLike | None = None,
+    batch_size: int = 8, seq_len: int | None = None, max_tokens: int | None = None, bins: int = 10,
+    top_k: int = 20, labels: tuple[str, str] | None = None, device: str = "cpu",
+) -> TokenGapResult:
+    """``smallinit compare``: token-level gap of two trained models on held-out text (default: A's
+    validation split; or ``data``, streamed). Both must use the same tokenizer."""
+    a, b = load_run(path_a, device=device), load_run(path_b, device=device)
+    tok = load_tokenizer(a.config.data.tokenizer)
+    if load_tokenizer(b.config.data.tokenizer).fingerprint != tok.fingerprint:
+        raise DataError(f"{path_a} and {path_b} use different tokenizers; token-level comparison needs the same one")
+    seq_len = seq_len or min(a.config.data.seq_len, b.config.data.seq_len)
+    if data is None:
+        val = load_token_data(a.config.data.corpus, tok, val_fraction=a.config.data.val_fraction,
+                              text_field=a.config.data.text_field).val
+        limit = None if max_tokens is None else -(-max_tokens // (batch_size * seq_len))
+        batches = iter_eval_batches(val, batch_size, seq_len, limit)
+    else:
+        batches = text_batches(data, tok, seq_len=seq_len, batch_size=batch_size,
+                               text_field=a.config.data.text_field, max_tokens=max_tokens)
+    result = token_gap(a.model, b.model, batches, tokenizer=tok, bins=bins, top_k=top_k)
+    la, lb = labels or (_run_name(a.path), _run_name(b.path))
+    result.meta = {"label_a": la, "label_b": lb, "checkpoint_a": str(a.path), "checkpoint_b": str(b.path),
+                   "step_a": a.step, "step_b": b.step, "seq_len": seq_len,
+                   "data": str(data) if data is not None else f"validation split of {a.config.data.corpus}"}
+    return result
+
+
+def _run_name(checkpoint: Path) -> str:
+    """The run folder's name for RUN/checkpoints/step_N, else the folder's own name."""
+    return checkpoint.parent.parent.name if checkpoint.parent.name == "checkpoints" else checkpoint.name
+
+
+def default_output_dir(checkpoint: str | os.PathLike) -> Path:
+    """Where ``smallinit analyze`` writes by default: RUN/analysis for a checkpoint RUN/checkpoints/step_N,
+    else CHECKPOINT/analysis (``checkpoint`` is the resolved folder, e.g. ``analyze_checkpoint()["checkpoint"]``)."""
+    p = Path(checkpoint)
+    return (p.parent.parent if p.parent.name == "checkpoints" else p) / "analysis"

@@ -1,0 +1,88 @@
+"""The RMSNorm factor: how much of the init scale a norm still sees (the paper's ε trap, Fig. 1c).
+
+RMSNorm multiplies h by (σ²(h) + ε)^(−1/2), σ²(h) = mean(h_i²). The ideal factor is 1/σ(h); the ratio of
+the two, σ(h)/√(σ²(h) + ε), is 1.0 while the norm sees the input scale and falls towards 0 once
+σ²(h) ≪ ε (the factor saturates at ε^(−1/2)). With γ-init, h_i ~ N(0, d^(−2γ)) at init, so σ² = d^(−2γ).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+
+# Warn when the expected σ²(h) at init is within this factor of ε: the factor then starts to saturate.
+SATURATION_MARGIN = 10.0
+
+
+def init_variance(gamma: float | np.ndarray, d: int) -> float | np.ndarray:
+    """σ²(h) of a γ-initialised hidden state of width d: d^(−2γ)."""
+    return np.power(float(d), -2.0 * np.asarray(gamma, dtype=np.float64))
+
+
+def rmsnorm_factor(gamma: float | np.ndarray, eps: float, d: int) -> float | np.ndarray:
+    """The analytic RMSNorm factor (σ² + ε)^(−1/2) with σ² = d^(−2γ) (scalar or elementwise over γ)."""
+    out = np.power(init_variance(gamma, d) + eps, -0.5)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def relative_factor(gamma: float | np.ndarray, eps: float, d: int) -> float | np.ndarray:
+    """The analytic factor relative to the ideal 1/σ: σ/√(σ² + ε) ∈ (0, 1]; 1 = fully sensitive."""
+    var = init_variance(gamma, d)
+    out = np.sqrt(var / (var + eps))
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def saturation_gamma(eps: float, d: int, margin: float = 1.0) -> float:
+    """The γ above which d^(−2γ) < margin·ε (margin 1: σ² = ε, the factor is 1/√2 of ideal)."""
+    return math.log(margin * eps) / (-2.0 * math.log(d))
+
+
+def norm_saturation_message(config: ModelConfig) -> str | None:
+    """A one-line warning when the config's expected σ²(h) at init is below 10·ε, else None."""
+    var = float(init_variance(config.gamma, config.d_model))
+    if var >= SATURATION_MARGIN * config.norm_eps:
+        return None
+    return (
+        f"RMSNorm saturation: at init σ²(h) = d^(−2γ) = {var:.2g} (d={config.d_model}, γ={config.gamma:g}) is "
+        f"below {SATURATION_MARGIN:g}·ε = {SATURATION_MARGIN * config.norm_eps:.2g}, so the norms barely see the "
+        f"init scale (factor at {relative_factor(config.gamma, config.norm_eps, config.d_model):.0%} of 1/σ); "
+        "the paper's fix is model.norm_eps=1e-12"
+    )
+
+
+def check_norm_saturation(config: ModelConfig, logger: logging.Logger | None = None) -> bool:
+    """Log one warning (not one per layer) if ``config`` builds a model whose norms saturate at init.
+
+    Called by whoever builds a model for a user (the CLI's train/info/analyze paths, recipes); the model
+    itself stays free of logging. Returns whether it warned.
+    """
+    msg = norm_saturation_message(config)
+    if msg is not None:
+        (logger or logging.getLogger("smallinit")).warning(msg)
+    return msg is not None
+
+
+@torch.no_grad()
+def measured_norm_factors(model: nn.Module, tokens: torch.Tensor) -> dict[str, float]:
+    """Per norm layer (by module name), the realised factor relative to the ideal 1/σ(h).
+
+    For each token, σ(h)/√(σ²(h) + ε) with the norm's own ε; averaged over tokens. 1.0 = the norm sees
+    the input scale, ≪ 1 = saturated by ε. Uses the model's ``capture=("norms",)`` API.
+    """
+    return norm_factors_from_inputs(model, model(tokens, capture=("norms",)).norm_inputs)
+
+
+def norm_factors_from_inputs(model: nn.Module, norm_inputs: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Measured factors from captured norm inputs (``ModelOutput.norm_inputs``, keyed by module name)."""
+    result = {}
+    for name, h in norm_inputs.items():
+        var = h.double().pow(2).mean(-1)
+        eps = model.get_submodule(name).eps
+        result[name] = torch.sqrt(var / (var + eps)).mean().item()
+    return result

@@ -1,0 +1,68 @@
+"""Attention sink scores (the paper's Fig. 1f/g), without materialising attention matrices.
+
+Sink score of layer l (DESIGN.md): the mean over sequences, heads and query positions i ≥ 2 (1-based) of
+the attention weight on key position 1. Query 1 is excluded: it can only attend to itself.
+
+From the post-RoPE queries and keys (capture "qk") the weight of query i on key 0 (0-based) is
+exp(s_i0 − logsumexp_{j≤i} s_ij), s = q·k/√head_dim. The log-sum-exp is computed over blocks of
+``chunk`` queries, so memory is O(chunk × T) per head instead of O(T²).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+
+@dataclass
+class SinkScores:
+    per_layer: list[float]  # one score per layer
+    per_head: np.ndarray  # (layers, heads)
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.per_layer))
+
+    def to_dict(self) -> dict:
+        return {"per_layer": self.per_layer, "per_head": self.per_head.tolist(), "mean": self.mean}
+
+
+def key0_weights(q: torch.Tensor, k: torch.Tensor, *, chunk: int = 256) -> torch.Tensor:
+    """Attention weight of every query on key 0 under causal softmax: (B, H, T) for q (B, H, T, hd).
+
+    ``k`` may have fewer heads (grouped-query attention); it is shared across groups as in the model.
+    """
+    B, H, T, hd = q.shape
+    rep = H // k.shape[1]
+    k = k.repeat_interleave(rep, dim=1) if rep > 1 else k
+    q, k = q.float(), k.float()
+    scale = hd**-0.5
+    out = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
+    for lo in range(0, T, chunk):
+        hi = min(lo + chunk, T)
+        s = (q[:, :, lo:hi] @ k[:, :, :hi].transpose(-2, -1)) * scale  # (B, H, hi−lo, hi)
+        causal = torch.arange(hi, device=q.device)[None, :] <= torch.arange(lo, hi, device=q.device)[:, None]
+        s = s.masked_fill(~causal, float("-inf"))
+        out[:, :, lo:hi] = torch.exp(s[..., 0] - torch.logsumexp(s, dim=-1))
+    return out
+
+
+@torch.no_grad()
+def sink_scores(model: nn.Module, tokens: torch.Tensor, *, chunk: int = 256) -> SinkScores:
+    """Per-layer and per-head sink scores of ``model`` on ``tokens`` (B, T), T ≥ 2."""
+    if tokens.dim() != 2 or tokens.shape[1] < 2:
+        raise ValueError(f"sink_scores needs tokens of shape (batch, T ≥ 2), got {tuple(tokens.shape)}")
+    return sink_from_qk(model(tokens, capture=("qk",)).qk, chunk=chunk)
+
+
+def sink_from_qk(qk: list[tuple[torch.Tensor, torch.Tensor]], *, chunk: int = 256) -> SinkScores:
+    """Sink scores from captured per-layer (q, k) (``ModelOutput.qk``)."""
+    per_head = []
+    for q, k in qk:
+        w = key0_weights(q, k, chunk=chunk)[:, :, 1:]  # queries i ≥ 2 (1-based)
+        per_head.append(w.mean(dim=(0, 2)).double().cpu().numpy())
+    heads = np.stack(per_head)
+    return SinkScores(per_layer=heads.mean(axis=1).tolist(), per_head=heads)

@@ -1,0 +1,53 @@
+"""Figures and the HTML report; writers for the outputs of ``smallinit analyze / compare / coordcheck``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..analysis.coordcheck import CoordCheck
+from ..analysis.residual_flow import ResidualFlowSweep
+from ..analysis.tokens import TokenGapResult
+from . import figures
+from .html import ANALYSIS_FILE, COMPARE_FILE, COORDCHECK_FILE, SWEEP_FILE, build_report
+from .verdict import Verdict, judge, verdict_paired, verdict_unpaired
+
+__all__ = [
+    "Verdict", "build_report", "judge", "verdict_paired", "verdict_unpaired", "write_analysis", "write_compare",
+    "write_coordcheck", "write_sweep",
+]
+
+
+def _write_json(path: Path, obj: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=1, default=float), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def write_analysis(result: dict, out_dir: str | os.PathLike) -> list[Path]:
+    """``smallinit analyze`` output: analysis.json and its figures in ``out_dir``."""
+    out = Path(out_dir)
+    return [_write_json(out / ANALYSIS_FILE, result), *figures.analysis_figures(result, out)]
+
+
+def write_compare(result: TokenGapResult, out_dir: str | os.PathLike) -> list[Path]:
+    out = Path(out_dir)
+    path = _write_json(out / COMPARE_FILE, result.to_dict())
+    la, lb = result.meta.get("label_a", "A"), result.meta.get("label_b", "B")
+    return [path, figures.save(figures.token_gap_figure(result, la, lb), out / "token_gap.png")]
+
+
+def write_coordcheck(cc: CoordCheck, out_dir: str | os.PathLike) -> list[Path]:
+    out = Path(out_dir)
+    path = _write_json(out / COORDCHECK_FILE, cc.to_dict())
+    return [path, figures.save(figures.coordcheck_figure(cc), out / "coordcheck.png")]
+
+
+def write_sweep(sweep: ResidualFlowSweep, out_dir: str | os.PathLike) -> list[Path]:
+    out = Path(out_dir)
+    path = _write_json(out / SWEEP_FILE, sweep.to_dict())
+    return [path, figures.save(figures.residual_sweep_figure(sweep), out / "residual_flow_sweep.png")]

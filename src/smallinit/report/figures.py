@@ -1,0 +1,280 @@
+"""Matplotlib figures that mirror the paper's, from measurement results (no model needed).
+
+Every function returns a ``matplotlib.figure.Figure`` built without pyplot, so no GUI backend is chosen
+and no global figure state is touched (rendering uses Agg); :func:`png` renders one to PNG bytes,
+:func:`save` to a file.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+
+from ..analysis.coordcheck import CoordCheck
+from ..analysis.norm_factor import rmsnorm_factor
+from ..analysis.residual_flow import ResidualFlowSweep
+from ..analysis.tokens import TokenGapResult
+
+
+def png(fig: Figure, dpi: int = 90) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def save(fig: Figure, path: str | Path, dpi: int = 90) -> Path:
+    path = Path(path)
+    path.write_bytes(png(fig, dpi))
+    return path
+
+
+def _fig(ncols: int = 1, nrows: int = 1, w: float = 5.0, h: float = 3.6) -> tuple[Figure, np.ndarray]:
+    fig = Figure(figsize=(w * ncols, h * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    return fig, axes
+
+
+def norm_factor_figure(d: int = 2048, eps: Sequence[float] = (1e-5, 1e-12),
+                       gammas: Sequence[float] | None = None) -> Figure:
+    """Fig. 1c: the RMSNorm factor (σ² + ε)^(−1/2), σ² = d^(−2γ), against γ for two ε, and the ideal 1/σ."""
+    g = np.linspace(0.25, 1.5, 126) if gammas is None else np.asarray(gammas, dtype=float)
+    fig, ax = _fig()
+    ax = ax[0, 0]
+    for e in eps:
+        ax.plot(g, rmsnorm_factor(g, e, d), lw=2.5, label=f"ε = {e:g}")
+    ax.plot(g, np.power(float(d), g), "k--", lw=1, label="ideal 1/σ = d^γ")
+    ax.set_yscale("log")
+    ax.set_xlabel("γ")
+    ax.set_ylabel("RMSNorm factor")
+    ax.set_title(f"RMSNorm factor at init, d = {d}")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def loss_curves_figure(curves: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]]) -> Figure:
+    """Loss curves: ``{run: {"train": [(step, loss)], "val": [(step, loss)]}}`` (train thin, val thick)."""
+    fig, ax = _fig(w=6.5, h=4.0)
+    ax = ax[0, 0]
+    colors = matplotlib.colormaps["tab10"]
+    for i, (name, c) in enumerate(curves.items()):
+        col = colors(i % 10)
+        if c.get("train"):
+            s, v = zip(*c["train"])
+            ax.plot(s, v, color=col, lw=0.8, alpha=0.5)
+        if c.get("val"):
+            s, v = zip(*c["val"])
+            ax.plot(s, v, color=col, lw=2, marker="o", ms=3, label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_title("loss curves (thin: train, thick: validation)")
+    if curves:
+        ax.legend(fontsize=7, ncols=2 if len(curves) > 8 else 1)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def grid_figure(values: np.ndarray, rows: Sequence[str], cols: Sequence[str], *, row_label: str, col_label: str,
+                title: str) -> Figure:
+    """A heatmap of final losses (mean over seeds) with the numbers written in the cells."""
+    values = np.asarray(values, dtype=float)
+    fig, ax = _fig(w=1.2 * len(cols) + 2.5, h=0.7 * len(rows) + 1.8)
+    ax = ax[0, 0]
+    im = ax.imshow(values, cmap="viridis_r", aspect="auto")
+    ax.set_xticks(range(len(cols)), labels=list(cols))
+    ax.set_yticks(range(len(rows)), labels=list(rows))
+    ax.set_xlabel(col_label)
+    ax.set_ylabel(row_label)
+    for i in range(values.shape[0]):
+        for j in range(values.shape[1]):
+            if math.isfinite(values[i, j]):
+                ax.text(j, i, f"{values[i, j]:.4f}", ha="center", va="center", color="w", fontsize=9)
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax, shrink=0.8)
+    return fig
+
+
+def sink_figure(per_layer: Mapping[str, Sequence[float]]) -> Figure:
+    """Fig. 1f/g: sink score per layer, one line per model."""
+    fig, ax = _fig(w=6.0)
+    ax = ax[0, 0]
+    for name, scores in per_layer.items():
+        ax.plot(np.arange(1, len(scores) + 1), scores, marker="o", label=f"{name} (mean {np.mean(scores):.3f})")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("sink score (weight on token 1)")
+    ax.set_title("attention sink per layer")
+    if per_layer:
+        ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def residual_flow_figure(points: Sequence[tuple[float, float]], d: int) -> Figure:
+    """Fig. 3a: residual-flow ratio at init against γ, with the predicted d^(1−γ) line (scaled to the
+    measured point nearest γ = 1, where the prediction's constant is set)."""
+    fig, ax = _fig()
+    ax = ax[0, 0]
+    g = np.asarray([p[0] for p in points], dtype=float)
+    r = np.asarray([p[1] for p in points], dtype=float)
+    ax.scatter(g, r, color="C0", zorder=3, label="measured (fresh models)")
+    if len(g):
+        ref = int(np.argmin(np.abs(g - 1.0)))
+        c = r[ref] / float(d) ** (1 - g[ref])
+        line = np.linspace(g.min() - 0.05, g.max() + 0.05, 100)
+        ax.plot(line, c * np.power(float(d), 1 - line), "k--", label=f"c·d^(1−γ), d = {d}")
+    ax.set_yscale("log")
+    ax.set_xlabel("γ")
+    ax.set_ylabel("‖h_L − e‖ / ‖e‖")
+    ax.set_title("residual flow at init")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def residual_sweep_figure(sweep: ResidualFlowSweep) -> Figure:
+    """Residual-flow ratio against width per γ (log-log) with fitted and predicted exponents."""
+    fig, axes = _fig(ncols=2, w=5.2)
+    ax, ax2 = axes[0]
+    d = np.asarray(sweep.widths, dtype=float)
+    for gi, gamma in enumerate(sweep.gammas):
+        mean = np.exp(np.log(sweep.ratios[gi]).mean(axis=1))
+        ax.plot(d, mean, marker="o", color=f"C{gi}", label=f"γ = {gamma:g}: slope {sweep.slopes[gi]:+.2f}")
+        ax.plot(d, mean[0] * (d / d[0]) ** (1 - gamma), ls=":", color=f"C{gi}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("width d")
+    ax.set_ylabel("‖h_L − e‖ / ‖e‖")
+    ax.set_title("ratio vs width (dotted: d^(1−γ))")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    g = np.asarray(sweep.gammas)
+    ax2.plot(g, 1 - g, "k--", label="predicted 1 − γ")
+    ax2.fill_between(g, 1 - g - 0.15, 1 - g + 0.15, color="0.85", label="± 0.15")
+    spread = sweep.seed_slopes.std(axis=1, ddof=1) if sweep.seed_slopes.shape[1] > 1 else np.zeros(len(g))
+    ax2.errorbar(g, sweep.slopes, yerr=spread, fmt="o", color="C3", label="measured exponent (± seed sd)")
+    ax2.set_xlabel("γ")
+    ax2.set_ylabel("exponent of d")
+    ax2.set_title("fitted exponent vs prediction")
+    ax2.legend(fontsize=8)
+    ax2.grid(alpha=0.3)
+    return fig
+
+
+def condensation_figure(series: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]]) -> Figure:
+    """Stable rank and mean |cos| over training: ``{run: {"stable_rank": [(step, v)], "mean_abs_cos": [...]}}``
+    (each value averaged over the logged matrices)."""
+    fig, axes = _fig(ncols=2, w=5.2)
+    for i, (name, s) in enumerate(series.items()):
+        for ax, key in zip(axes[0], ("stable_rank", "mean_abs_cos")):
+            if s.get(key):
+                x, y = zip(*s[key])
+                ax.plot(x, y, marker=".", color=f"C{i % 10}", label=name)
+    axes[0, 0].set_ylabel("stable rank ‖W‖_F²/‖W‖_2² (mean over matrices)")
+    axes[0, 1].set_ylabel("mean |cos| between rows")
+    for ax in axes[0]:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_title("condensation: stable rank")
+    axes[0, 1].set_title("condensation: row alignment")
+    if series:
+        axes[0, 1].legend(fontsize=7)
+    return fig
+
+
+def heatmaps_figure(snapshots: Sequence[Mapping], title: str = "") -> Figure:
+    """Row-cosine heatmaps: one row per matrix, one column per snapshot step (clustered row order)."""
+    names = list(dict.fromkeys(n for s in snapshots for n in s["matrices"]))
+    fig, axes = _fig(ncols=max(1, len(snapshots)), nrows=max(1, len(names)), w=2.8, h=2.8)
+    for j, snap in enumerate(snapshots):
+        for i, name in enumerate(names):
+            ax = axes[i, j]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if name in snap["matrices"]:
+                ax.imshow(snap["matrices"][name], vmin=0, vmax=1, cmap="magma", interpolation="nearest")
+                cos = snap.get("mean_abs_cos", {}).get(name, float("nan"))
+                ax.set_title(f"step {snap['step']}, mean|cos| {cos:.2f}", fontsize=8)
+            if j == 0:
+                ax.set_ylabel(name.replace(".weight", ""), fontsize=7)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def token_gap_figure(result: TokenGapResult, label_a: str = "A", label_b: str = "B") -> Figure:
+    """Δ_sym and loss difference (B − A) by difficulty quantile bin, ± 2 SE (tokens as independent)."""
+    fig, axes = _fig(ncols=2, w=5.2)
+    x = np.arange(1, len(result.bins) + 1)
+    for ax, key, ylabel in ((axes[0, 0], "delta_sym", "mean Δ_sym"),
+                            (axes[0, 1], "loss_diff", f"mean loss({label_b}) − loss({label_a})")):
+        m = np.array([getattr(b, f"mean_{key}") for b in result.bins])
+        se = np.array([getattr(b, f"se_{key}") for b in result.bins])
+        ax.bar(x, m, yerr=2 * np.nan_to_num(se), color=np.where(m >= 0, "C0", "C3"), capsize=2)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xlabel("difficulty bin (1 = easiest)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0, 0].set_title(f"Δ_sym > 0: {label_a} better")
+    axes[0, 1].set_title("loss difference by difficulty")
+    return fig
+
+
+def coordcheck_figure(cc: CoordCheck) -> Figure:
+    """Coordinate check over γ: activation RMS per layer at the first and last step, and the relative
+    update RMS(ΔW)/RMS(W) of each matrix kind after step 1."""
+    g = np.asarray(cc.gammas)
+    acts = cc.names("activation")
+    fig, axes = _fig(ncols=3, w=4.6)
+    for ax, step in zip(axes[0, :2], (0, cc.steps)):
+        for i, name in enumerate(acts):
+            ax.plot(g, cc.series("activation", name, step), marker="o",
+                    color=matplotlib.colormaps["viridis"](i / max(1, len(acts) - 1)), label=name)
+        ax.set_yscale("log")
+        ax.set_xlabel("γ")
+        ax.set_ylabel("activation RMS")
+        ax.set_title(f"activations, step {step}")
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=6)
+    ax = axes[0, 2]
+    kinds: dict[str, list[str]] = {}
+    for name in cc.names("relative_update"):
+        if name.endswith(".weight") and "norm" not in name:
+            kinds.setdefault(name.split(".")[-2], []).append(name)
+    for i, (kind, names) in enumerate(kinds.items()):
+        vals = np.nanmean([cc.series("relative_update", n, 1) for n in names], axis=0)
+        ax.plot(g, vals, marker="o", color=f"C{i % 10}", label=kind)
+    ax.set_yscale("log")
+    ax.set_xlabel("γ")
+    ax.set_ylabel("RMS(ΔW) / RMS(W) after step 1")
+    ax.set_title("relative updates")
+    ax.legend(fontsize=6)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def analysis_figures(result: Mapping, out_dir: str | Path) -> list[Path]:
+    """The figures of one ``smallinit analyze`` result: sink per layer, norm factors, matrix stats."""
+    out_dir = Path(out_dir)
+    paths = [save(sink_figure({"model": result["sink"]["per_layer"]}), out_dir / "sink.png")]
+    fig, axes = _fig(ncols=2, w=5.2)
+    nf = result["norm_factor"]
+    axes[0, 0].plot(range(len(nf)), list(nf.values()), marker="o")
+    axes[0, 0].set_xticks(range(len(nf)), labels=list(nf), rotation=90, fontsize=6)
+    axes[0, 0].set_ylim(0, 1.05)
+    axes[0, 0].set_ylabel("measured factor / ideal 1/σ(h)")
+    axes[0, 0].set_title("RMSNorm sensitivity per norm")
+    mats = result["matrices"]
+    axes[0, 1].scatter([m["stable_rank_fraction"] for m in mats], [m["mean_abs_cos"] for m in mats], s=10)
+    axes[0, 1].set_xlabel("stable rank / min(m, n)")
+    axes[0, 1].set_ylabel("mean |cos| of rows")
+    axes[0, 1].set_title("matrices")
+    for ax in axes[0]:
+        ax.grid(alpha=0.3)
+    paths.append(save(fig, out_dir / "norms_matrices.png"))
+    return paths
