@@ -10,8 +10,9 @@ For a token x (after the block's norm):
 
 Dropless: every token reaches its k experts whatever the batch holds, so a token's output does not depend
 on the other tokens. Dispatch sorts the (token, slot) pairs by expert and runs each projection as one
-grouped matrix multiply over the E contiguous groups (``torch.nn.functional.grouped_mm`` on the CPU), or
-as one matmul per expert (a loop over experts, never over tokens) where that is not available.
+grouped matrix multiply over the E contiguous groups (``torch.nn.functional.grouped_mm``, eager CPU), or
+as one matmul per expert (a Python loop over experts, never over tokens: GPUs, torch.compile). Both give
+the same numbers; ``MoE.dispatch`` ("auto" | "grouped" | "loop") picks one.
 
 Expert weights are stored batched, (E, out, in) like PyTorch's Linear, so γ-init (fan_in = last dim,
 leading dims are a batch) draws each expert from its own d_in: d_model for gate/up, d_expert for down.
@@ -145,13 +146,14 @@ class MoE(nn.Module):
             raise ValueError(f"MoE dispatch must be one of {DISPATCHES}, got {self.dispatch!r}")
         if self.dispatch != "auto":
             return self.dispatch == "grouped"
-        # PyTorch documents grouped_mm for bf16 on recent CUDA GPUs only; on the CPU it takes fp32 and bf16
-        # when both matrix widths are whole multiples of 16 bytes. On GPUs the loop is used until the grouped
-        # path is verified there.
+        # PyTorch documents grouped_mm for bf16 on recent CUDA GPUs only; eagerly on the CPU it takes fp32 and
+        # bf16 when both matrix widths are whole multiples of 16 bytes. Under torch.compile its tracing kernel
+        # takes bf16 only, and on GPUs the grouped path is not verified yet: both use the loop.
         dtype = matmul_dtype(x, self.gate_proj)
-        if not hasattr(F, "grouped_mm") or x.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        if not hasattr(F, "grouped_mm") or x.device.type != "cpu" or torch.compiler.is_compiling():
             return False
-        return all(n * dtype.itemsize % 16 == 0 for n in (x.shape[-1], self.d_expert))
+        return dtype in (torch.float32, torch.bfloat16) and all(
+            n * dtype.itemsize % 16 == 0 for n in (x.shape[-1], self.d_expert))
 
     @torch.no_grad()
     def _accumulate(self, counts: torch.Tensor, balance: torch.Tensor, z: torch.Tensor) -> None:
