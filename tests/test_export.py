@@ -78,10 +78,14 @@ CASES = {
         ["model.gate=elementwise", "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.d_expert=16",
          "model.moe.shared_expert=true", "model.moe.score=sigmoid", "model.moe.every_n_layers=2"],
         "SmallinitForCausalLM"),
-    "moe-none-qknorm-top1": (
+    "moe-none-qknorm-top1-every2": (
         ["model.gate=none", "model.qk_norm=true", "model.moe.num_experts=4", "model.moe.top_k=1",
-         "model.moe.d_expert=16"],
-        "SmallinitForCausalLM"),
+         "model.moe.d_expert=16", "model.moe.every_n_layers=2"],
+        "Qwen3MoeForCausalLM"),
+    "moe-none-top2-untied": (
+        ["model.gate=none", "model.qk_norm=false", "model.tie_embeddings=false", "model.moe.num_experts=4",
+         "model.moe.top_k=2", "model.moe.d_expert=16"],
+        "MixtralForCausalLM"),
 }
 
 

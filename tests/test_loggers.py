@@ -13,7 +13,8 @@ from smallinit.cli import main
 from smallinit.config import Config
 from smallinit.data import iter_documents
 from smallinit.train import Trainer
-from smallinit.train.loggers import scalars
+from smallinit.train.callbacks import Callback
+from smallinit.train.loggers import TensorBoardLogger, scalars
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +55,33 @@ def test_tensorboard_mirrors_every_logged_number(corpus, tmp_path):
         assert got.keys() == by_step.keys(), tag
         for step, value in by_step.items():
             assert got[step] == pytest.approx(value, rel=1e-6), (tag, step)
+
+
+class _Crash(Callback):
+    def on_step_end(self, trainer, record):
+        if record["step"] == 3:
+            raise RuntimeError("simulated crash after step 3")
+
+
+def test_tensorboard_after_resume_matches_metrics(corpus, tmp_path):
+    """A crash after step 3 (checkpoint at 2) then --resume: TensorBoard drops the replayed step 3."""
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    cfg = [*tiny(corpus), "train.tensorboard=true", "train.log_every=1", "train.checkpoint_every=2"]
+    crashing = Trainer(Config.load(overrides=cfg), tmp_path / "run", callbacks=[_Crash()])
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        crashing.fit()
+    for cb in crashing.callbacks:  # what a crashed process had flushed
+        if isinstance(cb, TensorBoardLogger):
+            cb.writer.close()
+    Trainer(Config.load(overrides=cfg), tmp_path / "run", resume=True, callbacks=[]).fit()
+
+    losses = {r["step"]: r["loss"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").open())
+              if "loss" in r and "event" not in r}
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "run" / "tb"))
+    acc.Reload()
+    events = acc.Scalars("loss")
+    assert [e.step for e in events] == [1, 2, 3, 4] == sorted(losses)
+    assert [e.value for e in events] == pytest.approx([losses[s] for s in (1, 2, 3, 4)], rel=1e-6)
 
 
 def test_scalars_flattens_tables_and_skips_the_rest():

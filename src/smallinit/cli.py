@@ -32,11 +32,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .analysis import AnalysisCallback, check_norm_saturation
     from .config import Config
     from .train import Trainer
+    from .train.distributed import shutdown
 
     out = Path(args.out)
     args.overrides += ["train.wandb=true"] if args.wandb else []
-    if args.resume and not (args.config or args.preset or args.overrides):
-        cfg = Config.from_json_file(out / "config.json")
+    if args.resume and not (args.config or args.preset):  # the run's own config; --set may change its layout
+        cfg = Config.from_json_file(out / "config.json", args.overrides)
     else:
         cfg = _load_config(args)
     trainer = Trainer(cfg, out, resume=args.resume)
@@ -45,8 +46,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if trainer.cfg.analysis.every:
         trainer.callbacks.append(AnalysisCallback(trainer.cfg.analysis))
     summary = trainer.fit()
+    shutdown()  # under torchrun: leave the process group cleanly once every rank is done
     val = "nothing left to train" if summary["val_loss"] is None else f"val loss {summary['val_loss']:.4f}"
-    print(f"done: step {summary['step']}, {val}; run folder {out}")
+    if trainer.runtime.is_main:
+        print(f"done: step {summary['step']}, {val}; run folder {out}")
     return 0
 
 
@@ -62,6 +65,11 @@ def cmd_info(args: argparse.Namespace) -> int:
         model = Transformer(cfg.model, seed=cfg.train.seed)
     total, active = model.num_params(), model.num_params(active=True)
     print(f"parameters: {total:,} total, {active:,} active, {model.num_params(embeddings=False):,} without embeddings")
+    if args.memory:
+        from .train.memory import describe_memory
+
+        print(describe_memory(cfg, args.gpus))
+        return 0
     print(model.init_report)
     return 0
 
@@ -228,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="parameter counts and the γ-init table of a config")
     _config_args(p)
+    p.add_argument("--memory", action="store_true", help="estimate training memory per GPU instead of the init table")
+    p.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs for --memory (the global batch is split)")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("sweep", help="run a grid of training runs, one process per cell (exit 1 if a cell failed)")
@@ -338,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except SmallinitError as e:
-        print(f"smallinit: error: {e}", file=sys.stderr)
+        sys.stderr.write(f"smallinit: error: {e}\n")  # one write: lines of several ranks do not interleave
         return e.exit_code
     except KeyboardInterrupt:
         print("smallinit: interrupted", file=sys.stderr)

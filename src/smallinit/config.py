@@ -170,6 +170,8 @@ class TrainConfig:
     precision: str = "auto"  # "auto" (bf16 autocast on GPU, fp32 on CPU) | "fp32" | "bf16"
     compile: bool = False
     parallel: str = "none"  # "none" | "ddp" | "fsdp" (under torchrun)
+    activation_checkpointing: bool = False  # keep only each block's input, recompute the rest in backward
+    dist_timeout: int = 1800  # seconds a collective may wait for another rank before the job fails
     nonfinite: str = "stop"  # "stop" | "skip" (skip the batch and count it)
     max_skips: int = 10
     threads: int = 0  # torch intra-op threads; 0 → torch's default
@@ -197,6 +199,8 @@ class TrainConfig:
             )
         _choice(self, "precision", ("auto", "fp32", "bf16"))
         _choice(self, "parallel", ("none", "ddp", "fsdp"))
+        if self.dist_timeout <= 0:
+            raise ConfigError(f"train.dist_timeout must be > 0 seconds, got {self.dist_timeout}")
         _choice(self, "nonfinite", ("stop", "skip"))
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"train.grad_accum={self.grad_accum} must divide train.batch_size={self.batch_size}")
@@ -279,15 +283,20 @@ class Config:
         return cfg.validate()
 
     @staticmethod
-    def from_json_file(path: str | Path) -> Config:
-        """A resolved config as written to a run folder's config.json."""
+    def from_json_file(path: str | Path, overrides: list[str] = ()) -> Config:
+        """A resolved config as written to a run folder's config.json, then ``key=value`` overrides."""
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"{p} not found; is {p.parent} a run folder?")
         try:
-            return Config.from_dict(json.loads(p.read_text(encoding="utf-8")))
+            raw = json.loads(p.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ConfigError(f"{p} is not valid JSON; the run folder is damaged") from None
+        for item in overrides:
+            if not isinstance(raw, dict):
+                break  # from_dict names the problem
+            set_dotted(raw, *parse_override(item))
+        return Config.from_dict(raw)
 
     @staticmethod
     def load(path: str | Path | None = None, *, preset: str | None = None, overrides: list[str] = ()) -> Config:

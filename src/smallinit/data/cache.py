@@ -196,7 +196,7 @@ def _open(folder: Path, key: str) -> TokenData | None:
             meta=meta,
             from_cache=True,
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
 
 

@@ -173,6 +173,8 @@ def _read_jsonl(path: Path, field: str) -> Iterator[str]:
                 raise DataError(
                     f"{path}:{lineno} is not valid JSON ({e.msg}); write one JSON object per line"
                 ) from None
+            except RecursionError:
+                raise DataError(f"{path}:{lineno} nests JSON too deeply; write one flat JSON object per line") from None
             if not isinstance(obj, dict) or field not in obj:
                 raise DataError(
                     f"{path}:{lineno} has no '{field}' field; add it or choose the field with data.text_field"

@@ -8,7 +8,11 @@
     gate elementwise, QK-norm, dense  → Qwen3NextForCausalLM, every layer full attention, full rotary;
                                         its q_proj emits [query | gate] per head and its RMSNorms scale by
                                         (1 + w), so W_θ is interleaved into q_proj and norm weights stored as w − 1
-    anything else (headwise gate, elementwise gate without QK-norm, MoE)
+    MoE, no gate, softmax, no shared expert, QK-norm
+                                      → Qwen3MoeForCausalLM (top-k renormalised iff k > 1, as ours)
+    MoE, no gate, softmax, no shared expert, no QK-norm, every layer MoE, k > 1
+                                      → MixtralForCausalLM
+    anything else (headwise gate, elementwise gate without QK-norm, other MoE)
                                       → SmallinitForCausalLM, our own class shipped in the folder
                                         (trust_remote_code=True; auto_map in config.json)
 
@@ -66,7 +70,17 @@ def require_transformers():
 def choose_architecture(cfg: ModelConfig) -> tuple[str, str]:
     """The transformers class that computes exactly what ``cfg`` computes, and why."""
     if cfg.moe is not None:
-        return REMOTE_CLASS, "mixture-of-experts: no stock class has our router and expert layout"
+        m = cfg.moe
+        if cfg.gate == "none" and m.score == "softmax" and not m.shared_expert:
+            if cfg.qk_norm:
+                return "Qwen3MoeForCausalLM", (
+                    "MoE without gate, softmax top-k routing, no shared expert, QK-norm: Qwen3-MoE"
+                )
+            if m.every_n_layers == 1 and m.top_k > 1:
+                return "MixtralForCausalLM", (
+                    "MoE without gate or QK-norm, softmax top-k (k > 1, renormalised), every layer: Mixtral"
+                )
+        return REMOTE_CLASS, "MoE with a gate, shared expert, sigmoid scores or dense layers: no stock class"
     if cfg.gate == "none":
         if cfg.qk_norm:
             return "Qwen3ForCausalLM", "no gate, per-head QK RMSNorm before RoPE: Qwen3 attention"
@@ -95,6 +109,18 @@ def hf_config(cfg: ModelConfig, architecture: str, eos_id: int):
         return transformers.LlamaConfig(**stock, mlp_bias=False)
     if architecture == "Qwen3ForCausalLM":
         return transformers.Qwen3Config(**stock, use_sliding_window=False)
+    if architecture == "Qwen3MoeForCausalLM":
+        return transformers.Qwen3MoeConfig(
+            **stock, use_sliding_window=False, num_experts=cfg.moe.num_experts,
+            num_experts_per_tok=cfg.moe.top_k, moe_intermediate_size=cfg.moe.d_expert or cfg.d_ff,
+            decoder_sparse_step=cfg.moe.every_n_layers, mlp_only_layers=[],
+            norm_topk_prob=cfg.moe.top_k > 1,  # ours renormalises the top-k weights only when k > 1
+        )
+    if architecture == "MixtralForCausalLM":  # every layer MoE: intermediate_size is the expert width
+        return transformers.MixtralConfig(
+            **dict(stock, intermediate_size=cfg.moe.d_expert or cfg.d_ff), num_local_experts=cfg.moe.num_experts,
+            num_experts_per_tok=cfg.moe.top_k, sliding_window=None, router_jitter_noise=0.0,
+        )
     if architecture == "Qwen3NextForCausalLM":
         return transformers.Qwen3NextConfig(
             **dict(stock, rope_parameters=dict(rope, partial_rotary_factor=1.0)),
@@ -141,7 +167,19 @@ def hf_tensors(state: dict[str, torch.Tensor], cfg: ModelConfig, architecture: s
         out[new] = t.detach().to(torch.float32).contiguous()
     if architecture == "Qwen3NextForCausalLM":
         _to_qwen3_next(out, cfg)
+    if architecture in ("Qwen3MoeForCausalLM", "MixtralForCausalLM"):
+        _to_fused_experts(out)
     return out
+
+
+def _to_fused_experts(t: dict[str, torch.Tensor]) -> None:
+    """Qwen3-MoE / Mixtral: router ``mlp.gate``; experts ``gate_up_proj`` = [gate; up] (E, 2·d_e, d)."""
+    for name in [n for n in t if n.endswith(".mlp.router.weight")]:
+        pre = name[: -len("router.weight")]
+        t[pre + "gate.weight"] = t.pop(name)
+        gate, up = t.pop(pre + "gate_proj"), t.pop(pre + "up_proj")
+        t[pre + "experts.gate_up_proj"] = torch.cat([gate, up], dim=1).contiguous()
+        t[pre + "experts.down_proj"] = t.pop(pre + "down_proj")
 
 
 def _to_qwen3_next(t: dict[str, torch.Tensor], cfg: ModelConfig) -> None:

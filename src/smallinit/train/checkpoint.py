@@ -148,7 +148,7 @@ def read_checkpoint(path: Path, *, verify: bool = True) -> Checkpoint:
         raise CheckpointError(f"{path} is not a complete checkpoint (no state.json); pick another or retrain")
     try:
         state = json.loads(state_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
         raise CheckpointError(f"{state_file} is not valid JSON; the checkpoint is damaged") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("files"), dict):
         raise CheckpointError(f"{state_file} is not a smallinit checkpoint state ({FORMAT})")

@@ -13,7 +13,6 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,38 +24,25 @@ from ..errors import CheckpointError, ConfigError, Preempted, TrainingError
 from ..model import Transformer
 from . import checkpoint as ckpt
 from .callbacks import Callback, Progress
+from .distributed import (
+    Runtime,
+    any_rank,
+    check_layout,
+    clip_grad_norm_,
+    eval_pieces,
+    full_state,
+    gradient_sync,
+    load_full_state,
+    mean_over_ranks,
+    on_main,
+    parallelize,
+    sum_over_ranks,
+    tied_aliases,
+    with_layout_of,
+)
 from .loggers import metric_loggers
 from .moe_log import RouterLog, has_moe
 from .optim import build_optimizer, lr_at
-
-
-@dataclass
-class Runtime:
-    """Where this process trains: its device and its place among ranks (1 of 1 unless under torchrun)."""
-
-    device: torch.device
-    rank: int = 0
-    world_size: int = 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @staticmethod
-    def local(device: str = "auto") -> Runtime:
-        return Runtime(resolve_device(device))
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"train.device {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"train.device={name} but no CUDA GPU is available; use train.device=cpu")
-    return device
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -71,10 +57,6 @@ class Trainer:
         runtime: Runtime | None = None,
     ):
         self.run_dir = Path(run_dir)
-        self.runtime = runtime or Runtime.local(cfg.train.device)
-        self.callbacks = [Progress()] if callbacks is None else list(callbacks)
-        loggers = metric_loggers(cfg.train)  # TensorBoard / W&B; a missing package fails on every rank, early
-        self.callbacks += loggers if self.runtime.is_main else []
         tc = cfg.train
         if tc.threads:
             torch.set_num_threads(tc.threads)
@@ -82,8 +64,14 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg.data.tokenizer)
         cfg.model.vocab_size = self.tokenizer.vocab_size  # the tokenizer defines the vocabulary
         self.cfg = cfg.validate()
+        # after validation, so bad input fails on every rank alike before any process group exists
+        self.runtime = runtime or Runtime.from_env(tc)
+        check_layout(tc, self.runtime.world_size)
+        self.callbacks = ([Progress()] if self.runtime.is_main else []) if callbacks is None else list(callbacks)
+        loggers = metric_loggers(tc)  # TensorBoard / W&B; a missing package fails on every rank, early
+        self.callbacks += loggers if self.runtime.is_main else []
         self.amp_dtype = autocast_dtype(tc.precision, self.runtime.device)
-        self._check_run_dir(resume)
+        on_main(self.runtime, lambda: self._check_run_dir(resume))  # one rank reads the run folder
         self.data = load_token_data(
             cfg.data.corpus, self.tokenizer, val_fraction=cfg.data.val_fraction, text_field=cfg.data.text_field
         )
@@ -104,7 +92,7 @@ class Trainer:
         self.model = Transformer(cfg.model, seed=tc.seed).to(self.runtime.device)
         if has_moe(self.model):  # expert load and router losses go to metrics.jsonl
             self.callbacks.append(RouterLog())
-        self.engine: torch.nn.Module = torch.compile(self.model) if tc.compile else self.model
+        self.engine: torch.nn.Module = parallelize(self.model, self.runtime, tc, self.amp_dtype)
         self.optimizer = build_optimizer(self.model, tc)
         self.names = {id(p): n for n, p in self.model.named_parameters()}
         self.step, self.skipped = 0, 0
@@ -122,7 +110,7 @@ class Trainer:
                 saved = json.loads(config_file.read_text(encoding="utf-8"))
             except (json.JSONDecodeError, UnicodeDecodeError):
                 raise CheckpointError(f"{config_file} is not valid JSON; the run folder is damaged") from None
-            diff = _first_difference(saved, self.cfg.to_dict())
+            diff = _first_difference(saved, with_layout_of(self.cfg.to_dict(), saved))
             if diff:
                 raise ConfigError(
                     f"--resume: {diff}; resume with the run's own config (omit --config/--preset/--set)"
@@ -136,26 +124,31 @@ class Trainer:
             )
 
     def _restore(self) -> None:
-        found = ckpt.newest_checkpoint(self.run_dir)
+        found = on_main(self.runtime, lambda: ckpt.newest_checkpoint(self.run_dir))
         if found is None:  # killed before the first checkpoint: start over, with a fresh log
             if self.runtime.is_main:
                 truncate_metrics(self.run_dir / "metrics.jsonl", -1)
             return
-        ckpt.check_config(found, self.cfg.to_dict(), self.run_dir / "config.json")
-        tensors = ckpt.load_tensors(found.path / "model.safetensors")
-        ckpt.load_model_tensors(self.model, tensors, found.path, found.state.get("aliases"))
-        optim = ckpt.load_tensors(found.path / "optim.safetensors")
-        ckpt.load_optimizer_tensors(self.optimizer, optim, self.names)
+        ckpt.check_config(found, with_layout_of(self.cfg.to_dict(), found.state["config"]),
+                          self.run_dir / "config.json")
+        if self.runtime.is_distributed:  # rank 0 reads the full tensors, every rank takes its part
+            load_full_state(self.model, self.optimizer, self.names, self.runtime, lambda: (
+                ckpt.load_tensors(found.path / "model.safetensors"),
+                ckpt.load_tensors(found.path / "optim.safetensors"), found.state.get("aliases") or {}))
+        else:
+            tensors = ckpt.load_tensors(found.path / "model.safetensors")
+            ckpt.load_model_tensors(self.model, tensors, found.path, found.state.get("aliases"))
+            optim = ckpt.load_tensors(found.path / "optim.safetensors")
+            ckpt.load_optimizer_tensors(self.optimizer, optim, self.names)
         self.step, self.skipped = found.step, int(found.state.get("skipped", 0))
         if self.runtime.is_main:
             truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
 
     def save(self) -> Path | None:
-        tensors, aliases = ckpt.split_aliases(self.model.state_dict())
-        optim = ckpt.optimizer_tensors(self.optimizer, self.names)
+        tensors, optim = full_state(self.model, self.optimizer, self.names, self.runtime)  # all ranks gather
         if not self.runtime.is_main:
             return None
-        state = {"config": self.cfg.to_dict(), "aliases": aliases, "skipped": self.skipped}
+        state = {"config": self.cfg.to_dict(), "aliases": tied_aliases(self.model), "skipped": self.skipped}
         return ckpt.save_checkpoint(self.run_dir, self.step, tensors, optim, state, keep=self.cfg.train.keep_checkpoints)
 
     def log(self, record: dict[str, Any]) -> None:
@@ -179,13 +172,22 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float:
+        """Mean loss of the validation batches; each batch is split over ranks and micro-batches."""
         self.engine.eval()
-        d, losses = self.cfg.data, []
-        for x, y in iter_eval_batches(self.data.val, self.cfg.train.batch_size, d.seq_len, self.cfg.train.eval_batches):
-            with self.autocast():
-                losses.append(self.engine(x.to(self.runtime.device), y.to(self.runtime.device)).loss.float())
+        tc, rt = self.cfg.train, self.runtime
+        sums, rows = [], []
+        for x, y in iter_eval_batches(self.data.val, tc.batch_size, self.cfg.data.seq_len, tc.eval_batches):
+            total = torch.zeros((), device=rt.device)
+            for xp, yp, n in eval_pieces(x, y, rt, tc.grad_accum):
+                with self.autocast():
+                    loss = self.engine(xp.to(rt.device), yp.to(rt.device)).loss.float()
+                if n:
+                    total += loss * n
+            sums.append(total)
+            rows.append(x.shape[0])
         self.engine.train()
-        return torch.stack(losses).mean().item()
+        per_batch = sum_over_ranks(torch.stack(sums), rt) / torch.tensor(rows, device=rt.device)
+        return per_batch.mean().item()
 
     def train_step(self) -> dict[str, Any]:
         """One optimizer step over the global batch of this step; returns its record."""
@@ -197,14 +199,15 @@ class Trainer:
                          rank=rt.rank, world_size=rt.world_size)
         x, y = x.to(rt.device), y.to(rt.device)
         loss_sum = torch.zeros((), device=rt.device)
-        for xm, ym in zip(x.chunk(tc.grad_accum), y.chunk(tc.grad_accum)):
-            with self.autocast():
-                out = self.engine(xm, ym)
-                loss = out.loss if out.aux_loss is None else out.loss + out.aux_loss
-            (loss / tc.grad_accum).backward()
+        for i, (xm, ym) in enumerate(zip(x.chunk(tc.grad_accum), y.chunk(tc.grad_accum))):
+            with gradient_sync(self.engine, i == tc.grad_accum - 1):  # reduce gradients once per step
+                with self.autocast():
+                    out = self.engine(xm, ym)
+                    loss = out.loss if out.aux_loss is None else out.loss + out.aux_loss
+                (loss / tc.grad_accum).backward()
             loss_sum += out.loss.detach()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip or math.inf)
-        loss_value = loss_sum.item() / tc.grad_accum
+        grad_norm = clip_grad_norm_(self.model, tc.grad_clip or math.inf)  # the global norm, on every rank
+        loss_value = mean_over_ranks(loss_sum, rt).item() / tc.grad_accum
         finite = math.isfinite(loss_value) and math.isfinite(grad_norm.item())
         if finite:
             self.optimizer.step()
@@ -253,8 +256,10 @@ class Trainer:
                 if (tc.checkpoint_every and self.step % tc.checkpoint_every == 0) or self.step == tc.steps:
                     self.save()
                 elif self.stop_requested(stop):
-                    path = self.save()
-                    raise Preempted(f"stopped by {stop[0]} at step {self.step}, checkpoint {path}; "
+                    self.save()
+                    path = ckpt.checkpoint_dir(self.run_dir, self.step)
+                    raise Preempted(f"stopped by {stop[0] if stop else 'a signal to another rank'} at step "
+                                    f"{self.step}, checkpoint {path}; "
                                     f"continue with: smallinit train --out {self.run_dir} --resume")
         for cb in self.callbacks:
             cb.on_train_end(self)
@@ -265,8 +270,8 @@ class Trainer:
         return summary
 
     def stop_requested(self, stop: list[str]) -> bool:
-        """Whether a stop signal arrived (on any rank, once distributed training agrees on it)."""
-        return bool(stop)
+        """Whether a stop signal arrived on any rank (all ranks agree, so they save at the same step)."""
+        return any_rank(bool(stop), self.runtime)
 
     def _eval_and_log(self) -> float:
         val = self.evaluate()
