@@ -1,0 +1,162 @@
+"""How much memory one GPU needs to train a model: weights, gradients, AdamW state, activations.
+
+An estimate from the shapes, per GPU, in bytes (P = parameters, N = ranks, a = bytes of an activation
+element: 2 under bf16, 4 in fp32; per token of the micro-batch, per layer):
+
+    DDP:    weights 4P + gradients 4P + AdamW 8P, and under bf16 autocast a 2P copy of the weights
+    FSDP:   (4P + 4P + 8P) / N, plus the gathered parameters in flight, a·(P_root + 2·P_block) (the root
+            stays gathered; one block computes while the next is fetched), plus one unsharded gradient
+            in compute precision and in fp32 for the reduce-scatter, (a + 4)·max(P_root, P_block)
+    saved activations, per token and layer:  24·d + a·(3d + 2·d_kv + [2·g + d] + 4·f)
+        24·d: the fp32 input, normalised input and output of the two RMSNorms (4 bytes × 6d);
+        3d + 2·d_kv: q, k, v after RoPE, the attention output and the output projection's input;
+        2·g + d with a gate: its logits and sigmoid (g = d elementwise, n_heads headwise) and the gated
+        output; 4·f: SwiGLU's gate, up, silu and product (MoE: k·(4·d_expert + 3·d) for the k routed
+        experts, plus 8·E for the router in fp32, plus a shared expert's 4·d_expert)
+    with activation checkpointing only each block's input is kept (4·d per layer), and the block being
+    recomputed in backward holds its activations again (one layer's worth, counted as in flight);
+    the head, per token: 12·d (final norm) + 4·V (fp32 log-probabilities), and at the start of backward
+    two fp32 V-sized gradient buffers (8·V, in flight).
+
+Checked against the tensors autograd really saves (fp32, CPU): within 6 % (tests/test_distributed.py).
+
+It ignores the CUDA context and allocator fragmentation (budget ~1-2 GiB per GPU more) and fused
+attention's per-row statistics. ``smallinit info --memory`` prints it for a config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import PRESETS, Config, ModelConfig
+from ..errors import ConfigError
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per GPU; ``total`` is their sum."""
+
+    params: int
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float  # saved for backward
+    in_flight: float  # gathered parameters, weight copies under autocast, gradient buffers of the head
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.activations + self.in_flight
+
+
+def _shapes(cfg: ModelConfig) -> tuple[int, int, int]:
+    """Total, largest-block and root (embedding, final norm, head) parameter counts, from a meta model."""
+    from ..model import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(cfg, init=False)
+    total = model.num_params()
+    blocks = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
+    return total, max(blocks), total - sum(blocks)
+
+
+def layer_bytes_per_token(cfg: ModelConfig, act_bytes: int) -> list[float]:
+    """Bytes each layer saves for backward per token of the micro-batch (without checkpointing)."""
+    d, kv = cfg.d_model, cfg.n_kv_heads * cfg.head_dim
+    g = {"none": 0, "headwise": cfg.n_heads, "elementwise": d}[cfg.gate]
+    gated_out = d if cfg.gate != "none" else 0
+
+    def mlp(layer: int) -> float:
+        m = cfg.moe
+        if m is None or layer % m.every_n_layers != m.every_n_layers - 1:
+            return 4 * cfg.d_ff * act_bytes
+        de = m.d_expert or cfg.d_ff
+        shared = 4 * de * act_bytes if m.shared_expert else 0
+        return m.top_k * (4 * de + 3 * d) * act_bytes + 8 * m.num_experts + shared
+
+    return [24 * d + act_bytes * (3 * d + 2 * kv + 2 * g + gated_out) + mlp(i) for i in range(cfg.n_layers)]
+
+
+def activation_bytes_per_token(cfg: ModelConfig, act_bytes: int, *, activation_checkpointing: bool = False) -> float:
+    """Bytes saved for backward per token of the micro-batch: all layers (or only their inputs) and the head."""
+    head = 12 * cfg.d_model + 4 * cfg.vocab_size
+    if activation_checkpointing:
+        return 4 * cfg.d_model * cfg.n_layers + head
+    return sum(layer_bytes_per_token(cfg, act_bytes)) + head
+
+
+def estimate_memory(
+    cfg: ModelConfig, *, micro_batch: int, seq_len: int, world_size: int = 1, parallel: str = "ddp",
+    precision: str = "bf16", activation_checkpointing: bool = False,
+) -> MemoryEstimate:
+    """Per-GPU training memory for micro-batches of ``micro_batch`` sequences of ``seq_len`` tokens."""
+    if parallel not in ("none", "ddp", "fsdp"):
+        raise ValueError(f"parallel must be none, ddp or fsdp, got {parallel!r}")
+    a = 2 if precision == "bf16" else 4
+    P, p_block, p_root = _shapes(cfg)
+    tokens = micro_batch * seq_len
+    acts = tokens * activation_bytes_per_token(cfg, a, activation_checkpointing=activation_checkpointing)
+    flight = tokens * 8 * cfg.vocab_size
+    if activation_checkpointing:  # the block being recomputed holds its activations again
+        flight += tokens * max(layer_bytes_per_token(cfg, a))
+    if parallel == "fsdp" and world_size > 1:
+        n = world_size
+        gathered = a * (p_root + 2 * p_block) + (a + 4) * max(p_root, p_block)
+        return MemoryEstimate(P, 4 * P / n, 4 * P / n, 8 * P / n, acts, gathered + flight)
+    cast = 2 * P if a == 2 else 0
+    return MemoryEstimate(P, 4 * P, 4 * P, 8 * P, acts, cast + flight)
+
+
+def format_estimates(rows: list[tuple[str, MemoryEstimate]]) -> str:
+    """A table in GiB: one row per (label, estimate)."""
+    head = f"{'layout':<28} {'params':>8} {'weights':>8} {'grads':>8} {'AdamW':>8} {'activ.':>8} {'flight':>8} {'total':>8}"
+    lines = [head, "-" * len(head)]
+    for label, e in rows:
+        cells = (e.weights, e.grads, e.optimizer, e.activations, e.in_flight, e.total)
+        lines.append(f"{label:<28} {e.params / 1e9:>7.3f}B " + " ".join(f"{c / GIB:>8.2f}" for c in cells))
+    return "\n".join(lines)
+
+
+def memory_table(*, micro_batch: int = 4, seq_len: int = 2048, gpus: int = 8) -> str:
+    """Every preset on ``gpus`` GPUs in bf16 (the table in docs/distributed.md), in GiB per GPU."""
+    head = (f"{'preset':<16} {'params':>8} {'DDP':>8} {'FSDP':>8} {'FSDP+AC':>8} {'act/seq':>8} {'act/seq AC':>10}")
+    lines = [f"per GPU, GiB: bf16, micro-batch {micro_batch} × {seq_len} tokens, FSDP over {gpus} GPUs", head,
+             "-" * len(head)]
+    for name in PRESETS:
+        cfg = ModelConfig.preset(name)
+        seq = min(seq_len, cfg.max_seq_len)
+        ddp = estimate_memory(cfg, micro_batch=micro_batch, seq_len=seq, parallel="ddp")
+        fsdp = estimate_memory(cfg, micro_batch=micro_batch, seq_len=seq, world_size=gpus, parallel="fsdp")
+        ac = estimate_memory(cfg, micro_batch=micro_batch, seq_len=seq, world_size=gpus, parallel="fsdp",
+                             activation_checkpointing=True)
+        per_seq, per_seq_ac = ddp.activations / micro_batch, ac.activations / micro_batch
+        lines.append(f"{name:<16} {ddp.params / 1e9:>7.3f}B {ddp.total / GIB:>8.2f} {fsdp.total / GIB:>8.2f} "
+                     f"{ac.total / GIB:>8.2f} {per_seq / GIB:>8.2f} {per_seq_ac / GIB:>10.2f}")
+    return "\n".join(lines)
+
+
+def describe_memory(cfg: Config, gpus: int = 1) -> str:
+    """The estimate for a resolved config on ``gpus`` GPUs (``smallinit info --memory``), as a table."""
+    tc = cfg.train
+    if gpus < 1:
+        raise ConfigError(f"--gpus must be ≥ 1, got {gpus}")
+    if tc.batch_size % (gpus * tc.grad_accum):
+        raise ConfigError(f"train.batch_size={tc.batch_size} does not divide into {gpus} GPUs × "
+                          f"train.grad_accum={tc.grad_accum} micro-batches; change one of them")
+    micro = tc.batch_size // (gpus * tc.grad_accum)
+    precision = "fp32" if tc.precision == "fp32" else "bf16"
+    common = dict(micro_batch=micro, seq_len=cfg.data.seq_len, world_size=gpus, precision=precision)
+    layouts = [("ddp", tc.activation_checkpointing)] if gpus == 1 else [
+        ("ddp", tc.activation_checkpointing), ("fsdp", tc.activation_checkpointing)]
+    if not tc.activation_checkpointing:
+        layouts.append((layouts[-1][0], True))
+    rows = []
+    for parallel, ac in layouts:
+        label = ("one GPU" if gpus == 1 else f"{parallel} × {gpus}") + (" + act. ckpt" if ac else "")
+        rows.append((label, estimate_memory(cfg.model, parallel=parallel, activation_checkpointing=ac, **common)))
+    return (f"memory per GPU (GiB, estimate): {precision}, micro-batch {micro} × {cfg.data.seq_len} tokens "
+            f"(train.batch_size {tc.batch_size} / {gpus} GPUs / grad_accum {tc.grad_accum})\n"
+            + format_estimates(rows))

@@ -1,0 +1,44 @@
+"""Run by tests/test_distributed.py under torchrun: real Trainers, with what the CLI cannot do.
+
+    python -m torch.distributed.run --nproc_per_node 2 tests/_dist_worker.py JOB RUN [JOB RUN ...] -- KEY=VALUE ...
+
+Jobs, run one after another in the same processes (JOB@LAYOUT sets train.parallel=LAYOUT for that job):
+  init     new run; save a checkpoint at step 0 (the initial weights, gathered from every rank), then fit
+  resume   continue the run in RUN (written by any number of ranks) to train.steps
+  crash    new run in which rank 1 raises at step 2
+"""
+
+import sys
+
+from smallinit import Config
+from smallinit.train import Callback, Trainer
+from smallinit.train.distributed import shutdown
+
+
+class CrashOnRank1(Callback):
+    def on_step_end(self, trainer: Trainer, record: dict) -> None:
+        if trainer.runtime.rank == 1 and trainer.step == 2:
+            raise RuntimeError("rank 1 fails on purpose at step 2")
+
+
+def main(argv: list[str]) -> None:
+    split = argv.index("--")
+    jobs, sets = argv[:split], argv[split + 1 :]
+    for spec, run in zip(jobs[::2], jobs[1::2]):
+        job, _, layout = spec.partition("@")
+        cfg = Config.load(overrides=[*sets, *([f"train.parallel={layout}"] if layout else [])])
+        if job == "init":
+            trainer = Trainer(cfg, run, callbacks=[])
+            trainer.save()
+            trainer.fit()
+        elif job == "resume":
+            Trainer(cfg, run, resume=True, callbacks=[]).fit()
+        elif job == "crash":
+            Trainer(cfg, run, callbacks=[CrashOnRank1()]).fit()
+        else:
+            raise SystemExit(f"unknown job {job!r}")
+    shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,262 @@
+"""torchrun with DDP and FSDP2: real processes (gloo, 2 ranks, CPU) checked against single-process training.
+
+The global batch of every step is the same whatever the number of ranks, so a 2-rank run must reproduce
+the single-process run up to the order of floating-point reductions. Tolerance: losses and weights agree
+to 1e-5 (relative for losses, absolute for weights); measured differences are ~1e-7.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import smallinit
+from smallinit import Config, Transformer
+from smallinit.errors import ConfigError
+from smallinit.train import Trainer
+from smallinit.train import checkpoint as ckpt
+from smallinit.train.distributed import Runtime, check_layout, eval_pieces, parallelize, with_layout_of
+
+WORKER = str(Path(__file__).with_name("_dist_worker.py"))
+TINY = [
+    "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=2", "model.d_ff=64",
+    "data.tokenizer=bytes", "data.corpus=shakespeare", "data.seq_len=32", "train.batch_size=8",
+    "train.grad_accum=2", "train.warmup_steps=2", "train.steps=6", "train.log_every=1", "train.eval_every=3",
+    "train.eval_batches=2", "train.checkpoint_every=3", "train.keep_checkpoints=10",
+]
+RTOL = 1e-5  # losses, relative
+ATOL = 1e-5  # weights and optimizer state, absolute
+
+
+def sets(*items: str) -> list[str]:
+    return [a for s in items for a in ("--set", s)]
+
+
+def torchrun(*args, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", *map(str, args)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def tensors(path: Path) -> dict[str, torch.Tensor]:
+    return {**load_file(path / "model.safetensors"), **load_file(path / "optim.safetensors")}
+
+
+def final(run: Path) -> dict[str, torch.Tensor]:
+    return tensors(ckpt.newest_checkpoint(run).path)
+
+
+def cut_at(src: Path, dst: Path, step: int) -> Path:
+    """A copy of run ``src`` as if it had been killed right after the checkpoint of ``step``."""
+    shutil.copytree(src, dst)
+    (dst / "summary.json").unlink(missing_ok=True)
+    for path in ckpt.list_checkpoints(dst):
+        if int(path.name[5:]) > step:
+            shutil.rmtree(path)
+    return dst
+
+
+def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """Run folders: single (in this process); ddp (the CLI under torchrun); then one 2-rank job of the
+    worker that writes fsdp (step-0 checkpoint, then fit), single-to-fsdp (the single run cut at step 3,
+    resumed with FSDP) and ddp-resumed (the ddp run cut at step 3, resumed with DDP)."""
+    root = tmp_path_factory.mktemp("dist")
+    Trainer(Config.load(overrides=TINY), root / "single", callbacks=[]).fit()
+    r = torchrun("-m", "smallinit", "train", "--out", root / "ddp", *sets(*TINY, "train.parallel=ddp"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("done: step 6") == 1  # only rank 0 reports
+    cut_at(root / "single", root / "single-to-fsdp", 3)
+    cut_at(root / "ddp", root / "ddp-resumed", 3)
+    r = torchrun(WORKER, "init", root / "fsdp", "resume", root / "single-to-fsdp",
+                 "resume@ddp", root / "ddp-resumed", "--", *TINY, "train.parallel=fsdp")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return root
+
+
+def test_initial_weights_do_not_depend_on_the_layout(runs):
+    """The FSDP shards of both ranks, gathered at step 0, are the weights one process draws from the seed."""
+    cfg = Config.load(overrides=TINY)
+    cfg.model.vocab_size = 257  # the byte tokenizer
+    unique, _ = ckpt.split_aliases(Transformer(cfg.model, seed=cfg.train.seed).state_dict())
+    saved = load_file(runs / "fsdp" / "checkpoints" / "step_0000000" / "model.safetensors")
+    assert saved.keys() == unique.keys()
+    assert all(torch.equal(saved[k], unique[k]) for k in unique)
+
+
+@pytest.mark.parametrize("layout", ["ddp", "fsdp"])
+def test_two_ranks_match_one_process(runs, layout):
+    single, multi = records(runs / "single"), records(runs / layout)
+    assert [r["step"] for r in multi] == [r["step"] for r in single]  # each record once: only rank 0 logs
+    for key in ("loss", "val_loss", "grad_norm"):
+        a = [r[key] for r in single if key in r]
+        b = [r[key] for r in multi if key in r]
+        assert len(a) == len(b) > 0
+        assert b == pytest.approx(a, rel=RTOL), key
+    assert max_abs_diff(final(runs / "single"), final(runs / layout)) < ATOL
+
+
+def test_only_rank_zero_writes(runs):
+    def listing(run: Path) -> list[str]:
+        return sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+
+    assert listing(runs / "ddp") == listing(runs / "single")
+    assert json.loads((runs / "ddp" / "config.json").read_text())["train"]["parallel"] == "ddp"
+
+
+def test_resume_two_ranks_on_one(runs, tmp_path):
+    """A DDP checkpoint continues in one process (which ignores train.parallel) to the same result."""
+    run = cut_at(runs / "ddp", tmp_path / "run", 3)
+    Trainer(Config.from_json_file(run / "config.json"), run, resume=True, callbacks=[]).fit()
+    assert max_abs_diff(final(run), final(runs / "ddp")) < ATOL
+    assert [r["step"] for r in records(run)] == [r["step"] for r in records(runs / "ddp")]
+
+
+def test_resume_one_process_on_two_fsdp_ranks(runs):
+    assert max_abs_diff(final(runs / "single-to-fsdp"), final(runs / "single")) < ATOL
+
+
+def test_ddp_resume_is_exact(runs):
+    """A 2-rank DDP run killed after a checkpoint and resumed on 2 ranks ends bit-identical, same log."""
+    run = runs / "ddp-resumed"
+    a, b = final(run), final(runs / "ddp")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    def without_speed(run: Path) -> list[dict]:  # tokens/s is a wall-clock measurement
+        return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in records(run)]
+
+    assert without_speed(run) == without_speed(runs / "ddp")
+
+
+def test_crash_of_one_rank_ends_the_job(tmp_path):
+    start = time.monotonic()
+    r = torchrun(WORKER, "crash", tmp_path / "run", "--", *TINY, "train.steps=50", "train.parallel=ddp", timeout=180)
+    elapsed = time.monotonic() - start
+    assert r.returncode != 0
+    assert "rank 1 fails on purpose" in r.stderr
+    assert elapsed < 120, f"the job took {elapsed:.0f} s to end after rank 1 crashed"
+
+
+def test_bad_input_fails_on_every_rank_with_one_line(tmp_path):
+    run = tmp_path / "run"
+    r = torchrun("-m", "smallinit", "train", "--out", run, *sets(*TINY, "train.batch_size=6", "train.parallel=fsdp"))
+    assert r.returncode != 0
+    errors = [line for line in r.stderr.splitlines() if "smallinit: error:" in line]
+    assert len(errors) == 2 and errors[0] == errors[1], r.stderr[-3000:]
+    assert "train.batch_size=6" in errors[0]
+    assert str(Path(smallinit.__file__).parent) not in r.stderr  # no traceback from the ranks (torchrun prints its own)
+    assert not run.exists()
+
+
+# -- in-process checks of the pieces ------------------------------------------------------------------------
+
+
+def test_layout_checks():
+    tc = Config.load(overrides=TINY).train
+    with pytest.raises(ConfigError, match="train.parallel=none"):
+        check_layout(tc, 2)
+    tc.parallel = "ddp"
+    check_layout(tc, 2)  # 8 rows = 2 ranks × 2 micro-batches × 2
+    with pytest.raises(ConfigError, match="multiple of 6"):
+        check_layout(tc, 3)
+
+
+def test_one_process_without_torchrun_trains_locally(monkeypatch):
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    tc = Config.load(overrides=[*TINY, "train.parallel=fsdp", "train.device=cpu"]).train
+    assert Runtime.from_env(tc) == Runtime(torch.device("cpu"))
+
+
+def test_layout_keys_may_change_on_resume():
+    a = Config.load(overrides=TINY).to_dict()
+    b = Config.load(overrides=[*TINY, "train.parallel=fsdp", "train.activation_checkpointing=true"]).to_dict()
+    assert with_layout_of(b, a) == a
+    c = Config.load(overrides=[*TINY, "train.parallel=fsdp", "train.lr=1e-2"]).to_dict()
+    assert with_layout_of(c, a) != a
+
+
+@pytest.mark.parametrize("rows", [8, 3])
+def test_eval_pieces_cover_each_row_once(rows):
+    x = torch.arange(rows)[:, None].repeat(1, 4)
+    seen, forwards = [], []
+    for rank in range(2):
+        pieces = list(eval_pieces(x, x + 1, Runtime(torch.device("cpu"), rank, 2), 2))
+        forwards.append(len(pieces))
+        seen += [int(v) for xp, _, n in pieces if n for v in xp[:, 0]]
+    assert forwards == [2, 2]  # every rank runs the same number of forwards
+    assert sorted(seen) == list(range(rows))
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    cfg = Config.load(overrides=TINY)
+    cfg.model.vocab_size = 257
+    grads = []
+    for ac in (False, True):
+        cfg.train.activation_checkpointing = ac
+        model = Transformer(cfg.model, seed=0)
+        engine = parallelize(model, Runtime(torch.device("cpu")), cfg.train, None)
+        x = torch.randint(0, 257, (2, 16), generator=torch.Generator().manual_seed(0))
+        engine(x, x).loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-5, atol=1e-7, msg=n)
+
+
+# -- slow ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_rank_at_the_same_step_then_resume_is_exact(tmp_path):
+    """torchrun forwards SIGTERM; the ranks agree on the stop step, checkpoint it, and resume bit-exactly."""
+    args = sets(*TINY, "train.parallel=ddp", "train.steps=300", "train.checkpoint_every=0", "train.eval_every=0",
+                "train.schedule=constant")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone"]
+    full = subprocess.run([*launcher, "-m", "smallinit", "train", "--out", str(tmp_path / "full"), *args],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert full.returncode == 0, full.stderr[-3000:]
+    run = tmp_path / "stopped"
+    proc = subprocess.Popen([*launcher, "-m", "smallinit", "train", "--out", str(run), *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (run / "metrics.jsonl").exists() or len(records(run)) < 3:
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    stopped = ckpt.newest_checkpoint(run).step
+    assert stopped == max(r["step"] for r in records(run)) < 300  # the step in flight was finished and saved
+    assert err.count(f"at step {stopped}, checkpoint") == 2, err[-3000:]  # both ranks stopped there
+    r = subprocess.run([*launcher, "-m", "smallinit", "train", "--out", str(run), "--resume"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = final(run), final(tmp_path / "full")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_compile_per_block_matches_eager(tmp_path):
+    base = [*TINY, "train.steps=3", "train.eval_every=0", "train.checkpoint_every=0"]
+    Trainer(Config.load(overrides=base), tmp_path / "eager", callbacks=[]).fit()
+    Trainer(Config.load(overrides=[*base, "train.compile=true"]), tmp_path / "compiled", callbacks=[]).fit()
+    assert [r["loss"] for r in records(tmp_path / "compiled")] == pytest.approx(
+        [r["loss"] for r in records(tmp_path / "eager")], rel=1e-4)

@@ -1,0 +1,67 @@
+"""The per-GPU memory estimate: its parts against what a real model allocates and autograd really saves."""
+
+import pytest
+import torch
+
+from smallinit import Config, ModelConfig, Transformer
+from smallinit.config import from_dict
+from smallinit.errors import ConfigError
+from smallinit.train.memory import activation_bytes_per_token, describe_memory, estimate_memory
+
+SHAPES = [
+    dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, d_ff=256, vocab_size=257, max_seq_len=64),
+    dict(d_model=128, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=384, vocab_size=1000, max_seq_len=64, gate="headwise"),
+    dict(d_model=128, n_layers=2, n_heads=4, n_kv_heads=4, d_ff=384, vocab_size=512, max_seq_len=64, gate="none"),
+    dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, d_ff=128, vocab_size=257, max_seq_len=64,
+         moe=dict(num_experts=8, top_k=2, d_expert=64)),
+]
+
+
+def saved_bytes(cfg: ModelConfig, batch: int, seq: int, checkpointing: bool) -> int:
+    """Bytes of the distinct non-parameter storages autograd keeps for backward (fp32 forward on the CPU)."""
+    model = Transformer(cfg, seed=0)
+    if checkpointing:
+        from torch.distributed._composable import checkpoint
+
+        for block in model.blocks:
+            checkpoint(block)
+    owned = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    storages = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in owned:
+            storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    x = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x, x)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=["elementwise", "headwise-gqa", "no-gate", "moe"])
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["", "ac"])
+def test_activation_estimate_matches_saved_tensors(shape, checkpointing):
+    cfg = from_dict(ModelConfig, shape, "model")
+    measured = saved_bytes(cfg, 4, 32, checkpointing)
+    estimate = 4 * 32 * activation_bytes_per_token(cfg, 4, activation_checkpointing=checkpointing)
+    assert estimate == pytest.approx(measured, rel=0.1)
+
+
+def test_state_terms_follow_the_parameters():
+    cfg = from_dict(ModelConfig, SHAPES[0], "model")
+    n_params = sum(p.numel() for p in Transformer(cfg, seed=0).parameters())  # a real model, tied head once
+    ddp = estimate_memory(cfg, micro_batch=2, seq_len=32, precision="fp32")
+    fsdp = estimate_memory(cfg, micro_batch=2, seq_len=32, world_size=4, parallel="fsdp", precision="fp32")
+    assert ddp.params == n_params
+    assert (ddp.weights, ddp.grads, ddp.optimizer) == (4 * n_params, 4 * n_params, 8 * n_params)
+    assert fsdp.weights + fsdp.grads + fsdp.optimizer == pytest.approx((ddp.weights + ddp.grads + ddp.optimizer) / 4)
+    assert fsdp.activations == ddp.activations
+
+
+def test_describe_memory_checks_the_split():
+    cfg = Config.load(overrides=["train.batch_size=8"])
+    assert "fsdp × 2" in describe_memory(cfg, 2)
+    with pytest.raises(ConfigError, match="does not divide"):
+        describe_memory(cfg, 3)
