@@ -348,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except SmallinitError as e:
-        sys.stderr.write(f"smallinit: error: {e}\n")  # one write: lines of several ranks do not interleave
+        one_line = str(e).replace("\r", "\\r").replace("\n", "\\n")  # a file name may hold a newline
+        sys.stderr.write(f"smallinit: error: {one_line}\n")  # one write: lines of several ranks do not interleave
         return e.exit_code
     except KeyboardInterrupt:
         print("smallinit: interrupted", file=sys.stderr)

@@ -75,6 +75,9 @@ class ModelConfig:
 
     def validate(self) -> None:
         _positive(self, "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "max_seq_len")
+        for name in ("d_model", "n_layers", "d_ff", "vocab_size", "max_seq_len"):
+            if getattr(self, name) > 2**31:  # beyond any real model; products of two must still fit in int64
+                raise ConfigError(f"model.{name}={getattr(self, name)} is too large; use at most 2**31")
         if self.d_model % self.n_heads:
             raise ConfigError(f"model.n_heads={self.n_heads} must divide model.d_model={self.d_model}")
         if self.head_dim % 2:
@@ -290,7 +293,7 @@ class Config:
             raise ConfigError(f"{p} not found; is {p.parent} a run folder?")
         try:
             raw = json.loads(p.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
             raise ConfigError(f"{p} is not valid JSON; the run folder is damaged") from None
         for item in overrides:
             if not isinstance(raw, dict):
@@ -316,7 +319,7 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(p)!r} not found; pass an existing .toml file")
     try:
         return tomllib.loads(p.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deep
         raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
 
 
@@ -330,6 +333,8 @@ def parse_override(item: str) -> tuple[str, Any]:
         value = tomllib.loads(f"v = {text.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = text.strip()
+    except RecursionError:
+        raise ConfigError(f"--set {key}: the value nests too deeply; pass a plain value") from None
     return key, value
 
 
@@ -352,9 +357,10 @@ def from_dict(cls: type, raw: Any, where: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - names)
     if unknown:
-        label = f"{where}." if where else ""
-        raise ConfigError(
-            f"unknown config key {label}{unknown[0]}; known keys: {', '.join(sorted(names))}"
+        key = f"{where}." if where else ""
+        key += unknown[0]
+        raise ConfigError(  # repr() for keys with control characters: the message stays one line
+            f"unknown config key {key if key.isprintable() else repr(key)}; known keys: {', '.join(sorted(names))}"
         )
     kwargs = {name: _coerce(hints[name], value, f"{where}.{name}" if where else name) for name, value in raw.items()}
     return cls(**kwargs)

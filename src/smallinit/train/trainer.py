@@ -108,7 +108,7 @@ class Trainer:
                 raise CheckpointError(f"{self.run_dir} is not a run folder (no config.json); drop --resume")
             try:
                 saved = json.loads(config_file.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 raise CheckpointError(f"{config_file} is not valid JSON; the run folder is damaged") from None
             diff = _first_difference(saved, with_layout_of(self.cfg.to_dict(), saved))
             if diff:
@@ -314,7 +314,7 @@ def truncate_metrics(path: Path, last_step: int) -> None:
         try:
             if json.loads(line).get("step", 0) <= last_step:
                 keep.append(line)
-        except (json.JSONDecodeError, AttributeError):
+        except (json.JSONDecodeError, AttributeError, RecursionError):
             continue  # a line torn by a crash
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
