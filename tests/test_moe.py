@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from smallinit import Config, ModelConfig, MoEConfig, Transformer, gamma_init_
+from smallinit import Config, ModelConfig, MoEConfig, Transformer, gamma_init_, load_model
 from smallinit.cli import main
 from smallinit.errors import ConfigError
 from smallinit.model import MoE, SwiGLU
@@ -241,7 +241,8 @@ def test_tiny_moe_trains_and_logs_expert_load(tmp_path):
         "train.steps=40", "train.warmup_steps=5", "train.eval_every=20", "train.eval_batches=2",
         "train.log_every=10", "train.lr=1e-2",
     ])
-    summary = Trainer(cfg, run, callbacks=[]).fit()
+    trainer = Trainer(cfg, run, callbacks=[])
+    summary = trainer.fit()
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     vals = [r["val_loss"] for r in records if "val_loss" in r]
     assert vals[-1] < vals[0] - 1.0
@@ -252,6 +253,10 @@ def test_tiny_moe_trains_and_logs_expert_load(tmp_path):
         assert all(len(v) == 8 and sum(v) == pytest.approx(1.0, abs=1e-3) for v in r["load"].values())
         assert r["balance_loss"] >= 0.9 and r["z_loss"] > 0 and r["max_load_ratio"] >= 1.0
     assert summary["params_active"] < summary["params"]
+    loaded = load_model(run)  # the checkpoint round-trips; the routing counters are not part of it
+    assert isinstance(loaded.blocks[0].mlp, MoE)
+    for k, v in trainer.model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
 
 
 def test_dispatches_agree_under_bf16_autocast():
