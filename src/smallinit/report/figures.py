@@ -67,7 +67,7 @@ def loss_curves_figure(curves: Mapping[str, Mapping[str, Sequence[tuple[int, flo
         col = colors(i % 10)
         if c.get("train"):
             s, v = zip(*c["train"])
-            ax.plot(s, v, color=col, lw=0.8, alpha=0.5)
+            ax.plot(s, v, color=col, lw=0.8, alpha=0.5, marker="." if len(s) < 5 else None)
         if c.get("val"):
             s, v = zip(*c["val"])
             ax.plot(s, v, color=col, lw=2, marker="o", ms=3, label=name)
@@ -94,7 +94,9 @@ def grid_figure(values: np.ndarray, rows: Sequence[str], cols: Sequence[str], *,
     for i in range(values.shape[0]):
         for j in range(values.shape[1]):
             if math.isfinite(values[i, j]):
-                ax.text(j, i, f"{values[i, j]:.4f}", ha="center", va="center", color="w", fontsize=9)
+                r, g, b, _ = im.cmap(im.norm(values[i, j]))
+                ink = "k" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "w"  # readable on light and dark cells
+                ax.text(j, i, f"{values[i, j]:.4f}", ha="center", va="center", color=ink, fontsize=9)
     ax.set_title(title)
     fig.colorbar(im, ax=ax, shrink=0.8)
     return fig
@@ -116,16 +118,16 @@ def sink_figure(per_layer: Mapping[str, Sequence[float]]) -> Figure:
 
 
 def residual_flow_figure(points: Sequence[tuple[float, float]], d: int) -> Figure:
-    """Fig. 3a: residual-flow ratio at init against γ, with the predicted d^(1−γ) line (scaled to the
-    measured point nearest γ = 1, where the prediction's constant is set)."""
+    """Fig. 3a: residual-flow ratio at init against γ, with the predicted d^(1−γ) line (its constant set by
+    the geometric mean of the measured points at the γ nearest 1)."""
     fig, ax = _fig()
     ax = ax[0, 0]
     g = np.asarray([p[0] for p in points], dtype=float)
     r = np.asarray([p[1] for p in points], dtype=float)
-    ax.scatter(g, r, color="C0", zorder=3, label="measured (fresh models)")
+    ax.scatter(g, r, color="C0", zorder=3, label="measured at step 0 of each run")
     if len(g):
-        ref = int(np.argmin(np.abs(g - 1.0)))
-        c = r[ref] / float(d) ** (1 - g[ref])
+        near = np.isclose(g, g[np.argmin(np.abs(g - 1.0))])
+        c = float(np.exp(np.mean(np.log(r[near] / float(d) ** (1 - g[near])))))
         line = np.linspace(g.min() - 0.05, g.max() + 0.05, 100)
         ax.plot(line, c * np.power(float(d), 1 - line), "k--", label=f"c·d^(1−γ), d = {d}")
     ax.set_yscale("log")
@@ -190,7 +192,7 @@ def condensation_figure(series: Mapping[str, Mapping[str, Sequence[tuple[int, fl
 def heatmaps_figure(snapshots: Sequence[Mapping], title: str = "") -> Figure:
     """Row-cosine heatmaps: one row per matrix, one column per snapshot step (clustered row order)."""
     names = list(dict.fromkeys(n for s in snapshots for n in s["matrices"]))
-    fig, axes = _fig(ncols=max(1, len(snapshots)), nrows=max(1, len(names)), w=2.8, h=2.8)
+    fig, axes = _fig(ncols=max(1, len(snapshots)), nrows=max(1, len(names)), w=2.3, h=2.3)
     for j, snap in enumerate(snapshots):
         for i, name in enumerate(names):
             ax = axes[i, j]
@@ -211,8 +213,8 @@ def token_gap_figure(result: TokenGapResult, label_a: str = "A", label_b: str = 
     """Δ_sym and loss difference (B − A) by difficulty quantile bin, ± 2 SE (tokens as independent)."""
     fig, axes = _fig(ncols=2, w=5.2)
     x = np.arange(1, len(result.bins) + 1)
-    for ax, key, ylabel in ((axes[0, 0], "delta_sym", "mean Δ_sym"),
-                            (axes[0, 1], "loss_diff", f"mean loss({label_b}) − loss({label_a})")):
+    for ax, key, ylabel in ((axes[0, 0], "delta_sym", "mean Δ_sym (> 0: A better)"),
+                            (axes[0, 1], "loss_diff", "mean loss(B) − loss(A)")):
         m = np.array([getattr(b, f"mean_{key}") for b in result.bins])
         se = np.array([getattr(b, f"se_{key}") for b in result.bins])
         ax.bar(x, m, yerr=2 * np.nan_to_num(se), color=np.where(m >= 0, "C0", "C3"), capsize=2)
@@ -220,8 +222,9 @@ def token_gap_figure(result: TokenGapResult, label_a: str = "A", label_b: str = 
         ax.set_xlabel("difficulty bin (1 = easiest)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, axis="y")
-    axes[0, 0].set_title(f"Δ_sym > 0: {label_a} better")
-    axes[0, 1].set_title("loss difference by difficulty")
+    axes[0, 0].set_title("symmetric probability gap")
+    axes[0, 1].set_title("loss difference")
+    fig.suptitle(f"A = {label_a}, B = {label_b}; bars ± 2 SE", fontsize=9)
     return fig
 
 

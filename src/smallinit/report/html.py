@@ -2,7 +2,8 @@
 
 Everything the report shows is read from files the other commands wrote: run folders (config.json,
 metrics.jsonl with the analysis callback's records, summary.json, analysis/rowcos_step_*.npz), and
-analysis.json / compare.json / coordcheck.json / residual_flow_sweep.json anywhere below the folder.
+analysis.json / compare.json / coordcheck.json / residual_flow_sweep.json / findings.json (a recipe's
+judged claims) anywhere below the folder.
 Figures are PNGs embedded as base64 data URIs; there are no scripts, no external links and no external
 styles, and every piece of text that came from a file (config values, decoded corpus tokens and contexts)
 is HTML-escaped.
@@ -38,6 +39,7 @@ ANALYSIS_FILE = "analysis.json"
 COMPARE_FILE = "compare.json"
 COORDCHECK_FILE = "coordcheck.json"
 SWEEP_FILE = "residual_flow_sweep.json"
+FINDINGS_FILE = "findings.json"  # written by smallinit.experiments (recipe / demo): claims with verdicts
 REPORT_FILE = "report.html"
 SLOPE_TOLERANCE = 0.15  # acceptance band for the residual-flow exponent against 1 − γ
 
@@ -298,10 +300,23 @@ class _Doc:
                 f"<h1>{esc(self.title)}</h1>" + "\n".join(self.parts) + "</body></html>\n")
 
 
-def _run_label(run: Run, vary: Sequence[str]) -> str:
-    keys = [k for k in vary if k.startswith(("model.", "train.seed", "train.lr"))] or vary
-    label = ", ".join(f"{k.split('.')[-1]}={run.config.get(k)}" for k in keys[:4])
-    return label or run.name
+def group_runs(runs: Sequence[Run], vary: Sequence[str]) -> dict[str, list[Run]]:
+    """Runs that differ only in the seed, under one label made of the other varying keys."""
+    keys = [k for k in vary if k != "train.seed"]
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        label = ", ".join(f"{k.split('.')[-1]}={r.config.get(k)}" for k in keys) or "all runs"
+        groups.setdefault(label, []).append(r)
+    return groups
+
+
+def _mean_series(series: Sequence[Sequence[tuple[int, float]]]) -> list[tuple[int, float]]:
+    """Mean over seeds at the steps every series has."""
+    by_step: dict[int, list[float]] = {}
+    for ser in series:
+        for step, v in ser:
+            by_step.setdefault(int(step), []).append(float(v))
+    return [(st, statistics.fmean(v)) for st, v in sorted(by_step.items()) if len(v) == len(series)]
 
 
 def _grid(runs: Sequence[Run], row_key: str, col_key: str) -> tuple[np.ndarray, list, list] | None:
@@ -319,9 +334,27 @@ def _grid(runs: Sequence[Run], row_key: str, col_key: str) -> tuple[np.ndarray, 
     return vals, rows, cols
 
 
+def _section_findings(doc: _Doc, findings: list[tuple[str, dict]]) -> None:
+    for name, f in findings:
+        doc.h2(f"Recipe findings: {f.get('title', f.get('recipe', name))}")
+        doc.p(f"{name}: recipe {f.get('recipe', '?')}, scale {f.get('scale', '?')}. Verdicts as computed by the "
+              "recipe (each comparison by smallinit.report.verdict; a claim agrees when all its comparisons agree).",
+              "note")
+        rows = []
+        for c in f.get("claims", []):
+            label = str(c.get("verdict", "inconclusive"))
+            why = "".join(f"<li>{esc(x.get('text', ''))}: {esc(x.get('verdict', ''))} ({esc(x.get('reason', ''))})</li>"
+                          for x in c.get("comparisons", []))
+            rows.append(f"<tr><td>{esc(c.get('claim', ''))}</td><td>{esc(c.get('statement', ''))}</td>"
+                        f"<td>{esc(c.get('paper', ''))}</td><td><ul>{why}</ul>{esc('; '.join(c.get('notes', [])))}</td>"
+                        f'<td><span class="v {esc(label)}">{esc(label)}</span></td></tr>')
+        head = "".join(f"<th>{h}</th>" for h in ("claim", "statement", "the paper", "measured", "verdict"))
+        doc.raw(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
 def _section_claims(doc: _Doc, rows: list[ClaimRow], sweep_rows: list[tuple[str, Verdict]],
                     token_rows: list[tuple[str, Verdict]]) -> None:
-    doc.h2("Claims and verdicts")
+    doc.h2("Claims and verdicts (pairwise, from the runs here)")
     doc.p("Each verdict is computed from the runs in this folder: per-seed differences (treated − baseline, "
           "same seed), agree / disagree when their mean differs from 0 by more than 2 standard errors in the "
           "expected / opposite direction, inconclusive otherwise or with a single seed "
@@ -355,13 +388,12 @@ def _section_runs(doc: _Doc, runs: list[Run], vary: list[str]) -> None:
     if not runs:
         doc.p("No run folders (config.json + metrics.jsonl) here.")
         return
-    shown = vary[:8]
-    doc.raw(table(["run", *shown, "steps", "final val loss"],
-                  [[r.name, *[r.config.get(k) for k in shown], (r.summary or {}).get("step", "–"),
+    doc.raw(table(["run", *vary, "steps", "final val loss"],
+                  [[r.name, *[r.config.get(k) for k in vary], (r.summary or {}).get("step", "–"),
                     r.final_val_loss] for r in runs]))
-    for r in runs:
-        cfg = json.dumps(r.config, indent=1, sort_keys=True, default=str)
-        doc.raw(f"<details><summary>config of {esc(r.name)}</summary><pre>{esc(cfg)}</pre></details>")
+    common = {k: v for k, v in sorted(runs[0].config.items()) if k not in vary}
+    doc.raw(f"<details><summary>settings shared by every run</summary><pre>"
+            f"{esc(json.dumps(common, indent=1, default=str))}</pre></details>")
 
 
 def _section_norm_factor(doc: _Doc, runs: list[Run], analyses: list[tuple[str, dict]]) -> None:
@@ -392,14 +424,15 @@ def _section_norm_factor(doc: _Doc, runs: list[Run], analyses: list[tuple[str, d
 
 def _section_losses(doc: _Doc, runs: list[Run], vary: list[str]) -> None:
     curves = {}
-    for r in runs:
-        train = [(m["step"], m["loss"]) for m in r.metrics if "loss" in m and "event" not in m]
-        val = [(m["step"], m["val_loss"]) for m in r.metrics if "val_loss" in m]
+    for label, group in group_runs(runs, vary).items():
+        train = _mean_series([[(m["step"], m["loss"]) for m in r.metrics if "loss" in m and "event" not in m]
+                              for r in group])
+        val = _mean_series([[(m["step"], m["val_loss"]) for m in r.metrics if "val_loss" in m] for r in group])
         if train or val:
-            curves[_run_label(r, vary)] = {"train": train, "val": val}
+            curves[f"{label} ({len(group)} seed{'s' if len(group) > 1 else ''})"] = {"train": train, "val": val}
     if not curves:
         return
-    doc.h2("Loss curves")
+    doc.h2("Loss curves (mean over seeds)")
     doc.raw(img(figures.loss_curves_figure(curves), "loss curves"))
     for row_key, col_key, title in (("model.gamma", "model.norm_eps", "γ × ε"), ("model.gamma", "model.gate", "γ × gate")):
         g = _grid(runs, row_key, col_key)
@@ -415,16 +448,18 @@ def _section_losses(doc: _Doc, runs: list[Run], vary: list[str]) -> None:
 
 def _section_sink(doc: _Doc, runs: list[Run], vary: list[str], analyses: list[tuple[str, dict]]) -> None:
     per_layer = {}
-    for r in runs:
-        if r.analysis:
-            last = r.analysis[-1]
-            per_layer[f"{_run_label(r, vary)} @ {last['step']}"] = [last["sink"][k] for k in sorted(last["sink"], key=int)]
+    for label, group in group_runs(runs, vary).items():
+        lasts = [r.analysis[-1] for r in group if r.analysis]
+        if lasts:
+            layers = np.mean([[a["sink"][k] for k in sorted(a["sink"], key=int)] for a in lasts], axis=0)
+            per_layer[f"{label} @ step {lasts[0]['step']}"] = layers.tolist()
     for name, a in analyses:
         per_layer[name] = a["sink"]["per_layer"]
     if not per_layer:
         return
     doc.h2("Attention sink per layer (Fig. 1f/g)")
-    doc.p("Sink score: mean attention weight that queries 2…T put on token 1, over sequences and heads.", "note")
+    doc.p("Sink score: mean attention weight that queries 2…T put on token 1, over sequences and heads, at the "
+          "last measurement during training (mean over seeds), and from smallinit analyze.", "note")
     doc.raw(img(figures.sink_figure(per_layer), "sink scores per layer"))
     doc.raw(table(["model", "mean", *[f"L{i + 1}" for i in range(max(map(len, per_layer.values())))]],
                   [[k, statistics.fmean(v), *v] for k, v in per_layer.items()]))
@@ -457,20 +492,20 @@ def _section_residual(doc: _Doc, runs: list[Run], sweeps: list[tuple[str, Residu
 
 def _section_condensation(doc: _Doc, runs: list[Run], vary: list[str]) -> None:
     series = {}
-    for r in runs:
-        recs = r.analysis
-        if recs and recs[0].get("stable_rank"):
-            series[_run_label(r, vary)] = {
-                key: [(a["step"], statistics.fmean(a[key].values())) for a in recs if a.get(key)]
-                for key in ("stable_rank", "mean_abs_cos")
-            }
-    snaps = [(r, load_snapshots(r.path)) for r in runs]
-    snaps = [(r, s) for r, s in snaps if s]
+    groups = group_runs(runs, vary)
+    for label, group in groups.items():
+        with_recs = [r.analysis for r in group if r.analysis and r.analysis[0].get("stable_rank")]
+        if with_recs:
+            series[label] = {key: _mean_series([[(a["step"], statistics.fmean(a[key].values())) for a in recs
+                                                 if a.get(key)] for recs in with_recs])
+                             for key in ("stable_rank", "mean_abs_cos")}
+    snaps = [(label, load_snapshots(group[0].path)) for label, group in groups.items()]
+    snaps = [(label, sn) for label, sn in snaps if sn]
     if not series and not snaps:
         return
     doc.h2("Condensation: stable rank and row alignment over training")
     doc.p("Stable rank ‖W‖_F²/‖W‖_2² and mean |cos| between rows, averaged over the logged matrices "
-          "(analysis.matrices). The paper: with γ = 1 matrices first condense (low stable rank, aligned rows), "
+          "(analysis.matrices) and over seeds. The paper: with γ = 1 matrices first condense (low stable rank, aligned rows), "
           "then expand; with γ = 0.5 they start diffuse and change slowly.", "note")
     if series:
         doc.raw(img(figures.condensation_figure(series), "stable rank and mean cos over training"))
@@ -478,11 +513,9 @@ def _section_condensation(doc: _Doc, runs: list[Run], vary: list[str]) -> None:
                       [[k, s["stable_rank"][0][0], s["stable_rank"][0][1], s["mean_abs_cos"][0][1],
                         s["stable_rank"][-1][0], s["stable_rank"][-1][1], s["mean_abs_cos"][-1][1]]
                        for k, s in series.items() if s["stable_rank"] and s["mean_abs_cos"]]))
-    for r, s in snaps[:4]:
-        chosen = [s[0], s[min(1, len(s) - 1)], s[-1]] if len(s) > 2 else s
-        chosen = list({id(c): c for c in chosen}.values())
-        doc.raw(img(figures.heatmaps_figure(chosen, f"row |cos| heatmaps, {_run_label(r, vary)}"),
-                    f"row cosine heatmaps of {r.name}"))
+    for label, sn in snaps[:4]:  # early, one in between, late; the first seed of up to four settings
+        chosen = [sn[0], sn[len(sn) // 2], sn[-1]] if len(sn) > 2 else sn
+        doc.raw(img(figures.heatmaps_figure(chosen, f"row |cos| heatmaps, {label}"), f"row cosine heatmaps, {label}"))
 
 
 def _section_tokens(doc: _Doc, compares: list[tuple[str, TokenGapResult]]) -> None:
@@ -538,6 +571,12 @@ def _analysis(raw: dict) -> dict:
     return raw
 
 
+def _findings(raw: dict) -> dict:
+    if not isinstance(raw.get("claims"), list):
+        raise KeyError("claims")
+    return raw
+
+
 def _load_all(root: Path, name: str, parse) -> list[tuple[str, Any]]:
     out = []
     for path in sorted(root.rglob(name)):
@@ -560,7 +599,8 @@ def build_report(root: str | os.PathLike, out: str | os.PathLike | None = None) 
     compares = _load_all(root, COMPARE_FILE, TokenGapResult.from_dict)
     checks = _load_all(root, COORDCHECK_FILE, CoordCheck.from_dict)
     sweeps = _load_all(root, SWEEP_FILE, ResidualFlowSweep.from_dict)
-    if not (runs or analyses or compares or checks or sweeps):
+    findings = _load_all(root, FINDINGS_FILE, _findings)
+    if not (runs or analyses or compares or checks or sweeps or findings):
         raise ReportError(f"{root} holds no runs nor analysis outputs; pass a folder written by smallinit "
                           "train, sweep, analyze, compare or coordcheck")
     vary = varying_keys(runs)
@@ -569,6 +609,7 @@ def build_report(root: str | os.PathLike, out: str | os.PathLike | None = None) 
           f"{len(compares)} comparison, {len(checks)} coordinate check and {len(sweeps)} sweep file(s).", "note")
     sweep_rows = [(f"{name}: γ = {g:g}", v) for name, sw in sweeps for g, v in zip(sw.gammas, sweep_verdicts(sw))]
     token_rows = [(name, token_verdict(res)) for name, res in compares]
+    _section_findings(doc, findings)
     _section_claims(doc, evaluate_claims(runs), sweep_rows, token_rows)
     _section_runs(doc, runs, vary)
     _section_norm_factor(doc, runs, analyses)
