@@ -105,11 +105,15 @@ def test_eval_reuses_the_export_and_keeps_earlier_results(run, monkeypatch):
     assert json.loads(second.results_file.read_text())["n-samples"][MC]["effective"] == 2
 
 
-def test_eval_user_errors_are_one_line(run, tmp_path, capsys):
-    cases = [
-        ["eval", str(run), "--tasks", MC, "--include-path", str(tmp_path / "missing")],
-        ["eval", str(tmp_path / "not-a-run"), "--tasks", MC, "--include-path", str(TASKS)],
-    ]
-    for argv in cases:
+def test_eval_user_errors_are_one_line(run, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the tasks' data_files (relative to the repository root) are not found here
+    cases = {
+        "task data not found": ["eval", str(run), "--tasks", MC, "--include-path", str(TASKS)],
+        "is not a folder": ["eval", str(run), "--tasks", MC, "--include-path", str(tmp_path / "missing")],
+        "does not exist": ["eval", str(tmp_path / "not-a-run"), "--tasks", MC, "--include-path", str(TASKS)],
+    }
+    for what, argv in cases.items():
         assert main(argv) == 2
-        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+        err = capsys.readouterr().err.strip()  # may hold transformers' progress bars before the error
+        last = err.splitlines()[-1]
+        assert last.startswith("smallinit: error: ") and what in last and err.count("smallinit: error") == 1

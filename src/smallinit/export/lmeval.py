@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..train.checkpoint import CKPT_DIR, resolve_checkpoint, write_json_atomic
 from .hf import REMOTE_CLASS, ExportError, export_hf
 
@@ -85,11 +85,18 @@ def run_eval(
 
     model_args = {"pretrained": str(export_dir), "dtype": "float32",
                   "trust_remote_code": architecture == REMOTE_CLASS}
-    out = lm_eval.simple_evaluate(
-        model="hf", model_args=model_args, tasks=tasks, num_fewshot=num_fewshot, batch_size=batch_size,
-        device=device, limit=limit, task_manager=manager, log_samples=log_samples,
-        random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
-    )
+    try:
+        out = lm_eval.simple_evaluate(
+            model="hf", model_args=model_args, tasks=tasks, num_fewshot=num_fewshot, batch_size=batch_size,
+            device=device, limit=limit, task_manager=manager, log_samples=log_samples,
+            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+        )
+    except ConnectionError as e:  # datasets, offline or without network
+        raise DataError(f"task data could not be downloaded ({str(e).splitlines()[0]}); go online or "
+                        "use local tasks with --include-path") from None
+    except FileNotFoundError as e:  # a task's local data_files (relative to the working directory)
+        raise DataError(f"task data not found ({str(e).splitlines()[0]}); task YAMLs name data_files "
+                        f"relative to the working directory {Path.cwd()}") from None
     out["smallinit"] = {"checkpoint": str(found.path), "step": found.step, "export": str(export_dir),
                         "architecture": architecture, "tasks": tasks, "limit": limit}
     raw = json.loads(json.dumps(out, default=handle_non_serializable))
