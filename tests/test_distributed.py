@@ -258,5 +258,8 @@ def test_compile_per_block_matches_eager(tmp_path):
     base = [*TINY, "train.steps=3", "train.eval_every=0", "train.checkpoint_every=0"]
     Trainer(Config.load(overrides=base), tmp_path / "eager", callbacks=[]).fit()
     Trainer(Config.load(overrides=[*base, "train.compile=true"]), tmp_path / "compiled", callbacks=[]).fit()
-    assert [r["loss"] for r in records(tmp_path / "compiled")] == pytest.approx(
-        [r["loss"] for r in records(tmp_path / "eager")], rel=1e-4)
+    def losses(run: Path) -> list[float]:
+        return [r["loss"] for r in records(run) if "loss" in r]
+
+    assert len(losses(tmp_path / "eager")) == 3
+    assert losses(tmp_path / "compiled") == pytest.approx(losses(tmp_path / "eager"), rel=1e-4)
