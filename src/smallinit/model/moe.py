@@ -76,8 +76,9 @@ def expert_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, *, gro
     if grouped:  # grouped_mm is not an autocast op: cast as autocast would for a matmul
         dtype = matmul_dtype(x, w)
         return F.grouped_mm(x.to(dtype), w.to(dtype).transpose(-2, -1), offs=counts.cumsum(0).to(torch.int32))
-    # one matmul per expert; .tolist() waits for the counts (a host sync on GPUs)
-    return torch.cat([xe @ w[e].T for e, xe in enumerate(x.split(counts.tolist()))])
+    # one matmul per expert; .tolist() waits for the counts (a host sync on GPUs). unbind, not w[e]: the
+    # backward of each w[e] would write a full-size gradient of w, E times over
+    return torch.cat([xe @ we.T for xe, we in zip(x.split(counts.tolist()), w.unbind(0))])
 
 
 class MoE(nn.Module):
