@@ -94,7 +94,8 @@ class MoE(nn.Module):
         self.up_proj = nn.Parameter(torch.empty(E, d_expert, d_model))
         self.down_proj = nn.Parameter(torch.empty(E, d_model, d_expert))
         self.shared_expert = SwiGLU(d_model, d_expert) if cfg.shared_expert else None
-        self.register_buffer("expert_counts", torch.zeros(E), persistent=False)
+        # integer counts stay exact when the model is cast to bf16
+        self.register_buffer("expert_counts", torch.zeros(E, dtype=torch.int64), persistent=False)
         self.register_buffer("loss_sums", torch.zeros(3), persistent=False)  # balance, z, forwards
 
     def active_fraction(self, name: str) -> float:
@@ -158,7 +159,7 @@ class MoE(nn.Module):
 
     @torch.no_grad()
     def _accumulate(self, counts: torch.Tensor, balance: torch.Tensor, z: torch.Tensor) -> None:
-        self.expert_counts += counts.to(self.expert_counts.dtype)
+        self.expert_counts += counts
         self.loss_sums += torch.stack([balance.detach(), z.detach(), torch.ones_like(z)]).to(self.loss_sums.dtype)
 
     @torch.no_grad()
@@ -167,7 +168,7 @@ class MoE(nn.Module):
         forwards = int(self.loss_sums[2].item())
         if forwards == 0:
             return None
-        load = (self.expert_counts / self.expert_counts.sum()).tolist()
+        load = (self.expert_counts.double() / self.expert_counts.sum()).tolist()
         balance, z = (self.loss_sums[:2] / forwards).tolist()
         self.expert_counts.zero_()
         self.loss_sums.zero_()
