@@ -1,0 +1,152 @@
+"""Shared tools of the benchmarks: interleaved timing, robust summaries, FLOPs, the fp32 matmul rate.
+
+Every benchmark compares contestants measured in the same process run, interleaved round by round
+(round r runs each contestant once, the order rotating), so drifting machine load hits all of them alike.
+A ratio is computed within each round (paired) and summarised by its median, with the min and max over
+rounds as the spread.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Stat:
+    """Median of per-round values, with their min and max as the spread."""
+
+    median: float
+    lo: float
+    hi: float
+    n: int
+
+    @staticmethod
+    def of(values: list[float]) -> Stat:
+        return Stat(statistics.median(values), min(values), max(values), len(values))
+
+
+@dataclass
+class Row:
+    """One line of the results table; ``ok`` is None where no target applies."""
+
+    bench: str
+    name: str
+    stat: Stat
+    unit: str
+    target: str = ""
+    ok: bool | None = None
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bench": self.bench, "name": self.name, "median": self.stat.median, "min": self.stat.lo,
+                "max": self.stat.hi, "n": self.stat.n, "unit": self.unit, "target": self.target, "ok": self.ok,
+                "note": self.note, **self.extra}
+
+
+def check(stat: Stat, at_least: float | None = None, at_most: float | None = None) -> tuple[str, bool]:
+    """(target text, whether the median meets it)."""
+    if at_least is not None:
+        return f"≥ {at_least:g}", stat.median >= at_least
+    assert at_most is not None
+    return f"≤ {at_most:g}", stat.median <= at_most
+
+
+def interleaved(
+    cases: dict[str, Callable[[], Any]], *, rounds: int, warmup: int = 1, inner: int = 1
+) -> dict[str, list[float]]:
+    """Seconds per call of each case: ``rounds`` samples each, a sample being the mean of ``inner`` calls.
+
+    Every case is first called ``warmup`` times (allocator, optimizer state, lazy initialisation). Round r
+    starts at case r mod n, so no case always runs right after the same neighbour.
+    """
+    names = list(cases)
+    for name in names:
+        for _ in range(warmup):
+            cases[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                cases[name]()
+            samples[name].append((time.perf_counter() - t0) / inner)
+    return samples
+
+
+def paired(a: list[float], b: list[float], fn: Callable[[float, float], float] = lambda x, y: x / y) -> Stat:
+    """``fn(a[r], b[r])`` per round, summarised."""
+    return Stat.of([fn(x, y) for x, y in zip(a, b, strict=True)])
+
+
+def matmul_case(n: int = 2048) -> tuple[Callable[[], None], float]:
+    """A call that multiplies two n×n fp32 matrices into a preallocated output, and its FLOPs (2n³).
+
+    Timed as one more contestant, it gives the machine's fp32 matmul rate under the same load.
+    """
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)
+    out = torch.empty(n, n)
+
+    def call() -> None:
+        torch.mm(a, b, out=out)
+
+    return call, 2.0 * n**3
+
+
+# -- FLOPs ---------------------------------------------------------------------------------------------------
+
+
+def matmul_params(model: nn.Module) -> int:
+    """Weights one token multiplies with in a forward pass.
+
+    Every ``nn.Linear`` weight, the LM head included (also when tied to the embedding: the lookup is free
+    but the head is a d_model × vocab matmul), and MoE experts scaled by the fraction one token uses
+    (``active_fraction``: top_k / num_experts). Embedding lookups and norm weights are not matmuls.
+    """
+    total = 0
+    for mod in model.modules():
+        if isinstance(mod, nn.Embedding):
+            continue
+        for name, p in mod.named_parameters(recurse=False):
+            if p.dim() < 2:
+                continue
+            frac = mod.active_fraction(name) if hasattr(mod, "active_fraction") else 1.0
+            total += round(p.numel() * frac)
+    return total
+
+
+def train_flops_per_token(model: nn.Module, seq_len: int, *, causal: bool = True) -> float:
+    """Model FLOPs of one training step (forward + backward) per token.
+
+        6 · N_matmul  +  12 · L · T · d_attn · (1/2 if causal)
+
+    6·N: a weight of N entries costs 2N FLOPs per token forward and 4N backward (gradients of the input and
+    of the weight). Attention: per layer and token, q·kᵀ over T keys and the probabilities times v are
+    2·T·d_attn FLOPs each forward (d_attn = n_heads · head_dim), so 4·T·d_attn forward, 12·T·d_attn in
+    training; under the causal mask a query sees (T+1)/2 keys on average, so half of that is counted
+    (the PaLM convention counts the full 12·L·T·d; ours is the smaller, stricter number). Recomputation
+    (activation checkpointing) is not counted: these are model FLOPs, not hardware FLOPs.
+    """
+    cfg = model.config
+    d_attn = cfg.n_heads * cfg.head_dim
+    attention = 12.0 * cfg.n_layers * seq_len * d_attn * (0.5 if causal else 1.0)
+    return 6.0 * matmul_params(model) + attention
+
+
+def machine() -> dict[str, Any]:
+    import platform
+
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "machine": platform.machine(),
+            "threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
