@@ -217,7 +217,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     demo = run_demo(scale=scale, out=args.out, jobs=args.jobs)
     if not demo.table:
         return demo.result.exit_code
-    print(f"\nsmallinit demo ({scale}): {demo.wall_s / 60:.1f} min; verdicts computed from the runs and their seed spread")
+    a = demo.result.analysis
+    cpu_min = (a["cells_cpu_s"] + a["analysis_cpu_s"]) / 60
+    print(f"\nsmallinit demo ({scale}): {demo.wall_s / 60:.1f} min wall, {cpu_min:.1f} CPU-min of training and "
+          "analysis; verdicts computed from the runs and their seed spread")
     print(demo.table)
     print(f"report: {demo.report}" if demo.report else f"findings: {demo.result.out / 'findings.json'}")
     return demo.result.exit_code

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 FINDINGS_FILE = "findings.json"
 _RECIPE_SECTIONS = ("recipe", "base", "scales")
 _SCALE_KEYS = ("description", "base", "options", "sweeps")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+-]*")  # scale and sweep names become folder names
 
 
 @dataclass
@@ -86,31 +88,47 @@ def load_recipe(name: str | os.PathLike) -> Recipe:
     unknown = sorted(set(raw) - set(_RECIPE_SECTIONS))
     if unknown:
         raise ExperimentError(f"{where}: unknown section [{unknown[0]}]; use [recipe], [base] and [scales.NAME]")
+    for section in _RECIPE_SECTIONS:
+        _table(raw.get(section, {}), f"{where}: [{section}]")
     meta = raw.get("recipe", {})
     from .analyses import ANALYSES
 
     analysis = meta.get("analysis", "")
-    if analysis not in ANALYSES:
+    if not isinstance(analysis, str) or analysis not in ANALYSES:
         raise ExperimentError(f"{where}: analysis {analysis!r} is not one of {', '.join(ANALYSES)}")
     common = flatten(raw.get("base", {}))
     scales = {}
     for sname, table in raw.get("scales", {}).items():
+        _table(table, f"{where}: scale {_name(sname, where, 'scale')}")
         bad = sorted(set(table) - set(_SCALE_KEYS))
         if bad:
             raise ExperimentError(f"{where}: unknown key scales.{sname}.{bad[0]}; use {', '.join(_SCALE_KEYS)}")
-        scale_base = {**common, **flatten(table.get("base", {}))}
+        scale_base = {**common, **flatten(_table(table.get("base", {}), f"{where}: scales.{sname}.base"))}
         sweeps = {}
-        for wname, sweep_raw in table.get("sweeps", {}).items():
-            sweep_raw = dict(sweep_raw)
+        for wname, sweep_raw in _table(table.get("sweeps", {}), f"{where}: scales.{sname}.sweeps").items():
+            sweep_raw = dict(_table(sweep_raw, f"{where}: sweep {_name(wname, where, 'sweep')}"))
             sweep_raw["base"] = {**scale_base, **flatten(sweep_raw.get("base", {}))}
             sweep_raw.setdefault("sweep", {}).setdefault("name", f"{path.stem}-{sname}-{wname}")
             sweeps[wname] = Sweep.from_dict(sweep_raw, where=f"{where}, scale {sname}, sweep {wname}")
         if not sweeps:
             raise ExperimentError(f"{where}: scale {sname} has no [scales.{sname}.sweeps.NAME]")
-        scales[sname] = Scale(sname, str(table.get("description", "")), sweeps, dict(table.get("options", {})))
+        options = dict(_table(table.get("options", {}), f"{where}: scales.{sname}.options"))
+        scales[sname] = Scale(sname, str(table.get("description", "")), sweeps, options)
     if not scales:
         raise ExperimentError(f"{where}: no [scales.NAME]")
     return Recipe(path.stem, str(meta.get("title", path.stem)), list(meta.get("claims", [])), analysis, scales, path)
+
+
+def _table(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ExperimentError(f"{what} must be a table")
+    return value
+
+
+def _name(name: str, where: str, kind: str) -> str:
+    if not _NAME.fullmatch(name):  # no "..", "/" or empty names: outputs stay inside the recipe folder
+        raise ExperimentError(f"{where}: {kind} name {name!r} may hold only letters, digits and . + -")
+    return name
 
 
 def customise(scale: Scale, *, presets: list[str] | None = None, overrides: list[str] = ()) -> Scale:
@@ -149,6 +167,11 @@ class RecipeResult:
         codes = [o.exit_code for o in self.sweeps.values()]
         return 75 if 75 in codes else (1 if any(codes) else 0)
 
+    @property
+    def cells_cpu_s(self) -> float:
+        """CPU seconds (user + system) of every training process, all attempts: the load-independent cost."""
+        return sum(r.get("cpu_s") or 0.0 for o in self.sweeps.values() for r in o.rows)
+
 
 def run_recipe(
     recipe: Recipe | str, scale: str = "cpu", out: str | os.PathLike | None = None, *, jobs: int | None = None,
@@ -183,9 +206,13 @@ def run_recipe(
     if analyse:
         if echo is not None:
             print(f"[recipe] {recipe.name}: analysis", file=echo, flush=True)
+        train_wall = time.monotonic() - t0
+        cpu0 = time.process_time()
         analysis = ANALYSES[recipe.analysis](out, sc.options)
-        analysis = {"recipe": recipe.name, "scale": sc.name, "title": recipe.title,
-                    "train_wall_s": time.monotonic() - t0, **analysis}
+        cells_cpu = sum(r.get("cpu_s") or 0.0 for o in outcomes.values() for r in o.rows)
+        analysis = {"recipe": recipe.name, "scale": sc.name, "title": recipe.title, "train_wall_s": train_wall,
+                    "cells_cpu_s": cells_cpu, "analysis_wall_s": time.monotonic() - t0 - train_wall,
+                    "analysis_cpu_s": time.process_time() - cpu0, **analysis}
         write_json_atomic(out / FINDINGS_FILE, _jsonable(analysis))
     return RecipeResult(recipe, sc, out, outcomes, analysis, time.monotonic() - t0)
 

@@ -330,6 +330,7 @@ def cell_row(sweep_dir: Path, cell: Cell, state: dict[str, Any]) -> dict[str, An
         "params_active": summary.get("params_active"),
         "params_nonembed": state.get("params_nonembed"),
         "wall_s": state.get("wall_s"),
+        "cpu_s": state.get("cpu_s"),
         "tokens_per_s": statistics.median(speeds) if speeds else None,
         "error": state.get("error"),
         "dir": f"cells/{cell.id}",
@@ -460,6 +461,22 @@ class _Running:
     started: float
     offset: int = 0
     partial: str = ""
+    cpu_s: float | None = None  # user + system CPU seconds of the cell process, once it has ended
+
+
+def _poll(r: _Running) -> int | None:
+    """The cell's exit code, or None while it runs; reaps it with wait4 to learn its CPU time."""
+    if not hasattr(os, "wait4"):
+        return r.proc.poll()
+    try:
+        pid, status, usage = os.wait4(r.proc.pid, os.WNOHANG)
+    except ChildProcessError:
+        return r.proc.poll()
+    if pid == 0:
+        return None
+    r.proc.returncode = os.waitstatus_to_exitcode(status)
+    r.cpu_s = usage.ru_utime + usage.ru_stime
+    return r.proc.returncode
 
 
 class SweepRunner:
@@ -592,6 +609,8 @@ class SweepRunner:
         r.log.close()
         state = self.states[r.cell.id]
         state["wall_s"] = float(state.get("wall_s") or 0.0) + time.monotonic() - r.started
+        if r.cpu_s is not None:
+            state["cpu_s"] = float(state.get("cpu_s") or 0.0) + r.cpu_s
         state["returncode"] = rc
         state["finished"] = time.time()
         state.pop("pid", None)
@@ -651,7 +670,7 @@ class SweepRunner:
                     todo.clear()
                 time.sleep(_POLL_S)
                 for r in list(running):
-                    rc = r.proc.poll()
+                    rc = _poll(r)
                     if rc is None:
                         self._echo_output(r)
                         continue
