@@ -14,12 +14,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
 from ..init import InitReport, gamma_init_
 from .attention import Attention, rope_tables
+from .loss import cross_entropy
 from .mlp import SwiGLU
 from .moe import MoE
 from .norm import RMSNorm
@@ -109,7 +109,7 @@ class Transformer(nn.Module):
 
         out = ModelOutput(logits=logits)
         if targets is not None:
-            out.loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+            out.loss = cross_entropy(logits.flatten(0, 1), targets.flatten())
         if aux:  # the mean, so the loss weights do not scale with depth
             out.aux_loss = torch.stack(aux).mean()
         if captured:
