@@ -92,6 +92,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise SmallinitError("pass a sweep file (smallinit sweep SWEEP.toml) or --status SWEEP_DIR")
     out = args.out or str(Path("runs") / Path(args.file).stem)
     outcome = run_sweep(args.file, out, jobs=args.jobs, retry_failed=args.retry_failed, echo=sys.stderr)
+    if outcome.interrupted:
+        print(f"smallinit: sweep stopped by a signal; run the same command again to continue {out}", file=sys.stderr)
     print(format_table(outcome.rows))
     print(f"results: {Path(out) / 'results.csv'}")
     return outcome.exit_code
@@ -204,6 +206,8 @@ def cmd_recipe(args: argparse.Namespace) -> int:
         return 0
     presets = [p.strip() for p in args.presets.split(",") if p.strip()] if args.presets else None
     result = run_recipe(args.name, args.scale, args.out, jobs=args.jobs, presets=presets, overrides=args.overrides)
+    if result.exit_code == 75:
+        print(f"smallinit: stopped by a signal; run the same command again to continue {result.out}", file=sys.stderr)
     if result.analysis is not None:
         print(verdict_table(result.analysis["claims"]))
     print(f"recipe folder {result.out} ({result.wall_s / 60:.1f} min); findings {result.out / 'findings.json'}")
@@ -216,6 +220,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     scale = args.scale or ("quick" if args.quick else "full")
     demo = run_demo(scale=scale, out=args.out, jobs=args.jobs)
     if not demo.table:
+        print(f"smallinit: demo stopped by a signal; run the same command again to continue {demo.result.out}",
+              file=sys.stderr)
         return demo.result.exit_code
     a = demo.result.analysis
     cpu_min = (a["cells_cpu_s"] + a["analysis_cpu_s"]) / 60

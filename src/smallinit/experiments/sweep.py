@@ -656,7 +656,7 @@ class SweepRunner:
 
     def _loop(self, todo: list[tuple[int, Cell]]) -> None:
         running: list[_Running] = []
-        t0, n_todo, signalled = time.monotonic(), len(todo), False
+        t0, n_todo, finished, signalled = time.monotonic(), len(todo), 0, False
         try:
             while todo or running:
                 while todo and len(running) < self.jobs and not self.stop:
@@ -676,10 +676,12 @@ class SweepRunner:
                         continue
                     running.remove(r)
                     self._finish(r, rc)
-                    done = n_todo - len(todo) - len(running)
+                    finished += 1
                     elapsed = time.monotonic() - t0
-                    eta = elapsed / done * (n_todo - done) if done else 0.0
-                    self._say(f"[sweep] {done}/{n_todo} run | elapsed {_hms(elapsed)} | ETA {_hms(eta)}")
+                    if self.stop:
+                        continue
+                    eta = elapsed / finished * (n_todo - finished)
+                    self._say(f"[sweep] {finished}/{n_todo} run | elapsed {_hms(elapsed)} | ETA {_hms(eta)}")
         finally:
             for r in running:  # only reached on an unexpected error in the runner itself
                 with contextlib.suppress(ProcessLookupError):
