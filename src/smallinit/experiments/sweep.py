@@ -615,7 +615,7 @@ class SweepRunner:
         state["finished"] = time.time()
         state.pop("pid", None)
         run = self.dir / "cells" / r.cell.id
-        if rc == 0 and (run / "summary.json").is_file():
+        if (run / "summary.json").is_file():  # written last, atomically: the run finished (a signal may follow)
             state.update(status="done", error=None)
         elif rc == _EXIT_PREEMPTED or (rc < 0 and self.stop):
             state.update(status="interrupted", error=error_line(r.log_path))
