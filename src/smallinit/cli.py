@@ -365,6 +365,11 @@ def main(argv: list[str] | None = None) -> int:
         one_line = str(e).replace("\r", "\\r").replace("\n", "\\n")  # a file name may hold a newline
         sys.stderr.write(f"smallinit: error: {one_line}\n")  # one write: lines of several ranks do not interleave
         return e.exit_code
+    except OSError as e:  # a read or write no library call turned into a SmallinitError (disk full, read-only)
+        where = f" {e.filename}" if e.filename else ""
+        sys.stderr.write(f"smallinit: error: cannot access{where} ({e.strerror or type(e).__name__}); "
+                         "check free disk space, permissions and the path\n")
+        return 2
     except KeyboardInterrupt:
         print("smallinit: interrupted", file=sys.stderr)
         return 130
