@@ -429,3 +429,15 @@ def test_cli_tokenizer_and_cache_unwritable(tmp_path, capsys, monkeypatch):
     assert main(["train", "--out", str(tmp_path / "run"), *sets]) == 2
     assert "SMALLINIT_CACHE" in one_line(capsys.readouterr().err)
     assert not (tmp_path / "run").exists()
+
+
+def test_cli_report_on_full_disk_is_one_line_and_changes_nothing(reference, tmp_path, capsys):
+    pytest.importorskip("smallinit.report")
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    before = snapshot(run)
+    with failing_writes(run, errno.ENOSPC):
+        assert main(["report", str(run)]) == 2
+    assert "No space left on device" in one_line(capsys.readouterr().err)
+    assert snapshot(run) == before
+    assert main(["report", str(run)]) == 0  # with space again it works
