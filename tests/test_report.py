@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from smallinit.analysis import load_run, residual_flow_ratio
+from smallinit.analysis.measure import held_out_batches
 from smallinit.cli import main
+from smallinit.data import load_tokenizer
 from smallinit.report import judge, verdict_paired, verdict_unpaired
-from smallinit.report.html import CLAIMS, Run, evaluate_claims
+from smallinit.report.html import CLAIMS, Run, evaluate_claims, num
 
 # -- verdicts -------------------------------------------------------------------------------------------------
 
@@ -115,6 +118,12 @@ def test_report_numbers_come_from_the_files(report_dir):
     assert len(sweep["slopes"]) == 2 and page.count("C5</td>") == 2  # one verdict row per γ
     analysis = json.loads((report_dir / "runs" / "g1.0" / "analysis" / "analysis.json").read_text())
     assert {m["name"] for m in analysis["matrices"]} >= {"embed.weight", "blocks.1.mlp.down_proj.weight"}
+    # analyze measured the trained model on the run's first validation windows
+    run = load_run(report_dir / "runs" / "g1.0")
+    x, y = next(held_out_batches(run.config, load_tokenizer("bytes"), batches=1, batch_size=2))
+    assert analysis["loss"] == pytest.approx(run.model(x, y).loss.item(), rel=1e-5)
+    assert analysis["residual_flow"] == pytest.approx(residual_flow_ratio(run.model, x), rel=1e-5)
+    assert f"<td>{num(analysis['sink']['mean'])}</td>" in page
 
 
 def test_report_refuses_an_empty_folder(tmp_path, capsys):

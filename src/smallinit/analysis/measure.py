@@ -29,14 +29,20 @@ from .tokens import TokenGapResult, text_batches, token_gap
 
 
 @torch.no_grad()
-def measure_activations(model: nn.Module, tokens: torch.Tensor, *, chunk: int = 256) -> dict:
-    """Sink scores, residual flow and measured norm factors of ``model`` on ``tokens`` (one forward)."""
-    out = model(tokens, capture=("hidden", "norms", "qk"))
-    return {
+def measure_activations(
+    model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, chunk: int = 256
+) -> dict:
+    """Sink scores, residual flow and measured norm factors of ``model`` on ``tokens`` (one forward; with
+    ``targets`` also the loss)."""
+    out = model(tokens, targets, capture=("hidden", "norms", "qk"))
+    result = {
         "sink": sink_from_qk(out.qk, chunk=chunk).to_dict(),
         "residual_flow": flow_from_hidden(out.hidden_states),
         "norm_factor": norm_factors_from_inputs(model, out.norm_inputs),
     }
+    if out.loss is not None:
+        result["loss"] = out.loss.item()
+    return result
 
 
 @dataclass
@@ -88,17 +94,14 @@ def analyze_model(
 ) -> dict:
     """Every single-model measurement, averaged over ``batches`` (equal-sized batches weigh equally)."""
     device = next(model.parameters()).device
-    per_batch, losses, n_tokens = [], [], 0
+    per_batch, n_tokens = [], 0
     for x, y in batches:
-        x, y = x.to(device), y.to(device)
-        per_batch.append(measure_activations(model, x))
-        losses.append(model(x, y).loss.item())
+        per_batch.append(measure_activations(model, x.to(device), y.to(device)))
         n_tokens += y.numel()
     if not per_batch:
         raise DataError("no complete sequence to analyse; pass more text with --data or a smaller --seq-len")
     cfg = model.config
     result = _mean_dicts(per_batch)
-    result["loss"] = float(np.mean(losses))
     result["tokens"] = n_tokens
     result["norm_factor_analytic"] = relative_factor(cfg.gamma, cfg.norm_eps, cfg.d_model)
     result["matrices"] = [s.to_dict() for s in matrix_stats(model, max_rows=cosine_rows)]
