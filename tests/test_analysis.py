@@ -96,6 +96,18 @@ def test_matrix_stats_cover_every_matrix_once():
     assert set(s.name for s in matrix_stats(model, "*q_proj*")) == {f"blocks.{i}.attn.q_proj.weight" for i in range(2)}
 
 
+def test_matrix_stats_split_moe_experts():
+    from smallinit.config import MoEConfig
+
+    model = tiny(moe=MoEConfig(num_experts=3, top_k=2))
+    stats = {s.name: s for s in matrix_stats(model, "blocks.1.mlp.*", cosine=False)}
+    assert {f"blocks.1.mlp.up_proj.{e}" for e in range(3)} <= set(stats)
+    W = model.blocks[1].mlp.up_proj[2]  # expert 2: its own (out × in) matrix
+    sv = torch.linalg.svdvals(W.double())
+    assert stats["blocks.1.mlp.up_proj.2"].stable_rank == pytest.approx(((sv**2).sum() / sv[0] ** 2).item(), rel=2e-4)
+    assert stats["blocks.1.mlp.up_proj.2"].shape == tuple(W.shape)
+
+
 def test_row_cosine_mean_and_clusters():
     g = torch.Generator().manual_seed(1)
     dirs = torch.randn(2, 30, generator=g)

@@ -227,10 +227,12 @@ class DataConfig:
 class AnalysisConfig:
     every: int = 0  # measure every N steps during training; 0 → off
     # glob patterns of the matrices whose stable rank and mean |cos| are logged, and those whose row-cosine
-    # heatmaps are saved as snapshots (RUN/analysis/rowcos_step_*.npz)
-    matrices: list[str] = field(default_factory=lambda: ["*.attn.q_proj.weight", "*.mlp.up_proj.weight"])
+    # heatmaps are saved as snapshots (RUN/analysis/rowcos_step_*.npz); MoE expert i of a layer is NAME.i
+    matrices: list[str] = field(
+        default_factory=lambda: ["*.attn.q_proj.weight", "*.mlp.up_proj.weight", "*.mlp.up_proj.0"]
+    )
     heatmaps: list[str] = field(
-        default_factory=lambda: ["blocks.0.attn.q_proj.weight", "blocks.0.mlp.up_proj.weight"]
+        default_factory=lambda: ["blocks.0.attn.q_proj.weight", "blocks.0.mlp.up_proj.weight", "blocks.0.mlp.up_proj.0"]
     )
     snapshots: int = 4  # heatmap snapshots spread over training (the first measurement included)
     heatmap_rows: int = 128  # rows per heatmap (a seeded sample of larger matrices)

@@ -13,7 +13,6 @@ The Lanczos value agrees with ``torch.linalg.svdvals`` to ~1e-6 relative (tests 
 from __future__ import annotations
 
 import fnmatch
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,13 +25,13 @@ from torch import nn
 
 @torch.no_grad()
 def spectral_norm(W: torch.Tensor, *, tol: float = 1e-8) -> float:
-    """Largest singular value of W: √λ_max of the Gram matrix of W's smaller side, λ_max by Lanczos.
+    """Largest singular value of a matrix W: √λ_max of the Gram matrix of W's smaller side, λ_max by Lanczos.
 
-    The Gram matrix costs one BLAS-3 product (fp32, or fp64 for fp64 W); ARPACK's Lanczos (scipy ``eigsh``, seeded start
-    vector, so deterministic) then needs only small matrix–vector products. Agrees with
+    The Gram matrix costs one BLAS-3 product (fp32, or fp64 for fp64 W); ARPACK's Lanczos (scipy ``eigsh``,
+    seeded start vector, so deterministic) then needs only small matrix–vector products. Agrees with
     ``torch.linalg.svdvals`` to ~1e-6 relative in fp32 (the Gram's rounding), several times faster.
     """
-    A = W.detach().reshape(W.shape[0], -1)
+    A = W.detach()
     if A.dtype != torch.float64:
         A = A.float()  # a bf16 Gram would lose the top eigenvalue's digits
     if A.shape[0] < A.shape[1]:
@@ -54,7 +53,7 @@ def frobenius_sq(W: torch.Tensor) -> float:
 
 def stable_rank(W: torch.Tensor, *, exact: bool = False) -> float:
     """‖W‖_F² / ‖W‖_2²; ``exact`` takes ‖W‖_2 from torch.linalg.svdvals (slow for large W)."""
-    if W.dim() < 2:
+    if W.dim() != 2:
         raise ValueError(f"stable_rank needs a matrix, got shape {tuple(W.shape)}")
     top = torch.linalg.svdvals(W.detach().double())[0].item() if exact else spectral_norm(W)
     return frobenius_sq(W) / top**2 if top > 0 else 0.0
@@ -69,7 +68,7 @@ class RowCosine:
 
 
 def _abs_cos(W: torch.Tensor) -> torch.Tensor:
-    X = W.detach().reshape(W.shape[0], -1).double()
+    X = W.detach().double()
     X = X / X.norm(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
     return (X @ X.T).abs()
 
@@ -96,7 +95,7 @@ def sampled_mean_abs_cos(W: torch.Tensor, *, max_rows: int = 1024, seed: int = 0
 def row_cosine(W: torch.Tensor, *, max_rows: int = 1024, seed: int = 0, cluster: bool = True) -> RowCosine:
     """|cos| between the rows of W, clustered (average linkage on 1 − |cos|: a row and its negation count
     as aligned). Matrices with more than ``max_rows`` rows use a seeded sample of rows."""
-    if W.dim() < 2:
+    if W.dim() != 2:
         raise ValueError(f"row_cosine needs a matrix, got shape {tuple(W.shape)}")
     rows = _sample_rows(W.shape[0], max_rows, seed)
     C = _abs_cos(W[torch.as_tensor(rows, device=W.device)])
@@ -120,7 +119,7 @@ class MatrixStat:
     @property
     def stable_rank_fraction(self) -> float:
         """Stable rank over its maximum min(m, n)."""
-        return self.stable_rank / min(self.shape[0], math.prod(self.shape[1:]))
+        return self.stable_rank / min(self.shape)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "shape": list(self.shape), "stable_rank": self.stable_rank,
@@ -128,13 +127,21 @@ class MatrixStat:
 
 
 def named_matrices(model: nn.Module, patterns: list[str] | str | None = None) -> dict[str, torch.Tensor]:
-    """Every parameter of ≥ 2 dims (tied ones once), optionally filtered by glob patterns on the name."""
+    """Every weight matrix (tied ones once), optionally filtered by glob patterns on the name.
+
+    A parameter with more than 2 dims is a batch of matrices (MoE experts: E × out × in); each is listed
+    on its own as ``NAME.i`` (e.g. ``blocks.0.mlp.up_proj.3`` is expert 3).
+    """
     if isinstance(patterns, str):
         patterns = [patterns]
     out = {}
     for name, p in model.named_parameters():  # named_parameters already skips tied duplicates
-        if p.dim() >= 2 and (not patterns or any(fnmatch.fnmatchcase(name, pat) for pat in patterns)):
-            out[name] = p
+        if p.dim() < 2:
+            continue
+        items = [(name, p)] if p.dim() == 2 else [(f"{name}.{i}", w) for i, w in enumerate(p.reshape(-1, *p.shape[-2:]))]
+        for n, w in items:
+            if not patterns or any(fnmatch.fnmatchcase(n, pat) for pat in patterns):
+                out[n] = w
     return out
 
 
