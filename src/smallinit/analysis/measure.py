@@ -18,7 +18,7 @@ from torch import nn
 
 from ..config import Config
 from ..data import Tokenizer, iter_eval_batches, load_token_data, load_tokenizer
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from ..train.checkpoint import load_model as _load_model
 from ..train.checkpoint import resolve_checkpoint
 from .condensation import matrix_stats
@@ -67,7 +67,7 @@ def held_out_batches(
     batch_size: int = 8, seq_len: int | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(x, y) batches: the run's validation split, or the first windows of ``data`` (streamed)."""
-    seq_len = seq_len or cfg.data.seq_len
+    seq_len = _check_seq_len(seq_len or cfg.data.seq_len, cfg.model.max_seq_len)
     if data is None:
         val = load_token_data(cfg.data.corpus, tokenizer, val_fraction=cfg.data.val_fraction,
                               text_field=cfg.data.text_field).val
@@ -78,6 +78,13 @@ def held_out_batches(
         if i == batches:
             return
         yield xy
+
+
+def _check_seq_len(seq_len: int, max_seq_len: int) -> int:
+    if not 1 <= seq_len <= max_seq_len:
+        raise ConfigError(f"sequence length {seq_len} is outside 1..{max_seq_len} (the model's max_seq_len); "
+                          "pass a smaller --seq-len")
+    return seq_len
 
 
 def _mean_dicts(items: list[dict]) -> dict:
@@ -133,7 +140,8 @@ def compare_checkpoints(
     tok = load_tokenizer(a.config.data.tokenizer)
     if load_tokenizer(b.config.data.tokenizer).fingerprint != tok.fingerprint:
         raise DataError(f"{path_a} and {path_b} use different tokenizers; token-level comparison needs the same one")
-    seq_len = seq_len or min(a.config.data.seq_len, b.config.data.seq_len)
+    seq_len = _check_seq_len(seq_len or min(a.config.data.seq_len, b.config.data.seq_len),
+                             min(a.config.model.max_seq_len, b.config.model.max_seq_len))
     if data is None:
         val = load_token_data(a.config.data.corpus, tok, val_fraction=a.config.data.val_fraction,
                               text_field=a.config.data.text_field).val

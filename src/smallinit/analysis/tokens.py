@@ -279,8 +279,8 @@ def token_gap(
     Returns mean Δ_sym, per-difficulty-bin means (quantile bins), and the ``top_k`` largest gaps each way,
     decoded with ``context`` tokens of context when a tokenizer is given.
     """
-    if bins < 1:
-        raise DataError(f"bins must be ≥ 1, got {bins}")
+    if bins < 1 or top_k < 0 or context < 0:
+        raise DataError(f"need bins ≥ 1, top_k ≥ 0 and context ≥ 0, got {bins}, {top_k}, {context}")
     device = next(model_a.parameters()).device
     acc = TokenGapAccumulator(top_k=top_k, context=context)
     for x, y in batches:
