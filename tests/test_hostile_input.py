@@ -241,7 +241,6 @@ def test_binary_config_files(raw, tmp_path_factory):
     ('[model]\nd_model = 4611686018427387904\nn_heads = 4\nn_kv_heads = 4', "too large"),
     ("[train]\nweight_decay = nan", "finite"),
     ("[train]\nadam_eps = -1.0", "adam_eps"),
-    ("[train]\nprecision = \"fp16\"", "underflow"),
     ("[data]\ncorpus = \"\\u0000\"\ntokenizer = \"bytes\"", "not found"),
     ('[model]\n"a\\nb" = 1', "unknown config key 'model.a\\nb'"),
 ])
@@ -326,10 +325,7 @@ def _two_docs_train_too_short(tmp_path: Path) -> tuple[Path, str]:
     ("latin1.txt", lambda p: p.write_bytes("naïve café ".encode("latin-1") * 50), "UTF-8"),
     ("short.txt", lambda p: p.write_text("fewer tokens than one sequence"), "fewer than one sequence"),
     ("nested.jsonl", lambda p: p.write_text("[" * 100000 + "\n"), "nests JSON too deeply"),
-    ("nofield.jsonl", lambda p: p.write_text('{"body": "text"}\n'), "no 'text' field"),
     ("nocol.parquet", lambda p: pq.write_table(pa.table({"body": ["a" * 500]}), p), "no column 'text'"),
-    ("intcol.parquet", lambda p: pq.write_table(pa.table({"text": [1, 2]}), p), "not string"),
-    ("garbage.parquet", lambda p: p.write_bytes(b"PAR1" + os.urandom(64)), "parquet"),
 ])
 def test_bad_corpora_one_line_and_no_run_folder(name, make, words, tmp_path):
     corpus = tmp_path / name
@@ -403,21 +399,13 @@ def _sweep_api():
     return pytest.importorskip("smallinit.experiments.sweep")
 
 
-@pytest.mark.parametrize("text,words", [
-    ('[grid]\n"model.gamma" = []', "non-empty list"),
-    ('[grid]\n"model.gamma" = 0.5', "non-empty list"),
+@pytest.mark.parametrize("text,words", [  # the plain bad shapes are in test_sweep.py; these are the hostile ones
     ('[grid]\n"model.gamma" = [0.5, nan]', "finite"),
-    ('[grid]\n"model.colour" = [1, 2]', "unknown config key"),
     ('[grid]\n"../../x" = [1]', "section.key=value"),
-    ('[grid]\n"model.gamma" = [-1.0, 1.0]', "gamma"),
-    ('[grid]\n"model.gamma" = [0.5, "0.5"]', "same folder name"),
     ('[arms."../evil"]\n"model.gamma" = 1.0', "may hold only"),
     ('[sizes."/abs"]\n"model.preset" = "cpu-1m"', "may hold only"),
     ('[grid]\n"train.steps" = [{a = 1}]', "int"),
-    ("[sweep]\nfoo = 1", "unknown key"),
-    ("[colours]\n", "unknown section"),
     ("grid = 3", "must be a table"),
-    ("[grid\n", "not valid TOML"),
 ])
 def test_bad_sweep_files_one_line_nothing_written(text, words, tmp_path):
     _sweep_api()
