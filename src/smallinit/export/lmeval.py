@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import ConfigError, DataError
 from ..train.checkpoint import CKPT_DIR, resolve_checkpoint, write_json_atomic
-from .hf import REMOTE_CLASS, ExportError, export_hf
+from .hf import REMOTE_CLASS, REMOTE_DIR, REMOTE_FILES, ExportError, export_hf
 
 
 @dataclass
@@ -47,6 +47,30 @@ def _require_lm_eval():
 def run_dir_of(checkpoint_path: Path) -> Path:
     """The run folder that holds a checkpoint folder (RUN/checkpoints/step_N → RUN)."""
     return checkpoint_path.parent.parent if checkpoint_path.parent.name == CKPT_DIR else checkpoint_path
+
+
+def _reusable_export(export_dir: Path) -> str:
+    """The architecture of an earlier export, if it holds only what export_hf writes.
+
+    A run folder may come from anywhere, and the harness imports an export's Python files when the
+    architecture is ours (trust_remote_code): so they must be smallinit's own, byte for byte, and no
+    auto_map may point at code elsewhere (``repo--module.Class`` would fetch it from the Hub).
+    """
+    refuse = ExportError(f"{export_dir} holds code smallinit did not write; delete that folder and run again "
+                         "to export the checkpoint afresh")
+    try:
+        configs = {p.name: json.loads(p.read_text(encoding="utf-8")) for p in export_dir.glob("*.json")}
+        architecture = configs["config.json"]["architectures"][0]
+    except (OSError, ValueError, RecursionError, KeyError, IndexError, TypeError):
+        raise refuse from None
+    ours = {f: (REMOTE_DIR / f).read_bytes() for f in REMOTE_FILES} if architecture == REMOTE_CLASS else {}
+    if {p.name: p.read_bytes() for p in export_dir.glob("*.py")} != ours or not isinstance(architecture, str):
+        raise refuse
+    for cfg in configs.values():
+        auto_map = cfg.get("auto_map", {}) if isinstance(cfg, dict) else {}
+        if not isinstance(auto_map, dict) or "--" in json.dumps(auto_map) or (auto_map and not ours):
+            raise refuse
+    return architecture
 
 
 def run_eval(
@@ -78,8 +102,7 @@ def run_eval(
     sha = found.state["files"]["model.safetensors"]["sha256"][:12]
     export_dir = eval_dir / f"hf-step_{found.step:07d}-{sha}"
     if (export_dir / "config.json").is_file():  # exports are written whole or not at all
-        config = json.loads((export_dir / "config.json").read_text(encoding="utf-8"))
-        architecture = config["architectures"][0]
+        architecture = _reusable_export(export_dir)
     else:
         architecture = export_hf(found.path, export_dir).architecture
 
