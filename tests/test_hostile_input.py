@@ -545,3 +545,28 @@ def test_hostile_corpus_and_names_cannot_inject_into_the_report(tmp_path):
     text = "".join(parsed.text)
     assert root.name in text and "B<script>" in text  # shown, as text
     assert any(h[:12] in text for h in HOSTILE)  # corpus contexts were shown, as text
+
+
+def test_eval_never_runs_code_planted_in_a_run_folder(finished_run, tmp_path):
+    """``smallinit eval`` reuses RUN/eval/hf-step_N-<sha>; a downloaded run folder could plant remote code
+    there, which trust_remote_code would import. Only smallinit's own code is ever trusted."""
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("transformers")
+    from smallinit.export.hf import REMOTE_CLASS
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    found = ckpt.newest_checkpoint(run)
+    planted = run / "eval" / f"hf-step_{found.step:07d}-{found.state['files']['model.safetensors']['sha256'][:12]}"
+    planted.mkdir(parents=True)
+    marker = tmp_path / "PWNED"
+    (planted / "modeling_smallinit.py").write_text(f"open({str(marker)!r}, 'w')\n")
+    (planted / "config.json").write_text(json.dumps({
+        "architectures": [REMOTE_CLASS], "model_type": "smallinit",
+        "auto_map": {"AutoConfig": "modeling_smallinit.C", "AutoModelForCausalLM": "modeling_smallinit.M"}}))
+    tasks = Path(__file__).resolve().parent / "lmeval_tasks"
+    with contextlib.chdir(Path(__file__).resolve().parents[1]):
+        code, _, err = cli(["eval", str(run), "--tasks", "smallinit_tiny_mc", "--limit", "1",
+                            "--include-path", str(tasks)])
+    assert "code smallinit did not write" in assert_one_line_error(code, err)
+    assert not marker.exists()
