@@ -126,7 +126,7 @@ def _mtimes(folder: Path) -> dict[str, int]:
 
 
 def test_kill_mid_cell_then_rerun_finishes_without_redoing(tmp_path, corpus, capsys):
-    path = sweep_file(tmp_path, corpus, '[grid]\n"train.seed" = [0, 1, 2]\n', steps=150)
+    path = sweep_file(tmp_path, corpus, '[grid]\n"train.seed" = [0, 1, 2]\n', steps=60)
     out = tmp_path / "out"
     runner = subprocess.Popen([sys.executable, "-m", "smallinit", "sweep", str(path), "--out", str(out), "--jobs", "1"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -149,14 +149,14 @@ def test_kill_mid_cell_then_rerun_finishes_without_redoing(tmp_path, corpus, cap
 
     outcome = run_sweep(path, out, jobs=1)
     assert outcome.exit_code == 0 and [r["status"] for r in outcome.rows] == ["done"] * 3
-    assert [r["step"] for r in outcome.rows] == [150] * 3
+    assert [r["step"] for r in outcome.rows] == [60] * 3
     assert _mtimes(out / "cells" / "seed-0") == first  # the finished cell was not touched
     status = json.loads((out / "status.json").read_text())["cells"]
     assert [status[c]["attempts"] for c in ("seed-0", "seed-1", "seed-2")] == [1, 2, 1]
     log = (second / "train.log").read_text()
     assert "=== attempt 2 (resume)" in log
     steps = [r[0] for r in losses(second) if r[1] is not None]
-    assert steps == sorted(set(steps)) and steps[-1] == 150  # one uninterrupted-looking log
+    assert steps == sorted(set(steps)) and steps[-1] == 60  # one uninterrupted-looking log
     rows = sweep_rows(out)
     assert [r["cell"] for r in rows] == ["seed-0", "seed-1", "seed-2"] and all(r["params"] > 0 for r in rows)
     assert not any(_process_alive(status[c].get("pid")) for c in status)

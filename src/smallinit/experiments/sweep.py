@@ -380,7 +380,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
     out = ["  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + ("  " + line[-1] if line[-1] else "")
            for line in lines]
-    counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("done", "running", "interrupted", "pending", "failed")}
     out.append(", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no cells")
     return "\n".join(line.rstrip() for line in out)
 
