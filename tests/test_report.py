@@ -64,6 +64,22 @@ def test_claims_pair_runs_by_seed_within_each_context():
     assert {c.id for c in CLAIMS} >= {"C1", "C2", "C3"}
 
 
+def test_token_verdict_locates_the_gain():
+    from smallinit.analysis.tokens import DifficultyBin, TokenGapResult
+    from smallinit.report.html import token_verdict
+
+    def result(means):
+        bins = [DifficultyBin(i, i + 1, 100, i + 0.5, m, 0.01, m, 0.01) for i, m in enumerate(means)]
+        return TokenGapResult(tokens=100 * len(means), mean_delta_sym=0.0, mean_loss_a=0.0, mean_loss_b=0.0,
+                              bins=bins, top_a=[], top_b=[])
+
+    assert token_verdict(result([0.0, 0.2, 0.3, 0.05])).label == "agree"  # interior peak, clear of both ends
+    assert token_verdict(result([0.5, 0.2, 0.1, 0.05])).label == "disagree"  # gains on the easiest tokens
+    assert token_verdict(result([0.0, 0.2, 0.3, 0.5])).label == "disagree"  # gains on the noisiest tokens
+    assert token_verdict(result([0.0, 0.2, 0.3, 0.29])).label == "inconclusive"  # peak not clear of the end
+    assert token_verdict(result([-0.5, -0.2, -0.1, -0.3])).label == "inconclusive"  # A better nowhere
+
+
 # -- the report --------------------------------------------------------------------------------------------------
 
 TINY = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=2", "model.d_ff=64",

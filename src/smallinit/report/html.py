@@ -208,8 +208,8 @@ def sweep_verdicts(sweep: ResidualFlowSweep) -> list[Verdict]:
 def token_verdict(result: TokenGapResult, z: float = 2.0) -> Verdict:
     """C7: the gain (Δ_sym) peaks at intermediate-to-high difficulty, not on the easiest or noisiest tokens.
 
-    Let p be the bin with the largest mean Δ_sym (standard errors treat tokens as independent). If p is an
-    interior bin and exceeds both the easiest and the hardest bin by more than z·SE: agree. If p is the
+    Let p be the bin with the largest mean Δ_sym (standard errors treat tokens as independent). If A is not
+    better there by more than z·SE, inconclusive (A gains nowhere). If p is an interior bin and exceeds both the easiest and the hardest bin by more than z·SE: agree. If p is the
     easiest or the hardest bin and exceeds the runner-up by more than z·SE: disagree. Otherwise
     inconclusive.
     """
@@ -219,6 +219,9 @@ def token_verdict(result: TokenGapResult, z: float = 2.0) -> Verdict:
     if len(m) < 3:
         return Verdict("inconclusive", float("nan"), float("nan"), n, "interior peak", "fewer than 3 bins")
     p = int(np.argmax(m))
+    if not m[p] > z * se[p]:  # A gains in no bin: there is nothing whose place could be judged
+        return Verdict("inconclusive", float(m[p]), float(se[p]), n, "interior peak",
+                       f"A is not clearly better in any bin (largest mean Δ_sym {m[p]:.3g}, SE {se[p]:.2g})")
 
     def margin(q: int) -> tuple[float, float, bool]:
         d, s = float(m[p] - m[q]), float(math.hypot(se[p], se[q]))
