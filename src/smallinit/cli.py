@@ -310,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("--log-samples", action="store_true", help="store every example's inputs and outputs too")
     p.set_defaults(func=cmd_eval)
+
     p = sub.add_parser("analyze", help="all single-model measurements of a run or checkpoint (JSON + figures)")
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="run folder (its newest checkpoint) or checkpoint folder")
     p.add_argument("--data", metavar="CORPUS", help="text to measure on (default: the run's validation split)")
