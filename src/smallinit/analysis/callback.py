@@ -13,6 +13,7 @@ changes what the trainer computes. Under FSDP (sharded weights) it does nothing 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -23,6 +24,7 @@ import torch
 
 from ..config import AnalysisConfig
 from ..data import iter_eval_batches
+from ..errors import ConfigError
 from ..train.callbacks import Callback
 from .condensation import named_matrices, row_cosine, sampled_mean_abs_cos, stable_rank
 from .measure import measure_activations
@@ -39,10 +41,13 @@ def snapshot_path(run_dir: str | Path, step: int) -> Path:
 
 
 class AnalysisCallback(Callback):
-    def __init__(self, cfg: AnalysisConfig):
+    """``AnalysisCallback(cfg.analysis)``, or fields directly: ``AnalysisCallback(every=50, snapshots=3)``."""
+
+    def __init__(self, cfg: AnalysisConfig | None = None, **fields: Any):
+        cfg = dataclasses.replace(cfg or AnalysisConfig(), **fields)
         cfg.validate()
         if cfg.every < 1:
-            raise ValueError("AnalysisCallback needs analysis.every ≥ 1")
+            raise ConfigError(f"the analysis callback needs analysis.every ≥ 1, got {cfg.every}")
         self.cfg = cfg
         self.batch: torch.Tensor | None = None
         self.snapshot_steps: set[int] = set()
