@@ -120,13 +120,21 @@ def test_failed_cell_is_contained_and_packing_is_bit_identical(tmp_path, corpus)
     assert [r["status"] for r in again.rows] == ["done", "failed"]
     assert json.loads((tmp_path / "packed" / "status.json").read_text())["cells"][good["cell"]]["attempts"] == 1
 
+    # the same folder with a changed sweep file is refused, and nothing in it changes
+    before = _mtimes(tmp_path / "packed")
+    changed = sweep_file(tmp_path, corpus, '[grid]\n"train.lr" = [3e-3, 1e30]\n', steps=21)
+    with pytest.raises(ExperimentError, match="other settings"):
+        run_sweep(changed, tmp_path / "packed", jobs=2)
+    assert _mtimes(tmp_path / "packed") == before
+
 
 def _mtimes(folder: Path) -> dict[str, int]:
     return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_kill_mid_cell_then_rerun_finishes_without_redoing(tmp_path, corpus, capsys):
-    path = sweep_file(tmp_path, corpus, '[grid]\n"train.seed" = [0, 1, 2]\n', steps=60)
+def test_kill_mid_cell_then_rerun_finishes_without_redoing(tmp_path, corpus, capsys, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # cells inherit it: tiny models run faster on one thread
+    path = sweep_file(tmp_path, corpus, '[grid]\n"train.seed" = [0, 1]\n', steps=60)
     out = tmp_path / "out"
     runner = subprocess.Popen([sys.executable, "-m", "smallinit", "sweep", str(path), "--out", str(out), "--jobs", "1"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -140,25 +148,25 @@ def test_kill_mid_cell_then_rerun_finishes_without_redoing(tmp_path, corpus, cap
         runner.send_signal(signal.SIGKILL)
         runner.wait()
     status = json.loads((out / "status.json").read_text())["cells"]
-    assert [status[c]["status"] for c in ("seed-0", "seed-1", "seed-2")] == ["done", "running", "pending"]
+    assert [status[c]["status"] for c in ("seed-0", "seed-1")] == ["done", "running"]
     first = _mtimes(out / "cells" / "seed-0")
 
     assert main(["sweep", "--status", str(out)]) == 0
     table = capsys.readouterr().out
-    assert "seed-1" in table and "running" in table and "1 done, 1 running, 1 pending" in table
+    assert "seed-1" in table and "running" in table and "1 done, 1 running" in table
 
     outcome = run_sweep(path, out, jobs=1)
-    assert outcome.exit_code == 0 and [r["status"] for r in outcome.rows] == ["done"] * 3
-    assert [r["step"] for r in outcome.rows] == [60] * 3
+    assert outcome.exit_code == 0 and [r["status"] for r in outcome.rows] == ["done"] * 2
+    assert [r["step"] for r in outcome.rows] == [60] * 2
     assert _mtimes(out / "cells" / "seed-0") == first  # the finished cell was not touched
     status = json.loads((out / "status.json").read_text())["cells"]
-    assert [status[c]["attempts"] for c in ("seed-0", "seed-1", "seed-2")] == [1, 2, 1]
+    assert [status[c]["attempts"] for c in ("seed-0", "seed-1")] == [1, 2]
     log = (second / "train.log").read_text()
     assert "=== attempt 2 (resume)" in log
     steps = [r[0] for r in losses(second) if r[1] is not None]
     assert steps == sorted(set(steps)) and steps[-1] == 60  # one uninterrupted-looking log
     rows = sweep_rows(out)
-    assert [r["cell"] for r in rows] == ["seed-0", "seed-1", "seed-2"] and all(r["params"] > 0 for r in rows)
+    assert [r["cell"] for r in rows] == ["seed-0", "seed-1"] and all(r["params"] > 0 for r in rows)
     assert not any(_process_alive(status[c].get("pid")) for c in status)
 
 
@@ -170,12 +178,3 @@ def _process_alive(pid) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def test_sweep_folder_of_another_sweep_is_refused(tmp_path, corpus):
-    path = sweep_file(tmp_path, corpus, '[grid]\n"train.seed" = [0]\n', steps=5)
-    run_sweep(path, tmp_path / "out", jobs=1)
-    changed = sweep_file(tmp_path, corpus, '[grid]\n"train.seed" = [0]\n', steps=6)
-    with pytest.raises(ExperimentError, match="other settings"):
-        run_sweep(changed, tmp_path / "out", jobs=1)
-    assert json.loads((tmp_path / "out" / "status.json").read_text())["cells"]["seed-0"]["status"] == "done"
