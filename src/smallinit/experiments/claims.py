@@ -6,8 +6,9 @@ the spread over seeds by the project's one rule (smallinit.report.verdict): **ag
 than 2 standard errors above zero, **disagree** when more than 2 below, **inconclusive** otherwise (and
 with a single seed, or when the runs a comparison needs are missing). The residual-flow exponent is judged
 against a ±0.15 band around 1 − γ, the effective size gain by its bootstrap interval over seeds. A claim
-agrees when all of its comparisons agree, disagrees when any disagrees, and is inconclusive otherwise. The comparisons and their signs were fixed before any run;
-nothing here looks at the results to decide what to test.
+agrees when all of its comparisons agree, disagrees when any disagrees, and is inconclusive otherwise; a
+part of a claim the runs cannot test counts as inconclusive. The comparisons and their signs come from the
+paper's statements; none was chosen or changed to make a verdict agree.
 
 Runs are selected by their resolved configs (γ, ε, gate, size), not by folder names, so any sweep that
 holds the right cells can be judged. A "size" is a model shape (width, depth, heads, d_ff, experts), so
