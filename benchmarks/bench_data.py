@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 from bench_train import ours_loss, train_step
-from common import Row, Stat, interleaved, paired
+from common import Row, Stat, add_common_args, interleaved, main, paired
 
 
 def tokenise_worker(corpus: str) -> None:
@@ -33,14 +33,15 @@ def tokenise_worker(corpus: str) -> None:
     tok = load_tokenizer("default")
     docs = list(iter_documents(corpus))
     mb = sum(len(d.encode("utf-8")) for d in docs) / 1e6
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     n_tokens = sum(len(ids) for chunk in _chunks(iter(docs)) for ids in tok.encode_batch(chunk))
-    encode_s = time.perf_counter() - t0
+    encode_s, encode_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     with tempfile.TemporaryDirectory(prefix="smallinit-bench-cache-") as tmp:
         t0 = time.perf_counter()
         load_token_data(corpus, tok, cache_dir=tmp)
         build_s = time.perf_counter() - t0
-    print(json.dumps({"mb": mb, "tokens": n_tokens, "encode_s": encode_s, "build_s": build_s}))
+    print(json.dumps({"mb": mb, "tokens": n_tokens, "encode_s": encode_s, "encode_cores": encode_cpu_s / encode_s,
+                      "build_s": build_s}))
 
 
 def tokenise(threads: int, corpus: str) -> dict:
@@ -67,6 +68,9 @@ def run(args: argparse.Namespace) -> list[Row]:
         speedup = Stat.of([b[f"{kind}_s"] / a[f"{kind}_s"] for a, b in zip(res[2], res[1])])
         rows.append(Row("data", f"tokenise, {kind}: 2 / 1 rayon threads", speedup, "×",
                         note="≈ 2 when both cores are used"))
+    for threads, rs in res.items():
+        rows.append(Row("data", f"tokenise, encode: CPU seconds per second, {threads} rayon threads",
+                        Stat.of([r["encode_cores"] for r in rs]), "cores", note="cores kept busy; 2 at best"))
 
     tok = load_tokenizer("default")
     data = load_token_data(args.corpus, tok)
@@ -81,7 +85,7 @@ def run(args: argparse.Namespace) -> list[Row]:
         for _ in range(sampler_calls):
             get_batch(data.train, args.batch, args.seq, 0, next(counter))
 
-    t = interleaved({"sampler": sampler, "step": step}, rounds=args.rounds * 3, warmup=1)
+    t = interleaved({"sampler": sampler, "step": step}, rounds=args.rounds * 3, warmup=1, clock=args.clock)
     share = paired(t["sampler"], t["step"], lambda s, st: s / sampler_calls / st)
     rows.append(Row("data", f"get_batch / cpu-1m training step, batch {args.batch}×{args.seq}", share, "frac",
                     "≤ 0.01", share.median <= 0.01,
@@ -95,13 +99,11 @@ def add_args(ap: argparse.ArgumentParser, quick: bool = False) -> None:
     ap.add_argument("--corpus", default="default")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
+    add_common_args(ap)
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--tokenise-worker":
         tokenise_worker(sys.argv[2])
         sys.exit(0)
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_args(ap)
-    for r in run(ap.parse_args()):
-        print(f"{r.name:<70} {r.stat.median:>10.4f} [{r.stat.lo:.4f}, {r.stat.hi:.4f}] n={r.stat.n} {r.target}")
+    main(__doc__, add_args, run)

@@ -1,6 +1,6 @@
 """Memory: peak RSS of training each CPU preset, and what activation checkpointing saves and costs.
 
-Peak RSS needs a fresh process per measurement (``ru_maxrss`` never goes down): each one builds the model,
+Peak RSS needs a fresh process per measurement (a peak never goes down): each one builds the model,
 runs a few full training steps (batch 16 × 128) and reports its peak, and its RSS right after importing
 torch and smallinit (the interpreter's share, reported separately). Checkpointing is applied the way the
 trainer applies it (``train.activation_checkpointing=true`` through ``parallelize``: per block). Its step
@@ -20,9 +20,22 @@ from pathlib import Path
 
 import torch
 from bench_train import ours_loss, train_step
-from common import Row, Stat, interleaved, paired
+from common import Row, Stat, add_common_args, interleaved, main, paired
 
-MB = 1024  # ru_maxrss is in KiB on Linux
+MB = 1024  # both are in KiB on Linux
+
+
+def peak_rss_kib() -> int:
+    """This process's peak resident set size.
+
+    ``ru_maxrss`` is wrong in a child of a large process: Linux carries the parent's high-water mark into
+    the child at fork and keeps it through exec. VmHWM belongs to the memory of this program image alone.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def with_checkpointing(model: torch.nn.Module) -> torch.nn.Module:
@@ -46,11 +59,11 @@ def make(preset: str, ckpt: bool, batch: int, seq: int):
 def worker(preset: str, ckpt: bool, batch: int, seq: int, steps: int) -> None:
     import smallinit  # noqa: F401 - counted in the baseline
 
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = peak_rss_kib()
     step = make(preset, ckpt, batch, seq)
     for _ in range(steps):
         step()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = peak_rss_kib()
     print(json.dumps({"base_mb": base / MB, "peak_mb": peak / MB}))
 
 
@@ -76,7 +89,7 @@ def run(args: argparse.Namespace) -> list[Row]:
                     Stat.of([saved]), "frac"))
     steps = {"plain": make(args.ckpt_size, False, args.batch, args.seq),
              "ckpt": make(args.ckpt_size, True, args.batch, args.seq)}
-    t = interleaved(steps, rounds=args.rounds, warmup=1)
+    t = interleaved(steps, rounds=args.rounds, warmup=1, clock=args.clock)
     rows.append(Row("memory", f"{args.ckpt_size}: activation checkpointing step time vs plain",
                     paired(t["ckpt"], t["plain"], lambda a, b: a / b - 1), "+frac",
                     note="recomputes each block's forward in backward"))
@@ -90,13 +103,11 @@ def add_args(ap: argparse.ArgumentParser, quick: bool = False) -> None:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--steps", type=int, default=3, help="training steps per memory measurement")
     ap.add_argument("--rounds", type=int, default=2 if quick else 3, help="rounds of the step time comparison")
+    add_common_args(ap)
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(sys.argv[2], bool(int(sys.argv[3])), *map(int, sys.argv[4:7]))
         sys.exit(0)
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_args(ap)
-    for r in run(ap.parse_args()):
-        print(f"{r.name:<75} {r.stat.median:>9.3f} [{r.stat.lo:.3f}, {r.stat.hi:.3f}] n={r.stat.n}  {r.note}")
+    main(__doc__, add_args, run)

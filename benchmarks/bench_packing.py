@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import Row, Stat
+from common import Row, Stat, main
 
 
 class Worker:
@@ -123,9 +123,4 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
         sys.exit(0)
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_args(ap)
-    a = ap.parse_args()
-    for r in run(a):
-        s = r.stat
-        print(f"{r.name:<55} {s.median:>10.2f} [{s.lo:.2f}, {s.hi:.2f}] n={s.n}")
+    main(__doc__, add_args, run)

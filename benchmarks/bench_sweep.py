@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import Row, Stat
+from common import Row, Stat, main
 
 
 def demo_like_sweep(steps: int) -> dict[str, Any]:
@@ -81,7 +81,4 @@ def add_args(ap: argparse.ArgumentParser, quick: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_args(ap)
-    for r in run(ap.parse_args()):
-        print(f"{r.name:<60} {r.stat.median:>10.2f} [{r.stat.lo:.2f}, {r.stat.hi:.2f}] n={r.stat.n} {r.target}")
+    main(__doc__, add_args, run)

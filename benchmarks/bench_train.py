@@ -9,7 +9,8 @@ backward, gradient clipping, AdamW step, zero_grad, on a fixed random batch):
                     tied embeddings, ε, RoPE θ), SDPA attention, carrying ours-none's weights, its own loss
                     (``labels`` with ``shift_labels``, so both predict the same targets)
   matmul            one 2048² fp32 torch.mm into a preallocated output: the machine's matmul rate, for MFU
-Both models get the same optimizer (smallinit's AdamW parameter groups, foreach) and threads.
+Both models get the same optimizer (smallinit's: AdamW, its parameter groups, the fused kernel) and threads;
+one more row times that optimizer against ``torch.optim.AdamW``'s defaults.
 
     python benchmarks/bench_train.py [--sizes cpu-5m cpu-20m] [--rounds 5] [--json out.json]
 """
@@ -17,12 +18,21 @@ Both models get the same optimizer (smallinit's AdamW parameter groups, foreach)
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Callable
 
 import torch
-from common import Row, Stat, check, interleaved, machine, matmul_case, paired, train_flops_per_token
+from common import (
+    Row,
+    Stat,
+    add_common_args,
+    check,
+    interleaved,
+    main,
+    matmul_case,
+    paired,
+    train_flops_per_token,
+)
 from torch import nn
 
 from smallinit import ModelConfig, Transformer
@@ -71,7 +81,7 @@ def train_step(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Te
     return step
 
 
-def bench_size(preset: str, *, batch: int, seq: int, rounds: int, steps: int) -> list[Row]:
+def bench_size(preset: str, *, batch: int, seq: int, rounds: int, steps: int, clock: str = "wall") -> list[Row]:
     cfgs = {g: ModelConfig.preset(preset, gate=g) for g in GATES}
     models: dict[str, nn.Module] = {f"ours-{g}": Transformer(c, seed=0) for g, c in cfgs.items()}
     models["hf-llama"] = llama_twin(models["ours-none"])
@@ -86,7 +96,7 @@ def bench_size(preset: str, *, batch: int, seq: int, rounds: int, steps: int) ->
     cases = {name: train_step(m, hf_loss if name == "hf-llama" else ours_loss, x, y) for name, m in models.items()}
     mm, mm_flops = matmul_case()
     cases["matmul"] = mm
-    t = interleaved(cases, rounds=rounds, warmup=2, inner=steps)
+    t = interleaved(cases, rounds=rounds, warmup=2, inner=steps, clock=clock)
     tokens_per_step = batch * seq
     tps = {name: Stat.of([tokens_per_step / s for s in t[name]]) for name in models}
     rate = Stat.of([mm_flops / s / 1e9 for s in t["matmul"]])
@@ -117,10 +127,26 @@ def bench_size(preset: str, *, batch: int, seq: int, rounds: int, steps: int) ->
     return rows
 
 
+def bench_optimizer(preset: str, *, rounds: int, clock: str) -> Row:
+    """Our AdamW (fused kernel) against ``torch.optim.AdamW``'s defaults, the optimizer HF's Trainer builds."""
+    models = {k: Transformer(ModelConfig.preset(preset), seed=0) for k in ("ours", "torch-default")}
+    gen = torch.Generator().manual_seed(0)
+    for m in models.values():
+        for p in m.parameters():
+            p.grad = torch.randn(p.shape, generator=gen) * 1e-3
+    opts = {"ours": build_optimizer(models["ours"], TrainConfig()),
+            "torch-default": torch.optim.AdamW(models["torch-default"].parameters(), lr=1e-3)}
+    t = interleaved({k: o.step for k, o in opts.items()}, rounds=rounds * 3, warmup=2, inner=3, clock=clock)
+    return Row("train", f"{preset}: AdamW step, torch defaults / ours (fused)", paired(t["torch-default"], t["ours"]),
+               "×", note="> 1: ours is faster")
+
+
 def run(args: argparse.Namespace) -> list[Row]:
     rows = []
     for preset in args.sizes:
-        rows += bench_size(preset, batch=args.batch, seq=args.seq, rounds=args.rounds, steps=args.steps)
+        rows += bench_size(preset, batch=args.batch, seq=args.seq, rounds=args.rounds, steps=args.steps,
+                           clock=args.clock)
+    rows.append(bench_optimizer(args.sizes[-1], rounds=args.rounds, clock=args.clock))
     return rows
 
 
@@ -130,19 +156,8 @@ def add_args(ap: argparse.ArgumentParser, quick: bool = False) -> None:
     ap.add_argument("--seq", type=int, default=128, help="tokens per sequence (default: DataConfig's 128)")
     ap.add_argument("--rounds", type=int, default=3 if quick else 5)
     ap.add_argument("--steps", type=int, default=1, help="steps per sample")
+    add_common_args(ap)
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_args(ap)
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--json")
-    a = ap.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    result = [r.to_dict() for r in run(a)]
-    for r in result:
-        print(f"{r['name']:<60} {r['median']:>10.3f} [{r['min']:.3f}, {r['max']:.3f}] n={r['n']} {r['target']}")
-    if a.json:
-        with open(a.json, "w", encoding="utf-8") as f:
-            json.dump({"machine": machine(), "rows": result}, f, indent=1)
+    main(__doc__, add_args, run)

@@ -8,6 +8,9 @@ rounds as the spread.
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import statistics
 import sys
 import time
@@ -20,6 +23,14 @@ import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def process_setup(threads: int = 0) -> None:
+    """What ``smallinit`` CLI processes get: huge-page-backed large tensors (read by PyTorch at its first
+    allocation of >= 2 MB, so call this before any) and, if given, the torch thread count."""
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    if threads:
+        torch.set_num_threads(threads)
 
 
 @dataclass
@@ -156,3 +167,35 @@ def machine() -> dict[str, Any]:
 
     return {"python": sys.version.split()[0], "torch": torch.__version__, "machine": platform.machine(),
             "threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def format_table(rows: list[Row]) -> str:
+    lines = [f"{'benchmark':<9} {'measurement':<72} {'median':>10} {'[min, max]':>21} {'n':>2}  target"]
+    for r in rows:
+        s = r.stat
+        mark = "" if r.ok is None else ("ok" if r.ok else "MISSED")
+        spread = f"[{s.lo:.3g}, {s.hi:.3g}]" if s.n > 1 else ""
+        lines.append(f"{r.bench:<9} {r.name[:72]:<72} {s.median:>10.4g} {spread:>21} {s.n:>2}  "
+                     f"{r.target} {mark}".rstrip() + (f"   ({r.note})" if r.note else ""))
+    return "\n".join(lines)
+
+
+def add_common_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--clock", choices=list(CLOCKS), default="wall",
+                    help="wall (default) or cpu: CPU seconds of this process, for single-threaded comparisons "
+                         "on a crowded machine (in-process timings only)")
+
+
+def main(doc: str, add_args: Callable, run: Callable) -> None:
+    """A benchmark script's command line: its arguments, ``--threads`` and ``--json``; prints the table."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    add_args(ap)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--json", help="write the rows and the machine description here")
+    args = ap.parse_args()
+    process_setup(args.threads)
+    rows = run(args)
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"machine": machine(), "rows": [r.to_dict() for r in rows]}, f, indent=1)

@@ -1,6 +1,6 @@
 """Run the CPU benchmarks and print one table of ratios against peers measured in the same run.
 
-    python benchmarks/run.py [--quick] [--only NAME ...] [--threads N] [--json out.json]
+    python benchmarks/run.py [--quick] [--only NAME ...] [--threads N] [--clock wall|cpu] [--json out.json]
 
 Benchmarks (each also runs alone: ``python benchmarks/bench_<name>.py --help``):
   train      tokens/s vs transformers' LlamaForCausalLM, gate overheads, MFU      bench_train.py
@@ -30,64 +30,54 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import torch  # noqa: E402
-from common import Row, Stat, machine  # noqa: E402
+from common import Row, Stat, add_common_args, format_table, machine, process_setup  # noqa: E402
 
 MODULES = {"train": "bench_train", "packing": "bench_packing", "sweep": "bench_sweep", "compile": "bench_compile",
-           "data": "bench_data", "memory": "bench_memory"}
-EXTERNAL = {"callbacks": "bench_callbacks.py", "moe": "bench_moe.py"}
+           "data": "bench_data", "memory": "bench_memory", "callbacks": "bench_callbacks"}
+SCRIPTS = {"moe": "bench_moe.py"}  # run as they are, through their own command line
 
 
-def run_module(name: str, quick: bool) -> list[Row]:
+def available() -> list[str]:
+    """Every benchmark whose file is here (other benchmarks may not be written yet)."""
+    return [n for n, m in MODULES.items() if (HERE / f"{m}.py").is_file()] + \
+        [n for n, f in SCRIPTS.items() if (HERE / f).is_file()]
+
+
+def run_module(name: str, quick: bool, clock: str) -> list[Row]:
     mod = importlib.import_module(MODULES[name])
     ap = argparse.ArgumentParser()
     mod.add_args(ap, quick=quick)
-    return mod.run(ap.parse_args([]))
+    args, _ = ap.parse_known_args(["--clock", clock])  # a benchmark without in-process timing has no --clock
+    return mod.run(args)
 
 
-def run_external(name: str, quick: bool) -> list[Row]:
-    """Another benchmark script, run as it is with ``--json``; its rows are converted into ours."""
-    script = HERE / EXTERNAL[name]
+def run_script(name: str, quick: bool) -> list[Row]:
+    """Another benchmark script, run with ``--json``; its rows are converted into ours."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
-        cmd = [sys.executable, str(script), "--json", str(out)]
-        if quick and name == "moe":
+        cmd = [sys.executable, str(HERE / SCRIPTS[name]), "--json", str(out)]
+        if quick:
             cmd += ["--repeats", "3", "--steps", "2"]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         data = json.loads(out.read_text(encoding="utf-8"))
-    if name == "moe":
-        dense = next(r["rounds"] for r in data["rows"] if r["model"] == "dense")
-        return [Row("moe", f"{data['preset']} {r['model']} / dense (equal active params) tokens/s",
-                    Stat.of([a / b for a, b in zip(r["rounds"], dense)]), "×",
-                    extra={"params": r["params"], "params_active": r["params_active"]})
-                for r in data["rows"] if r["model"] != "dense"]
-    return [Row(name, str(r.get("name", r)), Stat.of([float(r["median"])] if "median" in r else [float("nan")]),
-                str(r.get("unit", "")), str(r.get("target", "")), r.get("ok"), str(r.get("note", "")))
-            for r in data.get("rows", [])]
-
-
-def format_table(rows: list[Row]) -> str:
-    lines = [f"{'benchmark':<9} {'measurement':<72} {'median':>10} {'[min, max]':>21} {'n':>2}  target"]
-    for r in rows:
-        s = r.stat
-        mark = "" if r.ok is None else ("ok" if r.ok else "MISSED")
-        spread = f"[{s.lo:.3g}, {s.hi:.3g}]" if s.n > 1 else ""
-        lines.append(f"{r.bench:<9} {r.name[:72]:<72} {s.median:>10.4g} {spread:>21} {s.n:>2}  "
-                     f"{r.target} {mark}".rstrip() + (f"   ({r.note})" if r.note else ""))
-    return "\n".join(lines)
+    dense = next(r["rounds"] for r in data["rows"] if r["model"] == "dense")
+    return [Row("moe", f"{data['preset']} {r['model']} / dense (equal active params) tokens/s",
+                Stat.of([a / b for a, b in zip(r["rounds"], dense)]), "×",
+                extra={"params": r["params"], "params_active": r["params_active"]})
+            for r in data["rows"] if r["model"] != "dense"]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer rounds and shorter runs")
-    ap.add_argument("--only", nargs="+", choices=list(MODULES) + list(EXTERNAL), metavar="NAME",
-                    help=f"run only these: {', '.join(list(MODULES) + list(EXTERNAL))}")
+    ap.add_argument("--only", nargs="+", choices=available(), metavar="NAME",
+                    help=f"run only these: {', '.join(available())}")
     ap.add_argument("--threads", type=int, default=0, help="torch threads in this process (0: torch's default)")
     ap.add_argument("--json", help="write every row and the machine description here")
+    add_common_args(ap)
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    names = args.only or list(MODULES) + [n for n, f in EXTERNAL.items() if (HERE / f).is_file()]
+    process_setup(args.threads)
+    names = args.only or available()
     rows: list[Row] = []
     failed: dict[str, str] = {}
     times: dict[str, float] = {}
@@ -95,7 +85,7 @@ def main() -> int:
         t0 = time.perf_counter()
         print(f"== {name}", file=sys.stderr, flush=True)
         try:
-            got = run_external(name, args.quick) if name in EXTERNAL else run_module(name, args.quick)
+            got = run_script(name, args.quick) if name in SCRIPTS else run_module(name, args.quick, args.clock)
         except Exception as e:  # one broken benchmark must not hide the others' numbers
             failed[name] = f"{type(e).__name__}: {e}"
             traceback.print_exc()
@@ -112,7 +102,7 @@ def main() -> int:
     print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()) + f"; total {sum(times.values()):.0f}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"machine": machine(), "quick": args.quick, "seconds": times, "failed": failed,
+            json.dump({"machine": machine(), "quick": args.quick, "clock": args.clock, "seconds": times, "failed": failed,
                        "rows": [r.to_dict() for r in rows]}, f, indent=1)
     return 1 if failed else 0
 
