@@ -7,6 +7,14 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One thread per xdist worker (and per process a test starts): small models use two single-threaded
+    # processes better than one two-threaded one, and workers must not fight over the cores.
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _smallinit_cache(tmp_path_factory):
