@@ -340,6 +340,18 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key, value
 
 
+def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"train": {"steps": 1}, "model.gamma": 1}`` → ``{"train.steps": 1, "model.gamma": 1}``."""
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{full}."))
+        else:
+            out[full] = value
+    return out
+
+
 def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     *parents, last = key.split(".")
     node = raw

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..analysis.norm_factor import relative_factor
 from ..analysis.scaling import effective_size_gain
-from ..config import Config
+from ..config import Config, flatten
 from ..errors import ConfigError
 from ..report.verdict import verdict_paired
 from .sweep import sweep_rows
@@ -137,16 +137,6 @@ class ClaimResult:
 # -- runs ------------------------------------------------------------------------------------------------------
 
 
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 @dataclass
 class Run:
     """A finished cell: its folder, flat resolved config, final val loss and sizes."""
@@ -211,7 +201,7 @@ class Runs:
                         continue
                     run_dir = sweep_dir / row["dir"]
                     cfg = Config.from_json_file(run_dir / "config.json")
-                    runs.append(Run(run_dir, row["cell"], _flat(cfg.to_dict()), row["val_loss"], int(row["params"]),
+                    runs.append(Run(run_dir, row["cell"], flatten(cfg.to_dict()), row["val_loss"], int(row["params"]),
                                     int(row["params_nonembed"])))
         return Runs(runs)
 

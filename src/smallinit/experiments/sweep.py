@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..config import Config, read_toml
+from ..config import Config, flatten, read_toml
 from ..errors import ExperimentError, SmallinitError
 from ..train.checkpoint import write_json_atomic
 
@@ -74,18 +74,6 @@ _EXIT_PREEMPTED = 75
 
 
 # -- the sweep file ---------------------------------------------------------------------------------------
-
-
-def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"train": {"steps": 1}, "model.gamma": 1}`` → ``{"train.steps": 1, "model.gamma": 1}``."""
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        full = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{full}."))
-        else:
-            out[full] = value
-    return out
 
 
 def toml_literal(value: Any) -> str:

@@ -31,6 +31,7 @@ from ..analysis.coordcheck import CoordCheck
 from ..analysis.norm_factor import init_variance, relative_factor, rmsnorm_factor, saturation_gamma
 from ..analysis.residual_flow import ResidualFlowSweep
 from ..analysis.tokens import TokenGapResult
+from ..config import flatten
 from ..errors import SmallinitError
 from . import figures
 from .verdict import Verdict, verdict_paired
@@ -56,16 +57,6 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return None
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 @dataclass
