@@ -279,24 +279,24 @@ def claim_c1(runs: Runs) -> ClaimResult:
     return res
 
 
-def _factor_note(runs: Runs, gamma: float = 1.0, eps: float = 1e-5) -> str:
-    ds = runs.values("model.d_model")
-    if not ds:
-        return ""
-    d = max(ds)
-    return (f"analytic RMSNorm factor at init, γ={gamma:g}, ε={eps:g}, d={d}: {relative_factor(gamma, eps, d):.2f} "
-            f"of ideal (d=2048: {relative_factor(gamma, eps, 2048):.2f})")
+def _factor_note(widths: Iterable[int], gamma: float = 1.0, eps: float = 1e-5) -> str:
+    """The analytic RMSNorm factor at init (relative to 1/σ) at the tested widths and the paper's d = 2048."""
+    parts = [f"d={d}: {relative_factor(gamma, eps, d):.2f}" for d in sorted(set(widths))] + [
+        f"d=2048: {relative_factor(gamma, eps, 2048):.2f}"]
+    return f"analytic RMSNorm factor at init, γ={gamma:g}, ε={eps:g}, of ideal: " + ", ".join(parts)
 
 
 def claim_c2(runs: Runs) -> ClaimResult:
     res = ClaimResult("C2", "ε = 1e-12 instead of 1e-5 lowers the loss at γ = 1 (RMSNorm saturation), hardly at γ = 0.5",
                       "−0.038 at γ=1, −0.001 at γ=0.5 (1.5B)")
     nogate = runs.where({"model.gate": "none"})
+    tested: list[int] = []
     for n in nogate.values("size"):
         at = nogate.where(size=n)
         cells = {(g, e): at.where({"model.gamma": g, "model.norm_eps": e}) for g in (0.5, 1.0) for e in (1e-5, 1e-12)}
         if not all(len(c) for c in cells.values()):
             continue
+        tested.append(n[0])
         fix1 = paired(cells[1.0, 1e-5], cells[1.0, 1e-12])
         fix05 = paired(cells[0.5, 1e-5], cells[0.5, 1e-12])
         res.comparisons.append(Comparison(f"ε-fix gain at γ1 @{_size_label(n)}", fix1, "+0.038"))
@@ -305,9 +305,7 @@ def claim_c2(runs: Runs) -> ClaimResult:
                                           [a - b for a, b in zip(fix1[:k], fix05[:k])], "+0.037"))
     if not res.comparisons:
         res.comparisons.append(Comparison.missing("ε-fix gain", "needs γ {0.5, 1} × ε {1e-5, 1e-12} without gate"))
-    note = _factor_note(runs)
-    if note:
-        res.notes.append(note)
+    res.notes.append(_factor_note(tested or runs.values("model.d_model")))
     return res
 
 
