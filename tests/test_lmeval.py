@@ -19,6 +19,8 @@ from smallinit.cli import main  # noqa: E402
 from smallinit.config import Config  # noqa: E402
 from smallinit.data import iter_documents, load_tokenizer  # noqa: E402
 from smallinit.export.lmeval import run_eval  # noqa: E402
+from smallinit.report import build_report  # noqa: E402
+from smallinit.report.html import num  # noqa: E402
 from smallinit.train import Trainer, load_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,6 +94,9 @@ def test_eval_runs_the_harness_and_matches_our_model(run, monkeypatch, capsys):
         assert s["filtered_resps"][0] == ours
         matches.append(ours == s["target"])
     assert raw["results"][GEN]["exact_match,none"] == pytest.approx(sum(matches) / len(matches))
+
+    page = build_report(run).read_text()  # the report shows the harness's numbers
+    assert "lm-evaluation-harness" in page and MC in page and num(mc['acc,none']) in page
 
 
 def test_eval_reuses_the_export_and_keeps_earlier_results(run, monkeypatch):

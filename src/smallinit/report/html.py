@@ -558,6 +558,27 @@ def _section_analyses(doc: _Doc, analyses: list[tuple[str, dict]]) -> None:
                     float(np.median([m["mean_abs_cos"] for m in a["matrices"]]))] for n, a in analyses]))
 
 
+def _section_evals(doc: _Doc, evals: list[tuple[str, dict]]) -> None:
+    """lm-evaluation-harness results written by ``smallinit eval`` (RUN/eval/results-*.json)."""
+    if not evals:
+        return
+    doc.h2("Benchmarks (smallinit eval, lm-evaluation-harness)")
+    rows = []
+    for name, raw in evals:
+        for task, metrics in sorted(raw["results"].items()):
+            for metric, value in sorted(metrics.items()):
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and "stderr" not in metric:
+                    stderr = metrics.get(metric.replace(",", "_stderr,", 1))
+                    rows.append([name, task, metric, value, stderr if isinstance(stderr, (int, float)) else "–"])
+    doc.raw(table(["file", "task", "metric", "value", "stderr"], rows))
+
+
+def _evals(raw: dict) -> dict:
+    if not isinstance(raw.get("results"), dict) or "smallinit" not in raw:
+        raise KeyError("results")
+    return raw
+
+
 def _analysis(raw: dict) -> dict:
     for key in ("sink", "residual_flow", "norm_factor", "matrices"):
         if key not in raw:
@@ -594,7 +615,8 @@ def build_report(root: str | os.PathLike, out: str | os.PathLike | None = None) 
     checks = _load_all(root, COORDCHECK_FILE, CoordCheck.from_dict)
     sweeps = _load_all(root, SWEEP_FILE, ResidualFlowSweep.from_dict)
     findings = _load_all(root, FINDINGS_FILE, _findings)
-    if not (runs or analyses or compares or checks or sweeps or findings):
+    evals = _load_all(root, "results-step_*.json", _evals)
+    if not (runs or analyses or compares or checks or sweeps or findings or evals):
         raise ReportError(f"{root} holds no runs nor analysis outputs; pass a folder written by smallinit "
                           "train, sweep, analyze, compare or coordcheck")
     vary = varying_keys(runs)
@@ -614,6 +636,7 @@ def build_report(root: str | os.PathLike, out: str | os.PathLike | None = None) 
     _section_tokens(doc, compares)
     _section_coordcheck(doc, checks)
     _section_analyses(doc, analyses)
+    _section_evals(doc, evals)
     path = Path(out) if out is not None else root / REPORT_FILE
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(doc.render(), encoding="utf-8")
