@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> list[Row]:
 def add_args(ap: argparse.ArgumentParser, quick: bool = False) -> None:
     ap.add_argument("--sizes", nargs="+", default=["cpu-1m", "cpu-5m", "cpu-20m"])
     ap.add_argument("--rounds", type=int, default=2 if quick else 3)
-    ap.add_argument("--seconds", type=float, default=3.0 if quick else 6.0, help="seconds per layout per round")
+    ap.add_argument("--seconds", type=float, default=3.0 if quick else 4.0, help="seconds per layout per round")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
 

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> list[Row]:
 
 def add_args(ap: argparse.ArgumentParser, quick: bool = False) -> None:
     ap.add_argument("--rounds", type=int, default=1 if quick else 2)
-    ap.add_argument("--steps", type=int, default=20 if quick else 60, help="training steps per cell")
+    ap.add_argument("--steps", type=int, default=20 if quick else 30, help="training steps per cell")
     ap.add_argument("--sweep", help="a sweep TOML file instead of the built-in demo-like sweep")
 
 

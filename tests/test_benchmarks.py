@@ -64,3 +64,21 @@ def test_paired_ratio_is_per_round():
     a, b = [2.0, 4.0, 8.0], [1.0, 2.0, 4.0]
     assert paired(a, b) == Stat(2.0, 2.0, 2.0, 3)
     assert Stat.of(a).median / Stat.of(b).median == 2.0
+
+
+@pytest.mark.slow
+def test_run_writes_the_table_and_json(tmp_path):
+    """The one command, on its cheapest benchmark: a table on stdout and every row in the JSON."""
+    import json
+    import subprocess
+
+    out = tmp_path / "out.json"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
+    proc = subprocess.run([sys.executable, str(script), "--quick", "--only", "data", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    names = [r["name"] for r in rows]
+    assert any("get_batch" in n for n in names) and any("rayon" in n for n in names)
+    assert all(r["min"] <= r["median"] <= r["max"] for r in rows)
+    assert "get_batch" in proc.stdout
