@@ -92,7 +92,6 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gpu.py needs a CUDA GPU")
-    torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls outside autocast (none in the step) may use TF32
     name = torch.cuda.get_device_name()
     measured = measured_peak()
     peak = table_peak(name) or measured
