@@ -262,7 +262,8 @@ def _non_empty(source: Iterator[str], spec: str) -> Iterator[str]:
         )
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """sha256 hex digest of a file, read in 1 MiB blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -286,7 +287,7 @@ def corpus_fingerprint(spec: str | os.PathLike, text_field: str = "text") -> str
             if base in SYNTHETIC_CORPORA:
                 items.append([part, str(_synthetic_module(base).fingerprint(params))])
             else:
-                items.append([part, _sha256_file(_builtin_file(part))])
+                items.append([part, sha256_file(_builtin_file(part))])
         payload = {"v": _FINGERPRINT_VERSION, "builtin": name, "parts": items}
     else:
         files = []

@@ -21,7 +21,6 @@ A write that fails (disk full, read-only folder) raises StorageError and leaves 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -33,6 +32,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ..data.corpus import sha256_file as sha256
 from ..errors import CheckpointError, StorageError
 
 FORMAT = "smallinit-checkpoint-1"
@@ -50,14 +50,6 @@ class Checkpoint:
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / CKPT_DIR / f"step_{step:07d}"
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_json_atomic(path: Path, obj: Any, *, run_dir: Path | None = None) -> None:
