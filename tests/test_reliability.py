@@ -216,6 +216,13 @@ def _wrong_shape(ck: Path) -> None:
     _rewrite(ck, "model.safetensors", t)
 
 
+def _wrong_dtype(ck: Path, fname: str, suffix: str = "") -> None:
+    t = load_file(ck / fname)
+    k = next(k for k in t if k.endswith(suffix))
+    t[k] = t[k].to(torch.float64)  # every value survives the cast: only the dtype gives it away
+    _rewrite(ck, fname, t)
+
+
 def _truncate(ck: Path, fname: str, update_state: bool) -> None:
     data = (ck / fname).read_bytes()[: (ck / fname).stat().st_size // 2]
     if update_state:
@@ -239,6 +246,11 @@ TAMPERS = {
     "missing optimizer tensor": (lambda r, o, ck: _drop_first(ck, "optim.safetensors", "exp_avg_sq"),
                                  "exp_avg_sq is missing", False, False),
     "wrong shape": (lambda r, o, ck: _wrong_shape(ck), "shape", True, False),
+    "wrong dtype": (lambda r, o, ck: _wrong_dtype(ck, "model.safetensors"), "is float64", True, False),
+    "wrong optimizer dtype": (lambda r, o, ck: _wrong_dtype(ck, "optim.safetensors", "exp_avg"), "is float64",
+                              False, False),
+    "optimizer step not a count": (lambda r, o, ck: _wrong_dtype(ck, "optim.safetensors", ".step"), "step is float64",
+                                   False, False),
     "state.json config differs": (lambda r, o, ck: _edit_json(ck / "state.json", lambda s: s["config"]["model"]
                                                               .update(norm_eps=1e-5)), "different config", True, False),
     "run config.json differs": (lambda r, o, ck: _edit_json(r / "config.json", lambda c: c["model"]

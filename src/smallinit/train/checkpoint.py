@@ -239,53 +239,71 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer, names: dict[int, str]) -
     return out
 
 
+Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]  # tensor name → (global shape, dtype)
+
+
+def tensor_spec(tensors: dict[str, torch.Tensor]) -> Spec:
+    return {k: (tuple(v.shape), v.dtype) for k, v in tensors.items()}  # DTensor shapes are global
+
+
+def check_model_tensors(tensors: dict[str, torch.Tensor], spec: Spec, source: Path | str) -> None:
+    """Refuse missing, unexpected, misshapen or mistyped tensors: a checksum only says the file is whole."""
+    missing, unexpected = sorted(set(spec) - set(tensors)), sorted(set(tensors) - set(spec))
+    if missing or unexpected:
+        what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
+        raise CheckpointError(f"{source} does not match the model ({what}); check the config or the file")
+    for k, (shape, dtype) in spec.items():
+        _check_tensor(f"{source}: {k}", tensors[k], shape, dtype, "the model expects")
+
+
+def check_optimizer_tensors(tensors: dict[str, torch.Tensor], params: Spec) -> dict[str, dict[str, torch.Tensor]]:
+    """AdamW state grouped by parameter name; a parameter has all of its state or none (an expert that never
+    got a gradient), with its parameter's shape and dtype and a single fp32 step count."""
+    state: dict[str, dict[str, torch.Tensor]] = {}
+    for key, t in tensors.items():
+        name, _, k = key.rpartition(".")
+        if name not in params or k not in ADAM_STATE:
+            raise CheckpointError(f"optimizer state {key} matches no parameter: the checkpoint is from another model")
+        state.setdefault(name, {})[k] = t
+    for name, st in state.items():
+        missing = [k for k in ADAM_STATE if k not in st]
+        if missing:
+            raise CheckpointError(f"optimizer state {name}.{missing[0]} is missing: the checkpoint is incomplete")
+        shape, dtype = params[name]
+        _check_tensor(f"optimizer state {name}.step", st["step"], (), torch.float32, "AdamW keeps")
+        for k in ("exp_avg", "exp_avg_sq"):
+            _check_tensor(f"optimizer state {name}.{k}", st[k], shape, dtype, "the model has")
+    return state
+
+
+def _check_tensor(what: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, expects: str) -> None:
+    if tuple(t.shape) != shape:
+        raise CheckpointError(f"{what} has shape {tuple(t.shape)}, {expects} {shape}: the checkpoint is from "
+                              "another model or damaged")
+    if t.dtype != dtype:
+        raise CheckpointError(f"{what} is {str(t.dtype)[6:]}, {expects} {str(dtype)[6:]}: the checkpoint was "
+                              "altered or is from another program")
+
+
 def load_optimizer_tensors(
     optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], names: dict[int, str]
 ) -> None:
-    """Restore AdamW state; a parameter has all of its state or none (an expert that never got a gradient)."""
-    known = {f"{name}.{k}" for name in names.values() for k in ADAM_STATE}
-    unexpected = sorted(set(tensors) - known)
-    if unexpected:
-        raise CheckpointError(f"optimizer state {unexpected[0]} matches no parameter: the checkpoint is from another model")
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            name = names[id(p)]
-            keys = [k for k in ADAM_STATE if f"{name}.{k}" in tensors]
-            if not keys:
-                continue
-            if len(keys) < len(ADAM_STATE):
-                missing = next(k for k in ADAM_STATE if k not in keys)
-                raise CheckpointError(f"optimizer state {name}.{missing} is missing: the checkpoint is incomplete")
-            if tensors[f"{name}.step"].numel() != 1:
-                raise CheckpointError(f"optimizer state {name}.step is not a single count: the checkpoint is damaged")
-            st = {}
-            for k in keys:
-                t = tensors[f"{name}.{k}"]
-                if k != "step" and t.shape != p.shape:
-                    raise CheckpointError(f"optimizer state {name}.{k} has shape {tuple(t.shape)}, "
-                                          f"the model has {tuple(p.shape)}: the checkpoint is from another model")
-                st[k] = t.to(p.device) if k != "step" else t
-            optimizer.state[p] = st
+    """Restore AdamW state (see check_optimizer_tensors)."""
+    params = {id(p): p for g in optimizer.param_groups for p in g["params"]}
+    state = check_optimizer_tensors(tensors, {names[i]: (tuple(p.shape), p.dtype) for i, p in params.items()})
+    for i, p in params.items():
+        if names[i] in state:
+            optimizer.state[p] = {k: t if k == "step" else t.to(p.device) for k, t in state[names[i]].items()}
 
 
 def load_model_tensors(
     model: torch.nn.Module, tensors: dict[str, torch.Tensor], source: Path, aliases: dict[str, str] | None = None
 ) -> None:
-    """Copy tensors into ``model``, refusing missing, unexpected or misshapen ones."""
-    own = model.state_dict()
+    """Copy tensors into ``model`` after check_model_tensors."""
     for alias, target in (aliases or {}).items():
         if target in tensors:
             tensors[alias] = tensors[target]
-    missing = sorted(set(own) - set(tensors))
-    unexpected = sorted(set(tensors) - set(own))
-    if missing or unexpected:
-        what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
-        raise CheckpointError(f"{source} does not match the model ({what}); check the config or the file")
-    for k, v in own.items():
-        if tensors[k].shape != v.shape:
-            raise CheckpointError(
-                f"{source}: {k} has shape {tuple(tensors[k].shape)}, the model expects {tuple(v.shape)}"
-            )
+    check_model_tensors(tensors, tensor_spec(model.state_dict()), source)
     model.load_state_dict(tensors)
 
 

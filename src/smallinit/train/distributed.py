@@ -29,7 +29,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..config import TrainConfig
-from ..errors import CheckpointError, ConfigError, SmallinitError
+from ..errors import ConfigError, SmallinitError
+from . import checkpoint as ckpt
 
 T = TypeVar("T")
 
@@ -287,8 +288,6 @@ def full_state(
     Under FSDP every rank takes part in gathering the shards; DDP replicas are already whole.
     Tied parameters appear once, under their first name; optimizer state is ``{name}.{exp_avg, ...}``.
     """
-    from . import checkpoint as ckpt
-
     if not is_fsdp(model):
         if not rt.is_main:
             return {}, {}
@@ -317,7 +316,7 @@ def load_full_state(
 ) -> None:
     """Restore model and AdamW state from full tensors that only rank 0 reads (``read`` → model, optim, aliases).
 
-    Rank 0 checks names and shapes against the model's global shapes first, so a mismatched checkpoint
+    Rank 0 checks names, shapes and dtypes against the model's global shapes first, so a mismatched checkpoint
     fails on every rank with the same error; then the tensors are broadcast and each rank keeps its part.
     """
     from torch.distributed.checkpoint.state_dict import (
@@ -326,23 +325,14 @@ def load_full_state(
         set_optimizer_state_dict,
     )
 
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}  # DTensor shapes are global
+    spec = ckpt.tensor_spec(model.state_dict())
     held: list = []
 
     def read_and_check() -> None:
         tensors, optim, aliases = read()
         tensors = {**tensors, **{a: tensors[t] for a, t in aliases.items() if t in tensors}}
-        _check_shapes(tensors, shapes, "model")
-        params = dict(zip(names.values(), (shapes[n] for n in names.values())))
-        state: dict[str, dict[str, torch.Tensor]] = {}
-        for key, t in optim.items():
-            name, _, k = key.rpartition(".")
-            if name not in params:
-                raise CheckpointError(f"optimizer state {key} matches no parameter: the checkpoint is from another model")
-            if k != "step" and tuple(t.shape) != params[name]:
-                raise CheckpointError(f"optimizer state {key} has shape {tuple(t.shape)}, the model has {params[name]}")
-            state.setdefault(name, {})[k] = t
-        held.extend([tensors, state])
+        ckpt.check_model_tensors(tensors, spec, "the checkpoint")
+        held.extend([tensors, ckpt.check_optimizer_tensors(optim, {n: spec[n] for n in names.values()})])
 
     on_main(rt, read_and_check)
     tensors, state = held if rt.is_main else ({}, {})
@@ -356,16 +346,6 @@ def load_full_state(
     ]
     set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": groups} if rt.is_main else {},
                              options=options)
-
-
-def _check_shapes(tensors: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]], what: str) -> None:
-    missing, unexpected = sorted(set(shapes) - set(tensors)), sorted(set(tensors) - set(shapes))
-    if missing or unexpected:
-        detail = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
-        raise CheckpointError(f"the checkpoint does not match the {what} ({detail}); check the config or the file")
-    for k, shape in shapes.items():
-        if tuple(tensors[k].shape) != shape:
-            raise CheckpointError(f"checkpoint tensor {k} has shape {tuple(tensors[k].shape)}, the {what} expects {shape}")
 
 
 # Train keys that say how a run is spread over devices, not what it computes: a run may resume under
