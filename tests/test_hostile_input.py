@@ -252,6 +252,33 @@ def test_config_edge_cases_via_cli(text, words, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("values,words", [
+    (["train.batch_size=1099511627776"], "is too large; use at most 2**24"),
+    (["train.batch_size=4194304"], "lower train.batch_size"),  # the activations cannot fit
+    (["model.n_layers=100000000"], "choose a smaller model"),  # the weights cannot fit; estimated without building
+    (["model.d_model=1048576", "model.n_heads=4", "model.n_kv_heads=4"], "choose a smaller model"),
+])
+def test_configs_too_big_for_the_machine_are_refused_before_writing(values, words, tmp_path):
+    code, _, err = cli(["train", "--out", str(tmp_path / "run"), *sets(*TINY, *values)])
+    assert words in assert_one_line_error(code, err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_out_of_memory_in_a_real_process_is_one_line(tmp_path):
+    """An allocation the estimate allows but the process cannot get (address space capped at 2 GiB; one matrix
+    of the model needs 0.5 GB, the model 1.5 GB): one line, exit 2, no run folder."""
+    import resource
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
+
+    argv = ["train", "--out", str(tmp_path / "run"), *sets(*TINY, "model.d_model=64", "model.d_ff=2000000", "model.n_layers=1")]
+    r = subprocess.run([sys.executable, "-m", "smallinit", *argv], capture_output=True, text=True, timeout=120,
+                       preexec_fn=cap)
+    assert "out of memory" in assert_one_line_error(r.returncode, r.stderr)
+    assert not (tmp_path / "run").exists()
+
+
 def test_deeply_nested_set_and_config_json(tmp_path):
     code, _, err = cli(["info", "--set", "model.gamma=" + "[" * 5000])
     assert "nests too deeply" in assert_one_line_error(code, err)

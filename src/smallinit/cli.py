@@ -92,7 +92,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not args.file:
         raise SmallinitError("pass a sweep file (smallinit sweep SWEEP.toml) or --status SWEEP_DIR")
     out = args.out or str(Path("runs") / Path(args.file).stem)
-    outcome = run_sweep(args.file, out, jobs=args.jobs, retry_failed=args.retry_failed, echo=sys.stderr)
+    outcome = run_sweep(args.file, out, jobs=args.jobs, retry_failed=args.retry_failed, echo=sys.stderr,
+                        launcher=args.launcher)
     if outcome.interrupted:
         print(f"smallinit: sweep stopped by a signal; run the same command again to continue {out}", file=sys.stderr)
     print(format_table(outcome.rows))
@@ -206,7 +207,8 @@ def cmd_recipe(args: argparse.Namespace) -> int:
         print("\n".join(describe(load_recipe(n)) for n in recipe_names()))
         return 0
     presets = [p.strip() for p in args.presets.split(",") if p.strip()] if args.presets else None
-    result = run_recipe(args.name, args.scale, args.out, jobs=args.jobs, presets=presets, overrides=args.overrides)
+    result = run_recipe(args.name, args.scale, args.out, jobs=args.jobs, presets=presets, overrides=args.overrides,
+                        launcher=args.launcher)
     if result.exit_code == 75:
         print(f"smallinit: stopped by a signal; run the same command again to continue {result.out}", file=sys.stderr)
     if result.analysis is not None:
@@ -233,6 +235,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo.result.exit_code
 
 
+LAUNCHER_HELP = ("command that starts each cell's '-m smallinit train' instead of this Python, e.g. "
+                 "'torchrun --standalone --nproc_per_node=gpu' or a site's wrapper; replaces the file's launcher")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="smallinit", description="Small initialization for language models.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -257,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "CPU models, else 1)")
     p.add_argument("--retry-failed", action="store_true", help="run failed cells again (resuming where they can)")
     p.add_argument("--status", metavar="DIR", help="print the cells of a sweep folder and stop")
+    p.add_argument("--launcher", metavar="CMD", help=LAUNCHER_HELP)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("recipe", help="run a named experiment of the paper (see --list), then judge its claims")
@@ -268,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--presets", metavar="P1,P2", help="replace the recipe's sizes by these presets (e.g. MoE ones)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key in every run (not the keys the recipe sweeps)")
+    p.add_argument("--launcher", metavar="CMD", help=LAUNCHER_HELP)
     p.set_defaults(func=cmd_recipe)
 
     p = sub.add_parser("demo", help="the paper's claims C1–C7 at CPU scale in ≈ 20 min (--quick ≈ 3 min), "
@@ -371,9 +379,24 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"smallinit: error: cannot access{where} ({e.strerror or type(e).__name__}); "
                          "check free disk space, permissions and the path\n")
         return 2
+    except (MemoryError, RuntimeError) as e:  # an allocation no estimate foresaw (CPU, GPU or numpy)
+        if not isinstance(e, MemoryError) and not any(m in str(e) for m in _OUT_OF_MEMORY):
+            raise
+        sys.stderr.write(f"smallinit: error: out of memory ({_first_line(e)}); lower train.batch_size or "
+                         "data.seq_len, raise train.grad_accum, set train.activation_checkpointing=true or choose a "
+                         "smaller model\n")
+        return 2
     except KeyboardInterrupt:
         print("smallinit: interrupted", file=sys.stderr)
         return 130
+
+
+_OUT_OF_MEMORY = ("out of memory", "can't allocate memory")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:200]
 
 
 if __name__ == "__main__":

@@ -205,6 +205,8 @@ class TrainConfig:
         if self.dist_timeout <= 0:
             raise ConfigError(f"train.dist_timeout must be > 0 seconds, got {self.dist_timeout}")
         _choice(self, "nonfinite", ("stop", "skip"))
+        if self.batch_size > 2**24:  # every rank draws the whole batch's start positions each step
+            raise ConfigError(f"train.batch_size={self.batch_size} is too large; use at most 2**24 sequences per step")
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"train.grad_accum={self.grad_accum} must divide train.batch_size={self.batch_size}")
 

@@ -15,18 +15,24 @@ element: 2 under bf16, 4 in fp32; per token of the micro-batch, per layer):
         experts, plus 8·E for the router in fp32, plus a shared expert's 4·d_expert)
     with activation checkpointing only each block's input is kept (4·d per layer), and the block being
     recomputed in backward holds its activations again (one layer's worth, counted as in flight);
-    the head, per token: 12·d (final norm) + 4·V (fp32 log-probabilities), and at the start of backward
-    two fp32 V-sized gradient buffers (8·V, in flight).
+    the head, per token: 12·d (final norm) + a·V (the logits, which the loss keeps instead of fp32
+    log-probabilities), and in backward the loss's fp32 V-sized gradient, plus its cast to bf16 under
+    autocast (4·V or 6·V, in flight).
 
 Checked against the tensors autograd really saves (fp32, CPU): within 6 % (tests/test_distributed.py).
 
 It ignores the CUDA context and allocator fragmentation (budget ~1-2 GiB per GPU more) and fused
-attention's per-row statistics. ``smallinit info --memory`` prints it for a config.
+attention's per-row statistics. ``smallinit info --memory`` prints it for a config, and the trainer refuses,
+before writing anything, a config whose estimate exceeds the device's whole memory (``check_fits``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -52,19 +58,31 @@ class MemoryEstimate:
         return self.weights + self.grads + self.optimizer + self.activations + self.in_flight
 
 
+def _period(cfg: ModelConfig) -> int:
+    """Layers after which the block layout repeats (MoE blocks come every moe.every_n_layers)."""
+    return min(cfg.n_layers, cfg.moe.every_n_layers if cfg.moe else 1)
+
+
+def _over_layers(cfg: ModelConfig, per_period: list[float]) -> float:
+    """Sum of a per-layer quantity over all layers, from its values over one period."""
+    whole, rest = divmod(cfg.n_layers, len(per_period))
+    return whole * sum(per_period) + sum(per_period[:rest])
+
+
 def _shapes(cfg: ModelConfig) -> tuple[int, int, int]:
-    """Total, largest-block and root (embedding, final norm, head) parameter counts, from a meta model."""
+    """Total, largest-block and root (embedding, final norm, head) parameter counts, from a meta model of one
+    period of layers, so that a deep config is as quick to estimate as a shallow one."""
     from ..model import Transformer
 
     with torch.device("meta"):
-        model = Transformer(cfg, init=False)
-    total = model.num_params()
+        model = Transformer(dataclasses.replace(cfg, n_layers=_period(cfg)), init=False)
     blocks = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
-    return total, max(blocks), total - sum(blocks)
+    root = model.num_params() - sum(blocks)
+    return root + int(_over_layers(cfg, blocks)), max(blocks), root
 
 
 def layer_bytes_per_token(cfg: ModelConfig, act_bytes: int) -> list[float]:
-    """Bytes each layer saves for backward per token of the micro-batch (without checkpointing)."""
+    """Bytes each layer of one period saves for backward per token of the micro-batch (without checkpointing)."""
     d, kv = cfg.d_model, cfg.n_kv_heads * cfg.head_dim
     g = {"none": 0, "headwise": cfg.n_heads, "elementwise": d}[cfg.gate]
     gated_out = d if cfg.gate != "none" else 0
@@ -77,15 +95,15 @@ def layer_bytes_per_token(cfg: ModelConfig, act_bytes: int) -> list[float]:
         shared = 4 * de * act_bytes if m.shared_expert else 0
         return m.top_k * (4 * de + 3 * d) * act_bytes + 8 * m.num_experts + shared
 
-    return [24 * d + act_bytes * (3 * d + 2 * kv + 2 * g + gated_out) + mlp(i) for i in range(cfg.n_layers)]
+    return [24 * d + act_bytes * (3 * d + 2 * kv + 2 * g + gated_out) + mlp(i) for i in range(_period(cfg))]
 
 
 def activation_bytes_per_token(cfg: ModelConfig, act_bytes: int, *, activation_checkpointing: bool = False) -> float:
     """Bytes saved for backward per token of the micro-batch: all layers (or only their inputs) and the head."""
-    head = 12 * cfg.d_model + 4 * cfg.vocab_size
+    head = 12 * cfg.d_model + act_bytes * cfg.vocab_size
     if activation_checkpointing:
         return 4 * cfg.d_model * cfg.n_layers + head
-    return sum(layer_bytes_per_token(cfg, act_bytes)) + head
+    return _over_layers(cfg, layer_bytes_per_token(cfg, act_bytes)) + head
 
 
 def estimate_memory(
@@ -99,7 +117,7 @@ def estimate_memory(
     P, p_block, p_root = _shapes(cfg)
     tokens = micro_batch * seq_len
     acts = tokens * activation_bytes_per_token(cfg, a, activation_checkpointing=activation_checkpointing)
-    flight = tokens * 8 * cfg.vocab_size
+    flight = tokens * (6 if a == 2 else 4) * cfg.vocab_size  # the loss's fp32 gradient (+ its bf16 cast)
     if activation_checkpointing:  # the block being recomputed holds its activations again
         flight += tokens * max(layer_bytes_per_token(cfg, a))
     if parallel == "fsdp" and world_size > 1:
@@ -160,3 +178,40 @@ def describe_memory(cfg: Config, gpus: int = 1) -> str:
     return (f"memory per GPU (GiB, estimate): {precision}, micro-batch {micro} × {cfg.data.seq_len} tokens "
             f"(train.batch_size {tc.batch_size} / {gpus} GPUs / grad_accum {tc.grad_accum})\n"
             + format_estimates(rows))
+
+
+def device_memory(device: torch.device) -> int:
+    """Bytes of memory a process can use on ``device``: the GPU's total, or RAM within the cgroup's limit."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    with contextlib.suppress(OSError, ValueError):  # a container's limit (cgroup v2); "max" means none
+        total = min(total, int(Path("/sys/fs/cgroup/memory.max").read_text()))
+    return total
+
+
+def check_fits(cfg: Config, device: torch.device, world_size: int, amp_dtype: torch.dtype | None) -> None:
+    """Refuse a config that cannot train here at all: its estimate exceeds the device's whole memory.
+
+    Only the impossible is refused (an estimate under the total may still not fit next to other processes).
+    """
+    tc = cfg.train
+    micro = tc.batch_size // (world_size * tc.grad_accum)
+    est = estimate_memory(cfg.model, micro_batch=micro, seq_len=cfg.data.seq_len, world_size=world_size,
+                          parallel=tc.parallel, precision="bf16" if amp_dtype is not None else "fp32",
+                          activation_checkpointing=tc.activation_checkpointing)
+    have = device_memory(device)
+    if est.total <= have:
+        return
+    where = "GPU" if device.type == "cuda" else "machine"
+    state = est.weights + est.grads + est.optimizer
+    if state > have:
+        raise ConfigError(
+            f"the model's weights, gradients and AdamW state alone need ≈ {state / GIB:,.1f} GiB per {where} "
+            f"({est.params:,} parameters) but this {where} has {have / GIB:,.1f} GiB; choose a smaller model "
+            "(or train.parallel=fsdp over more GPUs)")
+    raise ConfigError(
+        f"training needs ≈ {est.total / GIB:,.1f} GiB per {where} (of which activations for {micro:,} × "
+        f"{cfg.data.seq_len} tokens per micro-batch ≈ {(est.activations + est.in_flight) / GIB:,.1f} GiB) but this "
+        f"{where} has {have / GIB:,.1f} GiB; lower train.batch_size or data.seq_len, raise train.grad_accum, or set "
+        "train.activation_checkpointing=true (smallinit info --memory shows the estimate)")

@@ -41,6 +41,7 @@ from .distributed import (
     with_layout_of,
 )
 from .loggers import metric_loggers
+from .memory import check_fits
 from .moe_log import RouterLog, has_moe
 from .optim import build_optimizer, lr_at
 
@@ -71,6 +72,7 @@ class Trainer:
         loggers = metric_loggers(tc)  # TensorBoard / W&B; a missing package fails on every rank, early
         self.callbacks += loggers if self.runtime.is_main else []
         self.amp_dtype = autocast_dtype(tc.precision, self.runtime.device)
+        check_fits(self.cfg, self.runtime.device, self.runtime.world_size, self.amp_dtype)
         on_main(self.runtime, lambda: self._check_run_dir(resume))  # one rank reads the run folder
         self.data = load_token_data(
             cfg.data.corpus, self.tokenizer, val_fraction=cfg.data.val_fraction, text_field=cfg.data.text_field
@@ -83,18 +85,18 @@ class Trainer:
                     "use a larger corpus, another data.val_fraction or a smaller data.seq_len"
                 )
 
-        if not resume and self.runtime.is_main:  # written only once the inputs proved usable
-            try:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise ckpt.storage_error(self.run_dir, e) from None
-            ckpt.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict())
         self.model = Transformer(cfg.model, seed=tc.seed).to(self.runtime.device)
         if has_moe(self.model):  # expert load and router losses go to metrics.jsonl
             self.callbacks.append(RouterLog())
         self.engine: torch.nn.Module = parallelize(self.model, self.runtime, tc, self.amp_dtype)
         self.optimizer = build_optimizer(self.model, tc)
         self.names = {id(p): n for n, p in self.model.named_parameters()}
+        if not resume and self.runtime.is_main:  # written only once the inputs and the model proved usable
+            try:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ckpt.storage_error(self.run_dir, e) from None
+            ckpt.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict())
         self.step, self.skipped = 0, 0
         if resume:
             self._restore()
