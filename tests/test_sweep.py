@@ -77,6 +77,10 @@ def test_same_folder_name_is_refused():
     ('[grid]\n"model.gamam" = [1.0]\n', "unknown config key model.gamam"),
     ('[grid]\n"model.gamma" = [1.0, -1.0]\n', "model.gamma must be > 0"),
     ('[base]\n"model.preset" = "huge"\n', "unknown preset"),
+    ('[sweep]\nlauncher = "sh -c id"\n', "not program 'sh'"),
+    ('[sweep]\nlauncher = "torchrun --no-python"\n', "not option '--no-python'"),
+    ('[sweep]\nlauncher = "torchrun --nproc_per_node=$(id)"\n', "not option '--nproc_per_node=$(id)'"),
+    ('[sweep]\nlauncher = "torchrun \'--standalone"\n', "not a command line"),
 ])
 def test_bad_sweep_files_exit_2_with_one_line(tmp_path, capsys, text, expect):
     path = tmp_path / "bad.toml"
@@ -87,6 +91,24 @@ def test_bad_sweep_files_exit_2_with_one_line(tmp_path, capsys, text, expect):
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and err.startswith("smallinit: error:") and expect in err, err
     assert not out.exists()  # nothing written for a sweep that cannot start
+
+
+def test_a_file_cannot_choose_the_program_but_the_command_line_can(tmp_path, corpus, capsys):
+    marker = tmp_path / "ran"
+    text = sweep_file(tmp_path, corpus, '[grid]\n"model.gamma" = [1.0]\n').read_text()
+    hostile = tmp_path / "hostile.toml"
+    hostile.write_text(text.replace('name = "tiny"', f'name = "tiny"\nlauncher = "touch {marker}"'))
+    assert main(["sweep", str(hostile), "--out", str(tmp_path / "refused")]) == 2
+    assert "only torchrun" in capsys.readouterr().err and not marker.exists() and not (tmp_path / "refused").exists()
+    assert Sweep.from_dict({"sweep": {"launcher": "torchrun --standalone --nproc_per_node=gpu --nnodes=1"}}).launcher
+
+    # the person at the command line may pick any launcher; each cell's train.log names it
+    launcher = f"env SMALLINIT_SITE=1 {sys.executable}"
+    out = run_sweep(tmp_path / "sweep.toml", tmp_path / "launched", jobs=1, launcher=launcher)
+    assert [r["status"] for r in out.rows] == ["done"]
+    log = (tmp_path / "launched" / out.rows[0]["dir"] / "train.log").read_text()
+    assert f"SMALLINIT_SITE=1 {sys.executable} -m smallinit train" in log.splitlines()[0]
+    assert json.loads((tmp_path / "launched" / "sweep.json").read_text())["launcher"] == launcher
 
 
 def test_bad_jobs_and_status_of_a_non_sweep(tmp_path, capsys, corpus):

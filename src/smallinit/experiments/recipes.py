@@ -176,9 +176,12 @@ class RecipeResult:
 def run_recipe(
     recipe: Recipe | str, scale: str = "cpu", out: str | os.PathLike | None = None, *, jobs: int | None = None,
     presets: list[str] | None = None, overrides: list[str] = (), echo: TextIO | None = sys.stderr,
-    analyse: bool = True,
+    analyse: bool = True, launcher: str | None = None,
 ) -> RecipeResult:
-    """Run every sweep of ``scale`` (continuing earlier runs in ``out``), then the recipe's analysis."""
+    """Run every sweep of ``scale`` (continuing earlier runs in ``out``), then the recipe's analysis.
+
+    ``launcher`` (from the command line) replaces the launcher of every sweep, e.g. for a site's srun wrapper.
+    """
     from .analyses import ANALYSES
 
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
@@ -199,7 +202,7 @@ def run_recipe(
     for name, sw in sc.sweeps.items():
         if echo is not None:
             print(f"[recipe] {recipe.name} ({sc.name}): sweep {name}", file=echo, flush=True)
-        outcomes[name] = run_sweep(sw, out / name, jobs=jobs, echo=echo)
+        outcomes[name] = run_sweep(sw, out / name, jobs=jobs, echo=echo, launcher=launcher)
         if outcomes[name].interrupted:
             return RecipeResult(recipe, sc, out, outcomes, None, time.monotonic() - t0)
     analysis = None

@@ -24,7 +24,8 @@ A sweep file (TOML)::
 
 Cells run in order (sizes outermost, then arms, then the grid keys in file order) as ``python -m smallinit
 train --out SWEEP/cells/<cell-id> --set ...`` (or ``<launcher> -m smallinit train ...`` when [sweep] sets
-``launcher``, e.g. ``"torchrun --standalone --nproc_per_node=gpu"``), so a crash or a NaN in one cell cannot
+``launcher``, e.g. ``"torchrun --standalone --nproc_per_node=gpu"``: in a file only torchrun with launch
+options, any other command only from the command line), so a crash or a NaN in one cell cannot
 stop the others. Later layers win: base, then size, then arm, then grid values. The sweep folder
 holds ``sweep.json`` (the cells), ``status.json`` (pending / running / done / failed / interrupted per cell,
 with the error line; rewritten atomically after every change), ``results.csv`` and ``results.json`` (one
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import io
 import itertools
 import json
@@ -68,6 +70,11 @@ STATUSES = ("pending", "running", "done", "failed", "interrupted")
 SMALL_MODEL_PARAMS = 6_000_000  # ≤ this (cpu-1m, cpu-5m and the demo's shapes): pack one cell per core
 _SECTIONS = ("sweep", "base", "grid", "arms", "sizes")
 _SWEEP_KEYS = ("name", "description", "launcher")
+# A file may name torchrun with these launch options only: a sweep file is data, and data downloaded with a
+# recipe must not choose which program runs. Any other launcher comes from the command line (--launcher).
+_FILE_LAUNCHER = "torchrun"
+_LAUNCH_OPTIONS = ("standalone", "nproc-per-node", "nnodes", "node-rank", "rdzv-backend", "rdzv-endpoint", "rdzv-id",
+                   "master-addr", "master-port", "max-restarts", "monitor-interval", "redirects", "tee")
 _POLL_S = 0.2
 _ORPHAN_WAIT_S = 120.0  # how long a re-run waits for a cell process left over from a killed runner
 _EXIT_PREEMPTED = 75
@@ -93,6 +100,36 @@ def toml_literal(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k} = {toml_literal(v)}" for k, v in value.items()) + "}"
     raise ExperimentError(f"sweep value {value!r} has unsupported type {type(value).__name__}")
+
+
+def launcher_argv(launcher: str, where: str = "--launcher") -> list[str]:
+    """The words of a launcher command; ``smallinit train``'s ``-m smallinit ...`` is appended to them."""
+    try:
+        argv = shlex.split(launcher)
+    except ValueError as e:
+        raise ExperimentError(f"{where}: {launcher!r} is not a command line ({e}); check its quotes") from None
+    if not argv:
+        raise ExperimentError(f"{where} is empty; name a program such as torchrun, or leave it out")
+    return argv
+
+
+def check_file_launcher(launcher: str, where: str) -> None:
+    """A launcher written in a file: torchrun and its launch options, nothing else (see _LAUNCH_OPTIONS)."""
+    argv = launcher_argv(launcher, f"{where}: sweep.launcher")
+    if argv[0] != _FILE_LAUNCHER:
+        bad = f"program {argv[0]!r}"
+    else:
+        bad = next((f"option {arg!r}" for arg in argv[1:] if not _launch_option(arg)), "")
+    if bad:
+        raise ExperimentError(
+            f"{where}: sweep.launcher may name only torchrun with --option=value launch options, not {bad}; "
+            "to run cells through another command, pass it on the command line: --launcher 'COMMAND'")
+
+
+def _launch_option(arg: str) -> bool:
+    name, _, value = arg.removeprefix("--").partition("=")
+    return (arg.startswith("--") and name.replace("_", "-") in _LAUNCH_OPTIONS
+            and re.fullmatch(r"[A-Za-z0-9._:/-]*", value) is not None)
 
 
 def _id_part(value: Any) -> str:
@@ -159,6 +196,8 @@ class Sweep:
                 if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+-]*", name):
                     raise ExperimentError(f"{where}: {axis} name {name!r} may hold only letters, digits and . + -")
                 named[name] = flatten(table)
+        if meta.get("launcher"):
+            check_file_launcher(str(meta["launcher"]), where)
         sweep = Sweep(
             base=flatten(raw.get("base", {})), grid=grid, arms=axes["arms"], sizes=axes["sizes"],
             name=str(meta.get("name", "sweep")), description=str(meta.get("description", "")),
@@ -551,7 +590,7 @@ class SweepRunner:
         run = self.dir / "cells" / cell.id
         run.mkdir(parents=True, exist_ok=True)
         resume = (run / "config.json").is_file()
-        start = shlex.split(self.sweep.launcher) if self.sweep.launcher else [self.python]
+        start = launcher_argv(self.sweep.launcher) if self.sweep.launcher else [self.python]
         cmd = [*start, "-m", "smallinit", "train", "--out", str(run)]
         for item in cell.set_args():
             cmd += ["--set", item]
@@ -704,9 +743,15 @@ def _hms(seconds: float) -> str:
 
 def run_sweep(
     sweep: Sweep | str | os.PathLike, sweep_dir: str | os.PathLike, *, jobs: int | None = None,
-    retry_failed: bool = False, echo: TextIO | None = None,
+    retry_failed: bool = False, echo: TextIO | None = None, launcher: str | None = None,
 ) -> SweepOutcome:
-    """Run (or continue) a sweep into ``sweep_dir``; ``echo`` receives progress lines."""
+    """Run (or continue) a sweep into ``sweep_dir``; ``echo`` receives progress lines.
+
+    ``launcher`` (from the command line, so any command) replaces the sweep file's [sweep] launcher.
+    """
     if not isinstance(sweep, Sweep):
         sweep = Sweep.load(sweep)
+    if launcher is not None:
+        launcher_argv(launcher)
+        sweep = dataclasses.replace(sweep, launcher=launcher)
     return SweepRunner(sweep, sweep_dir, jobs=jobs, retry_failed=retry_failed, echo=echo).run()
