@@ -443,6 +443,20 @@ def test_cli_tokenizer_and_cache_unwritable(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "run").exists()
 
 
+def test_report_and_export_cut_short_mid_write_leave_no_partial_files(reference, tmp_path, capsys):
+    """A real EFBIG after some bytes are written: one line each, no temporary file or folder left behind."""
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    before = snapshot(run)
+    with file_size_limit(16 << 10):  # the report (base64 figures) and the exported weights are larger
+        assert main(["report", str(run)]) == 2
+        assert "File too large" in one_line(capsys.readouterr().err)
+        assert main(["export-hf", str(run), str(tmp_path / "hf")]) == 2
+        assert "File too large" in one_line(capsys.readouterr().err)
+    assert snapshot(run) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
 def test_cli_report_on_full_disk_is_one_line_and_changes_nothing(reference, tmp_path, capsys):
     pytest.importorskip("smallinit.report")
     run = tmp_path / "run"

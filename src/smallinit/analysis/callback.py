@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +25,7 @@ from ..config import AnalysisConfig
 from ..data import iter_eval_batches
 from ..errors import ConfigError
 from ..train.callbacks import Callback
+from ..train.checkpoint import write_atomic
 from .condensation import named_matrices, row_cosine, sampled_mean_abs_cos, stable_rank
 from .measure import measure_activations
 
@@ -109,9 +109,7 @@ class AnalysisCallback(Callback):
             return
         path = snapshot_path(trainer.run_dir, trainer.step)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.npz")
-        np.savez(tmp, step=np.int64(trainer.step), **arrays)
-        os.replace(tmp, path)
+        write_atomic(path, lambda f: np.savez(f, step=np.int64(trainer.step), **arrays), run_dir=trainer.run_dir)
 
 
 def load_snapshots(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -64,7 +64,7 @@ from typing import Any, TextIO
 
 from ..config import Config, flatten, read_toml
 from ..errors import ExperimentError, SmallinitError
-from ..train.checkpoint import write_json_atomic
+from ..train.checkpoint import write_json_atomic, write_text_atomic
 
 STATUSES = ("pending", "running", "done", "failed", "interrupted")
 SMALL_MODEL_PARAMS = 6_000_000  # ≤ this (cpu-1m, cpu-5m and the demo's shapes): pack one cell per core
@@ -390,9 +390,7 @@ def write_results(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
     writer.writeheader()
     for row in rows:
         writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
-    tmp = sweep_dir / f".results.csv.tmp{os.getpid()}"
-    tmp.write_text(buf.getvalue(), encoding="utf-8")
-    os.replace(tmp, sweep_dir / "results.csv")
+    write_text_atomic(sweep_dir / "results.csv", buf.getvalue())
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

@@ -22,21 +22,24 @@ paper's ε to every norm, and saves it: pretraining from scratch with small init
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from ..config import Config, ModelConfig
 from ..data import EOS_TOKEN, load_tokenizer
 from ..errors import CheckpointError, ConfigError, SmallinitError
 from ..init import InitReport, InitRow, gamma_init_, is_norm, set_norm_eps_
-from ..train.checkpoint import load_model_tensors, load_tensors, resolve_checkpoint
+from ..train.checkpoint import load_model_tensors, load_tensors, resolve_checkpoint, storage_error
 
 REMOTE_DIR = Path(__file__).resolve().parent / "remote"
 REMOTE_FILES = ("configuration_smallinit.py", "modeling_smallinit.py")
@@ -223,21 +226,25 @@ def _check_against_class(tensors: dict[str, torch.Tensor], config, architecture:
         raise CheckpointError(f"the {architecture} export does not match the model at {diff[0]}; report this")
 
 
-def _fresh_out_dir(out_dir: Path) -> Path:
-    """A temporary sibling of ``out_dir``; refuses an out_dir that already holds files."""
+@contextlib.contextmanager
+def _publishing(out_dir: Path) -> Iterator[Path]:
+    """A temporary sibling of ``out_dir`` to write into, renamed to ``out_dir`` when the block succeeds and
+    removed when it fails (a failed write becomes one StorageError line). Refuses an out_dir that holds files."""
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ExportError(f"{out_dir} already exists and is not empty; choose another output folder")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    return tmp
-
-
-def _publish(tmp: Path, out_dir: Path) -> None:
-    if out_dir.exists():
-        out_dir.rmdir()  # empty (checked before writing)
-    os.replace(tmp, out_dir)
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        yield tmp
+        if out_dir.exists():
+            out_dir.rmdir()  # empty (checked before writing)
+        os.replace(tmp, out_dir)
+    except (OSError, SafetensorError) as e:
+        raise storage_error(out_dir, e) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def export_hf(checkpoint: str | Path, out_dir: str | Path) -> ExportResult:
@@ -263,8 +270,7 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path) -> ExportResult:
     _check_against_class(tensors, config, architecture)
 
     out_dir = Path(out_dir)
-    tmp = _fresh_out_dir(out_dir)
-    try:
+    with _publishing(out_dir) as tmp:
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         config.save_pretrained(tmp)
         transformers.GenerationConfig(
@@ -274,10 +280,6 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path) -> ExportResult:
         if architecture == REMOTE_CLASS:
             for fname in REMOTE_FILES:
                 shutil.copyfile(REMOTE_DIR / fname, tmp / fname)
-        _publish(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return ExportResult(out_dir, architecture, architecture == REMOTE_CLASS, reason, found.step)
 
 
@@ -377,11 +379,6 @@ def init_hf(
     norms = set_norm_eps_(model, norm_eps)
 
     out_dir = Path(out_dir)
-    tmp = _fresh_out_dir(out_dir)
-    try:
+    with _publishing(out_dir) as tmp:
         model.save_pretrained(tmp)
-        _publish(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return InitHFResult(out_dir, type(model).__name__, report, norms, offset, sorted(set(fields)))

@@ -10,6 +10,7 @@ from typing import Any
 from ..analysis.coordcheck import CoordCheck
 from ..analysis.residual_flow import ResidualFlowSweep
 from ..analysis.tokens import TokenGapResult
+from ..train.checkpoint import write_text_atomic
 from . import figures
 from .html import ANALYSIS_FILE, COMPARE_FILE, COORDCHECK_FILE, SWEEP_FILE, build_report
 from .verdict import Verdict, judge, verdict_paired, verdict_unpaired
@@ -22,9 +23,7 @@ __all__ = [
 
 def _write_json(path: Path, obj: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, default=float), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, indent=1, default=float))
     return path
 
 

@@ -33,6 +33,7 @@ from ..analysis.residual_flow import ResidualFlowSweep
 from ..analysis.tokens import TokenGapResult
 from ..config import flatten
 from ..errors import SmallinitError
+from ..train.checkpoint import write_text_atomic
 from . import figures
 from .verdict import Verdict, verdict_paired
 
@@ -638,7 +639,5 @@ def build_report(root: str | os.PathLike, out: str | os.PathLike | None = None) 
     _section_analyses(doc, analyses)
     _section_evals(doc, evals)
     path = Path(out) if out is not None else root / REPORT_FILE
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(doc.render(), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, doc.render())
     return path

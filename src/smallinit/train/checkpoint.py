@@ -24,9 +24,10 @@ import contextlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from safetensors import SafetensorError
@@ -52,12 +53,17 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / CKPT_DIR / f"step_{step:07d}"
 
 
-def write_json_atomic(path: Path, obj: Any, *, run_dir: Path | None = None) -> None:
-    """Write JSON to a temporary name, then rename; a failure names ``run_dir``'s last checkpoint if given."""
+def write_atomic(path: Path, write: Callable[[BinaryIO], Any], *, run_dir: Path | None = None) -> None:
+    """``write(file)`` to a temporary name, fsync, then rename: readers see the old file or the new one.
+
+    A failure (disk full, read-only, too large) removes the temporary file and raises StorageError, naming
+    ``run_dir``'s last checkpoint if given.
+    """
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, sort_keys=True)
+        with open(tmp, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -66,6 +72,14 @@ def write_json_atomic(path: Path, obj: Any, *, run_dir: Path | None = None) -> N
     finally:
         with contextlib.suppress(OSError):  # the folder itself may be unusable; the error above says so
             tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: Path, text: str, *, run_dir: Path | None = None) -> None:
+    write_atomic(path, lambda f: f.write(text.encode("utf-8")), run_dir=run_dir)
+
+
+def write_json_atomic(path: Path, obj: Any, *, run_dir: Path | None = None) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True), run_dir=run_dir)
 
 
 def storage_error(path: Path, e: OSError | SafetensorError, run_dir: Path | None = None) -> StorageError:

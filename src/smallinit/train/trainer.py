@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import signal
 import threading
 import time
@@ -318,14 +317,7 @@ def truncate_metrics(path: Path, last_step: int) -> None:
                 keep.append(line)
         except (json.JSONDecodeError, AttributeError, RecursionError):
             continue  # a line torn by a crash
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise ckpt.storage_error(path, e) from None
+    ckpt.write_text_atomic(path, "".join(line + "\n" for line in keep))
 
 
 def _first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
