@@ -10,10 +10,11 @@ import pytest
 
 from smallinit.cli import main
 from smallinit.errors import ExperimentError
-from smallinit.experiments.claims import BASELINE, FIXED, Run, Runs, claim_c1, claim_c4, combine
+from smallinit.experiments.claims import BASELINE, FIXED, Runs, claim_c1, claim_c4, claim_c7, combine
 from smallinit.experiments.recipes import customise, load_recipe, recipe_names, run_recipe
 from smallinit.experiments.sweep import resolve_config
 from smallinit.report.verdict import verdict_paired
+from smallinit.train.runs import Run
 
 SHIPPED = ["condensation", "demo", "paper-fig1", "paper-fig2", "paper-fig3", "reasoning", "tokens"]
 
@@ -67,7 +68,8 @@ def synthetic_runs(loss, sizes=(32, 64, 128), seeds=(0, 1, 2), arms=(BASELINE, F
                 for seed in seeds:
                     cfg = {"model.d_model": d, "model.n_layers": 4, "model.n_heads": 4, "model.d_ff": 4 * d,
                            "model.gamma": gamma, "train.seed": seed, "model.moe.num_experts": None, **arm}
-                    runs.append(Run(Path("."), f"d{d}", cfg, loss(d, gamma, arm, seed), 0, 1000 * d * d))
+                    summary = {"val_loss": loss(d, gamma, arm, seed), "params_nonembed": 1000 * d * d}
+                    runs.append(Run(Path("."), f"d{d}", cfg, summary))
     return Runs(runs)
 
 
@@ -87,6 +89,21 @@ def test_c1_verdicts_follow_the_data():
     one_seed = synthetic_runs(lambda d, g, arm, s: 3.0 + (0.05 if g == 0.5 else 0.0), seeds=(0,))
     assert claim_c1(one_seed).verdict == "inconclusive"
     assert combine(["agree", "inconclusive"]) == "inconclusive" and combine(["agree", "disagree"]) == "disagree"
+
+
+def test_c7_verdicts_follow_where_the_gain_lies():
+    """Δ_sym per difficulty decile over three seeds: peaked in the middle, on the easiest, or nowhere."""
+    rng = np.random.default_rng(2)
+
+    def gaps(shape):
+        return {s: {"bins": [{"mean_delta_sym": float(v + rng.normal(0, 1e-3))} for v in shape]} for s in range(3)}
+
+    middle = claim_c7(gaps([0.0, 0.0, 0.0, 0.02, 0.05, 0.06, 0.06, 0.05, 0.04, 0.01]))
+    assert middle.verdict == "agree"
+    assert middle.comparisons[0].mean == pytest.approx(0.052, abs=2e-3)  # mean of deciles 5–9 minus 1–3
+    assert claim_c7(gaps([0.06, 0.05, 0.05, 0.02, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])).verdict == "disagree"
+    assert claim_c7(gaps([0.01] * 10)).verdict == "inconclusive"
+    assert claim_c7(None).verdict == "inconclusive"
 
 
 def test_c4_effective_size_recovers_a_known_shift():

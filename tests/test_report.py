@@ -7,7 +7,6 @@ import json
 import math
 import re
 import statistics
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +15,7 @@ from smallinit.analysis.measure import held_out_batches
 from smallinit.cli import main
 from smallinit.data import load_tokenizer
 from smallinit.report import judge, verdict_paired, verdict_unpaired
-from smallinit.report.html import CLAIMS, Run, evaluate_claims, num
+from smallinit.report.html import num
 
 # -- verdicts -------------------------------------------------------------------------------------------------
 
@@ -39,45 +38,6 @@ def test_verdict_rules():
     u = verdict_unpaired([1.0, 1.1, 0.9], [2.0, 2.1, 1.9], "positive")
     assert u.label == "agree" and u.mean == pytest.approx(1.0)
     assert u.se == pytest.approx(math.sqrt(2 * (0.01 / 3)))
-
-
-def _run(gamma: float, seed: int, loss: float, eps: float = 1e-12) -> Run:
-    cfg = {"model.gamma": gamma, "model.norm_eps": eps, "model.gate": "none", "train.seed": seed, "train.steps": 10}
-    return Run(Path("."), f"g{gamma}-e{eps}-s{seed}", cfg, summary={"val_loss": loss, "step": 10})
-
-
-def test_claims_pair_runs_by_seed_within_each_context():
-    runs = []
-    for s, noise in enumerate([0.002, -0.001, 0.0]):
-        runs += [_run(0.5, s, 3.00 + noise), _run(1.0, s, 2.95 + noise)]  # γ = 1 better by 0.05 per seed
-        runs += [_run(0.5, s, 3.00 + noise, 1e-5), _run(1.0, s, 3.02 + noise * 3, 1e-5)]  # worse at ε = 1e-5
-    rows = [r for r in evaluate_claims(runs) if r.claim.id == "C1"]
-    assert len(rows) == 2  # one per ε: the ε key is held equal inside a comparison
-    by_ctx = {r.context: r for r in rows}
-    good, bad = by_ctx["model.norm_eps=1e-12"], by_ctx["model.norm_eps=1e-05"]
-    assert good.verdict.label == "agree" and good.verdict.mean == pytest.approx(-0.05)
-    assert bad.verdict.label == "disagree"
-    c2 = [r for r in evaluate_claims(runs) if r.claim.id == "C2"]  # ε 1e-5 → 1e-12, per γ
-    assert {r.context for r in c2} == {"model.gamma=0.5", "model.gamma=1.0"}
-    single = evaluate_claims([_run(0.5, 0, 3.0), _run(1.0, 0, 2.9)])
-    assert [r.verdict.label for r in single if r.claim.id == "C1"] == ["inconclusive"]
-    assert {c.id for c in CLAIMS} >= {"C1", "C2", "C3"}
-
-
-def test_token_verdict_locates_the_gain():
-    from smallinit.analysis.tokens import DifficultyBin, TokenGapResult
-    from smallinit.report.html import token_verdict
-
-    def result(means):
-        bins = [DifficultyBin(i, i + 1, 100, i + 0.5, m, 0.01, m, 0.01) for i, m in enumerate(means)]
-        return TokenGapResult(tokens=100 * len(means), mean_delta_sym=0.0, mean_loss_a=0.0, mean_loss_b=0.0,
-                              bins=bins, top_a=[], top_b=[])
-
-    assert token_verdict(result([0.0, 0.2, 0.3, 0.05])).label == "agree"  # interior peak, clear of both ends
-    assert token_verdict(result([0.5, 0.2, 0.1, 0.05])).label == "disagree"  # gains on the easiest tokens
-    assert token_verdict(result([0.0, 0.2, 0.3, 0.5])).label == "disagree"  # gains on the noisiest tokens
-    assert token_verdict(result([0.0, 0.2, 0.3, 0.29])).label == "inconclusive"  # peak not clear of the end
-    assert token_verdict(result([-0.5, -0.2, -0.1, -0.3])).label == "inconclusive"  # A better nowhere
 
 
 # -- the report --------------------------------------------------------------------------------------------------
@@ -103,7 +63,7 @@ def report_dir(tmp_path_factory):
         assert main(["train", "--out", str(runs / f"g{gamma}"), *_sets(TINY + extra)]) == 0
     assert main(["analyze", str(runs / "g1.0"), "--batches", "1", "--batch-size", "2"]) == 0
     assert main(["compare", str(runs / "g1.0"), str(runs / "g0.5"), "--out", str(root / "cmp"), "--top-k", "3",
-                 "--batch-size", "2", "--bins", "4"]) == 0
+                 "--batch-size", "2"]) == 0
     assert main(["coordcheck", "--out", str(root / "cc"), "--gammas", "0.5,1", "--steps", "1", "--batch-size", "2",
                  *_sets(["model.n_layers=2", "model.vocab_size=257", "data.seq_len=16"]), "--residual-flow",
                  "--widths", "32,64", "--seeds", "0,1"]) == 0
@@ -130,8 +90,15 @@ def test_report_numbers_come_from_the_files(report_dir):
     page = (report_dir / "report.html").read_text(encoding="utf-8")
     cmp = json.loads((report_dir / "cmp" / "compare.json").read_text())
     assert f"{cmp['tokens']:,} tokens" in page
+    # the claims are judged by the recipes' functions from these files: C5 per γ of the width sweep, C7 from
+    # the γ = 1 vs γ = 0.5 comparison (one seed, so inconclusive whatever its sign)
     sweep = json.loads((report_dir / "cc" / "residual_flow_sweep.json").read_text())
-    assert len(sweep["slopes"]) == 2 and page.count("C5</td>") == 2  # one verdict row per γ
+    for gamma, seed_slopes in zip(sweep["gammas"], sweep["seed_slopes"]):
+        mean = statistics.fmean(s - (1 - gamma) for s in seed_slopes)
+        assert f"flow exponent − (1−γ) at γ{gamma:g}: {mean:+.3f} ± " in page
+    d = [b["mean_delta_sym"] for b in cmp["bins"]]
+    mid_easy = statistics.fmean(d[4:9]) - statistics.fmean(d[:3])
+    assert f"Δ_sym mid−easy deciles: {mid_easy:+.3f} (n=1): inconclusive" in page
     analysis = json.loads((report_dir / "runs" / "g1.0" / "analysis" / "analysis.json").read_text())
     assert {m["name"] for m in analysis["matrices"]} >= {"embed.weight", "blocks.1.mlp.down_proj.weight"}
     # analyze measured the trained model on the run's first validation windows

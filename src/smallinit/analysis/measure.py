@@ -11,12 +11,13 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..config import Config
+from ..config import Config, flatten
 from ..data import Tokenizer, iter_eval_batches, load_token_data, load_tokenizer
 from ..errors import ConfigError, DataError
 from ..train.checkpoint import load_model as _load_model
@@ -154,8 +155,18 @@ def compare_checkpoints(
     la, lb = labels or (_run_name(a.path), _run_name(b.path))
     result.meta = {"label_a": la, "label_b": lb, "checkpoint_a": str(a.path), "checkpoint_b": str(b.path),
                    "step_a": a.step, "step_b": b.step, "seq_len": seq_len,
+                   "settings_a": run_settings(flatten(a.config.to_dict())),
+                   "settings_b": run_settings(flatten(b.config.to_dict())),
                    "data": str(data) if data is not None else f"validation split of {a.config.data.corpus}"}
     return result
+
+
+SETTINGS = ("model.gamma", "model.norm_eps", "model.gate", "train.seed")  # what a comparison's claim depends on
+
+
+def run_settings(flat_config: dict[str, Any]) -> dict[str, Any]:
+    """The settings of a compared run that say which claim the comparison can test (kept in compare.json)."""
+    return {k: flat_config.get(k) for k in SETTINGS}
 
 
 def _run_name(checkpoint: Path) -> str:

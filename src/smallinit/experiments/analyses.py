@@ -38,6 +38,7 @@ from .claims import (
     claim_c5,
     claim_c6,
     claim_c7,
+    judge_all,
     paired,
 )
 
@@ -83,7 +84,7 @@ def norm_factor_table(runs: Runs) -> dict[str, Any]:
                 for d in widths for eps in (1e-5, 1e-12)}
     measured: dict[tuple, dict[str, list[float]]] = {}
     for r in runs:
-        recs = sorted(r.records(), key=lambda x: x["step"])
+        recs = r.analysis
         if recs and "norm_factor" in recs[0]:
             m = measured.setdefault(_group_key(r)[:3], {"start": [], "end": []})
             m["start"].append(float(np.mean(list(recs[0]["norm_factor"].values()))))
@@ -117,7 +118,7 @@ def _largest_paired_size(runs: Runs, arm: dict[str, Any]) -> tuple | None:
 def token_gaps(runs: Runs, options: dict[str, Any], out: Path) -> dict[int, dict[str, Any]] | None:
     """Δ_sym of γ = 1 (A) against γ = 0.5 (B), same seed, fixed arm, at the largest size that has both;
     also OUT/tokens/seed<s>/compare.json for the report."""
-    from ..analysis.measure import held_out_batches
+    from ..analysis.measure import held_out_batches, run_settings
     from ..analysis.tokens import token_gap
     from ..config import Config
     from ..data import load_tokenizer
@@ -132,14 +133,15 @@ def token_gaps(runs: Runs, options: dict[str, Any], out: Path) -> dict[int, dict
     b = {r.seed: r for r in sel.where({"model.gamma": 0.5})}
     gaps = {}
     for seed in sorted(set(a) & set(b)):
-        cfg = Config.from_json_file(a[seed].dir / "config.json")
+        cfg = Config.from_json_file(a[seed].path / "config.json")
         tok = load_tokenizer(cfg.data.tokenizer)
         batches = held_out_batches(cfg, tok, batches=int(options.get("gap_batches", 16)),
                                    batch_size=int(options.get("gap_batch_size", 16)))
-        res = token_gap(load_model(a[seed].dir), load_model(b[seed].dir), batches, tokenizer=tok, bins=10, top_k=10)
-        res.meta.update(label_a=f"γ=1 ({a[seed].cell})", label_b=f"γ=0.5 ({b[seed].cell})")
+        res = token_gap(load_model(a[seed].path), load_model(b[seed].path), batches, tokenizer=tok, bins=10, top_k=10)
+        res.meta.update(label_a=f"γ=1 ({a[seed].name})", label_b=f"γ=0.5 ({b[seed].name})",
+                        settings_a=run_settings(a[seed].config), settings_b=run_settings(b[seed].config))
         write_compare(res, out / "tokens" / f"seed{seed}")
-        gaps[seed] = {**res.to_dict(), **_size_fields(n), "a": a[seed].cell, "b": b[seed].cell}
+        gaps[seed] = {**res.to_dict(), **_size_fields(n), "a": a[seed].name, "b": b[seed].name}
     return gaps
 
 
@@ -152,8 +154,7 @@ def analyse_claims(out: Path, options: dict[str, Any]) -> dict[str, Any]:
     runs = Runs.load(out)
     flow = flow_sweep(options, out)
     gaps = token_gaps(runs, options, out)
-    results = [claim_c1(runs), claim_c2(runs), claim_c3(runs), claim_c4(runs, n_boot=int(options.get("n_boot", 1000))),
-               claim_c5(runs, flow), claim_c6(runs), claim_c7(gaps)]
+    results = judge_all(runs, flow, gaps, n_boot=int(options.get("n_boot", 1000)))
     return {"claims": _claims(results), "losses": loss_table(runs), "sinks": sink_table(runs),
             "norm_factors": norm_factor_table(runs), "n_runs": len(runs)}
 
@@ -202,10 +203,10 @@ def trajectories(runs: Runs) -> list[dict[str, Any]]:
     """Per run: steps and, per logged matrix, stable rank and mean |cos| over training."""
     out = []
     for r in runs:
-        recs = sorted(r.records(), key=lambda x: x["step"])
+        recs = r.analysis
         if not recs or "stable_rank" not in recs[0]:
             continue
-        out.append({"cell": r.cell, "dir": str(r.dir), **_size_fields(r.size), "gamma": float(r.config["model.gamma"]),
+        out.append({"cell": r.name, "dir": str(r.path), **_size_fields(r.size), "gamma": float(r.config["model.gamma"]),
                     "seed": r.seed, "steps": [x["step"] for x in recs],
                     "stable_rank": {m: [x["stable_rank"][m] for x in recs] for m in recs[0]["stable_rank"]},
                     "mean_abs_cos": {m: [x["mean_abs_cos"][m] for x in recs] for m in recs[0].get("mean_abs_cos", {})}})
@@ -238,10 +239,10 @@ def analyse_reasoning(out: Path, options: dict[str, Any]) -> dict[str, Any]:
         corpus = str(r.config["data.corpus"])
         if not corpus.startswith("builtin:anchor"):
             continue
-        s = anchor_scores(load_model(r.dir), load_tokenizer(str(r.config["data.tokenizer"])),
+        s = anchor_scores(load_model(r.path), load_tokenizer(str(r.config["data.tokenizer"])),
                           AnchorTask.from_params(corpus), n=n)
-        scores[r.dir] = s
-        per_run.append({"cell": r.cell, "gamma": float(r.config["model.gamma"]), "seed": r.seed,
+        scores[r.path] = s
+        per_run.append({"cell": r.name, "gamma": float(r.config["model.gamma"]), "seed": r.seed,
                         "val_loss": r.val_loss, **{k: v for k, v in s.items() if k != "per_pair"},
                         "per_pair": s["per_pair"]})
     by_gamma: dict[float, list[dict]] = {}
@@ -257,7 +258,7 @@ def analyse_reasoning(out: Path, options: dict[str, Any]) -> dict[str, Any]:
         small, large = runs.where({"model.gamma": gammas[-1]}), runs.where({"model.gamma": gammas[0]})
 
         def metric(key: str) -> Callable[[Run], float | None]:
-            return lambda run: scores[run.dir][key] if run.dir in scores else None
+            return lambda run: scores[run.path][key] if run.path in scores else None
 
         claim.comparisons += [
             Comparison(f"reasoning γ{gammas[-1]:g}−γ{gammas[0]:g}", paired(small, large, metric("heldout_reasoning"))),

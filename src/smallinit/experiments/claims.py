@@ -18,7 +18,6 @@ without embeddings. "Baseline" means ε = 1e-5 with no gate, "fixed" ε = 1e-12 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable, Iterable
@@ -30,9 +29,9 @@ import numpy as np
 
 from ..analysis.norm_factor import relative_factor
 from ..analysis.scaling import effective_size_gain
-from ..config import Config, flatten
 from ..errors import ConfigError
 from ..report.verdict import verdict_paired
+from ..train.runs import Run
 from .sweep import sweep_rows
 
 AGREE, DISAGREE, INCONCLUSIVE = "agree", "disagree", "inconclusive"
@@ -137,52 +136,6 @@ class ClaimResult:
 # -- runs ------------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Run:
-    """A finished cell: its folder, flat resolved config, final val loss and sizes."""
-
-    dir: Path
-    cell: str
-    config: dict[str, Any]
-    val_loss: float | None
-    params: int
-    params_nonembed: int
-
-    @property
-    def seed(self) -> int:
-        return int(self.config["train.seed"])
-
-    @property
-    def size(self) -> tuple:
-        """The model shape, the same with or without the gate: (d_model, n_layers, n_heads, d_ff, experts)."""
-        c = self.config
-        return (int(c["model.d_model"]), int(c["model.n_layers"]), int(c["model.n_heads"]), int(c["model.d_ff"]),
-                int(c.get("model.moe.num_experts") or 0))
-
-    def records(self, event: str = "analysis") -> list[dict[str, Any]]:
-        out = []
-        path = self.dir / "metrics.jsonl"
-        if path.exists():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if r.get("event") == event:
-                    out.append(r)
-        return out
-
-    def matches(self, conditions: dict[str, Any]) -> bool:
-        for key, want in conditions.items():
-            have = self.size if key == "size" else self.config.get(key)
-            if isinstance(want, float) and isinstance(have, (int, float)):
-                if not math.isclose(have, want, rel_tol=1e-9, abs_tol=0.0):
-                    return False
-            elif have != want:
-                return False
-        return True
-
-
 class Runs:
     """The finished runs of one or more sweep folders, selectable by config values."""
 
@@ -197,13 +150,15 @@ class Runs:
             for spec in sorted(Path(folder).rglob("sweep.json")):
                 sweep_dir = spec.parent
                 for row in sweep_rows(sweep_dir):
-                    if row["status"] != "done":
-                        continue
-                    run_dir = sweep_dir / row["dir"]
-                    cfg = Config.from_json_file(run_dir / "config.json")
-                    runs.append(Run(run_dir, row["cell"], flatten(cfg.to_dict()), row["val_loss"], int(row["params"]),
-                                    int(row["params_nonembed"])))
+                    run = Run.load(sweep_dir / row["dir"], row["cell"]) if row["status"] == "done" else None
+                    if run is not None:
+                        runs.append(run)
         return Runs(runs)
+
+    @staticmethod
+    def finished(runs: Iterable[Run]) -> Runs:
+        """The runs that wrote their summary (a run still training, or killed, is not judged)."""
+        return Runs([r for r in runs if r.summary])
 
     def where(self, conditions: dict[str, Any] | None = None, **more: Any) -> Runs:
         cond = {**(conditions or {}), **more}
@@ -244,7 +199,7 @@ def _size_label(size: tuple) -> str:
 
 
 def _last_analysis(run: Run) -> dict[str, Any] | None:
-    recs = [r for r in run.records() if r.get("step") == run.config.get("train.steps")]
+    recs = [r for r in run.analysis if r.get("step") == run.config.get("train.steps")]
     return recs[-1] if recs else None
 
 
@@ -406,7 +361,7 @@ def claim_c6(runs: Runs) -> ClaimResult:
         sel = runs.where(arm)
         for n in sel.values("size"):
             at = sel.where(size=n)
-            traj = {g: {r.seed: sorted(r.records(), key=lambda x: x["step"]) for r in at.where({"model.gamma": g})}
+            traj = {g: {r.seed: r.analysis for r in at.where({"model.gamma": g})}
                     for g in (0.5, 1.0)}
             seeds = sorted(s for s in set(traj[0.5]) & set(traj[1.0]) if len(traj[0.5][s]) >= 3 and len(traj[1.0][s]) >= 3)
             if not seeds:
@@ -454,3 +409,22 @@ def claim_c7(gaps: dict[int, dict[str, Any]] | None) -> ClaimResult:
 
 
 CLAIMS = ("C1", "C2", "C3", "C4", "C5", "C6", "C7")
+
+
+def judge_all(runs: Runs, flow: dict[str, Any] | None = None, gaps: dict[int, dict[str, Any]] | None = None, *,
+              n_boot: int = 1000) -> list[ClaimResult]:
+    """C1–C7 on ``runs``; C5's exponent needs a residual-flow sweep (``flow``), C7 token comparisons (``gaps``)."""
+    return [claim_c1(runs), claim_c2(runs), claim_c3(runs), claim_c4(runs, n_boot=n_boot), claim_c5(runs, flow),
+            claim_c6(runs), claim_c7(gaps)]
+
+
+def gaps_from_compares(compares: Iterable[dict[str, Any]]) -> dict[int, dict[str, Any]] | None:
+    """C7's input from compare.json contents: γ = 1 (A) against γ = 0.5 (B), both with the fixes, same seed."""
+    gaps = {}
+    for c in compares:
+        a, b = c.get("meta", {}).get("settings_a") or {}, c.get("meta", {}).get("settings_b") or {}
+        fixed = all(s.get(k) == v for s in (a, b) for k, v in FIXED.items())
+        seed = a.get("train.seed")
+        if fixed and a.get("model.gamma") == 1.0 and b.get("model.gamma") == 0.5 and seed == b.get("train.seed"):
+            gaps[int(seed or 0)] = c
+    return gaps or None

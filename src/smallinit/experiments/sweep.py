@@ -65,6 +65,7 @@ from typing import Any, TextIO
 from ..config import Config, flatten, read_toml
 from ..errors import ExperimentError, SmallinitError
 from ..train.checkpoint import write_json_atomic, write_text_atomic
+from ..train.runs import read_json, read_metrics
 
 STATUSES = ("pending", "running", "done", "failed", "interrupted")
 SMALL_MODEL_PARAMS = 6_000_000  # ≤ this (cpu-1m, cpu-5m and the demo's shapes): pack one cell per core
@@ -302,27 +303,6 @@ def default_jobs(configs: list[Config], cores: int | None = None) -> int:
 # -- status and results -----------------------------------------------------------------------------------
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
-
-
-def _metrics(run_dir: Path) -> list[dict[str, Any]]:
-    records = []
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return records
-    for line in lines:
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line torn by a kill
-    return records
-
-
 def error_line(log: Path) -> str:
     """The line that says why a cell failed: smallinit's error line, else the last line of its log."""
     try:
@@ -338,8 +318,8 @@ def error_line(log: Path) -> str:
 def cell_row(sweep_dir: Path, cell: Cell, state: dict[str, Any]) -> dict[str, Any]:
     """One results row: grid values, status, losses, sizes and time."""
     run = sweep_dir / "cells" / cell.id
-    summary = _read_json(run / "summary.json") or {}
-    records = _metrics(run)
+    summary = read_json(run / "summary.json") or {}
+    records = read_metrics(run)
     train = [r for r in records if "loss" in r and r.get("event") is None]
     vals = [r for r in records if "val_loss" in r]
     speeds = [r["tokens_per_s"] for r in train if isinstance(r.get("tokens_per_s"), (int, float))]
@@ -366,7 +346,7 @@ def cell_row(sweep_dir: Path, cell: Cell, state: dict[str, Any]) -> dict[str, An
 
 
 def load_cells(sweep_dir: Path) -> list[Cell]:
-    spec = _read_json(sweep_dir / "sweep.json")
+    spec = read_json(sweep_dir / "sweep.json")
     if not isinstance(spec, dict) or "cells" not in spec:
         raise ExperimentError(f"{sweep_dir} is not a sweep folder (no readable sweep.json); pass a sweep's --out")
     return [Cell(c["id"], c.get("arm"), c["values"], c["overrides"], c.get("size")) for c in spec["cells"]]
@@ -376,7 +356,7 @@ def sweep_rows(sweep_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """The results rows of a sweep folder, as they stand now (also while it runs)."""
     sweep_dir = Path(sweep_dir)
     cells = load_cells(sweep_dir)
-    states = (_read_json(sweep_dir / "status.json") or {}).get("cells", {})
+    states = (read_json(sweep_dir / "status.json") or {}).get("cells", {})
     return [cell_row(sweep_dir, c, states.get(c.id, {})) for c in cells]
 
 
@@ -537,7 +517,7 @@ class SweepRunner:
 
     def _check_folder(self) -> None:
         """Refuse a folder that holds another sweep whose cells would collide with ours."""
-        old = _read_json(self.dir / "sweep.json")
+        old = read_json(self.dir / "sweep.json")
         if old is None:
             if (self.dir / "cells").exists():
                 raise ExperimentError(f"{self.dir} holds cells but no sweep.json; choose another --out")
@@ -551,7 +531,7 @@ class SweepRunner:
                 )
 
     def _initial_states(self) -> None:
-        old = (_read_json(self.dir / "status.json") or {}).get("cells", {})
+        old = (read_json(self.dir / "status.json") or {}).get("cells", {})
         for cell in self.cells:
             state = dict(old.get(cell.id) or {})
             run = self.dir / "cells" / cell.id

@@ -3,7 +3,8 @@
 Everything the report shows is read from files the other commands wrote: run folders (config.json,
 metrics.jsonl with the analysis callback's records, summary.json, analysis/rowcos_step_*.npz), and
 analysis.json / compare.json / coordcheck.json / residual_flow_sweep.json / findings.json (a recipe's
-judged claims) anywhere below the folder.
+judged claims) anywhere below the folder. Without findings.json the claims C1–C7 are judged from the runs
+found, by the recipes' own functions (smallinit.experiments.claims): there is one definition of each claim.
 Figures are PNGs embedded as base64 data URIs; there are no scripts, no external links and no external
 styles, and every piece of text that came from a file (config values, decoded corpus tokens and contexts)
 is HTML-escaped.
@@ -18,7 +19,6 @@ import math
 import os
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +31,10 @@ from ..analysis.coordcheck import CoordCheck
 from ..analysis.norm_factor import init_variance, relative_factor, rmsnorm_factor, saturation_gamma
 from ..analysis.residual_flow import ResidualFlowSweep
 from ..analysis.tokens import TokenGapResult
-from ..config import flatten
 from ..errors import SmallinitError
 from ..train.checkpoint import write_text_atomic
+from ..train.runs import Run, find_runs, read_json
 from . import figures
-from .verdict import Verdict, verdict_paired
 
 ANALYSIS_FILE = "analysis.json"
 COMPARE_FILE = "compare.json"
@@ -43,7 +42,6 @@ COORDCHECK_FILE = "coordcheck.json"
 SWEEP_FILE = "residual_flow_sweep.json"
 FINDINGS_FILE = "findings.json"  # written by smallinit.experiments (recipe / demo): claims with verdicts
 REPORT_FILE = "report.html"
-SLOPE_TOLERANCE = 0.15  # acceptance band for the residual-flow exponent against 1 − γ
 
 
 class ReportError(SmallinitError):
@@ -53,182 +51,9 @@ class ReportError(SmallinitError):
 # -- reading ------------------------------------------------------------------------------------------------
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
-
-
-@dataclass
-class Run:
-    path: Path
-    name: str
-    config: dict[str, Any]  # flattened: "model.gamma" → 1.0
-    metrics: list[dict[str, Any]] = field(default_factory=list)
-    summary: dict[str, Any] | None = None
-
-    @property
-    def final_val_loss(self) -> float:
-        if self.summary and isinstance(self.summary.get("val_loss"), (int, float)):
-            return float(self.summary["val_loss"])
-        vals = [r["val_loss"] for r in self.metrics if isinstance(r.get("val_loss"), (int, float))]
-        return float(vals[-1]) if vals else float("nan")
-
-    @property
-    def analysis(self) -> list[dict[str, Any]]:
-        return [r for r in self.metrics if r.get("event") == "analysis"]
-
-    def metric(self, name: str) -> float:
-        """``val_loss`` (final) or ``sink_mean`` (last analysis record)."""
-        if name == "val_loss":
-            return self.final_val_loss
-        recs = self.analysis
-        return float(recs[-1][name]) if recs and name in recs[-1] else float("nan")
-
-
-def _read_metrics(path: Path) -> list[dict[str, Any]]:
-    out = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line torn by a crash
-            if isinstance(rec, dict):
-                out.append(rec)
-    return out
-
-
-def find_runs(root: Path) -> list[Run]:
-    runs = []
-    for cfg_file in sorted(root.rglob("config.json")):
-        folder = cfg_file.parent
-        raw = _read_json(cfg_file)
-        if not isinstance(raw, dict) or "model" not in raw or not (folder / "metrics.jsonl").exists():
-            continue
-        name = str(folder.relative_to(root)) if folder != root else folder.name
-        summary = _read_json(folder / "summary.json")
-        runs.append(Run(folder, name, flatten(raw), _read_metrics(folder / "metrics.jsonl"),
-                        summary if isinstance(summary, dict) else None))
-    return runs
-
-
 def varying_keys(runs: Sequence[Run]) -> list[str]:
     keys = sorted({k for r in runs for k in r.config})
     return [k for k in keys if len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
-
-
-# -- claims -------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Claim:
-    id: str
-    text: str
-    key: str  # the config key the claim varies
-    baseline: Any
-    treated: tuple[Any, ...]
-    metric: str  # "val_loss" | "sink_mean"
-    expected: str  # sign of metric(treated) − metric(baseline)
-
-
-CLAIMS = (
-    Claim("C1", "γ = 1 reaches a lower final validation loss than γ = 0.5", "model.gamma", 0.5, (1.0,),
-          "val_loss", "negative"),
-    Claim("C2", "ε = 1e-12 lowers the final loss against ε = 1e-5 (the paper: clearly at γ = 1, ≈ 0 at γ = 0.5)",
-          "model.norm_eps", 1e-5, (1e-12,), "val_loss", "negative"),
-    Claim("C3", "the attention output gate lowers the final loss (the paper: clearly at γ = 1)", "model.gate",
-          "none", ("headwise", "elementwise"), "val_loss", "negative"),
-    Claim("C3s", "small init raises the attention sink score (last measurement)", "model.gamma", 0.5, (1.0,),
-          "sink_mean", "positive"),
-)
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
-    return a == b
-
-
-@dataclass
-class ClaimRow:
-    claim: Claim
-    treated: Any
-    context: str  # the other settings shared by the compared runs
-    baseline_values: list[float]
-    treated_values: list[float]
-    verdict: Verdict
-
-
-def evaluate_claims(runs: Sequence[Run], claims: Iterable[Claim] = CLAIMS) -> list[ClaimRow]:
-    """Pair runs that differ only in the claim's key (and the seed); judge the per-seed differences."""
-    vary = varying_keys(runs)
-    rows = []
-    for claim in claims:
-        others = [k for k in vary if k not in (claim.key, "train.seed")]
-        groups: dict[str, dict[str, dict[int, float]]] = {}
-        for r in runs:
-            value = r.config.get(claim.key)
-            arm = "base" if _same(value, claim.baseline) else next(
-                (f"t:{t}" for t in claim.treated if _same(value, t)), None)
-            if arm is None:
-                continue
-            ctx = ", ".join(f"{k}={r.config.get(k)}" for k in others)
-            groups.setdefault(ctx, {}).setdefault(arm, {})[int(r.config.get("train.seed", 0))] = r.metric(claim.metric)
-        for ctx, arms in sorted(groups.items()):
-            base = arms.get("base")
-            for t in claim.treated:
-                treated = arms.get(f"t:{t}")
-                if not base or not treated:
-                    continue
-                seeds = sorted(set(base) & set(treated))
-                diffs = [treated[s] - base[s] for s in seeds]
-                if not any(math.isfinite(x) for x in diffs):
-                    continue
-                rows.append(ClaimRow(claim, t, ctx or "(nothing else varies)", [base[s] for s in seeds],
-                                     [treated[s] for s in seeds], verdict_paired(diffs, claim.expected)))
-    return rows
-
-
-def sweep_verdicts(sweep: ResidualFlowSweep) -> list[Verdict]:
-    """C5 per γ: the per-seed fitted exponents minus 1 − γ, against the ± SLOPE_TOLERANCE band."""
-    return [verdict_paired(sweep.seed_slopes[i] - (1 - g), "zero", tolerance=SLOPE_TOLERANCE)
-            for i, g in enumerate(sweep.gammas)]
-
-
-def token_verdict(result: TokenGapResult, z: float = 2.0) -> Verdict:
-    """C7: the gain (Δ_sym) peaks at intermediate-to-high difficulty, not on the easiest or noisiest tokens.
-
-    Let p be the bin with the largest mean Δ_sym (standard errors treat tokens as independent). If A is not
-    better there by more than z·SE, inconclusive (A gains nowhere). If p is an interior bin and exceeds both the easiest and the hardest bin by more than z·SE: agree. If p is the
-    easiest or the hardest bin and exceeds the runner-up by more than z·SE: disagree. Otherwise
-    inconclusive.
-    """
-    m = np.array([b.mean_delta_sym for b in result.bins])
-    se = np.nan_to_num(np.array([b.se_delta_sym for b in result.bins]), nan=np.inf)
-    n = int(sum(b.count for b in result.bins))
-    if len(m) < 3:
-        return Verdict("inconclusive", float("nan"), float("nan"), n, "interior peak", "fewer than 3 bins")
-    p = int(np.argmax(m))
-    if not m[p] > z * se[p]:  # A gains in no bin: there is nothing whose place could be judged
-        return Verdict("inconclusive", float(m[p]), float(se[p]), n, "interior peak",
-                       f"A is not clearly better in any bin (largest mean Δ_sym {m[p]:.3g}, SE {se[p]:.2g})")
-
-    def margin(q: int) -> tuple[float, float, bool]:
-        d, s = float(m[p] - m[q]), float(math.hypot(se[p], se[q]))
-        return d, s, d > z * s
-
-    if p in (0, len(m) - 1):
-        q = int(np.argsort(m)[-2])
-        d, s, clear = margin(q)
-        where = "easiest" if p == 0 else "hardest"
-        return Verdict("disagree" if clear else "inconclusive", d, s, n, "interior peak",
-                       f"Δ_sym peaks in the {where} bin, {d:.3g} above bin {q + 1} (SE {s:.2g})")
-    (d0, s0, c0), (d1, s1, c1) = margin(0), margin(len(m) - 1)
-    return Verdict("agree" if c0 and c1 else "inconclusive", float(m[p]), float(se[p]), n, "interior peak",
-                   f"peak in bin {p + 1} of {len(m)}: {d0:.3g} above the easiest (SE {s0:.2g}), "
-                   f"{d1:.3g} above the hardest (SE {s1:.2g})")
 
 
 # -- writing ------------------------------------------------------------------------------------------------
@@ -256,10 +81,6 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     head = "".join(f"<th>{esc(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{num(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def badge(v: Verdict) -> str:
-    return f'<span class="v {esc(v.label)}">{esc(v.label)}</span>'
 
 
 CSS = """
@@ -322,60 +143,44 @@ def _grid(runs: Sequence[Run], row_key: str, col_key: str) -> tuple[np.ndarray, 
     vals = np.full((len(rows), len(cols)), np.nan)
     for i, rv in enumerate(rows):
         for j, cv in enumerate(cols):
-            losses = [r.final_val_loss for r in runs
-                      if r.config.get(row_key) == rv and r.config.get(col_key) == cv and math.isfinite(r.final_val_loss)]
+            losses = [r.val_loss for r in runs
+                      if r.config.get(row_key) == rv and r.config.get(col_key) == cv and r.val_loss is not None]
             if losses:
                 vals[i, j] = statistics.fmean(losses)
     return vals, rows, cols
 
 
+def _judge(runs: list[Run], sweeps: list[tuple[str, ResidualFlowSweep]],
+           compares: list[tuple[str, TokenGapResult]]) -> dict[str, Any]:
+    """C1–C7 judged from the finished runs, residual-flow sweep and token comparisons found here, by the same
+    functions as the recipes (so a folder of hand-made runs is judged exactly as a recipe's would be)."""
+    from ..experiments.claims import Runs, gaps_from_compares, judge_all  # experiments builds on report
+
+    flow = sweeps[0][1].to_dict() if sweeps else None
+    claims = judge_all(Runs.finished(runs), flow, gaps_from_compares(res.to_dict() for _, res in compares))
+    return {"title": "the paper's claims, judged from the runs in this folder", "claims": [c.to_dict() for c in claims]}
+
+
 def _section_findings(doc: _Doc, findings: list[tuple[str, dict]]) -> None:
     for name, f in findings:
-        doc.h2(f"Recipe findings: {f.get('title', f.get('recipe', name))}")
-        doc.p(f"{name}: recipe {f.get('recipe', '?')}, scale {f.get('scale', '?')}. Verdicts as computed by the "
-              "recipe (each comparison by smallinit.report.verdict; a claim agrees when all its comparisons agree).",
-              "note")
+        doc.h2(f"Claims and verdicts: {f.get('title', f.get('recipe', name))}")
+        origin = f"{name}: recipe {f['recipe']}, scale {f.get('scale', '?')}." if "recipe" in f else (
+            "Runs are paired by seed and selected by their configs (γ, ε, gate, size); parts a claim needs that "
+            "the folder lacks are marked not measured.")
+        doc.p(f"{origin} Each comparison is judged by smallinit.report.verdict (agree / disagree when the mean "
+              "over seeds is more than 2 standard errors from 0, inconclusive otherwise or with one seed); a claim "
+              "agrees when all its comparisons agree.", "note")
         rows = []
         for c in f.get("claims", []):
             label = str(c.get("verdict", "inconclusive"))
-            why = "".join(f"<li>{esc(x.get('text', ''))}: {esc(x.get('verdict', ''))} ({esc(x.get('reason', ''))})</li>"
-                          for x in c.get("comparisons", []))
+            why = "".join(f"<li>{esc(x.get('text', ''))}: {esc(x.get('verdict', ''))}"
+                          + (f" ({esc(x['reason'])})" if x.get("reason") and x["reason"] not in x.get("text", "") else "")
+                          + "</li>" for x in c.get("comparisons", []))
             rows.append(f"<tr><td>{esc(c.get('claim', ''))}</td><td>{esc(c.get('statement', ''))}</td>"
                         f"<td>{esc(c.get('paper', ''))}</td><td><ul>{why}</ul>{esc('; '.join(c.get('notes', [])))}</td>"
                         f'<td><span class="v {esc(label)}">{esc(label)}</span></td></tr>')
         head = "".join(f"<th>{h}</th>" for h in ("claim", "statement", "the paper", "measured", "verdict"))
         doc.raw(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
-
-
-def _section_claims(doc: _Doc, rows: list[ClaimRow], sweep_rows: list[tuple[str, Verdict]],
-                    token_rows: list[tuple[str, Verdict]]) -> None:
-    doc.h2("Claims and verdicts (pairwise, from the runs here)")
-    doc.p("Each verdict is computed from the runs in this folder: per-seed differences (treated − baseline, "
-          "same seed), agree / disagree when their mean differs from 0 by more than 2 standard errors in the "
-          "expected / opposite direction, inconclusive otherwise or with a single seed "
-          "(smallinit.report.verdict).", "note")
-    if not (rows or sweep_rows or token_rows):
-        doc.p("No comparison is possible here: the runs do not differ in γ, ε or the gate with everything "
-              "else equal, and there is no residual-flow sweep or token comparison.")
-        return
-    body = []
-    for r in rows:
-        v = r.verdict
-        body.append(f"<tr><td>{esc(r.claim.id)}</td><td>{esc(r.claim.text)}</td>"
-                    f"<td>{esc(r.claim.key)}: {esc(r.claim.baseline)} → {esc(r.treated)}</td><td>{esc(r.context)}</td>"
-                    f"<td>{esc(r.claim.metric)}</td><td>{num(v.mean)} ± {num(v.se)} (n={v.n})</td>"
-                    f"<td>{badge(v)}</td><td>{esc(v.reason)}</td></tr>")
-    for what, v in sweep_rows:
-        body.append(f"<tr><td>C5</td><td>residual flow ‖h_L − e‖/‖e‖ ≍ d^(1−γ)</td><td>{esc(what)}</td>"
-                    f"<td>fresh models</td><td>exponent − (1 − γ)</td><td>{num(v.mean)} ± {num(v.se)} (n={v.n})</td>"
-                    f"<td>{badge(v)}</td><td>{esc(v.reason)}</td></tr>")
-    for what, v in token_rows:
-        body.append(f"<tr><td>C7</td><td>gains concentrate on moderately-to-highly difficult tokens</td>"
-                    f"<td>{esc(what)}</td><td>token level</td><td>peak mean Δ_sym</td>"
-                    f"<td>{num(v.mean)} ± {num(v.se)}</td><td>{badge(v)}</td><td>{esc(v.reason)}</td></tr>")
-    head = "".join(f"<th>{h}</th>" for h in ("claim", "paper says", "comparison", "held equal", "metric",
-                                              "difference", "verdict", "why"))
-    doc.raw(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
 
 
 def _section_runs(doc: _Doc, runs: list[Run], vary: list[str]) -> None:
@@ -384,8 +189,8 @@ def _section_runs(doc: _Doc, runs: list[Run], vary: list[str]) -> None:
         doc.p("No run folders (config.json + metrics.jsonl) here.")
         return
     doc.raw(table(["run", *vary, "steps", "final val loss"],
-                  [[r.name, *[r.config.get(k) for k in vary], (r.summary or {}).get("step", "–"),
-                    r.final_val_loss] for r in runs]))
+                  [[r.name, *[r.config.get(k) for k in vary], r.summary.get("step", "–"),
+                    "–" if r.val_loss is None else r.val_loss] for r in runs]))
     common = {k: v for k, v in sorted(runs[0].config.items()) if k not in vary}
     doc.raw(f"<details><summary>settings shared by every run</summary><pre>"
             f"{esc(json.dumps(common, indent=1, default=str))}</pre></details>")
@@ -596,7 +401,7 @@ def _findings(raw: dict) -> dict:
 def _load_all(root: Path, name: str, parse) -> list[tuple[str, Any]]:
     out = []
     for path in sorted(root.rglob(name)):
-        raw = _read_json(path)
+        raw = read_json(path)
         if isinstance(raw, dict):
             try:
                 out.append((str(path.relative_to(root)), parse(raw)))
@@ -624,10 +429,9 @@ def build_report(root: str | os.PathLike, out: str | os.PathLike | None = None) 
     doc = _Doc(f"smallinit report: {root.resolve().name}")
     doc.p(f"Folder {root.resolve()} · smallinit {__version__} · {len(runs)} run(s), {len(analyses)} analysis, "
           f"{len(compares)} comparison, {len(checks)} coordinate check and {len(sweeps)} sweep file(s).", "note")
-    sweep_rows = [(f"{name}: γ = {g:g}", v) for name, sw in sweeps for g, v in zip(sw.gammas, sweep_verdicts(sw))]
-    token_rows = [(name, token_verdict(res)) for name, res in compares]
+    if not findings and (runs or sweeps or compares):  # a recipe's findings already judge its runs
+        findings = [(str(root), _judge(runs, sweeps, compares))]
     _section_findings(doc, findings)
-    _section_claims(doc, evaluate_claims(runs), sweep_rows, token_rows)
     _section_runs(doc, runs, vary)
     _section_norm_factor(doc, runs, analyses)
     _section_losses(doc, runs, vary)

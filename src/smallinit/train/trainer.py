@@ -265,7 +265,8 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_train_end(self)
         summary = {"step": self.step, "val_loss": val_loss, "skipped": self.skipped,
-                   "params": self.model.num_params(), "params_active": self.model.num_params(active=True)}
+                   "params": self.model.num_params(), "params_active": self.model.num_params(active=True),
+                   "params_nonembed": self.model.num_params(embeddings=False)}
         if self.runtime.is_main:
             ckpt.write_json_atomic(self.run_dir / "summary.json", summary, run_dir=self.run_dir)
         return summary

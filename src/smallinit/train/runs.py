@@ -1,0 +1,138 @@
+"""Finished run folders, read back: the resolved config, the metric records and the summary.
+
+The one reader of what the trainer writes (config.json, metrics.jsonl, summary.json) for everything that
+looks at many runs at once: the sweep's results table, the claims and the HTML report. Unreadable files
+read as empty (a run still being written, or a line torn by a kill), never as an error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from ..config import flatten
+
+
+def read_json(path: Path) -> Any:
+    """The parsed file, or None if it is missing or not JSON."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        return None
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of RUN/metrics.jsonl; a torn or foreign line is skipped."""
+    try:
+        lines = (Path(run_dir) / "metrics.jsonl").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            continue
+        if isinstance(rec, dict):
+            records.append(rec)
+    return records
+
+
+@dataclass
+class Run:
+    """A run folder: ``config`` is flat ("model.gamma" → 1.0); metrics are read when first asked for."""
+
+    path: Path
+    name: str
+    config: dict[str, Any]
+    summary: dict[str, Any] = field(default_factory=dict)  # empty until the run finished
+
+    @staticmethod
+    def load(path: str | Path, name: str | None = None) -> Run | None:
+        """The run in ``path``, or None if it holds no readable config.json."""
+        path = Path(path)
+        raw = read_json(path / "config.json")
+        if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict):
+            return None
+        summary = read_json(path / "summary.json")
+        return Run(path, name or path.name, flatten(raw), summary if isinstance(summary, dict) else {})
+
+    @cached_property
+    def metrics(self) -> list[dict[str, Any]]:
+        return read_metrics(self.path)
+
+    def records(self, event: str) -> list[dict[str, Any]]:
+        return [r for r in self.metrics if r.get("event") == event]
+
+    @property
+    def analysis(self) -> list[dict[str, Any]]:
+        """The analysis callback's records, in step order."""
+        return sorted(self.records("analysis"), key=lambda r: r.get("step", 0))
+
+    @property
+    def val_loss(self) -> float | None:
+        """The final validation loss: the summary's, else the last one logged."""
+        v = self.summary.get("val_loss")
+        if not _finite(v):
+            vals = [r["val_loss"] for r in self.metrics if _finite(r.get("val_loss"))]
+            v = vals[-1] if vals else None
+        return float(v) if v is not None else None
+
+    @property
+    def seed(self) -> int:
+        return int(self.config.get("train.seed", 0))
+
+    @property
+    def size(self) -> tuple[int, int, int, int, int]:
+        """The model shape, the same with or without the gate: (d_model, n_layers, n_heads, d_ff, experts)."""
+        c = self.config
+        return (int(c["model.d_model"]), int(c["model.n_layers"]), int(c["model.n_heads"]), int(c["model.d_ff"]),
+                int(c.get("model.moe.num_experts") or 0))
+
+    @cached_property
+    def params_nonembed(self) -> int:
+        """Parameters without the embedding (the scaling fits' N): the summary's, else counted from the config."""
+        if isinstance(self.summary.get("params_nonembed"), int):
+            return self.summary["params_nonembed"]
+        import torch
+
+        from ..config import Config
+        from ..model import Transformer
+
+        cfg = Config.from_json_file(self.path / "config.json")
+        with torch.device("meta"):
+            return Transformer(cfg.model, init=False).num_params(embeddings=False)
+
+    def matches(self, conditions: dict[str, Any]) -> bool:
+        """Every ``key: value`` holds (floats compared to 1e-9 relative; the key "size" is the shape)."""
+        for key, want in conditions.items():
+            have = self.size if key == "size" else self.config.get(key)
+            if isinstance(want, float) and isinstance(have, (int, float)) and not isinstance(have, bool):
+                if not math.isclose(have, want, rel_tol=1e-9, abs_tol=0.0):
+                    return False
+            elif have != want:
+                return False
+        return True
+
+
+def find_runs(root: str | Path) -> list[Run]:
+    """Every run folder (config.json + metrics.jsonl) at or below ``root``, named by its relative path."""
+    root = Path(root)
+    runs = []
+    for cfg_file in sorted(root.rglob("config.json")):
+        folder = cfg_file.parent
+        if not (folder / "metrics.jsonl").is_file():
+            continue
+        run = Run.load(folder, str(folder.relative_to(root)) if folder != root else folder.name)
+        if run is not None:
+            runs.append(run)
+    return runs
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
