@@ -36,8 +36,9 @@ ones alone unless asked to retry them. A lock on the folder keeps two runners ap
 Packing: ``jobs`` cells run side by side, each with ``cores // jobs`` threads (through OMP_NUM_THREADS, so
 a cell's config and hence its results do not depend on the packing). Default rule: on CPU, models of at most
 ``SMALL_MODEL_PARAMS`` parameters run one single-threaded cell per core (small matmuls do not use two threads
-well: two 1-thread runs side by side train 1.28× the tokens/s of one 2-thread run); larger models, and any
-cell on a GPU, run one at a time with every thread.
+well: two 1-thread runs side by side trained 1.22-1.34× the tokens/s of one 2-thread run at cpu-1m,
+1.12-1.18× at cpu-5m and 1.05-1.08× at cpu-20m, benchmarks/README.md); larger models, which were not
+measured, and any cell on a GPU, run one at a time with every thread.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ from ..train.checkpoint import write_json_atomic, write_text_atomic
 from ..train.runs import read_json, read_metrics
 
 STATUSES = ("pending", "running", "done", "failed", "interrupted")
-SMALL_MODEL_PARAMS = 6_000_000  # ≤ this (cpu-1m, cpu-5m and the demo's shapes): pack one cell per core
+SMALL_MODEL_PARAMS = 25_000_000  # ≤ this (every CPU preset, the demo's shapes): pack one cell per core
 _SECTIONS = ("sweep", "base", "grid", "arms", "sizes")
 _SWEEP_KEYS = ("name", "description", "launcher")
 # A file may name torchrun with these launch options only: a sweep file is data, and data downloaded with a
