@@ -19,7 +19,7 @@ element: 2 under bf16, 4 in fp32; per token of the micro-batch, per layer):
     log-probabilities), and in backward the loss's fp32 V-sized gradient, plus its cast to bf16 under
     autocast (4·V or 6·V, in flight).
 
-Checked against the tensors autograd really saves (fp32, CPU): within 6 % (tests/test_distributed.py).
+Checked against the tensors autograd really saves (fp32, CPU): within 6 % (tests/test_memory.py).
 
 It ignores the CUDA context and allocator fragmentation (budget ~1-2 GiB per GPU more) and fused
 attention's per-row statistics. ``smallinit info --memory`` prints it for a config, and the trainer refuses,
