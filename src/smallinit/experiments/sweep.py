@@ -65,6 +65,7 @@ from typing import Any, TextIO
 
 from ..config import Config, flatten, read_toml
 from ..errors import ExperimentError, SmallinitError
+from ..model import Transformer
 from ..train.checkpoint import write_json_atomic, write_text_atomic
 from ..train.runs import read_json, read_metrics
 
@@ -266,17 +267,6 @@ def resolve_config(cell: Cell, vocab_sizes: dict[str, int] | None = None) -> Con
         raise ExperimentError(f"sweep cell {cell.id}: {e}") from None
 
 
-def model_params(cfg: Config) -> tuple[int, int]:
-    """(total, without embeddings) parameter counts, from shapes only (nothing is allocated)."""
-    import torch
-
-    from ..model import Transformer
-
-    with torch.device("meta"):
-        model = Transformer(cfg.model, init=False)
-    return model.num_params(), model.num_params(embeddings=False)
-
-
 def available_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -296,7 +286,7 @@ def default_jobs(configs: list[Config], cores: int | None = None) -> int:
     cores = cores or available_cores()
     if not configs or any(_on_gpu(c) for c in configs):
         return 1
-    if max(model_params(c)[0] for c in configs) <= SMALL_MODEL_PARAMS:
+    if max(Transformer.count_params(c.model)[0] for c in configs) <= SMALL_MODEL_PARAMS:
         return max(1, min(cores, len(configs)))
     return 1
 
@@ -536,7 +526,7 @@ class SweepRunner:
         for cell in self.cells:
             state = dict(old.get(cell.id) or {})
             run = self.dir / "cells" / cell.id
-            total, nonembed = model_params(self.configs[cell.id])
+            total, nonembed = Transformer.count_params(self.configs[cell.id].model)
             state.update(params=total, params_nonembed=nonembed)
             state.setdefault("attempts", 0)
             state.setdefault("wall_s", 0.0)

@@ -135,6 +135,13 @@ class Transformer(nn.Module):
                 total += n
         return total
 
+    @staticmethod
+    def count_params(config: ModelConfig) -> tuple[int, int]:
+        """(total, without the embedding) parameters of ``config``, from shapes only: nothing is allocated."""
+        with torch.device("meta"):
+            model = Transformer(config, init=False)
+        return model.num_params(), model.num_params(embeddings=False)
+
 
 def _capture_slots(capture: Iterable[str]) -> dict | None:
     capture = tuple(capture)

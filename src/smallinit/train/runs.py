@@ -98,14 +98,10 @@ class Run:
         """Parameters without the embedding (the scaling fits' N): the summary's, else counted from the config."""
         if isinstance(self.summary.get("params_nonembed"), int):
             return self.summary["params_nonembed"]
-        import torch
-
         from ..config import Config
         from ..model import Transformer
 
-        cfg = Config.from_json_file(self.path / "config.json")
-        with torch.device("meta"):
-            return Transformer(cfg.model, init=False).num_params(embeddings=False)
+        return Transformer.count_params(Config.from_json_file(self.path / "config.json").model)[1]
 
     def matches(self, conditions: dict[str, Any]) -> bool:
         """Every ``key: value`` holds (floats compared to 1e-9 relative; the key "size" is the shape)."""
