@@ -15,6 +15,16 @@ class _Parser(argparse.ArgumentParser):
         """One line and exit 2, like every other user error (argparse would print the usage first)."""
         self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
 
+    def add_subparsers(self, **kwargs):
+        """A command that holds subcommands (smallinit, smallinit tokenizer, ...) prints its help when given alone,
+        rather than argparse's "the following arguments are required"."""
+        self.set_defaults(func=self._print_help)
+        return super().add_subparsers(**{**kwargs, "required": False})
+
+    def _print_help(self, _args: argparse.Namespace) -> int:
+        self.print_help()
+        return 0
+
 
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE.toml", help="a TOML config (sections model, train, data, analysis)")
@@ -235,13 +245,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo.result.exit_code
 
 
+def _version() -> str:
+    import platform
+
+    import torch
+
+    from . import __version__
+
+    return f"smallinit {__version__} (torch {torch.__version__}, Python {platform.python_version()})"
+
+
 LAUNCHER_HELP = ("command that starts each cell's '-m smallinit train' instead of this Python, e.g. "
                  "'torchrun --standalone --nproc_per_node=gpu' or a site's wrapper; replaces the file's launcher")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="smallinit", description="Small initialization for language models.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command")
 
     p = sub.add_parser("train", help="train a model")
     _config_args(p)
@@ -287,10 +308,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("tokenizer", help="tokenizer tools")
-    tsub = p.add_subparsers(dest="tokenizer_command", required=True)
+    tsub = p.add_subparsers(dest="tokenizer_command")
     t = tsub.add_parser("train", help="train a byte-level BPE tokenizer on a corpus")
     t.add_argument("corpus", help="builtin corpus name, file, directory or glob")
-    t.add_argument("--vocab-size", type=int, default=8192)
+    t.add_argument("--vocab-size", type=int, default=8192, help="vocabulary size to reach (default 8192); a corpus "
+                   "too small for it gives a smaller one, kept with a warning that names the size reached")
     t.add_argument("--text-field", default="text")
     t.add_argument("--out", required=True, metavar="TOKENIZER.json")
     t.set_defaults(func=cmd_tokenizer_train)

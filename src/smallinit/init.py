@@ -1,10 +1,10 @@
 """γ-initialization: every weight matrix W ~ N(0, σ²) with σ = d_in^(−γ).
 
-γ = 0.5 is the usual LeCun/Xavier-like scale; γ = 1 is the paper's recommendation. Scope (DESIGN.md):
-Linear weights use in_features, Embedding weights use embedding_dim, any other parameter of ≥ 2 dims uses
-its last dimension (PyTorch's out×in layout; leading dims such as experts are a batch). A module can name
-another fan-in for a parameter through a ``gamma_fan_in`` dict attribute. Norm weights are set to 1 and
-biases to 0. Tied parameters are drawn once.
+γ = 0.5 is the usual LeCun/Xavier-like scale; γ = 1 is the paper's recommendation. Scope (ours: the paper
+does not say what d_in is for each kind of parameter): Linear weights use in_features, Embedding weights
+use embedding_dim, any other parameter of ≥ 2 dims uses its last dimension (PyTorch's out×in layout;
+leading dims such as experts are a batch). A module can name another fan-in for a parameter through a
+``gamma_fan_in`` dict attribute. Norm weights are set to 1 and biases to 0. Tied parameters are drawn once.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Attention sink scores (the paper's Fig. 1f/g), without materialising attention matrices.
 
-Sink score of layer l (DESIGN.md): the mean over sequences, heads and query positions i ≥ 2 (1-based) of
-the attention weight on key position 1. Query 1 is excluded: it can only attend to itself.
+Sink score of layer l (our definition; the paper does not fix the positions): the mean over sequences,
+heads and query positions i ≥ 2 (1-based) of the attention weight on key position 1. Query 1 is excluded:
+it can only attend to itself.
 
 From the post-RoPE queries and keys (capture "qk") the weight of query i on key 0 (0-based) is
 exp(s_i0 − logsumexp_{j≤i} s_ij), s = q·k/√head_dim. The log-sum-exp is computed over blocks of

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import uuid
 from collections.abc import Iterable, Sequence
@@ -156,7 +157,9 @@ def train_tokenizer(
 ) -> Tokenizer:
     """Train a byte-level BPE with ``<|endoftext|>`` (id 0) on ``documents``; deterministic for a given input.
 
-    The result is saved to ``out_path`` when given.
+    The result is saved to ``out_path`` when given. A corpus too small for ``vocab_size`` (BPE merges only
+    byte pairs that occur at least twice) gives a smaller vocabulary: it is kept, since a model takes its
+    vocabulary size from its tokenizer, and one warning on the "smallinit" logger gives the size reached.
     """
     if int(vocab_size) < 258:
         raise DataError(
@@ -184,6 +187,10 @@ def train_tokenizer(
     if counted == 0:
         raise DataError("cannot train a tokenizer on an empty corpus; pass a corpus with some text")
     tok = Tokenizer(hf, name=str(out_path) if out_path is not None else "trained")
+    if tok.vocab_size < int(vocab_size):
+        logging.getLogger("smallinit").warning(
+            f"tokenizer: the corpus gave a vocabulary of {tok.vocab_size}, not the {vocab_size} asked (no byte pair "
+            "left that occurs twice); it is kept at that size; train on more text for a larger one")
     if out_path is not None:
         tok.save(out_path)
     return tok

@@ -238,6 +238,7 @@ def _publishing(out_dir: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         yield tmp
+        _umask_modes(tmp)
         if out_dir.exists():
             out_dir.rmdir()  # empty (checked before writing)
         os.replace(tmp, out_dir)
@@ -245,6 +246,15 @@ def _publishing(out_dir: Path) -> Iterator[Path]:
         raise storage_error(out_dir, e) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _umask_modes(folder: Path) -> None:
+    """Give every file in ``folder`` the mode config.json got from the umask (0644 under the usual 022):
+    safetensors writes its files 0600 whatever the umask, so an exported model would be private to its writer."""
+    mode = (folder / "config.json").stat().st_mode & 0o777
+    for path in folder.rglob("*"):
+        if path.is_file() and path.stat().st_mode & 0o777 != mode:
+            path.chmod(mode)
 
 
 def export_hf(checkpoint: str | Path, out_dir: str | Path) -> ExportResult:
