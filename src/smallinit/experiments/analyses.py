@@ -42,6 +42,17 @@ from .claims import (
     paired,
 )
 
+Say = Callable[[str], None]  # receives one progress line per step of an analysis
+
+
+def _quiet(_line: str) -> None:
+    pass
+
+
+def _load(out: Path, say: Say) -> Runs:
+    say("reading the finished runs")
+    return Runs.load(out)
+
 
 def _group_key(run: Run) -> tuple:
     c = run.config
@@ -94,15 +105,15 @@ def norm_factor_table(runs: Runs) -> dict[str, Any]:
                           "end": float(np.mean(v["end"])), "n": len(v["start"])} for k, v in sorted(measured.items())]}
 
 
-def flow_sweep(options: dict[str, Any], out: Path) -> dict[str, Any]:
+def flow_sweep(options: dict[str, Any], out: Path, say: Say = _quiet) -> dict[str, Any]:
     """The residual-flow exponent on fresh models (nothing trained); also OUT/residual_flow/ for the report."""
     from ..report import write_sweep
 
     base = dataclasses.replace(ModelConfig.preset("cpu-1m"), n_layers=int(options.get("flow_layers", 4)))
-    sweep = residual_flow_sweep(
-        options.get("flow_gammas", [0.5, 0.75, 1.0, 1.25]), options.get("flow_widths", [64, 128, 256]),
-        base_config=base, seeds=options.get("flow_seeds", [0, 1, 2]),
-    )
+    gammas = options.get("flow_gammas", [0.5, 0.75, 1.0, 1.25])
+    widths, seeds = options.get("flow_widths", [64, 128, 256]), options.get("flow_seeds", [0, 1, 2])
+    say(f"residual flow of fresh models: {len(gammas)} γ × {len(widths)} widths × {len(seeds)} seeds")
+    sweep = residual_flow_sweep(gammas, widths, base_config=base, seeds=seeds)
     write_sweep(sweep, out / "residual_flow")
     return sweep.to_dict()
 
@@ -115,7 +126,7 @@ def _largest_paired_size(runs: Runs, arm: dict[str, Any]) -> tuple | None:
     return max(ok) if ok else None
 
 
-def token_gaps(runs: Runs, options: dict[str, Any], out: Path) -> dict[int, dict[str, Any]] | None:
+def token_gaps(runs: Runs, options: dict[str, Any], out: Path, say: Say = _quiet) -> dict[int, dict[str, Any]] | None:
     """Δ_sym of γ = 1 (A) against γ = 0.5 (B), same seed, fixed arm, at the largest size that has both;
     also OUT/tokens/seed<s>/compare.json for the report."""
     from ..analysis.measure import held_out_batches, run_settings
@@ -132,7 +143,9 @@ def token_gaps(runs: Runs, options: dict[str, Any], out: Path) -> dict[int, dict
     a = {r.seed: r for r in sel.where({"model.gamma": 1.0})}
     b = {r.seed: r for r in sel.where({"model.gamma": 0.5})}
     gaps = {}
-    for seed in sorted(set(a) & set(b)):
+    seeds = sorted(set(a) & set(b))
+    for i, seed in enumerate(seeds, 1):
+        say(f"token-level comparison γ = 1 vs γ = 0.5, seed {seed} ({i} of {len(seeds)})")
         cfg = Config.from_json_file(a[seed].path / "config.json")
         tok = load_tokenizer(cfg.data.tokenizer)
         batches = held_out_batches(cfg, tok, batches=int(options.get("gap_batches", 16)),
@@ -149,18 +162,19 @@ def _claims(results: list[ClaimResult]) -> list[dict[str, Any]]:
     return [c.to_dict() for c in results]
 
 
-def analyse_claims(out: Path, options: dict[str, Any]) -> dict[str, Any]:
+def analyse_claims(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     """All of C1–C7 (the demo)."""
-    runs = Runs.load(out)
-    flow = flow_sweep(options, out)
-    gaps = token_gaps(runs, options, out)
+    runs = _load(out, say)
+    flow = flow_sweep(options, out, say)
+    gaps = token_gaps(runs, options, out, say)
+    say(f"judging the claims ({int(options.get('n_boot', 1000))} bootstrap resamples for C4)")
     results = judge_all(runs, flow, gaps, n_boot=int(options.get("n_boot", 1000)))
     return {"claims": _claims(results), "losses": loss_table(runs), "sinks": sink_table(runs),
             "norm_factors": norm_factor_table(runs), "n_runs": len(runs)}
 
 
-def analyse_fig1(out: Path, options: dict[str, Any]) -> dict[str, Any]:
-    runs = Runs.load(out)
+def analyse_fig1(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+    runs = _load(out, say)
     return {"claims": _claims([claim_c2(runs), claim_c3(runs)]), "losses": loss_table(runs), "sinks": sink_table(runs),
             "norm_factors": norm_factor_table(runs), "n_runs": len(runs)}
 
@@ -184,17 +198,17 @@ def scaling_fits(runs: Runs) -> list[dict[str, Any]]:
     return fits
 
 
-def analyse_fig2(out: Path, options: dict[str, Any]) -> dict[str, Any]:
-    runs = Runs.load(out)
+def analyse_fig2(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+    runs = _load(out, say)
     c4 = claim_c4(runs, n_boot=int(options.get("n_boot", 1000)))
     c4_base = claim_c4(runs, arm=BASELINE, n_boot=int(options.get("n_boot", 1000)))  # contrast: no fixes
     return {"claims": _claims([claim_c1(runs), c4]), "fits": scaling_fits(runs), "losses": loss_table(runs),
             "effective_size_without_fixes": c4_base.extra.get("effective_size_gain"), "n_runs": len(runs)}
 
 
-def analyse_fig3(out: Path, options: dict[str, Any]) -> dict[str, Any]:
-    runs = Runs.load(out)
-    flow = flow_sweep(options, out)
+def analyse_fig3(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+    runs = _load(out, say)
+    flow = flow_sweep(options, out, say)
     return {"claims": _claims([claim_c5(runs, flow)]), "residual_flow": flow, "losses": loss_table(runs),
             "n_runs": len(runs)}
 
@@ -213,32 +227,33 @@ def trajectories(runs: Runs) -> list[dict[str, Any]]:
     return out
 
 
-def analyse_condensation(out: Path, options: dict[str, Any]) -> dict[str, Any]:
-    runs = Runs.load(out)
+def analyse_condensation(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+    runs = _load(out, say)
     return {"claims": _claims([claim_c6(runs)]), "trajectories": trajectories(runs), "losses": loss_table(runs),
             "n_runs": len(runs)}
 
 
-def analyse_tokens(out: Path, options: dict[str, Any]) -> dict[str, Any]:
-    runs = Runs.load(out)
-    gaps = token_gaps(runs, options, out)
+def analyse_tokens(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+    runs = _load(out, say)
+    gaps = token_gaps(runs, options, out, say)
     return {"claims": _claims([claim_c7(gaps)]), "losses": loss_table(runs), "n_runs": len(runs)}
 
 
-def analyse_reasoning(out: Path, options: dict[str, Any]) -> dict[str, Any]:
+def analyse_reasoning(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     """Anchor probe per run, summarised by γ; judged against Zhang et al.: small init favours reasoning."""
     from ..data import load_tokenizer
     from ..data.anchor import AnchorTask
     from ..train import load_model
     from .reasoning import anchor_scores
 
-    runs = Runs.load(out)
+    runs = _load(out, say)
     n = int(options.get("anchor_probes", 256))
     per_run, scores = [], {}
-    for r in runs:
+    for i, r in enumerate(runs, 1):
         corpus = str(r.config["data.corpus"])
         if not corpus.startswith("builtin:anchor"):
             continue
+        say(f"anchor probe of {r.name} ({i} of {len(runs)})")
         s = anchor_scores(load_model(r.path), load_tokenizer(str(r.config["data.tokenizer"])),
                           AnchorTask.from_params(corpus), n=n)
         scores[r.path] = s

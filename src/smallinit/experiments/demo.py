@@ -59,7 +59,12 @@ def run_demo(
         return DemoResult(result, None, "", time.monotonic() - t0)
     table = verdict_table(result.analysis["claims"])
     (out / "verdicts.txt").write_text(table + "\n", encoding="utf-8")
+    t_report = time.monotonic()
+    if echo is not None:
+        print("[demo] writing the HTML report", file=echo, flush=True)
     report = write_report(out)
+    if echo is not None and report is not None:
+        print(f"[demo] report written in {time.monotonic() - t_report:.0f} s", file=echo, flush=True)
     wall = time.monotonic() - t0
     write_json_atomic(out / "demo.json", {"scale": scale, "wall_s": wall, "report": str(report) if report else None})
     return DemoResult(result, report, table, wall)

@@ -30,6 +30,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -37,7 +38,7 @@ from typing import Any, TextIO
 from ..config import parse_override, read_toml
 from ..errors import ExperimentError, SmallinitError
 from ..train.checkpoint import write_json_atomic
-from .sweep import Sweep, SweepOutcome, flatten, resolve_config, run_sweep
+from .sweep import Progress, Sweep, SweepOutcome, cell_work, flatten, resolve_config, run_sweep
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 FINDINGS_FILE = "findings.json"
@@ -188,9 +189,10 @@ def run_recipe(
     sc = customise(recipe.scale(scale), presets=presets, overrides=list(overrides))
     out = Path(out) if out is not None else Path("runs") / f"{recipe.name}-{scale}"
     vocab: dict[str, int] = {}
-    for sw in sc.sweeps.values():  # every cell of every sweep is checked before anything runs
+    work: dict[str, float] = {}  # every cell of every sweep is checked before anything runs
+    for name, sw in sc.sweeps.items():
         for cell in sw.cells():
-            resolve_config(cell, vocab)
+            work[str(out / name / "cells" / cell.id)] = cell_work(resolve_config(cell, vocab))
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "recipe.json", {
         "recipe": recipe.name, "title": recipe.title, "scale": sc.name, "description": sc.description,
@@ -198,11 +200,16 @@ def run_recipe(
         "overrides": list(overrides), "sweeps": list(sc.sweeps),
     })
     t0 = time.monotonic()
+    progress = Progress(recipe.name, {k: w for k, w in work.items() if not (Path(k) / "summary.json").is_file()},
+                        after=", then the analysis" if analyse else "")
+    if echo is not None:
+        print(f"[recipe] {recipe.name} ({sc.name}): {len(sc.sweeps)} sweep(s), {progress.total} of {len(work)} runs "
+              f"to train; folder {out}", file=echo, flush=True)
     outcomes = {}
     for name, sw in sc.sweeps.items():
         if echo is not None:
             print(f"[recipe] {recipe.name} ({sc.name}): sweep {name}", file=echo, flush=True)
-        outcomes[name] = run_sweep(sw, out / name, jobs=jobs, echo=echo, launcher=launcher)
+        outcomes[name] = run_sweep(sw, out / name, jobs=jobs, echo=echo, launcher=launcher, progress=progress)
         if outcomes[name].interrupted:
             return RecipeResult(recipe, sc, out, outcomes, None, time.monotonic() - t0)
     analysis = None
@@ -211,13 +218,26 @@ def run_recipe(
             print(f"[recipe] {recipe.name}: analysis", file=echo, flush=True)
         train_wall = time.monotonic() - t0
         cpu0 = time.process_time()
-        analysis = ANALYSES[recipe.analysis](out, sc.options)
+        analysis = ANALYSES[recipe.analysis](out, sc.options, _stage_printer(echo))
         cells_cpu = sum(r.get("cpu_s") or 0.0 for o in outcomes.values() for r in o.rows)
+        if echo is not None:
+            print(f"[analysis] done in {time.monotonic() - t0 - train_wall:.0f} s", file=echo, flush=True)
         analysis = {"recipe": recipe.name, "scale": sc.name, "title": recipe.title, "train_wall_s": train_wall,
                     "cells_cpu_s": cells_cpu, "analysis_wall_s": time.monotonic() - t0 - train_wall,
                     "analysis_cpu_s": time.process_time() - cpu0, **analysis}
         write_json_atomic(out / FINDINGS_FILE, _jsonable(analysis))
     return RecipeResult(recipe, sc, out, outcomes, analysis, time.monotonic() - t0)
+
+
+def _stage_printer(echo: TextIO | None) -> Callable[[str], None]:
+    """Prints each step of an analysis as it starts, with the seconds since the analysis began."""
+    t0 = time.monotonic()
+
+    def say(line: str) -> None:
+        if echo is not None:
+            print(f"[analysis] {time.monotonic() - t0:.0f} s: {line}", file=echo, flush=True)
+
+    return say
 
 
 def _jsonable(obj: Any) -> Any:

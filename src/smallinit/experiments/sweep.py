@@ -480,7 +480,7 @@ class SweepRunner:
 
     def __init__(
         self, sweep: Sweep, sweep_dir: str | os.PathLike, *, jobs: int | None = None, retry_failed: bool = False,
-        echo: TextIO | None = None, python: str = sys.executable,
+        echo: TextIO | None = None, python: str = sys.executable, progress: Progress | None = None,
     ):
         self.sweep, self.dir = sweep, Path(sweep_dir)
         self.cells = sweep.cells()
@@ -491,6 +491,7 @@ class SweepRunner:
         self.jobs = jobs or default_jobs(list(self.configs.values()))
         self.threads = max(1, available_cores() // self.jobs)
         self.retry_failed, self.echo, self.python = retry_failed, echo, python
+        self.overall = progress  # a recipe's progress over all its sweeps, told of each cell that ends
         self.states: dict[str, dict[str, Any]] = {}
         self.stop: list[str] = []
 
@@ -641,6 +642,10 @@ class SweepRunner:
             todo = [(i, c) for i, c in enumerate(self.cells, 1)
                     if self.states[c.id]["status"] in ("pending", "interrupted")]
             skipped = len(self.cells) - len(todo)
+            to_run = {c.id for _, c in todo}
+            for cell in self.cells:  # finished or failed before: not part of this session's work
+                if self.overall is not None and cell.id not in to_run:
+                    self.overall.drop(self._key(cell))
             self._say(f"[sweep] {self.sweep.name}: {len(self.cells)} cells, {len(todo)} to run"
                       f"{f' ({skipped} finished or failed before)' if skipped else ''}; {self.jobs} at a time, "
                       f"{self.threads} thread(s) each; folder {self.dir}")
@@ -650,9 +655,24 @@ class SweepRunner:
             write_results(self.dir, rows)
         return SweepOutcome(self.dir, rows, interrupted=bool(self.stop))
 
+    def _key(self, cell: Cell) -> str:
+        return str(self.dir / "cells" / cell.id)
+
+    def _steps_done(self, r: _Running) -> float:
+        """The fraction of its steps a running cell has logged."""
+        step = max((rec.get("step", 0) for rec in read_metrics(self.dir / "cells" / r.cell.id)), default=0)
+        return min(1.0, step / self.configs[r.cell.id].train.steps)
+
+    def _train_s(self, r: _Running) -> float | None:
+        """Seconds a finished cell spent in training steps: its tokens at its median logged speed."""
+        speed = cell_row(self.dir, r.cell, self.states[r.cell.id])["tokens_per_s"]
+        tc = self.configs[r.cell.id].train
+        return tc.steps * tc.batch_size * self.configs[r.cell.id].data.seq_len / speed if speed else None
+
     def _loop(self, todo: list[tuple[int, Cell]]) -> None:
         running: list[_Running] = []
-        t0, n_todo, finished, signalled = time.monotonic(), len(todo), 0, False
+        signalled = False
+        progress = Progress("sweep", {self._key(c): cell_work(self.configs[c.id]) for _, c in todo})
         try:
             while todo or running:
                 while todo and len(running) < self.jobs and not self.stop:
@@ -672,12 +692,13 @@ class SweepRunner:
                         continue
                     running.remove(r)
                     self._finish(r, rc)
-                    finished += 1
-                    elapsed = time.monotonic() - t0
                     if self.stop:
                         continue
-                    eta = elapsed / finished * (n_todo - finished)
-                    self._say(f"[sweep] {finished}/{n_todo} run | elapsed {_hms(elapsed)} | ETA {_hms(eta)}")
+                    in_flight = {self._key(x.cell): self._steps_done(x) for x in running}
+                    for p in (progress, self.overall):
+                        if p is not None:
+                            p.finish(self._key(r.cell), time.monotonic() - r.started, self._train_s(r))
+                            self._say(p.line(in_flight))
         finally:
             for r in running:  # only reached on an unexpected error in the runner itself
                 with contextlib.suppress(ProcessLookupError):
@@ -710,17 +731,77 @@ def _hms(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
+def cell_work(cfg: Config) -> float:
+    """A cell's training compute in parameter-tokens (parameters × steps × tokens per step), its weight in an
+    ETA: a cell of a larger or longer-trained model counts for what it costs."""
+    return float(Transformer.count_params(cfg.model)[0]) * cfg.train.steps * cfg.train.batch_size * cfg.data.seq_len
+
+
+class Progress:
+    """How far a session of cells has come (one sweep, or every sweep of a recipe) and the time it has left.
+
+    ``work`` maps each cell to run (by key) to its ``cell_work``. A cell's time is modelled as a fixed overhead
+    (start-up, evaluation, checkpoints) plus its compute at a rate, both measured on the cells that finished:
+    with tiny CPU models the overhead dominates, with large ones the compute. The ETA scales the time since
+    the session started by the modelled time left over the time done (which also accounts for cells run side by
+    side), counting the logged share of the steps of cells still running.
+    """
+
+    def __init__(self, label: str, work: dict[str, float], *, after: str = ""):
+        self.label, self.after = label, after
+        self.left = dict(work)
+        self.total, self.finished, self.wall_done = len(work), 0, 0.0
+        self.timed: list[tuple[float, float, float]] = []  # (work, wall s, training s) of each finished cell
+        self.t0 = time.monotonic()
+
+    def drop(self, key: str) -> None:
+        """A cell that will not run in this session after all (it finished or failed before)."""
+        if self.left.pop(key, None) is not None:
+            self.total -= 1
+
+    def finish(self, key: str, wall_s: float, train_s: float | None) -> None:
+        """A cell ended after ``wall_s`` seconds, ``train_s`` of them in training steps (None: unknown)."""
+        if key in self.left:
+            work = self.left.pop(key)
+            self.finished += 1
+            self.wall_done += wall_s
+            if train_s:
+                self.timed.append((work, wall_s, min(train_s, wall_s)))
+
+    def cell_seconds(self, work: float) -> float:
+        """Modelled seconds of one cell of this much work (needs a timed cell)."""
+        overhead = statistics.fmean(wall - train for _, wall, train in self.timed)
+        rate = sum(w for w, _, _ in self.timed) / max(sum(t for _, _, t in self.timed), 1e-9)
+        return overhead + work / rate
+
+    def eta(self, in_flight: dict[str, float] | None = None) -> float | None:
+        """Seconds left; ``in_flight`` maps running cells to the fraction of their steps done. None until a cell
+        has finished with its training time known."""
+        if not self.timed:
+            return None
+        partial = sum(self.cell_seconds(self.left[k]) * f for k, f in (in_flight or {}).items() if k in self.left)
+        left = sum(self.cell_seconds(w) for w in self.left.values()) - partial
+        return (time.monotonic() - self.t0) * left / max(self.wall_done + partial, 1e-9)
+
+    def line(self, in_flight: dict[str, float] | None = None) -> str:
+        eta = self.eta(in_flight)
+        return (f"[{self.label}] {self.finished}/{self.total} runs | elapsed {_hms(time.monotonic() - self.t0)} | "
+                f"ETA {'?' if eta is None else _hms(eta)}{self.after}")
+
+
 def run_sweep(
     sweep: Sweep | str | os.PathLike, sweep_dir: str | os.PathLike, *, jobs: int | None = None,
     retry_failed: bool = False, echo: TextIO | None = None, launcher: str | None = None,
+    progress: Progress | None = None,
 ) -> SweepOutcome:
     """Run (or continue) a sweep into ``sweep_dir``; ``echo`` receives progress lines.
 
     ``launcher`` (from the command line, so any command) replaces the sweep file's [sweep] launcher.
+    ``progress`` (a recipe's, over all its sweeps) is told of every cell that ends and printed after the sweep's.
     """
     if not isinstance(sweep, Sweep):
         sweep = Sweep.load(sweep)
     if launcher is not None:
         launcher_argv(launcher)
         sweep = dataclasses.replace(sweep, launcher=launcher)
-    return SweepRunner(sweep, sweep_dir, jobs=jobs, retry_failed=retry_failed, echo=echo).run()
+    return SweepRunner(sweep, sweep_dir, jobs=jobs, retry_failed=retry_failed, echo=echo, progress=progress).run()
