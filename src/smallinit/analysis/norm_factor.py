@@ -45,13 +45,13 @@ def saturation_gamma(eps: float, d: int, margin: float = 1.0) -> float:
 
 def norm_saturation_message(config: ModelConfig) -> str | None:
     """A one-line warning when the config's expected σ²(h) at init is below 10·ε, else None."""
-    var = float(init_variance(config.gamma, config.d_model))
-    if var >= SATURATION_MARGIN * config.norm_eps:
+    var, eps = float(init_variance(config.gamma, config.d_model)), config.effective_norm_eps
+    if var >= SATURATION_MARGIN * eps or config.norm_eps_width:  # emulated saturation is asked for
         return None
     return (
         f"RMSNorm saturation: at init σ²(h) = d^(−2γ) = {var:.2g} (d={config.d_model}, γ={config.gamma:g}) is "
-        f"below {SATURATION_MARGIN:g}·ε = {SATURATION_MARGIN * config.norm_eps:.2g}, so the norms barely see the "
-        f"init scale (factor at {relative_factor(config.gamma, config.norm_eps, config.d_model):.0%} of 1/σ); "
+        f"below {SATURATION_MARGIN:g}·ε = {SATURATION_MARGIN * eps:.2g}, so the norms barely see the "
+        f"init scale (factor at {relative_factor(config.gamma, eps, config.d_model):.0%} of 1/σ); "
         "the paper's fix is model.norm_eps=1e-12"
     )
 

@@ -287,3 +287,21 @@ def token_gap(
         x, y = x.to(device), y.to(device)
         acc.add(x.cpu(), y.cpu(), token_gap_batch(model_a, model_b, x, y))
     return acc.result(bins, tokenizer)
+
+
+def bigram_loss(train: np.ndarray, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], vocab_size: int,
+                k: float = 0.1) -> float:
+    """Mean next-token loss (nats) on ``batches`` of an add-``k`` bigram model counted on ``train`` tokens:
+    the floor a trained language model should be under before its token-level profile means anything."""
+    train = np.asarray(train, dtype=np.int64)
+    codes, counts = np.unique(train[:-1] * vocab_size + train[1:], return_counts=True)
+    unigram = np.bincount(train[:-1], minlength=vocab_size).astype(np.float64)
+    total, n = 0.0, 0
+    for x, y in batches:
+        prev, nxt = x.reshape(-1).numpy().astype(np.int64), y.reshape(-1).numpy().astype(np.int64)
+        want = prev * vocab_size + nxt
+        at = np.minimum(np.searchsorted(codes, want), len(codes) - 1)
+        pair = np.where(codes[at] == want, counts[at], 0).astype(np.float64)
+        total += float(-np.log((pair + k) / (unigram[prev] + k * vocab_size)).sum())
+        n += len(prev)
+    return total / max(n, 1)

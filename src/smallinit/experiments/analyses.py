@@ -40,6 +40,7 @@ from .claims import (
     claim_c7,
     judge_all,
     paired,
+    reference_lr,
 )
 
 Say = Callable[[str], None]  # receives one progress line per step of an analysis
@@ -130,12 +131,13 @@ def token_gaps(runs: Runs, options: dict[str, Any], out: Path, say: Say = _quiet
     """Δ_sym of γ = 1 (A) against γ = 0.5 (B), same seed, fixed arm, at the largest size that has both;
     also OUT/tokens/seed<s>/compare.json for the report."""
     from ..analysis.measure import held_out_batches, run_settings
-    from ..analysis.tokens import token_gap
+    from ..analysis.tokens import bigram_loss, token_gap
     from ..config import Config
-    from ..data import load_tokenizer
+    from ..data import load_token_data, load_tokenizer
     from ..report import write_compare
     from ..train import load_model
 
+    runs = reference_lr(runs)
     n = _largest_paired_size(runs, FIXED)
     if n is None:
         return None
@@ -148,13 +150,16 @@ def token_gaps(runs: Runs, options: dict[str, Any], out: Path, say: Say = _quiet
         say(f"token-level comparison γ = 1 vs γ = 0.5, seed {seed} ({i} of {len(seeds)})")
         cfg = Config.from_json_file(a[seed].path / "config.json")
         tok = load_tokenizer(cfg.data.tokenizer)
-        batches = held_out_batches(cfg, tok, batches=int(options.get("gap_batches", 16)),
-                                   batch_size=int(options.get("gap_batch_size", 16)))
+        batches = list(held_out_batches(cfg, tok, batches=int(options.get("gap_batches", 16)),
+                                        batch_size=int(options.get("gap_batch_size", 16))))
+        train = load_token_data(cfg.data.corpus, tok, val_fraction=cfg.data.val_fraction,
+                                text_field=cfg.data.text_field).train
         res = token_gap(load_model(a[seed].path), load_model(b[seed].path), batches, tokenizer=tok, bins=10, top_k=10)
         res.meta.update(label_a=f"γ=1 ({a[seed].name})", label_b=f"γ=0.5 ({b[seed].name})",
                         settings_a=run_settings(a[seed].config), settings_b=run_settings(b[seed].config))
         write_compare(res, out / "tokens" / f"seed{seed}")
-        gaps[seed] = {**res.to_dict(), **_size_fields(n), "a": a[seed].name, "b": b[seed].name}
+        gaps[seed] = {**res.to_dict(), **_size_fields(n), "a": a[seed].name, "b": b[seed].name,
+                      "bigram_loss": bigram_loss(train, batches, tok.vocab_size)}
     return gaps
 
 

@@ -13,6 +13,7 @@ A recipe is a TOML file in ``smallinit/experiments/recipes/`` (or any path)::
     description = "... (measured: N min on 2 cores)"
     [scales.cpu.base]             # config keys for every sweep of this scale
     [scales.cpu.options]          # parameters of the analysis
+    [scales.cpu.budget]           # optional: training length by size, see apply_budget
     [scales.cpu.sweeps.NAME]      # one or more sweeps, in the sweep-file format ([base], [grid], [arms.*], [sizes.*])
 
 Running it (``smallinit recipe NAME --scale cpu --out DIR``) runs every sweep of the scale into
@@ -26,6 +27,7 @@ overrides the recipe everywhere except on its grid axes.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -35,15 +37,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..config import parse_override, read_toml
+from ..config import Config, parse_override, read_toml
 from ..errors import ExperimentError, SmallinitError
+from ..model import Transformer
 from ..train.checkpoint import write_json_atomic
 from .sweep import Progress, Sweep, SweepOutcome, cell_work, flatten, resolve_config, run_sweep
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 FINDINGS_FILE = "findings.json"
 _RECIPE_SECTIONS = ("recipe", "base", "scales")
-_SCALE_KEYS = ("description", "base", "options", "sweeps")
+_SCALE_KEYS = ("description", "base", "options", "budget", "sweeps")
+_BUDGET_KEYS = ("tokens_per_param", "eval_points", "analysis_points", "warmup_frac")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+-]*")  # scale and sweep names become folder names
 
 
@@ -53,6 +57,7 @@ class Scale:
     description: str
     sweeps: dict[str, Sweep]
     options: dict[str, Any] = field(default_factory=dict)
+    budget: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -114,7 +119,12 @@ def load_recipe(name: str | os.PathLike) -> Recipe:
         if not sweeps:
             raise ExperimentError(f"{where}: scale {sname} has no [scales.{sname}.sweeps.NAME]")
         options = dict(_table(table.get("options", {}), f"{where}: scales.{sname}.options"))
-        scales[sname] = Scale(sname, str(table.get("description", "")), sweeps, options)
+        budget = dict(_table(table.get("budget", {}), f"{where}: scales.{sname}.budget"))
+        bad = sorted(set(budget) - set(_BUDGET_KEYS))
+        if bad or (budget and not float(budget.get("tokens_per_param", 0)) > 0):
+            raise ExperimentError(f"{where}: scales.{sname}.budget takes tokens_per_param (> 0), eval_points, "
+                                  "analysis_points and warmup_frac")
+        scales[sname] = Scale(sname, str(table.get("description", "")), sweeps, options, budget)
     if not scales:
         raise ExperimentError(f"{where}: no [scales.NAME]")
     return Recipe(path.stem, str(meta.get("title", path.stem)), list(meta.get("claims", [])), analysis, scales, path)
@@ -151,7 +161,48 @@ def customise(scale: Scale, *, presets: list[str] | None = None, overrides: list
         sweeps[name] = Sweep(base=base, grid=sw.grid, arms=arms, sizes=sizes, name=sw.name,
                              description=sw.description, launcher=sw.launcher)
         sweeps[name].cells()
-    return Scale(scale.name, scale.description, sweeps, scale.options)
+    return Scale(scale.name, scale.description, sweeps, scale.options, scale.budget)
+
+
+def apply_budget(scale: Scale, vocab: dict[str, int] | None = None) -> Scale:
+    """The scale with its training length set by size: every run of one model shape sees
+    ``tokens_per_param`` tokens per non-embedding parameter (the same steps in every arm of that shape, so
+    paired runs see the same tokens), is evaluated at ``eval_points`` evenly spaced steps, measured at
+    ``analysis_points``, and warms up for ``warmup_frac`` of its steps."""
+    b = scale.budget
+    if not b:
+        return scale
+    vocab = {} if vocab is None else vocab
+    steps: dict[tuple, int] = {}
+    for sw in scale.sweeps.values():
+        for cell in sw.cells():
+            cfg = resolve_config(cell, vocab)
+            shape = _shape(cfg)
+            tokens = float(b["tokens_per_param"]) * Transformer.count_params(cfg.model)[1]
+            steps[shape] = max(steps.get(shape, 1), math.ceil(tokens / (cfg.train.batch_size * cfg.data.seq_len)))
+
+    def schedule(n: int) -> dict[str, Any]:
+        return {"train.steps": n, "train.eval_every": max(1, n // int(b.get("eval_points", 8))),
+                "analysis.every": max(1, n // int(b.get("analysis_points", 8))),
+                "train.warmup_steps": round(float(b.get("warmup_frac", 0.05)) * n)}
+
+    sweeps = {}
+    for name, sw in scale.sweeps.items():
+        by_size: dict[str | None, set[tuple]] = {}
+        for cell in sw.cells():
+            by_size.setdefault(cell.size, set()).add(_shape(resolve_config(cell, vocab)))
+        if any(len(shapes) > 1 for shapes in by_size.values()):
+            raise ExperimentError(f"sweep {name}: a budget needs one model shape per size; move shape keys to [sizes]")
+        sizes = {k: {**v, **schedule(steps[next(iter(by_size[k]))])} for k, v in sw.sizes.items()}
+        base = dict(sw.base) if sw.sizes else {**sw.base, **schedule(steps[next(iter(by_size[None]))])}
+        sweeps[name] = Sweep(base=base, grid=sw.grid, arms=sw.arms, sizes=sizes, name=sw.name,
+                             description=sw.description, launcher=sw.launcher)
+    return Scale(scale.name, scale.description, sweeps, scale.options, scale.budget)
+
+
+def _shape(cfg: Config) -> tuple:
+    m = cfg.model
+    return (m.d_model, m.n_layers, m.n_heads, m.d_ff, m.moe.num_experts if m.moe else 0)
 
 
 @dataclass
@@ -186,9 +237,9 @@ def run_recipe(
     from .analyses import ANALYSES
 
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
-    sc = customise(recipe.scale(scale), presets=presets, overrides=list(overrides))
-    out = Path(out) if out is not None else Path("runs") / f"{recipe.name}-{scale}"
     vocab: dict[str, int] = {}
+    sc = apply_budget(customise(recipe.scale(scale), presets=presets, overrides=list(overrides)), vocab)
+    out = Path(out) if out is not None else Path("runs") / f"{recipe.name}-{scale}"
     work: dict[str, float] = {}  # every cell of every sweep is checked before anything runs
     for name, sw in sc.sweeps.items():
         for cell in sw.cells():
@@ -196,7 +247,8 @@ def run_recipe(
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "recipe.json", {
         "recipe": recipe.name, "title": recipe.title, "scale": sc.name, "description": sc.description,
-        "claims": recipe.claims, "analysis": recipe.analysis, "options": sc.options, "presets": presets,
+        "claims": recipe.claims, "analysis": recipe.analysis, "options": sc.options, "budget": sc.budget,
+        "presets": presets,
         "overrides": list(overrides), "sweeps": list(sc.sweeps),
     })
     t0 = time.monotonic()

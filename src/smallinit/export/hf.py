@@ -103,7 +103,7 @@ def hf_config(cfg: ModelConfig, architecture: str, eos_id: int):
     common = dict(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
-        max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
+        max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.effective_norm_eps,
         tie_word_embeddings=cfg.tie_embeddings, bos_token_id=None, eos_token_id=eos_id, pad_token_id=None,
     )
     rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}

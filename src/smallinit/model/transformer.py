@@ -41,11 +41,11 @@ class ModelOutput:
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.effective_norm_eps)
         self.attn = Attention(
-            cfg.d_model, cfg.n_heads, cfg.n_kv_heads, gate=cfg.gate, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps
+            cfg.d_model, cfg.n_heads, cfg.n_kv_heads, gate=cfg.gate, qk_norm=cfg.qk_norm, norm_eps=cfg.effective_norm_eps
         )
-        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.effective_norm_eps)
         self.mlp: SwiGLU | MoE
         if cfg.moe is not None and layer % cfg.moe.every_n_layers == cfg.moe.every_n_layers - 1:
             self.mlp = MoE(cfg.d_model, cfg.d_ff, cfg.moe)
@@ -72,7 +72,7 @@ class Transformer(nn.Module):
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
-        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.norm = RMSNorm(config.d_model, config.effective_norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight

@@ -13,11 +13,9 @@ from ..analysis.tokens import TokenGapResult
 from ..train.checkpoint import write_text_atomic
 from . import figures
 from .html import ANALYSIS_FILE, COMPARE_FILE, COORDCHECK_FILE, SWEEP_FILE, build_report
-from .verdict import Verdict, judge, verdict_paired, verdict_unpaired
 
 __all__ = [
-    "Verdict", "build_report", "judge", "verdict_paired", "verdict_unpaired", "write_analysis", "write_compare",
-    "write_coordcheck", "write_sweep",
+    "build_report", "compare_output_dir", "write_analysis", "write_compare", "write_coordcheck", "write_sweep",
 ]
 
 

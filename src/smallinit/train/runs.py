@@ -59,7 +59,9 @@ class Run:
         if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict):
             return None
         summary = read_json(path / "summary.json")
-        return Run(path, name or path.name, flatten(raw), summary if isinstance(summary, dict) else {})
+        config = flatten(raw)
+        config.setdefault("model.norm_eps_width", 0)  # runs written before ε emulation existed
+        return Run(path, name or path.name, config, summary if isinstance(summary, dict) else {})
 
     @cached_property
     def metrics(self) -> list[dict[str, Any]]:
@@ -81,6 +83,22 @@ class Run:
             vals = [r["val_loss"] for r in self.metrics if _finite(r.get("val_loss"))]
             v = vals[-1] if vals else None
         return float(v) if v is not None else None
+
+    @property
+    def val_curve(self) -> list[tuple[int, float]]:
+        """(step, validation loss) at every evaluation, in step order (the last one per step)."""
+        by_step = {int(r["step"]): float(r["val_loss"]) for r in self.metrics
+                   if _finite(r.get("val_loss")) and isinstance(r.get("step"), int)}
+        return sorted(by_step.items())
+
+    @property
+    def tokens_per_step(self) -> int:
+        return int(self.config.get("train.batch_size", 0)) * int(self.config.get("data.seq_len", 0))
+
+    def tokens_per_param(self, step: int | None = None) -> float:
+        """Training tokens per non-embedding parameter seen by ``step`` (default: the last step trained)."""
+        step = int(self.summary.get("step", self.config.get("train.steps", 0))) if step is None else step
+        return step * self.tokens_per_step / max(1, self.params_nonembed)
 
     @property
     def seed(self) -> int:

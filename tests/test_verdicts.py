@@ -1,0 +1,287 @@
+"""The verdict rule and the claims' preconditions, driven by synthetic run folders with known effects."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from smallinit.experiments.claims import (
+    EMULATED,
+    FIXED,
+    ClaimResult,
+    Comparison,
+    Runs,
+    claim_c1,
+    claim_c2,
+    claim_c3,
+    claim_c4,
+    claim_c6,
+    claim_c7,
+    uniform_sink,
+)
+from smallinit.experiments.demo import verdict_table
+from smallinit.report.verdict import AGREE, DISAGREE, INCONCLUSIVE, NOT_TESTABLE, combine, holm, t_test
+from smallinit.train.runs import Run
+
+PARAMS = 1000  # non-embedding parameters of every synthetic run; 1 × 10 tokens per step → 1 token/param per 100 steps
+
+
+def make_run(root: Path, *, gamma: float, seed: int, arm: dict, d: int = 16, final: float, start: float = 5.0,
+             tpp: float = 40, evals: int = 8, curve=None, analysis: list[dict] | None = None, lr: float = 3e-3,
+             n_seq: int = 16, seq_len: int = 10) -> Run:
+    """A finished run whose validation loss falls from ``start`` to ``final`` (or follows ``curve(frac)``)."""
+    steps = int(tpp * PARAMS / seq_len)
+    model = {"d_model": d, "n_layers": 4, "n_heads": 2, "n_kv_heads": 2, "d_ff": 3 * d, "gamma": gamma,
+             "norm_eps_width": 0, **{k.split(".")[1]: v for k, v in arm.items()}}
+    cfg = {"model": model, "train": {"seed": seed, "steps": steps, "batch_size": 1, "lr": lr},
+           "data": {"seq_len": seq_len}, "analysis": {"batch_size": n_seq}}
+    name = f"d{d}_g{gamma}_s{seed}_{arm['model.norm_eps']}_{arm['model.gate']}_{model['norm_eps_width']}_lr{lr}"
+    path = root / name
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    curve = curve or (lambda f: final + (start - final) * math.exp(-5 * f) - (start - final) * math.exp(-5))
+    every = steps // evals
+    lines = [{"step": s, "val_loss": curve(s / steps)} for s in range(0, steps + 1, every)]
+    lines += [{"event": "analysis", **rec} for rec in (analysis or [])]
+    (path / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+    (path / "summary.json").write_text(json.dumps({"step": steps, "val_loss": curve(1.0), "params_nonembed": PARAMS}))
+    return Run.load(path)
+
+
+def pair_runs(root: Path, arm: dict, gaps: list[float], d: int = 16, **kw) -> list[Run]:
+    """γ = 0.5 and γ = 1 runs per seed with L(γ.5) − L(γ1) = gaps[seed] at the end."""
+    runs = []
+    for seed, g in enumerate(gaps):
+        runs.append(make_run(root, gamma=0.5, seed=seed, arm=arm, d=d, final=3.0 + g, **kw))
+        runs.append(make_run(root, gamma=1.0, seed=seed, arm=arm, d=d, final=3.0, **kw))
+    return runs
+
+
+# -- the rule ------------------------------------------------------------------------------------------------------
+
+
+def test_t_rule_is_stricter_than_two_standard_errors():
+    diffs = [0.10, 0.02, 0.06]  # mean 0.06, se 0.023: beyond 2·SE = 0.046, inside t(2)·SE = 0.099
+    mean, se = np.mean(diffs), np.std(diffs, ddof=1) / math.sqrt(3)
+    assert abs(mean) > 2 * se
+    t = t_test(diffs)
+    assert t.p > 0.05 and t.lo < 0 < t.hi
+    claim = ClaimResult("X", "", "", [Comparison("gap", diffs)])
+    assert claim.verdict == INCONCLUSIVE
+    assert ClaimResult("X", "", "", [Comparison("gap", [0.10, 0.08, 0.09])]).verdict == AGREE
+    assert ClaimResult("X", "", "", [Comparison("gap", [-0.10, -0.08, -0.09])]).verdict == DISAGREE
+
+
+def test_holm_controls_the_family():
+    assert holm([0.01, 0.03, 0.04]) == [True, False, False]  # each below 0.05 alone
+    assert holm([0.01, 0.02, 0.04]) == [True, True, True]  # 0.01 ≤ .05/3, 0.02 ≤ .05/2, 0.04 ≤ .05
+    assert holm([0.04, 0.001]) == [True, True]
+    assert holm([0.2, 0.001]) == [False, True]
+
+
+def test_one_seed_gives_no_verdict_and_the_numbers_stay():
+    claim = ClaimResult("X", "", "", [Comparison("gap", [0.3])])
+    assert claim.verdict == NOT_TESTABLE
+    c = claim.comparisons[0]
+    assert "1 seed" in c.reason and c.mean == pytest.approx(0.3)
+    assert isinstance(t_test([]), str)
+
+
+def test_equivalence_within_a_tolerance():
+    tight = ClaimResult("X", "", "", [Comparison("exp", [0.01, -0.01, 0.0, 0.02], expected="zero", tolerance=0.15)])
+    far = ClaimResult("X", "", "", [Comparison("exp", [0.5, 0.52, 0.49], expected="zero", tolerance=0.15)])
+    edge = ClaimResult("X", "", "", [Comparison("exp", [0.1, 0.2, 0.15], expected="zero", tolerance=0.15)])
+    assert (tight.verdict, far.verdict, edge.verdict) == (AGREE, DISAGREE, INCONCLUSIVE)
+
+
+def test_claim_combines_with_not_testable():
+    assert combine([AGREE, NOT_TESTABLE]) == INCONCLUSIVE
+    assert combine([NOT_TESTABLE, NOT_TESTABLE]) == NOT_TESTABLE
+    assert combine([DISAGREE, NOT_TESTABLE]) == DISAGREE
+    assert combine([AGREE, AGREE]) == AGREE
+
+
+# -- the loss regime ----------------------------------------------------------------------------------------------
+
+
+def test_settled_loss_gap_gets_a_verdict(tmp_path):
+    runs = Runs(pair_runs(tmp_path, EMULATED, [0.10, 0.11, 0.12, 0.105]))
+    c = claim_c1(runs).comparisons[0]
+    assert c.verdict == AGREE, c.reason
+    assert len(c.trajectory["steps"]) >= 4 and c.trajectory["tokens_per_param"][-1] == pytest.approx(40)
+
+
+def test_too_few_tokens_per_parameter(tmp_path):
+    runs = Runs(pair_runs(tmp_path, EMULATED, [0.10, 0.11, 0.12], tpp=5))
+    c = claim_c1(runs).comparisons[0]
+    assert c.verdict == NOT_TESTABLE and "tokens per non-embedding parameter < 20" in c.reason
+
+
+def test_too_few_evaluations(tmp_path):
+    runs = Runs(pair_runs(tmp_path, EMULATED, [0.10, 0.11, 0.12], evals=2))
+    c = claim_c1(runs).comparisons[0]
+    assert c.verdict == NOT_TESTABLE and "evaluated at 3 points" in c.reason
+
+
+def test_gap_that_changes_sign_or_still_closes_is_not_a_verdict(tmp_path):
+    runs = []
+    for seed in range(3):  # γ = 0.5 better at half budget, γ = 1 better at the end
+        runs.append(make_run(tmp_path, gamma=0.5, seed=seed, arm=EMULATED, final=0,
+                             curve=lambda f, s=seed: 4.0 - f + 0.001 * s))
+        runs.append(make_run(tmp_path, gamma=1.0, seed=seed, arm=EMULATED, final=0,
+                             curve=lambda f: 4.3 - 1.5 * f))
+    c = claim_c1(Runs(runs)).comparisons[0]
+    assert c.verdict == NOT_TESTABLE and "changed sign" in c.reason
+    closing = []
+    for seed in range(3):  # γ = 1 ahead throughout, but the lead halves over the last half
+        closing.append(make_run(tmp_path / "b", gamma=0.5, seed=seed, arm=EMULATED, final=0,
+                                curve=lambda f, s=seed: 4.0 - f + 0.001 * s))
+        closing.append(make_run(tmp_path / "b", gamma=1.0, seed=seed, arm=EMULATED, final=0,
+                                curve=lambda f: 4.0 - f - 0.4 * (1 - f) - 0.2))
+    c = claim_c1(Runs(closing)).comparisons[0]
+    assert c.samples and min(c.samples) > 0  # a 2-SE rule would call this agree
+    assert c.verdict == NOT_TESTABLE and "still closing" in c.reason
+
+
+def test_shrink_across_a_sign_change_is_not_testable(tmp_path):
+    runs = pair_runs(tmp_path, EMULATED, [0.07, 0.08, 0.06], d=16) + pair_runs(tmp_path, EMULATED, [-0.2, -0.25, -0.22], d=32)
+    c1 = claim_c1(Runs(runs))
+    shrink = c1.comparisons[-1]
+    assert shrink.label.startswith("gain shrink")
+    assert shrink.verdict == NOT_TESTABLE and "changes sign" in shrink.reason
+    assert c1.verdict == DISAGREE  # γ = 1 worse at d32: the part that is testable decides
+
+
+# -- claim preconditions ----------------------------------------------------------------------------------------
+
+
+def _factor_record(value: float) -> list[dict]:
+    return [{"step": 0, "norm_factor": {"blocks.0.attn_norm": value, "blocks.0.mlp_norm": value}}]
+
+
+def test_c2_needs_saturation_at_init(tmp_path):
+    eps_only = {"model.norm_eps": 1e-12, "model.gate": "none"}
+    for width, factor in ((0, 0.98), (2048, 0.15)):
+        folder = tmp_path / f"w{width}"
+        arm = {**EMULATED, "model.norm_eps_width": width}
+        runs = []
+        for seed in range(3):
+            for g, gain in ((1.0, 0.05), (0.5, 0.0)):
+                runs.append(make_run(folder, gamma=g, seed=seed, arm=arm, final=3.0 + gain + 0.001 * seed,
+                                     analysis=_factor_record(factor)))
+                runs.append(make_run(folder, gamma=g, seed=seed, arm=eps_only, final=3.0))
+        c2 = claim_c2(Runs(runs), baseline=arm)
+        if width == 0:
+            assert c2.verdict == NOT_TESTABLE and "ε cannot saturate" in c2.untestable
+        else:
+            assert c2.untestable == "" and c2.comparisons[0].verdict == AGREE
+
+
+def _sink_record(steps: int, per_layer: list[float]) -> list[dict]:
+    return [{"step": steps, "sink": {str(i): v for i, v in enumerate(per_layer)}, "sink_mean": float(np.mean(per_layer))}]
+
+
+def test_c3_needs_a_sink_and_enough_tokens(tmp_path):
+    uniform = uniform_sink(256)
+    assert uniform == pytest.approx(0.0201, abs=1e-4)  # (H_T − 1)/(T − 1); 0.059 at T = 64
+    eps12_none, eps12_gate = {"model.norm_eps": 1e-12, "model.gate": "none"}, FIXED
+    for label, sink, seq_len, n_seq in (("none", 0.02, 256, 16), ("formed", 0.3, 256, 16), ("short", 0.3, 64, 4)):
+        folder, runs = tmp_path / label, []
+        steps = int(40 * PARAMS / seq_len)
+        for seed in range(3):
+            for g in (0.5, 1.0):
+                s = sink if g == 1.0 else 0.02
+                runs.append(make_run(folder, gamma=g, seed=seed, arm=eps12_none, final=3.05, seq_len=seq_len,
+                                     n_seq=n_seq, analysis=_sink_record(steps, [s + 0.001 * seed * g, 0.02])))
+                runs.append(make_run(folder, gamma=g, seed=seed, arm=eps12_gate, final=3.0, seq_len=seq_len,
+                                     n_seq=n_seq, analysis=_sink_record(steps, [0.02 + 0.0003 * seed**2, 0.02])))
+        sinks = [c for c in claim_c3(Runs(runs)).comparisons if c.label.startswith("sink")]
+        assert len(sinks) == 2  # the γ contrast and Fig. 1g (gate vs no gate at γ = 1)
+        if label == "formed":
+            assert all(c.verdict == AGREE for c in sinks), [c.reason for c in sinks]
+        else:
+            assert all(c.verdict == NOT_TESTABLE for c in sinks)
+            assert ("no sink has formed" if label == "none" else "needs ≥ 16 of ≥ 256") in sinks[0].reason
+
+
+def _srank_records(ranks: list[float], steps: int) -> list[dict]:
+    at = np.linspace(0, steps, len(ranks)).astype(int)
+    return [{"step": int(s), "stable_rank": {"m": r}} for s, r in zip(at, ranks)]
+
+
+def test_c6_judges_the_rebound_only_after_a_minimum(tmp_path):
+    steps = int(40 * PARAMS / 10)
+    for label, r1 in (("rebound", [20, 5, 4, 6, 8, 10, 12]), ("falling", [20, 10, 8, 6, 5, 4, 3.5])):
+        runs = []
+        for seed in range(3):
+            runs.append(make_run(tmp_path / label, gamma=1.0, seed=seed, arm=FIXED, final=3.0,
+                                 analysis=_srank_records([r + 0.1 * seed for r in r1], steps)))
+            runs.append(make_run(tmp_path / label, gamma=0.5, seed=seed, arm=FIXED, final=3.1,
+                                 analysis=_srank_records([20 + 0.1 * seed] * 7, steps)))
+        rebound = next(c for c in claim_c6(Runs(runs)).comparisons if "rebound" in c.label)
+        if label == "rebound":
+            assert rebound.verdict == AGREE, rebound.reason
+        else:
+            assert rebound.verdict == NOT_TESTABLE and "last third" in rebound.reason
+
+
+def _gap(mean_ds: float, bins: list[float], loss: float, bigram: float) -> dict:
+    return {"mean_delta_sym": mean_ds, "bins": [{"mean_delta_sym": b} for b in bins], "mean_loss_a": loss,
+            "mean_loss_b": loss + 0.05, "bigram_loss": bigram}
+
+
+def test_c7_needs_a_better_model_below_bigram():
+    profile = [0.0, 0.01, 0.0, 0.05, 0.08, 0.09, 0.08, 0.07, 0.06, 0.01]
+    good = {s: _gap(0.03 + 0.001 * s, [b + 0.003 * s * (i % 2) for i, b in enumerate(profile)], 2.0, 2.5)
+            for s in range(3)}
+    assert claim_c7(good).verdict == AGREE
+    on_easy = [0.09, 0.08, 0.08, 0.05, 0.01, 0.0, 0.0, 0.0, 0.0, 0.0]
+    easy = {s: _gap(0.03 + 0.001 * s, [b + 0.003 * s * (i % 2) for i, b in enumerate(on_easy)], 2.0, 2.5)
+            for s in range(3)}
+    assert claim_c7(easy).verdict == DISAGREE  # the gain sits on the easy tokens instead
+    worse = {s: _gap(-0.03 + 0.001 * s, profile, 2.0, 2.5) for s in range(3)}
+    assert claim_c7(worse).verdict == NOT_TESTABLE and "not better on average" in claim_c7(worse).untestable
+    untrained = {s: _gap(0.03 + 0.001 * s, profile, 3.0, 2.5) for s in range(3)}
+    assert "bigram" in claim_c7(untrained).untestable
+
+
+# -- effective size ---------------------------------------------------------------------------------------------
+
+
+def _ladder(root: Path, seeds: int) -> Runs:
+    """Fixed-arm runs at 3 sizes following L(N) = 2 + 40·N^-0.5, γ = 1 as a 1.44× larger model."""
+    runs = []
+    for d, n in ((16, 1000), (24, 4000), (32, 16000)):
+        for seed in range(seeds):
+            noise = 0.002 * (seed - 1)
+            for g, size in ((0.5, n), (1.0, 1.44 * n)):
+                r = make_run(root, gamma=g, seed=seed, arm=FIXED, d=d, final=2 + 40 * size ** -0.5 + noise)
+                runs.append(r)
+    for r in runs:  # the loss law is in N: give each its size
+        size = {16: 1000, 24: 4000, 32: 16000}[r.size[0]]
+        r.summary["params_nonembed"] = size
+        r.config["train.steps"] = r.summary["step"] = int(40 * size / 10)
+        r.__dict__.pop("params_nonembed", None)
+    return Runs(runs)
+
+
+def test_effective_size_needs_seeds_and_gives_a_sane_number(tmp_path):
+    one = claim_c4(_ladder(tmp_path / "one", 1), n_boot=50)
+    es = one.comparisons[-1]
+    assert es.verdict == NOT_TESTABLE and "1 seed" in es.reason and es.estimate is None
+    three = claim_c4(_ladder(tmp_path / "three", 3), n_boot=100)
+    es = three.comparisons[-1]
+    assert es.estimate is not None and math.isfinite(es.estimate)
+    assert 0.2 < es.estimate < 0.8  # the planted +44 %
+    assert es.verdict in (AGREE, INCONCLUSIVE)
+
+
+def test_table_shows_reasons_and_legend(tmp_path):
+    runs = Runs(pair_runs(tmp_path, EMULATED, [0.10, 0.11, 0.12], tpp=5))
+    text = verdict_table([claim_c1(runs).to_dict()])
+    assert "↳ trained to 5 tokens per non-embedding parameter < 20" in text
+    assert "Notation:" in text and "Holm" in text
