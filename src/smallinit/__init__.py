@@ -6,6 +6,7 @@
 
 from .config import AnalysisConfig, Config, DataConfig, ModelConfig, MoEConfig, TrainConfig
 from .errors import SmallinitError
+from .generate import Sampling, generate, load_pretrained
 from .init import InitReport, gamma_init_, gamma_normal_, set_norm_eps_
 from .model import ModelOutput, Transformer
 from .train import load_model
@@ -13,6 +14,7 @@ from .train import load_model
 __version__ = "0.1.0"
 
 __all__ = [
-    "AnalysisConfig", "Config", "DataConfig", "InitReport", "ModelConfig", "ModelOutput", "MoEConfig",
-    "SmallinitError", "TrainConfig", "Transformer", "gamma_init_", "gamma_normal_", "load_model", "set_norm_eps_",
+    "AnalysisConfig", "Config", "DataConfig", "InitReport", "ModelConfig", "ModelOutput", "MoEConfig", "Sampling",
+    "SmallinitError", "TrainConfig", "Transformer", "gamma_init_", "gamma_normal_", "generate", "load_model",
+    "load_pretrained", "set_norm_eps_",
 ]

@@ -120,6 +120,19 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .errors import ConfigError
+    from .generate import Sampling, generate, load_pretrained
+
+    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed).validate()
+    if args.prompt is None and sys.stdin.isatty():
+        raise ConfigError("no prompt: pass --prompt TEXT or pipe the prompt on stdin")
+    prompt = sys.stdin.read() if args.prompt is None else args.prompt
+    model, tokenizer = load_pretrained(args.checkpoint, device=args.device)
+    print(generate(model, tokenizer, prompt, args.max_new_tokens, sampling))
+    return 0
+
+
 def cmd_init_hf(args: argparse.Namespace) -> int:
     from .export.hf import init_hf
 
@@ -321,6 +334,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="run folder (its newest checkpoint) or checkpoint folder")
     p.add_argument("out_dir", metavar="OUT_DIR", help="new folder for the model, config and tokenizer")
     p.set_defaults(func=cmd_export_hf)
+
+    p = sub.add_parser("generate", help="continue a prompt with a trained run or checkpoint (KV-cached decoding)")
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="run folder (its newest checkpoint) or checkpoint folder")
+    p.add_argument("--prompt", help="text to continue (default: stdin, as is; empty = a new document)")
+    p.add_argument("--max-new-tokens", type=int, default=100, help="at most this many new tokens (default 100)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy (default 1)")
+    p.add_argument("--top-k", type=int, help="sample only from the k most likely tokens (default: all)")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="sample only from the most likely tokens holding this probability, in (0, 1] (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("init-hf", help="γ-init a Hugging Face architecture from its config.json and save it")
     p.add_argument("config", metavar="CONFIG_OR_DIR", help="a config.json or a folder holding one")

@@ -4,6 +4,9 @@ The gate (Qiu et al. 2025, position G1) multiplies each head's SDPA output by si
 same normalised hidden state that feeds Q/K/V, so the gate depends on the query token. "headwise" learns one
 scalar per head, "elementwise" one per channel. It lets a head output ~0 without parking its attention on
 the first token, which is what small init otherwise encourages (the attention sink).
+
+For decoding, a :class:`KVCache` keeps every layer's keys and values of the positions seen so far, so each
+new token costs one position's projections and one row of attention instead of a forward over the prefix.
 """
 
 from __future__ import annotations
@@ -29,6 +32,26 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+class KVCache:
+    """Keys and values (after RoPE) of every layer for the first ``length`` positions, preallocated up to the
+    context length. Each layer's attention stores its new positions; the model advances ``length`` once all
+    layers have."""
+
+    def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_len: int, head_dim: int, *,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        shape = (n_layers, batch_size, n_kv_heads, max_len, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v (B, H_kv, T, hd) after the cached positions; return the layer's keys and values so far."""
+        end = self.length + k.shape[2]
+        self.keys[layer, :, :, self.length:end] = k
+        self.values[layer, :, :, self.length:end] = v
+        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+
 class Attention(nn.Module):
     def __init__(
         self, d_model: int, n_heads: int, n_kv_heads: int, *, gate: str, qk_norm: bool, norm_eps: float
@@ -49,8 +72,10 @@ class Attention(nn.Module):
         self.qk_norm = qk_norm
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, captured: dict | None = None
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, captured: dict | None = None,
+        cache: KVCache | None = None, layer: int = 0,
     ) -> torch.Tensor:
+        """``cos``/``sin`` are the rows of x's positions; with ``cache``, x continues the cached positions."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
@@ -59,9 +84,17 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
+        past = 0
+        if cache is not None:
+            past = cache.length
+            k, v = cache.store(layer, k, v)
+
         gqa = self.n_kv_heads != self.n_heads
         if captured is not None and "attn" in captured:
             y = self._attention_with_probs(q, k, v, captured)
+        elif past:  # query i sits at position past + i and sees keys 0 … past + i (SDPA's is_causal aligns top-left)
+            mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         if captured is not None and "qk" in captured:

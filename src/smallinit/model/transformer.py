@@ -6,6 +6,8 @@ Every weight matrix starts from N(0, d_in^(−2γ)) (smallinit.init). For analys
 internal states from the same forward pass: "hidden" (h_0 … h_L, h_L being the final norm's input),
 "norms" (each norm's input, by name), "qk" (per-layer queries and keys after RoPE), "attn" (per-layer
 attention probabilities from a non-fused path). Training passes no capture and always uses fused SDPA.
+For decoding, ``cache`` (a KVCache from ``new_cache``) holds the earlier positions' keys and values: the
+forward takes only the new tokens, places them after the cached ones (RoPE included) and extends the cache.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..init import InitReport, gamma_init_
-from .attention import Attention, rope_tables
+from .attention import Attention, KVCache, rope_tables
 from .loss import cross_entropy
 from .mlp import SwiGLU
 from .moe import MoE
@@ -52,11 +54,12 @@ class Block(nn.Module):
         else:
             self.mlp = SwiGLU(cfg.d_model, cfg.d_ff)
 
-    def forward(self, h, cos, sin, captured: dict | None = None, name: str = ""):
+    def forward(self, h, cos, sin, captured: dict | None = None, name: str = "", cache: KVCache | None = None,
+                layer: int = 0):
         """(h after the block, the MoE layer's weighted router loss or None for a dense block)."""
         if captured is not None and "norms" in captured:
             captured["norms"][f"{name}.attn_norm"] = h.detach()
-        h = h + self.attn(self.attn_norm(h), cos, sin, captured)
+        h = h + self.attn(self.attn_norm(h), cos, sin, captured, cache, layer)
         if captured is not None and "norms" in captured:
             captured["norms"][f"{name}.mlp_norm"] = h.detach()
         if isinstance(self.mlp, MoE):
@@ -86,25 +89,31 @@ class Transformer(nn.Module):
         return gamma_init_(self, self.config.gamma, generator=torch.Generator().manual_seed(seed))
 
     def forward(
-        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, capture: Iterable[str] = ()
+        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, capture: Iterable[str] = (),
+        cache: KVCache | None = None,
     ) -> ModelOutput:
+        past = cache.length if cache is not None else 0
         T = tokens.shape[1]
-        if T > self.config.max_seq_len:
-            raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}")
+        if past + T > self.config.max_seq_len:
+            raise ValueError(f"sequence length {past + T} exceeds max_seq_len {self.config.max_seq_len}")
         captured = _capture_slots(capture)
-        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        if captured and cache is not None:
+            raise ValueError("capture needs the whole sequence in one forward; pass no cache")
+        cos, sin = self.rope_cos[past:past + T], self.rope_sin[past:past + T]
 
         h = self.embed(tokens)
         hidden = [h.detach()] if captured and "hidden" in captured else None
         aux = []
         for i, block in enumerate(self.blocks):
-            h, block_aux = block(h, cos, sin, captured, f"blocks.{i}")
+            h, block_aux = block(h, cos, sin, captured, f"blocks.{i}", cache, i)
             if block_aux is not None:
                 aux.append(block_aux)
             if hidden is not None:
                 hidden.append(h.detach())
         if captured and "norms" in captured:
             captured["norms"]["norm"] = h.detach()
+        if cache is not None:
+            cache.length += T
         logits = self.lm_head(self.norm(h))
 
         out = ModelOutput(logits=logits)
@@ -118,6 +127,12 @@ class Transformer(nn.Module):
             out.qk = captured.get("qk", [])
             out.attentions = captured.get("attn", [])
         return out
+
+    def new_cache(self, batch_size: int = 1) -> KVCache:
+        """An empty KVCache for up to max_seq_len positions, on the model's device and in its dtype."""
+        c, w = self.config, self.embed.weight
+        return KVCache(c.n_layers, batch_size, c.n_kv_heads, c.max_seq_len, c.head_dim, dtype=w.dtype,
+                       device=w.device)
 
     def num_params(self, *, active: bool = False, embeddings: bool = True) -> int:
         """Unique parameters; ``active`` counts only the experts a token uses (MoE)."""
