@@ -13,7 +13,6 @@ from ..report.verdict import NOT_TESTABLE
 from ..train.checkpoint import write_json_atomic
 from .recipes import RecipeResult, run_recipe
 
-
 LEGEND = """\
 Notation: C1–C7 are the paper's claims; d16×4 is a model of width 16 and 4 layers; γ.5, γ1 are γ = 0.5, 1;
 L is the final validation loss (nats); srank the stable rank ‖W‖_F²/‖W‖_2²; Δ_sym = (p_A − p_B)/(p_A + p_B)
