@@ -285,3 +285,29 @@ def test_table_shows_reasons_and_legend(tmp_path):
     text = verdict_table([claim_c1(runs).to_dict()])
     assert "↳ trained to 5 tokens per non-embedding parameter < 20" in text
     assert "Notation:" in text and "Holm" in text
+
+
+# -- emulated saturation ----------------------------------------------------------------------------------------
+
+
+def test_emulated_width_reproduces_the_wide_models_norm_factor_at_init():
+    """d = 64 with ε scaled to a d = 2048 model's: the first norm starts at the wide model's factor (0.153)."""
+    import torch
+
+    from smallinit.analysis.norm_factor import measured_norm_factors, relative_factor
+    from smallinit.config import ModelConfig
+    from smallinit.errors import ConfigError
+    from smallinit.model import Transformer
+
+    cfg = ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, d_ff=128, vocab_size=256, gamma=1.0,
+                      norm_eps=1e-5, norm_eps_width=2048)
+    assert cfg.effective_norm_eps == pytest.approx(1e-5 * 32**2)
+    target = relative_factor(1.0, 1e-5, 2048)
+    assert target == pytest.approx(0.153, abs=1e-3)
+    tokens = torch.randint(0, 256, (4, 64), generator=torch.Generator().manual_seed(0))
+    measured = measured_norm_factors(Transformer(cfg, seed=0), tokens)["blocks.0.attn_norm"]
+    assert measured == pytest.approx(target, rel=0.1)
+    plain = measured_norm_factors(Transformer(ModelConfig(**{**cfg.__dict__, "norm_eps_width": 0}), seed=0), tokens)
+    assert plain["blocks.0.attn_norm"] > 0.97  # the same model without emulation barely saturates
+    with pytest.raises(ConfigError, match="norm_eps_width"):
+        ModelConfig(norm_eps_width=-1).validate()
