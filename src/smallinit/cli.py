@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -27,7 +28,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE.toml", help="a TOML config (sections model, train, data, analysis)")
+    p.add_argument("--config", metavar="FILE.toml", help="a TOML config (sections model, train, data, analysis), "
+                   "or a run folder or its config.json to take that run's config")
     p.add_argument("--preset", metavar="NAME", help="model preset, e.g. cpu-1m, cpu-5m, 0.1b, 1.5b")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set train.steps=200 --set model.gate=headwise")
@@ -47,8 +49,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     args.overrides += ["train.wandb=true"] if args.wandb else []
+    if args.init_from:  # a new run from that run's weights, and from its config unless --config/--preset
+        args.overrides.insert(0, f"train.init_from={json.dumps(args.init_from)}")
+        args.config = args.config or (None if args.preset else args.init_from)
     if args.resume and not (args.config or args.preset):  # the run's own config; --set may change its layout
-        cfg = Config.from_json_file(out / "config.json", args.overrides)
+        cfg = Config.from_json_file(out / "config.json", args.overrides)  # or its length (train.steps)
     else:
         cfg = _load_config(args)
     trainer = Trainer(cfg, out, resume=args.resume)
@@ -61,6 +66,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     val = "nothing left to train" if summary["val_loss"] is None else f"val loss {summary['val_loss']:.4f}"
     if trainer.runtime.is_main:
         print(f"done: step {summary['step']}, {val}; run folder {out}")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    print("# smallinit config: defaults → --config → --preset → --set, resolved; every key in docs/config.md")
+    print(_load_config(args).to_toml(), end="")
     return 0
 
 
@@ -166,8 +177,21 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     print(f"step {result['step']}: loss {result['loss']:.4f} on {result['tokens']:,} tokens; "
           f"sink mean {result['sink']['mean']:.4f}; residual flow {result['residual_flow']:.4f}; "
           f"min norm factor {min(result['norm_factor'].values()):.4f}")
+    print(_analyze_loss_note(Config.from_dict(result["config"]), args))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
+
+
+def _analyze_loss_note(cfg, args: argparse.Namespace) -> str:
+    """Which text the loss above is measured on, beside the batches of training's validation loss."""
+    if args.data:
+        return "loss on --data text; training's val loss is measured on its validation split"
+    train = (cfg.train.eval_batches, cfg.train.batch_size, cfg.data.seq_len)
+    if (args.batches, args.batch_size, args.seq_len or cfg.data.seq_len) == train:
+        return "loss on the validation batches training measures its val loss on"
+    return (f"loss on the first {args.batches * args.batch_size} validation windows; training's val loss uses the "
+            f"first {train[0] * train[1]} (of {train[2]} tokens): --batches {train[0]} --batch-size {train[1]} "
+            f"--seq-len {train[2]} measure on the same ones")
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -280,9 +304,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model")
     _config_args(p)
     p.add_argument("--out", default="runs/train", metavar="RUN_DIR", help="run folder (default runs/train)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
+    start = p.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint; "
+                       "with --set train.steps=N also extend it, where its schedule allows (docs/config.md)")
+    start.add_argument("--init-from", metavar="RUN_OR_CHECKPOINT", help="start a new run from the weights of a run "
+                       "(its newest checkpoint) or a checkpoint, with that run's config unless --config/--preset; "
+                       "fresh optimizer, step 0")
     p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (needs the wandb package)")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("config", help="print the resolved config (defaults → --config → --preset → --set) as "
+                       "commented TOML")
+    _config_args(p)
+    p.set_defaults(func=cmd_config)
 
     p = sub.add_parser("info", help="parameter counts and the γ-init table of a config")
     _config_args(p)

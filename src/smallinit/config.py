@@ -22,41 +22,57 @@ from .errors import ConfigError
 GATES = ("none", "headwise", "elementwise")
 
 
+def _key(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = dataclasses.MISSING) -> Any:
+    """A config key with its one-line meaning, which ``smallinit config`` prints beside it (config_keys)."""
+    return field(default=default, default_factory=factory, metadata={"doc": doc})
+
+
 @dataclass
 class MoEConfig:
     """Mixture-of-experts feed-forward: E experts of width d_expert, top-k routing, optional shared expert."""
 
-    num_experts: int = 8
-    top_k: int = 2
-    d_expert: int = 0  # 0 → the model's d_ff
-    shared_expert: bool = False
-    every_n_layers: int = 1  # 1 → every layer is MoE; 2 → every second layer, ...
-    score: str = "softmax"  # "softmax" | "sigmoid"
-    aux_loss_weight: float = 0.01  # Switch-style load balancing
-    z_loss_weight: float = 1e-3  # router z-loss
-    capacity_factor: float = 0.0  # 0 → dropless
+    num_experts: int = _key(8, "experts E per MoE layer")
+    top_k: int = _key(2, "experts each token is routed to")
+    d_expert: int = _key(0, "hidden width of one expert; 0 → the model's d_ff")
+    shared_expert: bool = _key(False, "add one always-active expert beside the routed ones")
+    every_n_layers: int = _key(1, "1 → every block is MoE; 2 → every second block, ...")
+    score: str = _key("softmax", "router score: softmax | sigmoid")
+    aux_loss_weight: float = _key(0.01, "weight of the Switch-style load-balancing loss")
+    z_loss_weight: float = _key(1e-3, "weight of the router z-loss")
+    capacity_factor: float = _key(0.0, "0 → dropless (token dropping is not implemented)")
 
 
 @dataclass
 class ModelConfig:
-    d_model: int = 64
-    n_layers: int = 6
-    n_heads: int = 4
-    n_kv_heads: int = 4
-    d_ff: int = 256
-    vocab_size: int = 8192
-    max_seq_len: int = 512
-    gamma: float = 1.0
-    norm_eps: float = 1e-12
-    gate: str = "elementwise"
-    qk_norm: bool = False
-    tie_embeddings: bool = True
-    rope_theta: float = 10000.0
-    moe: MoEConfig | None = None
+    d_model: int = _key(64, "width d of the residual stream")
+    n_layers: int = _key(6, "transformer blocks")
+    n_heads: int = _key(4, "attention heads; divides d_model, and head_dim = d_model / n_heads is even (RoPE)")
+    n_kv_heads: int = _key(4, "key/value heads (grouped-query attention); divides n_heads")
+    d_ff: int = _key(256, "hidden width of the SwiGLU feed-forward")
+    vocab_size: int = _key(8192, "vocabulary size; training sets it from the tokenizer")
+    max_seq_len: int = _key(512, "longest sequence the model takes (RoPE table); data.seq_len ≤ max_seq_len")
+    gamma: float = _key(1.0, "γ: every weight matrix starts from N(0, d_in^(−2γ)); 1 is the paper's choice, 0.5 the usual")
+    norm_eps: float = _key(1e-12, "ε of every RMSNorm; the paper's 1e-12 keeps the norms from saturating")
+    norm_eps_width: int = _key(0, "> 0: emulate the RMSNorm saturation at init of a model this wide (see "
+                               "effective_norm_eps); 0 → off")
+    gate: str = _key("elementwise", "attention output gate sigmoid(x W_θ): none | headwise | elementwise")
+    qk_norm: bool = _key(False, "RMSNorm the queries and keys of each head before RoPE")
+    tie_embeddings: bool = _key(True, "the LM head shares the token embedding's matrix")
+    rope_theta: float = _key(10000.0, "RoPE base θ")
+    moe: MoEConfig | None = _key(None, "mixture-of-experts feed-forward (the model.moe.* keys); absent → dense blocks")
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def effective_norm_eps(self) -> float:
+        """The ε the model's RMSNorms use: ``norm_eps``, or with ``norm_eps_width`` = W > 0,
+        ε·(W/d_model)^(2γ), so that σ²(h) ≈ d^(−2γ) at init meets ε in the same ratio as in a width-W model
+        with ``norm_eps``: the narrow model starts as saturated as the wide one."""
+        if not self.norm_eps_width:
+            return self.norm_eps
+        return self.norm_eps * (self.norm_eps_width / self.d_model) ** (2 * self.gamma)
 
     @staticmethod
     def presets() -> list[str]:
@@ -88,6 +104,9 @@ class ModelConfig:
             raise ConfigError(f"model.gamma must be > 0, got {self.gamma}")
         if not (self.norm_eps > 0 and math.isfinite(self.norm_eps)):
             raise ConfigError(f"model.norm_eps must be > 0 (the paper uses 1e-12), got {self.norm_eps}")
+        if self.norm_eps_width < 0:
+            raise ConfigError(f"model.norm_eps_width must be ≥ 0 (0 = off, else a width such as 2048), "
+                              f"got {self.norm_eps_width}")
         if self.gate not in GATES:
             raise ConfigError(f"model.gate must be one of {', '.join(GATES)}, got {self.gate!r}")
         if self.rope_theta <= 0:
@@ -149,37 +168,41 @@ PRESET_ALIASES = {"tiny": "cpu-1m"}
 
 @dataclass
 class TrainConfig:
-    steps: int = 300
-    seed: int = 0
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1
-    schedule: str = "cosine"  # "cosine" | "wsd" | "constant"
-    warmup_steps: int = 30
-    decay_frac: float = 0.2  # wsd: the last fraction of steps decays linearly
-    batch_size: int = 16  # sequences per optimizer step (global, over all ranks and accumulation)
-    grad_accum: int = 1
-    weight_decay: float = 0.1
-    decay_norms_and_embeddings: bool = False
-    beta1: float = 0.9
-    beta2: float = 0.95
-    adam_eps: float = 1e-8
-    grad_clip: float = 1.0  # 0 → off
-    eval_every: int = 50
-    eval_batches: int = 8
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 2
-    log_every: int = 10
-    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
-    precision: str = "auto"  # "auto" (bf16 autocast on GPU, fp32 on CPU) | "fp32" | "bf16"
-    compile: bool = False
-    parallel: str = "none"  # "none" | "ddp" | "fsdp" (under torchrun)
-    activation_checkpointing: bool = False  # keep only each block's input, recompute the rest in backward
-    dist_timeout: int = 1800  # seconds a collective may wait for another rank before the job fails
-    nonfinite: str = "stop"  # "stop" | "skip" (skip the batch and count it)
-    max_skips: int = 10
-    threads: int = 0  # torch intra-op threads; 0 → torch's default
-    tensorboard: bool = False  # mirror metrics.jsonl into RUN/tb/ (needs the tensorboard extra)
-    wandb: bool = False  # mirror metrics.jsonl to Weights & Biases (needs the wandb package)
+    steps: int = _key(300, "optimizer steps to train")
+    seed: int = _key(0, "seed of the initial weights and of every batch (the batch of step s depends on seed and s)")
+    lr: float = _key(3e-3, "peak learning rate of AdamW")
+    min_lr_ratio: float = _key(0.1, "the learning rate a cosine or WSD schedule decays to, as a fraction of lr")
+    schedule: str = _key("cosine", "learning-rate schedule after warmup: cosine | wsd (warmup-stable-decay) | constant")
+    warmup_steps: int = _key(30, "steps of linear warmup from lr / warmup_steps to lr")
+    decay_frac: float = _key(0.2, "wsd: the last fraction of the steps decays linearly to min_lr_ratio · lr")
+    batch_size: int = _key(16, "sequences per optimizer step (global: over all ranks and accumulation steps)")
+    grad_accum: int = _key(1, "micro-batches per step (divides batch_size): same result, less memory")
+    weight_decay: float = _key(0.1, "AdamW's decoupled weight decay of the weight matrices")
+    decay_norms_and_embeddings: bool = _key(False, "also decay norm weights, biases and embeddings")
+    beta1: float = _key(0.9, "AdamW β1")
+    beta2: float = _key(0.95, "AdamW β2")
+    adam_eps: float = _key(1e-8, "AdamW ε")
+    grad_clip: float = _key(1.0, "clip the global gradient norm to this; 0 → off")
+    eval_every: int = _key(50, "measure the validation loss every N steps (and at step 0 and the last step); 0 → last only")
+    eval_batches: int = _key(8, "validation batches (of batch_size sequences) per evaluation")
+    checkpoint_every: int = _key(100, "write a checkpoint every N steps (and at the last step); 0 → last only")
+    keep_checkpoints: int = _key(2, "newest checkpoints kept in RUN/checkpoints; older ones are deleted")
+    log_every: int = _key(10, "write a metrics.jsonl record and a progress line every N steps")
+    init_from: str = _key("", "start from the weights of this run or checkpoint folder (fresh optimizer, step 0); "
+                          "empty → γ-init")
+    device: str = _key("auto", "auto | cpu | cuda | cuda:N")
+    precision: str = _key("auto", "auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16")
+    compile: bool | str = _key("auto", 'torch.compile the blocks: true, false or "auto" (where it pays: tiny CPU '
+                                       "models on long enough runs, or a warm compile cache; the choice is kept on "
+                                       "resume)")
+    parallel: str = _key("none", "none | ddp | fsdp (under torchrun)")
+    activation_checkpointing: bool = _key(False, "keep only each block's input, recompute the rest in backward")
+    dist_timeout: int = _key(1800, "seconds a collective may wait for another rank before the job fails")
+    nonfinite: str = _key("stop", "on a non-finite loss or gradient: stop | skip (skip the batch and count it)")
+    max_skips: int = _key(10, "nonfinite=skip: stop after this many skipped batches")
+    threads: int = _key(0, "torch intra-op threads; 0 → torch's default")
+    tensorboard: bool = _key(False, "mirror metrics.jsonl into RUN/tb/ (needs the tensorboard extra)")
+    wandb: bool = _key(False, "mirror metrics.jsonl to Weights & Biases (needs the wandb package)")
 
     def validate(self) -> None:
         _positive(self, "steps", "batch_size", "grad_accum", "eval_batches", "keep_checkpoints", "log_every")
@@ -205,6 +228,8 @@ class TrainConfig:
         if self.dist_timeout <= 0:
             raise ConfigError(f"train.dist_timeout must be > 0 seconds, got {self.dist_timeout}")
         _choice(self, "nonfinite", ("stop", "skip"))
+        if not isinstance(self.compile, bool) and self.compile != "auto":
+            raise ConfigError(f'train.compile must be true, false or "auto", got {self.compile!r}')
         if self.batch_size > 2**24:  # every rank draws the whole batch's start positions each step
             raise ConfigError(f"train.batch_size={self.batch_size} is too large; use at most 2**24 sequences per step")
         if self.batch_size % self.grad_accum:
@@ -213,11 +238,11 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    corpus: str = "default"  # builtin name, file, directory or glob
-    tokenizer: str = "default"  # "default" | "bytes" | path to a tokenizer.json
-    text_field: str = "text"
-    seq_len: int = 128
-    val_fraction: float = 0.05
+    corpus: str = _key("default", "builtin name (default, shakespeare, zh-poems), file, directory or glob")
+    tokenizer: str = _key("default", "default | bytes | path to a tokenizer.json")
+    text_field: str = _key("text", "the field holding the text in .jsonl / .parquet documents")
+    seq_len: int = _key(128, "tokens per training sequence")
+    val_fraction: float = _key(0.05, "fraction of the corpus held out as the validation split")
 
     def validate(self) -> None:
         _positive(self, "seq_len")
@@ -227,18 +252,19 @@ class DataConfig:
 
 @dataclass
 class AnalysisConfig:
-    every: int = 0  # measure every N steps during training; 0 → off
-    # glob patterns of the matrices whose stable rank and mean |cos| are logged, and those whose row-cosine
-    # heatmaps are saved as snapshots (RUN/analysis/rowcos_step_*.npz); MoE expert i of a layer is NAME.i
-    matrices: list[str] = field(
-        default_factory=lambda: ["*.attn.q_proj.weight", "*.mlp.up_proj.weight", "*.mlp.up_proj.0"]
+    every: int = _key(0, "measure the model every N steps during training; 0 → off")
+    # MoE expert i of a layer is NAME.i
+    matrices: list[str] = _key(
+        doc="glob patterns of the matrices whose stable rank and mean |cos| between rows are logged",
+        factory=lambda: ["*.attn.q_proj.weight", "*.mlp.up_proj.weight", "*.mlp.up_proj.0"],
     )
-    heatmaps: list[str] = field(
-        default_factory=lambda: ["blocks.0.attn.q_proj.weight", "blocks.0.mlp.up_proj.weight", "blocks.0.mlp.up_proj.0"]
+    heatmaps: list[str] = _key(
+        doc="glob patterns of the matrices whose row-cosine heatmaps are saved (RUN/analysis/rowcos_step_*.npz)",
+        factory=lambda: ["blocks.0.attn.q_proj.weight", "blocks.0.mlp.up_proj.weight", "blocks.0.mlp.up_proj.0"],
     )
-    snapshots: int = 4  # heatmap snapshots spread over training (the first measurement included)
-    heatmap_rows: int = 128  # rows per heatmap (a seeded sample of larger matrices)
-    batch_size: int = 4  # held-out sequences (the first validation windows) measured each time
+    snapshots: int = _key(4, "heatmap snapshots spread over training (the first measurement included)")
+    heatmap_rows: int = _key(128, "rows per heatmap (a seeded sample of larger matrices)")
+    batch_size: int = _key(4, "held-out sequences (the first validation windows) measured each time")
 
     def validate(self) -> None:
         if self.every < 0:
@@ -295,10 +321,7 @@ class Config:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"{p} not found; is {p.parent} a run folder?")
-        try:
-            raw = json.loads(p.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
-            raise ConfigError(f"{p} is not valid JSON; the run folder is damaged") from None
+        raw = _read_json(p)
         for item in overrides:
             if not isinstance(raw, dict):
                 break  # from_dict names the problem
@@ -307,20 +330,118 @@ class Config:
 
     @staticmethod
     def load(path: str | Path | None = None, *, preset: str | None = None, overrides: list[str] = ()) -> Config:
-        """Resolve a config: file, then preset, then ``key=value`` overrides."""
-        raw: dict[str, Any] = read_toml(path) if path is not None else {}
+        """Resolve a config: file (TOML, or a run's config.json), then preset, then ``key=value`` overrides.
+
+        ``preset`` replaces the model keys it names, even where the file sets them (a run's config.json sets
+        them all); the file's other model keys stay.
+        """
+        raw: dict[str, Any] = read_config_file(path) if path is not None else {}
         if preset is not None:
-            raw.setdefault("model", {})["preset"] = preset
+            model = raw.setdefault("model", {})
+            if isinstance(model, dict):  # else from_dict names the problem
+                for key in PRESETS.get(PRESET_ALIASES.get(preset, preset), {}):
+                    model.pop(key, None)
+                model["preset"] = preset
         for item in overrides:
             key, value = parse_override(item)
             set_dotted(raw, key, value)
         return Config.from_dict(raw)
 
 
+    def to_toml(self) -> str:
+        """The config as a TOML file that ``Config.load`` reads back to an equal config, each key under a
+        comment giving its meaning."""
+        lines: list[str] = []
+        moe = next(f for f in dataclasses.fields(ModelConfig) if f.name == "moe")  # the one optional section
+        docs = {k.key: k.doc for k in config_keys()} | {"model.moe": moe.metadata["doc"]}
+        for section, table in self.to_dict().items():
+            _toml_section(lines, section, table, docs)
+        return "\n".join(lines).lstrip("\n") + "\n"
+
+
+@dataclass(frozen=True)
+class KeyDoc:
+    key: str  # dotted, e.g. "train.lr"
+    type: str  # "int", "float", "bool", "str" or "list[str]"
+    default: Any  # the value when neither file, preset nor --set gives one
+    doc: str
+
+
+def config_keys() -> list[KeyDoc]:
+    """Every config key with its type, default and meaning; the [model.moe] keys take MoEConfig's defaults.
+
+    ``model.preset`` is not a key of ModelConfig but a starting point: the model keys of that preset.
+    """
+    keys = [KeyDoc("model.preset", "str", "cpu-1m", "start the [model] section from this preset "
+                   f"({', '.join(ModelConfig.presets())}); its other keys then override the preset's")]
+
+    def walk(obj: Any, prefix: str) -> None:
+        hints = typing.get_type_hints(type(obj))
+        for f in dataclasses.fields(obj):
+            if f.name == "moe":
+                walk(MoEConfig(), f"{prefix}moe.")
+            else:
+                tp = hints[f.name]
+                type_name = str(tp) if typing.get_origin(tp) else tp.__name__  # list[str] has no __name__ of its own
+                type_name = type_name.replace(" | ", " or ")  # bool | str: a Markdown table cell holds no "|"
+                keys.append(KeyDoc(prefix + f.name, type_name, getattr(obj, f.name), f.metadata.get("doc", "")))
+
+    default = Config()
+    for section in ("model", "train", "data", "analysis"):
+        walk(getattr(default, section), f"{section}.")
+    return keys
+
+
+def _toml_section(lines: list[str], name: str, table: dict[str, Any], docs: dict[str, str]) -> None:
+    lines += ["", f"[{name}]"]
+    nested = []
+    for key, value in table.items():
+        if isinstance(value, dict):
+            nested.append((key, value))
+            continue
+        if value is None:  # an absent optional section
+            lines.append(f"# [{name}.{key}] (absent): {docs[f'{name}.{key}']}")
+            continue
+        lines += [f"# {docs[f'{name}.{key}']}", f"{key} = {_toml_value(value)}"]
+    for key, value in nested:
+        _toml_section(lines, f"{name}.{key}", value, docs)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)  # Python's shortest round-trip form is valid TOML (1e-12, 0.003, 10000.0)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    # JSON's escapes are TOML's; DEL is the one control character JSON leaves raw and TOML refuses
+    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A TOML config file, or a run's resolved config: its config.json, the run folder or one of its
+    checkpoint folders (RUN/checkpoints/step_N)."""
+    p = Path(path)
+    if p.is_dir():
+        run = p.parent.parent if p.parent.name == "checkpoints" else p
+        p = run / "config.json" if (run / "config.json").is_file() else p
+    if p.suffix == ".json" and p.is_file():
+        return _read_json(p)
+    return read_toml(p)
+
+
+def _read_json(p: Path) -> Any:
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
+        raise ConfigError(f"{p} is not valid JSON; the run folder is damaged") from None
+
+
 def read_toml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} not found; pass an existing .toml file")
+        raise ConfigError(f"config file {str(p)!r} not found; pass an existing .toml file, or a run folder or its "
+                          "config.json")
     try:
         return tomllib.loads(p.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deep
@@ -388,7 +509,14 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and len(args) == 1):
             return None
-        return _coerce(args[0], value, where)
+        if len(args) == 1:
+            return _coerce(args[0], value, where)
+        for arg in args:  # bool | str: the first type the value is
+            try:
+                return _coerce(arg, value, where)
+            except ConfigError:
+                pass
+        raise ConfigError(f"config key {where} must be {' or '.join(a.__name__ for a in args)}, got {value!r}")
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, where)
     if tp is bool:

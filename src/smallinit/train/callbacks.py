@@ -6,6 +6,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
+import torch
+
 if TYPE_CHECKING:
     from .trainer import Trainer
 
@@ -26,19 +28,19 @@ class Callback:
 
 
 class Progress(Callback):
-    """One line per logged step: step, loss, val loss, lr, tokens/s and ETA."""
+    """A start-up banner, then one line per logged step (step, loss, lr, tokens/s, ETA) and one per evaluation
+    (the validation loss, shown only where it was measured)."""
 
     def __init__(self, stream: TextIO | None = None):
         self.stream = stream or sys.stderr
-        self.val_loss: float | None = None
 
     def on_train_start(self, trainer: Trainer) -> None:
         self.t0, self.step0 = time.perf_counter(), trainer.step
+        print("\n".join(banner(trainer)), file=self.stream, flush=True)
 
     def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        self.val_loss = record["val_loss"]
-        if record["step"] == 0:
-            print(f"step 0/{trainer.cfg.train.steps} | val {self.val_loss:.4f}", file=self.stream, flush=True)
+        print(f"step {record['step']}/{trainer.cfg.train.steps} | val {record['val_loss']:.4f}", file=self.stream,
+              flush=True)
 
     def on_step_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         step, total = record["step"], trainer.cfg.train.steps
@@ -46,12 +48,40 @@ class Progress(Callback):
             return
         elapsed = time.perf_counter() - self.t0
         eta = elapsed / max(1, step - self.step0) * (total - step)
-        val = f" | val {self.val_loss:.4f}" if self.val_loss is not None else ""
         print(
-            f"step {step}/{total} | loss {record['loss']:.4f}{val} | lr {record['lr']:.2e} | "
+            f"step {step}/{total} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | "
             f"{record['tokens_per_s']:,.0f} tok/s | ETA {_hms(eta)}",
             file=self.stream, flush=True,
         )
+
+
+def banner(trainer: Trainer) -> list[str]:
+    """What a run is about to do: the model, the token budget, the data, where it runs and where it writes."""
+    cfg, model = trainer.cfg, trainer.model
+    params, nonembed = model.num_params(), model.num_params(embeddings=False)
+    active = model.num_params(active=True)
+    tokens = cfg.train.steps * cfg.train.batch_size * cfg.data.seq_len
+    precision = "fp32" if trainer.amp_dtype is None else f"{str(trainer.amp_dtype).removeprefix('torch.')} autocast"
+    layout = f", {cfg.train.parallel}" if cfg.train.parallel != "none" else ""
+    lines = [
+        f"run folder {trainer.run_dir}",
+        f"model: {params:,} parameters ({nonembed:,} without embeddings"
+        + (f", {active:,} active per token)" if active != params else ")"),
+        f"plan: {cfg.train.steps:,} steps × {cfg.train.batch_size} sequences × {cfg.data.seq_len} tokens = "
+        f"{tokens:,} tokens, {tokens / params:.2f} per parameter, {tokens / nonembed:.2f} per non-embedding parameter",
+        f"data: corpus {cfg.data.corpus} ({len(trainer.data.train):,} training, {len(trainer.data.val):,} validation "
+        f"tokens), tokenizer {cfg.data.tokenizer} (vocab {trainer.tokenizer.vocab_size:,})",
+        f"device: {trainer.runtime.device}, {precision}, {torch.get_num_threads()} threads, "
+        f"{trainer.runtime.world_size} process{'es' if trainer.runtime.world_size > 1 else ''}{layout}",
+    ]
+    if trainer.init_source is not None and trainer.restored is None:
+        lines.append(f"weights from {trainer.init_source.path} (its step {trainer.init_source.step}); "
+                     "fresh optimizer, step 0")
+    if trainer.restored is not None:
+        lines.append(f"resumed from step {trainer.restored.step} ({trainer.restored.path})")
+    if trainer.steps_before is not None:
+        lines.append(f"train.steps changed from {trainer.steps_before:,} to {cfg.train.steps:,}")
+    return lines
 
 
 def _hms(seconds: float) -> str:

@@ -322,8 +322,11 @@ def load_model_tensors(
 
 
 def check_config(found: Checkpoint, config: dict[str, Any], source: Path) -> None:
-    """A checkpoint belongs to a run only if it was written under the run's own config."""
-    if found.state["config"] != config:
+    """A checkpoint belongs to a run only if it was written under the run's own config (a resolved
+    ``Config.to_dict()``; keys added to the config since the checkpoint was written count as their defaults)."""
+    from ..config import Config
+
+    if Config.from_dict(found.state["config"]).to_dict() != config:
         raise CheckpointError(f"{found.path} was written by a different config than {source}: "
                               "it does not belong to this run; restore the run's own checkpoint")
 

@@ -49,8 +49,13 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
         t = min(1.0, (step - cfg.warmup_steps) / span)
         return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * t))
     # warmup-stable-decay: hold the peak, then decay linearly over the last decay_frac of steps
-    decay_start = cfg.steps - max(1, round(cfg.decay_frac * cfg.steps))
+    decay_start = wsd_decay_start(cfg)
     if step < decay_start:
         return peak
     t = min(1.0, (step - decay_start + 1) / (cfg.steps - decay_start))
     return peak + (floor - peak) * t
+
+
+def wsd_decay_start(cfg: TrainConfig) -> int:
+    """The first step of a WSD schedule's decay; every step after warmup and before it is at the peak."""
+    return cfg.steps - max(1, round(cfg.decay_frac * cfg.steps))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import signal
 import threading
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..config import Config
+from ..config import Config, TrainConfig
 from ..data import get_batch, iter_eval_batches, load_token_data, load_tokenizer
 from ..errors import CheckpointError, ConfigError, Preempted, TrainingError
 from ..model import Transformer
@@ -42,7 +43,9 @@ from .distributed import (
 from .loggers import metric_loggers
 from .memory import check_fits
 from .moe_log import RouterLog, has_moe
-from .optim import build_optimizer, lr_at
+from .optim import build_optimizer, lr_at, wsd_decay_start
+
+log = logging.getLogger("smallinit")
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -64,6 +67,12 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg.data.tokenizer)
         cfg.model.vocab_size = self.tokenizer.vocab_size  # the tokenizer defines the vocabulary
         self.cfg = cfg.validate()
+        if tc.steps < tc.warmup_steps:
+            log.warning(f"train.steps={tc.steps} is shorter than train.warmup_steps={tc.warmup_steps}: the run ends "
+                        f"during warmup at learning rate {lr_at(tc.steps - 1, tc):.2g}, not the peak {tc.lr:.2g}, "
+                        "and never decays; raise train.steps or lower train.warmup_steps")
+        self.restored: ckpt.Checkpoint | None = None  # the checkpoint a resumed run continues from
+        self.steps_before: int | None = None  # train.steps of that checkpoint, when this call changed it
         # after validation, so bad input fails on every rank alike before any process group exists
         self.runtime = runtime or Runtime.from_env(tc)
         check_layout(tc, self.runtime.world_size)
@@ -73,6 +82,10 @@ class Trainer:
         self.amp_dtype = autocast_dtype(tc.precision, self.runtime.device)
         check_fits(self.cfg, self.runtime.device, self.runtime.world_size, self.amp_dtype)
         on_main(self.runtime, lambda: self._check_run_dir(resume))  # one rank reads the run folder
+        self.init_source: ckpt.Checkpoint | None = None  # train.init_from, resolved
+        if tc.init_from and not resume:  # config.json names the exact checkpoint, even if that run goes on
+            self.init_source = on_main(self.runtime, lambda: ckpt.resolve_checkpoint(tc.init_from))
+            tc.init_from = str(self.init_source.path.resolve())
         self.data = load_token_data(
             cfg.data.corpus, self.tokenizer, val_fraction=cfg.data.val_fraction, text_field=cfg.data.text_field
         )
@@ -85,6 +98,8 @@ class Trainer:
                 )
 
         self.model = Transformer(cfg.model, seed=tc.seed).to(self.runtime.device)
+        if tc.init_from and not (resume and on_main(self.runtime, lambda: ckpt.list_checkpoints(self.run_dir))):
+            self._load_initial_weights()
         if has_moe(self.model):  # expert load and router losses go to metrics.jsonl
             self.callbacks.append(RouterLog())
         self.engine: torch.nn.Module = parallelize(self.model, self.runtime, tc, self.amp_dtype)
@@ -111,10 +126,12 @@ class Trainer:
                 saved = json.loads(config_file.read_text(encoding="utf-8"))
             except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 raise CheckpointError(f"{config_file} is not valid JSON; the run folder is damaged") from None
-            diff = _first_difference(saved, with_layout_of(self.cfg.to_dict(), saved))
+            saved = Config.from_dict(saved).to_dict()  # keys added since the run was made take their defaults
+            diff = _first_difference(saved, _as_planned(self.cfg.to_dict(), saved))
             if diff:
                 raise ConfigError(
-                    f"--resume: {diff}; resume with the run's own config (omit --config/--preset/--set)"
+                    f"--resume: {diff}; resume with the run's own config (omit --config/--preset; --set may "
+                    "change train.steps and the layout keys only)"
                 )
             return
         if self.run_dir.exists() and not self.run_dir.is_dir():
@@ -126,12 +143,16 @@ class Trainer:
 
     def _restore(self) -> None:
         found = on_main(self.runtime, lambda: ckpt.newest_checkpoint(self.run_dir))
-        if found is None:  # killed before the first checkpoint: start over, with a fresh log
+        if found is None:  # killed before the first checkpoint: start over, with a fresh log and the new plan
             if self.runtime.is_main:
                 truncate_metrics(self.run_dir / "metrics.jsonl", -1)
+                ckpt.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict(), run_dir=self.run_dir)
             return
-        ckpt.check_config(found, with_layout_of(self.cfg.to_dict(), found.state["config"]),
-                          self.run_dir / "config.json")
+        planned = Config.from_dict(found.state["config"]).to_dict()
+        ckpt.check_config(found, _as_planned(self.cfg.to_dict(), planned), self.run_dir / "config.json")
+        if planned["train"]["steps"] != self.cfg.train.steps:
+            self._check_new_length(Config.from_dict(planned).train, found.step)
+            self.steps_before = planned["train"]["steps"]
         if self.runtime.is_distributed:  # rank 0 reads the full tensors, every rank takes its part
             load_full_state(self.model, self.optimizer, self.names, self.runtime, lambda: (
                 ckpt.load_tensors(found.path / "model.safetensors"),
@@ -142,8 +163,52 @@ class Trainer:
             optim = ckpt.load_tensors(found.path / "optim.safetensors")
             ckpt.load_optimizer_tensors(self.optimizer, optim, self.names)
         self.step, self.skipped = found.step, int(found.state.get("skipped", 0))
+        self.restored = found
         if self.runtime.is_main:
             truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
+            if self.steps_before is not None:  # the run's new length; metrics.jsonl keeps the old one
+                ckpt.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict(), run_dir=self.run_dir)
+                self.log({"step": self.step, "event": "steps", "before": self.steps_before,
+                          "after": self.cfg.train.steps})
+
+    def _check_new_length(self, planned: TrainConfig, step: int) -> None:
+        """A run may resume with another train.steps only if its steps so far keep their learning rates."""
+        new = self.cfg.train
+        how = (f"start a new run from its weights instead (fresh optimizer and warmup): smallinit train "
+               f"--out NEW_RUN --init-from {self.run_dir} --set train.steps={max(1, new.steps - step)}")
+        if new.steps < step:
+            raise ConfigError(f"--resume: train.steps={new.steps} is below step {step}, which the run has reached; "
+                              f"pass train.steps ≥ {step}")
+        changed = next((s for s in range(step) if lr_at(s, planned) != lr_at(s, new)), None)
+        if changed is None:
+            return
+        why = {
+            "cosine": "a cosine schedule decays over all the steps, so its length is fixed once it leaves warmup",
+            "wsd": f"a WSD run changes length only while its newest checkpoint is before the decay (step "
+                   f"{wsd_decay_start(planned)})",
+        }.get(planned.schedule, "its schedule depends on train.steps")
+        raise ConfigError(
+            f"--resume cannot change train.steps from {planned.steps} to {new.steps}: step {changed} was trained at "
+            f"learning rate {lr_at(changed, planned):.3g}, the new schedule gives it {lr_at(changed, new):.3g} "
+            f"({why}); {how}"
+        )
+
+    def _load_initial_weights(self) -> None:
+        """train.init_from: this run starts from another run's weights (its optimizer state is not taken)."""
+        if self.init_source is None:  # resumed before its first checkpoint
+            self.init_source = on_main(self.runtime, lambda: ckpt.resolve_checkpoint(self.cfg.train.init_from))
+        source = self.init_source
+        theirs = Config.from_dict(source.state["config"])
+        if load_tokenizer(theirs.data.tokenizer).fingerprint != self.tokenizer.fingerprint:
+            raise ConfigError(f"train.init_from={source.path} was trained with data.tokenizer="
+                              f"{theirs.data.tokenizer!r}, this run uses {self.cfg.data.tokenizer!r}; use the same one")
+        try:
+            ckpt.load_model_tensors(self.model, ckpt.load_tensors(source.path / "model.safetensors"), source.path,
+                                    source.state.get("aliases"))
+        except CheckpointError as e:
+            diff = _first_difference(theirs.to_dict()["model"], self.cfg.to_dict()["model"], "model")
+            raise ConfigError(f"train.init_from: {diff or e}; a run starts from the weights of a model of the same "
+                              "shape (omit --config/--preset to take that run's model)") from None
 
     def save(self) -> Path | None:
         tensors, optim = full_state(self.model, self.optimizer, self.names, self.runtime)  # all ranks gather
@@ -239,7 +304,7 @@ class Trainer:
         if self.step == 0 and tc.eval_every:
             self._eval_and_log()
         t_last, step_last = time.perf_counter(), self.step
-        val_loss = None
+        val_loss = last_val_loss(self.run_dir / "metrics.jsonl") if self.runtime.is_main else None
         with preemption_guard() as stop:
             while self.step < tc.steps:
                 record = self.train_step()
@@ -319,6 +384,23 @@ def truncate_metrics(path: Path, last_step: int) -> None:
         except (json.JSONDecodeError, AttributeError, RecursionError):
             continue  # a line torn by a crash
     ckpt.write_text_atomic(path, "".join(line + "\n" for line in keep))
+
+
+def last_val_loss(path: Path) -> float | None:
+    """The newest validation loss in a metrics.jsonl, None if there is none (a resumed run's summary keeps it)."""
+    if not path.exists():
+        return None
+    val = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(json.JSONDecodeError, AttributeError, RecursionError):
+            val = json.loads(line).get("val_loss", val)
+    return val
+
+
+def _as_planned(config: dict, planned: dict) -> dict:
+    """``config`` with the layout keys and train.steps of ``planned``: what must match to resume ``planned``."""
+    config = with_layout_of(config, planned)
+    return {**config, "train": {**config["train"], "steps": planned["train"]["steps"]}}
 
 
 def _first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
