@@ -50,7 +50,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
     where = f"{args.size}, batch {args.batch}×{args.seq}"
     return [
         Row("compile", f"{where}: compiled / eager tokens/s", speedup, "×",
-            note=f"{pays}; train.compile stays off by default on the CPU"),
+            note=f"{pays}; \"auto\" compiles only widths ≤ 128 (bench_tiny.py)"),
         Row("compile", f"{where}: compile time (empty Inductor cache)", Stat.of([compile_s]), "s"),
     ]
 

@@ -7,6 +7,7 @@ Benchmarks (each also runs alone: ``python benchmarks/bench_<name>.py --help``):
   packing    two 1-thread processes vs one 2-thread process, per size             bench_packing.py
   sweep      sweep cells/hour, sequential vs packed, results bit for bit          bench_sweep.py
   compile    torch.compile speedup and compile time                               bench_compile.py
+  tiny       d = 32/64/128: compiled vs eager tokens/s, compile cold/warm, sweep   bench_tiny.py
   data       tokenisation MB/s (1 vs 2 threads), batch sampler cost per step      bench_data.py
   memory     peak RSS per preset, activation checkpointing                        bench_memory.py
   callbacks  analysis callbacks at their default cadence (if bench_callbacks.py exists)
@@ -33,7 +34,7 @@ sys.path.insert(0, str(HERE))
 from common import Row, Stat, add_common_args, format_table, machine, process_setup  # noqa: E402
 
 MODULES = {"train": "bench_train", "packing": "bench_packing", "sweep": "bench_sweep", "compile": "bench_compile",
-           "data": "bench_data", "memory": "bench_memory", "callbacks": "bench_callbacks"}
+           "tiny": "bench_tiny", "data": "bench_data", "memory": "bench_memory", "callbacks": "bench_callbacks"}
 SCRIPTS = {"moe": "bench_moe.py"}  # run as they are, through their own command line
 
 

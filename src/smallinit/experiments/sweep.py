@@ -39,6 +39,10 @@ a cell's config and hence its results do not depend on the packing). Default rul
 well: two 1-thread runs side by side trained 1.22-1.34× the tokens/s of one 2-thread run at cpu-1m,
 1.12-1.18× at cpu-5m and 1.05-1.08× at cpu-20m, benchmarks/README.md); larger models, which were not
 measured, and any cell on a GPU, run one at a time with every thread.
+
+Compiling: the cells share one compile cache (``TORCHINDUCTOR_CACHE_DIR``: the user's, else ``compile/`` in
+smallinit's cache folder), and cells that leave ``train.compile`` at "auto" get one choice per graph, weighed
+over all the cells of that graph (``smallinit.train.compiling``), passed as ``--set train.compile=...``.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -66,6 +70,7 @@ from typing import Any, TextIO
 from ..config import Config, flatten, read_toml
 from ..errors import ExperimentError, SmallinitError
 from ..model import Transformer
+from ..train import compiling
 from ..train.checkpoint import write_json_atomic, write_text_atomic
 from ..train.runs import read_json, read_metrics
 
@@ -281,6 +286,14 @@ def _on_gpu(cfg: Config) -> bool:
     return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
+def compile_cache_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The compile cache of the cells: the user's TORCHINDUCTOR_CACHE_DIR, else one under smallinit's cache
+    folder, shared by the cells of every sweep, so a graph compiled once loads in seconds in later cells."""
+    from ..data.cache import default_cache_dir
+
+    return {"TORCHINDUCTOR_CACHE_DIR": environ.get("TORCHINDUCTOR_CACHE_DIR") or str(default_cache_dir() / "compile")}
+
+
 def default_jobs(configs: list[Config], cores: int | None = None) -> int:
     """The packing rule: small CPU models one single-threaded cell per core, anything else one at a time."""
     cores = cores or available_cores()
@@ -491,6 +504,7 @@ class SweepRunner:
         self.jobs = jobs or default_jobs(list(self.configs.values()))
         self.threads = max(1, available_cores() // self.jobs)
         self.retry_failed, self.echo, self.python = retry_failed, echo, python
+        self.compile = self._compile_choices()
         self.overall = progress  # a recipe's progress over all its sweeps, told of each cell that ends
         self.states: dict[str, dict[str, Any]] = {}
         self.stop: list[str] = []
@@ -554,6 +568,21 @@ class SweepRunner:
                 os.kill(pid, signal.SIGKILL)
             time.sleep(_POLL_S)
 
+    def _compile_choices(self) -> dict[str, bool]:
+        """train.compile for each cell left at "auto": one choice per graph, its cells weighed together, since
+        they share the compile cache (the first ``jobs`` of them compile cold side by side, the rest load)."""
+        groups: dict[str, list[Cell]] = {}
+        for cell in self.cells:
+            if self.configs[cell.id].train.compile == "auto":
+                groups.setdefault(compiling.graph_key(self.configs[cell.id]), []).append(cell)
+        env = compile_cache_env()
+        choices = {}
+        for cells in groups.values():
+            configs = [self.configs[c.id] for c in cells]
+            pays = compiling.compile_pays(configs, warm=compiling.is_warm(configs[0], env), jobs=self.jobs)
+            choices.update((c.id, pays) for c in cells)
+        return choices
+
     # -- processes --
 
     def _launch(self, cell: Cell, index: int) -> _Running:
@@ -566,10 +595,13 @@ class SweepRunner:
             cmd += ["--set", item]
         if resume:
             cmd.append("--resume")  # with the same --set: the trainer refuses a run of another config
+        elif cell.id in self.compile:  # a resumed cell keeps the choice its config.json recorded
+            cmd += ["--set", f"train.compile={toml_literal(self.compile[cell.id])}"]
         env = dict(os.environ)
         if self.jobs > 1 and not self.configs[cell.id].train.threads:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.threads)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update(compile_cache_env(env))
         log_path = run / "train.log"
         log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed when the process ends
         offset = log.tell()

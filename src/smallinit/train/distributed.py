@@ -149,8 +149,8 @@ def parallelize(model: nn.Module, rt: Runtime, train: TrainConfig, amp_dtype: to
         for block in blocks:  # keep only each block's input; recompute the rest in backward
             checkpoint(block)
     if train.compile:
-        for block in blocks:  # one graph per block: compiles once, and FSDP2 hooks stay outside it
-            block.compile()
+        for block in blocks:  # the blocks share one graph, and FSDP2 hooks stay outside it
+            compile_for_training(block)
     if not rt.is_distributed:
         return model
     if train.parallel == "ddp":
@@ -173,6 +173,16 @@ def parallelize(model: nn.Module, rt: Runtime, train: TrainConfig, amp_dtype: to
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)  # the root: embedding, final norm, LM head
     return model
+
+
+def compile_for_training(block: nn.Module) -> None:
+    """``torch.compile`` the block's forward for calls with gradients (the training step).
+
+    Calls without gradients (evaluation, the analysis callbacks' captures) stay eager: compiling them would
+    trace and compile graphs of their own, each as costly as the training graph, for a few batches.
+    """
+    eager, compiled = block.forward, torch.compile(block.forward)
+    block.forward = lambda *args, **kwargs: (compiled if torch.is_grad_enabled() else eager)(*args, **kwargs)
 
 
 def is_fsdp(module: nn.Module) -> bool:

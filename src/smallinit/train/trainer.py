@@ -23,6 +23,7 @@ from ..data import get_batch, iter_eval_batches, load_token_data, load_tokenizer
 from ..errors import CheckpointError, ConfigError, Preempted, TrainingError
 from ..model import Transformer
 from . import checkpoint as ckpt
+from . import compiling
 from .callbacks import Callback, Progress
 from .distributed import (
     Runtime,
@@ -102,6 +103,10 @@ class Trainer:
             self._load_initial_weights()
         if has_moe(self.model):  # expert load and router losses go to metrics.jsonl
             self.callbacks.append(RouterLog())
+        recorded = on_main(self.runtime, lambda: compiling.recorded_choice(self.run_dir)) if resume else None
+        tc.compile = compiling.resolve(self.cfg, self.runtime.world_size, recorded)  # config.json keeps the choice
+        if tc.compile:
+            self.callbacks.append(compiling.MarkWarm(self.cfg))
         self.engine: torch.nn.Module = parallelize(self.model, self.runtime, tc, self.amp_dtype)
         self.optimizer = build_optimizer(self.model, tc)
         self.names = {id(p): n for n, p in self.model.named_parameters()}
