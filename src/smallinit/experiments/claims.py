@@ -260,8 +260,10 @@ def _size_label(size: tuple) -> str:
 
 
 def _last_analysis(run: Run) -> dict[str, Any] | None:
-    recs = [r for r in run.analysis if r.get("step") == run.config.get("train.steps")]
-    return recs[-1] if recs else None
+    """The run's last analysis record, if it was taken in the last sixth of training (the end state)."""
+    recs = run.analysis
+    steps = int(run.config.get("train.steps") or 0)
+    return recs[-1] if recs and recs[-1].get("step", 0) >= 5 / 6 * steps else None
 
 
 def sink_mean(run: Run) -> float | None:
