@@ -1,44 +1,28 @@
-"""Verdict rules, claim pairing, and the HTML report: self-contained, escaped, every section present."""
+"""The HTML report: self-contained, escaped, every section present, figures that keep their legends off the
+data and on the canvas, and outputs that land where the command says."""
 
 from __future__ import annotations
 
 import base64
 import json
-import math
 import re
 import statistics
+import warnings
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.transforms import Bbox
 
 from smallinit.analysis import load_run, residual_flow_ratio
 from smallinit.analysis.measure import held_out_batches
 from smallinit.cli import main
 from smallinit.data import load_tokenizer
-from smallinit.report import judge, verdict_paired, verdict_unpaired
-from smallinit.report.html import num
-
-# -- verdicts -------------------------------------------------------------------------------------------------
-
-
-def test_verdict_rules():
-    diffs = [-0.051, -0.047, -0.055, -0.049]
-    v = verdict_paired(diffs, "negative")
-    assert v.label == "agree" and v.n == 4
-    assert v.mean == pytest.approx(statistics.fmean(diffs))
-    assert v.se == pytest.approx(statistics.stdev(diffs) / 2)
-    assert verdict_paired(diffs, "positive").label == "disagree"
-    assert verdict_paired([0.01, -0.02, 0.015], "positive").label == "inconclusive"  # within 2 SE of 0
-    assert verdict_paired([0.3], "positive").label == "inconclusive"  # one seed: no spread
-    assert verdict_paired([], "positive").label == "inconclusive"
-    # an exponent against a prediction: agree inside the band, disagree clearly outside, else inconclusive
-    assert verdict_paired([0.02, -0.01, 0.03], "zero", tolerance=0.15).label == "agree"
-    assert verdict_paired([0.5, 0.52, 0.49], "zero", tolerance=0.15).label == "disagree"
-    assert verdict_paired([0.1, 0.2, 0.15], "zero", tolerance=0.15).label == "inconclusive"
-    assert judge(1.0, 0.0, 1, "positive", min_n=1).label == "agree"  # deterministic, no spread needed
-    u = verdict_unpaired([1.0, 1.1, 0.9], [2.0, 2.1, 1.9], "positive")
-    assert u.label == "agree" and u.mean == pytest.approx(1.0)
-    assert u.se == pytest.approx(math.sqrt(2 * (0.01 / 3)))
-
+from smallinit.report import figures
+from smallinit.report.html import HEATMAPS_SHOWN, Groups, num, token_text, varying_keys
+from smallinit.train.runs import find_runs
 
 # -- the report --------------------------------------------------------------------------------------------------
 
@@ -52,23 +36,43 @@ def _sets(items):
     return sum((["--set", s] for s in items), [])
 
 
+RUNS = {"g0.5": ["model.gamma=0.5"], "g1.0": ["model.gamma=1.0"], "g1.0-seed1": ["model.gamma=1.0", "train.seed=1"],
+        "d16": ["model.gamma=1.0", "model.d_model=16"]}  # two seeds of one setting, two sizes
+
+
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     corpus = root / "hostile.txt"
-    corpus.write_text("<script>alert('x')</script> & <b>bold</b> text " * 400, encoding="utf-8")
+    corpus.write_text("<script>alert('x')</script> & <b>bold</b> text\n" * 400, encoding="utf-8")
     runs = root / "runs"
-    for gamma in (0.5, 1.0):
-        extra = [f"data.corpus={json.dumps(str(corpus))}", f"model.gamma={gamma}"]
-        assert main(["train", "--out", str(runs / f"g{gamma}"), *_sets(TINY + extra)]) == 0
+    for name, extra in RUNS.items():
+        assert main(["train", "--out", str(runs / name), *_sets(TINY + extra),
+                     "--set", f"data.corpus={json.dumps(str(corpus))}"]) == 0
     assert main(["analyze", str(runs / "g1.0"), "--batches", "1", "--batch-size", "2"]) == 0
-    assert main(["compare", str(runs / "g1.0"), str(runs / "g0.5"), "--out", str(root / "cmp"), "--top-k", "3",
-                 "--batch-size", "2"]) == 0
+    with pytest.MonkeyPatch.context() as mp:  # compare without --out writes beside run A, not here
+        mp.chdir(root)
+        assert main(["compare", str(runs / "g1.0"), str(runs / "g0.5"), "--top-k", "3", "--batch-size", "2"]) == 0
     assert main(["coordcheck", "--out", str(root / "cc"), "--gammas", "0.5,1", "--steps", "1", "--batch-size", "2",
                  *_sets(["model.n_layers=2", "model.vocab_size=257", "data.seq_len=16"]), "--residual-flow",
                  "--widths", "32,64", "--seeds", "0,1"]) == 0
     assert main(["report", str(root)]) == 0
     return root
+
+
+@pytest.fixture(scope="module")
+def drawn(report_dir, tmp_path_factory):
+    """The report of the runs and the coordinate check as two folders, with every figure it drew and every
+    warning raised while drawing."""
+    made: list[Figure] = []
+    real_png = figures.png
+    out = tmp_path_factory.mktemp("two") / "both.html"
+    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mp.setattr(figures, "png", lambda fig, *a, **kw: made.append(fig) or real_png(fig, *a, **kw))
+        assert main(["report", str(report_dir / "runs"), str(report_dir / "cc"), "--out", str(out)]) == 0
+    return SimpleNamespace(figures=made, warnings=[str(w.message) for w in caught],
+                           page=out.read_text(encoding="utf-8"))
 
 
 def test_report_is_self_contained_and_escaped(report_dir):
@@ -88,17 +92,17 @@ def test_report_is_self_contained_and_escaped(report_dir):
 
 def test_report_numbers_come_from_the_files(report_dir):
     page = (report_dir / "report.html").read_text(encoding="utf-8")
-    cmp = json.loads((report_dir / "cmp" / "compare.json").read_text())
+    cmp = json.loads((report_dir / "runs" / "g1.0" / "analysis" / "compare-g0.5" / "compare.json").read_text())
     assert f"{cmp['tokens']:,} tokens" in page
     # the claims are judged by the recipes' functions from these files: C5 per γ of the width sweep, C7 from
-    # the γ = 1 vs γ = 0.5 comparison (one seed, so inconclusive whatever its sign)
+    # the γ = 1 vs γ = 0.5 comparison (one seed: not testable here, whatever its sign)
     sweep = json.loads((report_dir / "cc" / "residual_flow_sweep.json").read_text())
     for gamma, seed_slopes in zip(sweep["gammas"], sweep["seed_slopes"]):
         mean = statistics.fmean(s - (1 - gamma) for s in seed_slopes)
         assert f"flow exponent − (1−γ) at γ{gamma:g}: {mean:+.3f} ± " in page
     d = [b["mean_delta_sym"] for b in cmp["bins"]]
     mid_easy = statistics.fmean(d[4:9]) - statistics.fmean(d[:3])
-    assert f"Δ_sym mid−easy deciles: {mid_easy:+.3f} (n=1): inconclusive" in page
+    assert f"Δ_sym mid−easy deciles: {mid_easy:+.3f} (n=1): not testable here" in page
     analysis = json.loads((report_dir / "runs" / "g1.0" / "analysis" / "analysis.json").read_text())
     assert {m["name"] for m in analysis["matrices"]} >= {"embed.weight", "blocks.1.mlp.down_proj.weight"}
     # analyze measured the trained model on the run's first validation windows
@@ -114,3 +118,150 @@ def test_report_refuses_an_empty_folder(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "holds no runs" in err
     assert not (tmp_path / "report.html").exists()
+
+
+# -- figures a person can read -----------------------------------------------------------------------------------
+
+
+def _overlap(a: Bbox, b: Bbox) -> float:
+    """Area (px²) shared by two boxes."""
+    return max(0.0, min(a.x1, b.x1) - max(a.x0, b.x0)) * max(0.0, min(a.y1, b.y1) - max(a.y0, b.y0))
+
+
+def layout_problems(fig: Figure) -> list[str]:
+    """What would make a figure hard to read: a legend over any axes' plotting area, a title or another
+    legend, anything drawn outside the canvas (clipped in the PNG), or a plotting area squeezed to less than
+    half its share of the width."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    legends = [*fig.legends, *(ax.get_legend() for ax in axes if ax.get_legend() is not None)]
+    titles = [t for t in [*fig.texts, *(ax.title for ax in axes)] if t.get_text()]  # fig.texts holds the suptitle
+    problems = []
+    for i, legend in enumerate(legends):
+        box = legend.get_window_extent(renderer)
+        for ax in axes:
+            if _overlap(box, ax.get_window_extent(renderer)) > 1.0:
+                problems.append(f"legend over the axes titled {ax.get_title()!r}")
+        for text in titles:
+            if _overlap(box, text.get_window_extent(renderer)) > 1.0:
+                problems.append(f"legend over the title {text.get_text()!r}")
+        if any(_overlap(box, other.get_window_extent(renderer)) > 1.0 for other in legends[i + 1:]):
+            problems.append("two legends over each other")
+    drawn, canvas_box = fig.get_tightbbox(renderer), fig.bbox_inches.padded(0.02)  # inches
+    if not (canvas_box.contains(drawn.x0, drawn.y0) and canvas_box.contains(drawn.x1, drawn.y1)):
+        problems.append(f"something drawn at {drawn.bounds} leaves the canvas {fig.bbox_inches.bounds}")
+    for ax in axes:
+        spec = ax.get_subplotspec()
+        if spec is not None and ax.get_window_extent(renderer).width < 0.5 * fig.bbox.width / spec.get_gridspec().ncols:
+            problems.append(f"axes {ax.get_title()!r} squeezed")
+    return problems
+
+
+def test_the_layout_check_sees_a_bad_figure():
+    fig = Figure(figsize=(4, 3), layout="constrained")
+    ax = fig.subplots()
+    for i in range(12):
+        ax.plot([0, 1], [i, i + 1], label=f"d_ff=96, d_model=32, gamma=0.5, gate=none, n_heads=2, seed {i}")
+    ax.legend(loc="center")  # over the data, and wider than the figure
+    problems = layout_problems(fig)
+    assert any("legend over the axes" in p for p in problems) and any("leaves the canvas" in p for p in problems)
+    fig = Figure(figsize=(6, 3), layout="constrained")
+    fig.subplots().plot([0, 1], [0, 1], label="a line with a long label")
+    fig.suptitle("loss: thin train, thick validation; line = mean over seeds, band = their range")
+    fig.legend(loc="outside right upper")
+    assert any("legend over the title" in p for p in layout_problems(fig))
+
+
+def test_every_report_figure_reads(drawn):
+    assert len(drawn.figures) >= 10
+    for fig in drawn.figures:
+        assert layout_problems(fig) == [], (fig.get_suptitle(), [ax.get_title() for ax in fig.axes][:2])
+    assert drawn.warnings == []  # e.g. "constrained_layout not applied" would be one
+
+
+def test_figure_labels_name_only_what_differs(report_dir):
+    runs = find_runs(report_dir / "runs")
+    groups = Groups.of(runs, varying_keys(runs))
+    # d_ff, the head counts and the corpus are shared; d_model tells the panels apart, γ the curves at d = 32
+    assert {(p, c, len(g)) for p, c, g in groups.items()} == {
+        ("d_model=16", "γ=1", 1), ("d_model=32", "γ=0.5", 1), ("d_model=32", "γ=1", 2)}
+    assert groups.legend_title == "γ; 1/2 seeds each"
+
+
+def test_seeds_are_a_mean_and_a_band():
+    seeds = [[(0, 3.0), (10, 2.0), (20, 1.0)], [(0, 3.4), (10, 2.6), (20, 1.2)], [(0, 3.2), (10, 2.2)]]
+    fig = figures.loss_curves_figure({"d=32": {"γ=1": {"val": seeds}}, "d=64": {"γ=1": {"val": seeds[:1]}}})
+    ax32, ax64 = fig.axes[:2]
+    (line,) = ax32.lines  # one line for three seeds, at the steps all of them have
+    assert list(line.get_xdata()) == [0, 10] and np.allclose(line.get_ydata(), [3.2, 2.2666667])
+    (band,) = ax32.collections
+    ys = band.get_paths()[0].vertices[:, 1]
+    assert ys.min() == pytest.approx(2.0) and ys.max() == pytest.approx(3.4)  # the range over the seeds
+    assert len(ax64.lines) == 1 and not ax64.collections  # one seed: no band
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["γ=1"]  # one legend entry for both panels
+    assert ax32.lines[0].get_color() == ax64.lines[0].get_color()
+
+
+# -- the page ------------------------------------------------------------------------------------------------------
+
+
+def test_page_folds_heatmaps_and_scrolls_wide_tables(drawn):
+    page = drawn.page
+    shown, _, folded = page.partition('<details class="heatmaps">')
+    assert shown.count('alt="row cosine heatmaps') == HEATMAPS_SHOWN
+    assert folded.count('alt="row cosine heatmaps') == 3 - HEATMAPS_SHOWN  # three settings (seeds pooled)
+    assert page.count("<table") == page.count('<div class="wide"><table') > 5
+    assert "overflow-x:auto" in page
+    for run in RUNS:  # both folders in one report
+        assert f"<td>runs/{run}</td>" in page
+    assert "Coordinate check over γ" in page
+
+
+def test_whitespace_tokens_are_visible(report_dir):
+    assert token_text("\n") == "⏎" and token_text(" the") == "␠the" and token_text("\t<b>") == "⇥&lt;b&gt;"
+    assert token_text("a b\nc", spaces=False) == "a b⏎c"
+    page = (report_dir / "report.html").read_text(encoding="utf-8")
+    targets = re.findall(r'<td><code class="tok">[^<]*</code></td><td><code class="tok">([^<]*)</code>', page)
+    assert targets and all(targets)  # no empty cell where a newline or a space was the true token
+
+
+def test_a_verdict_label_of_any_wording_gets_a_badge():
+    from smallinit.report.html import verdict_badge
+
+    assert verdict_badge("not testable here") == '<span class="v v-not-testable-here">not testable here</span>'
+    assert verdict_badge("<x>") == '<span class="v v-&lt;x&gt;">&lt;x&gt;</span>'
+
+
+# -- where outputs land ----------------------------------------------------------------------------------------------
+
+
+def test_compare_writes_beside_run_a_and_says_where(report_dir, capsys):
+    out = report_dir / "runs" / "g1.0" / "analysis" / "compare-g0.5"
+    assert {p.name for p in out.iterdir()} == {"compare.json", "token_gap.png"}
+    assert not (report_dir / "compare").exists()  # the fixture ran it from report_dir
+    assert main(["compare", str(report_dir / "runs" / "d16"), str(report_dir / "runs" / "g1.0"), "--labels",
+                 "small,γ = 1 / big", "--top-k", "1", "--batch-size", "2", "--max-tokens", "64"]) == 0
+    printed = capsys.readouterr().out
+    target = report_dir / "runs" / "d16" / "analysis" / "compare-γ-=-1-big"
+    assert f"wrote {target / 'compare.json'}" in printed and (target / "token_gap.png").is_file()
+
+
+def test_coordcheck_writes_under_runs_and_says_where(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["coordcheck", "--gammas", "1", "--steps", "1", "--batch-size", "2",
+                 *_sets(["model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.n_kv_heads=2",
+                         "model.d_ff=32", "model.vocab_size=257", "data.seq_len=8"])]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["runs"]
+    assert sorted(p.name for p in (tmp_path / "runs" / "coordcheck").iterdir()) == ["coordcheck.json", "coordcheck.png"]
+    assert "wrote runs/coordcheck/coordcheck.json" in capsys.readouterr().out
+
+
+def test_report_of_several_folders_needs_out(report_dir, tmp_path, capsys):
+    assert main(["report", str(report_dir / "runs"), str(report_dir / "cc")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--out FILE.html" in err
+    assert not (report_dir / "runs" / "report.html").exists()
+    assert main(["report", str(report_dir / "runs"), str(tmp_path / "missing"), "--out", str(tmp_path / "r.html")]) == 2
+    assert "is not a folder" in capsys.readouterr().err and not (tmp_path / "r.html").exists()

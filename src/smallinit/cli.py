@@ -228,7 +228,7 @@ def cmd_coordcheck(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import build_report
 
-    print(f"wrote {build_report(args.dir, args.out)}")
+    print(f"wrote {build_report(args.dirs, args.out)}")
     return 0
 
 
@@ -414,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint_a", metavar="CKPT_A", help="model A (Δ_sym > 0 where A is better)")
     p.add_argument("checkpoint_b", metavar="CKPT_B", help="model B")
     p.add_argument("--data", metavar="CORPUS", help="text to compare on, streamed (default: A's validation split)")
-    p.add_argument("--out", default="compare", metavar="DIR", help="output folder (default ./compare)")
+    p.add_argument("--out", metavar="DIR", help="output folder (default: A's run folder, analysis/compare-B)")
     p.add_argument("--labels", metavar="A,B", help="names for the two models (default: their run folders)")
     p.add_argument("--max-tokens", type=int, help="stop after about this many tokens")
     p.add_argument("--bins", type=int, default=10, help="difficulty quantile bins (default 10)")
@@ -429,16 +429,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gammas", type=_floats, default=[0.5, 0.75, 1.0, 1.25], help="comma-separated γ values")
     p.add_argument("--steps", type=int, default=5, help="optimizer steps per γ (default 5)")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--out", default="coordcheck", metavar="DIR", help="output folder (default ./coordcheck)")
+    p.add_argument("--out", default="runs/coordcheck", metavar="DIR",
+                   help="output folder (default runs/coordcheck, beside the runs)")
     p.add_argument("--residual-flow", action="store_true",
                    help="also fit the residual-flow exponent over widths (the paper predicts 1 − γ)")
     p.add_argument("--widths", type=_ints, default=[64, 128, 256, 512], help="widths for --residual-flow")
     p.add_argument("--seeds", type=_ints, default=[0, 1, 2], help="seeds for --residual-flow")
     p.set_defaults(func=cmd_coordcheck)
 
-    p = sub.add_parser("report", help="one self-contained HTML report for a run or sweep folder")
-    p.add_argument("dir", metavar="RUN_OR_SWEEP_DIR")
-    p.add_argument("--out", metavar="FILE.html", help="where to write it (default DIR/report.html)")
+    p = sub.add_parser("report", help="one self-contained HTML report for run, sweep or recipe folders")
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="run, sweep or recipe folders; everything below them is "
+                   "read")
+    p.add_argument("--out", metavar="FILE.html", help="where to write it (default DIR/report.html; needed for "
+                   "several folders)")
     p.set_defaults(func=cmd_report)
     return parser
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from ..analysis.coordcheck import CoordCheck
+from ..analysis.measure import default_output_dir
 from ..analysis.residual_flow import ResidualFlowSweep
 from ..analysis.tokens import TokenGapResult
 from ..train.checkpoint import write_text_atomic
@@ -31,8 +33,17 @@ def write_analysis(result: dict, out_dir: str | os.PathLike) -> list[Path]:
     return [_write_json(out / ANALYSIS_FILE, result), *figures.analysis_figures(result, out)]
 
 
-def write_compare(result: TokenGapResult, out_dir: str | os.PathLike) -> list[Path]:
-    out = Path(out_dir)
+def compare_output_dir(result: TokenGapResult) -> Path:
+    """Where ``smallinit compare`` writes by default: with A's other measurements, RUN_A/analysis/compare-B
+    (B's label, in characters safe for a folder name), so a report of A's folder or its sweep finds it."""
+    label_b = re.sub(r"[^\w.=-]+", "-", str(result.meta.get("label_b", "B"))).strip("-.") or "B"
+    return default_output_dir(result.meta["checkpoint_a"]) / f"compare-{label_b}"
+
+
+def write_compare(result: TokenGapResult, out_dir: str | os.PathLike | None = None) -> list[Path]:
+    """``smallinit compare`` output: compare.json and token_gap.png in ``out_dir``, else
+    :func:`compare_output_dir`."""
+    out = Path(out_dir) if out_dir is not None else compare_output_dir(result)
     path = _write_json(out / COMPARE_FILE, result.to_dict())
     la, lb = result.meta.get("label_a", "A"), result.meta.get("label_b", "B")
     return [path, figures.save(figures.token_gap_figure(result, la, lb), out / "token_gap.png")]

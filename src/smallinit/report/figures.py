@@ -11,6 +11,7 @@ import io
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import numpy as np
@@ -24,7 +25,7 @@ from ..analysis.tokens import TokenGapResult
 
 def png(fig: Figure, dpi: int = 90) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=dpi)  # constrained layout keeps every label and legend on the canvas
     return buf.getvalue()
 
 
@@ -40,6 +41,75 @@ def _fig(ncols: int = 1, nrows: int = 1, w: float = 5.0, h: float = 3.6) -> tupl
     return fig, axes
 
 
+def _widen_for(legend) -> None:
+    """Make the figure wider by the legend's width, so a long legend leaves the plots their planned size."""
+    fig = legend.get_figure(root=True)
+    fig.set_figwidth(fig.get_figwidth() + legend.get_window_extent().width / fig.dpi)
+
+
+def _legend_right(ax, **kw) -> None:
+    """The legend beside the axes, never over the data (constrained layout makes room for it)."""
+    if ax.get_legend_handles_labels()[0]:
+        _widen_for(ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8, **kw))
+
+
+Series = Sequence[tuple[float, float]]  # (x, y) points of one seed
+
+
+def seed_mean(seeds: Sequence[Series]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """x, mean, lowest and highest over seeds, at the x that every seed has."""
+    by_x: dict[float, list[float]] = {}
+    for series in seeds:
+        for x, y in series:
+            by_x.setdefault(float(x), []).append(float(y))
+    xs = sorted(x for x, ys in by_x.items() if len(ys) == len(seeds))
+    ys = np.array([by_x[x] for x in xs]).reshape(len(xs), len(seeds))
+    return np.array(xs), ys.mean(axis=1), ys.min(axis=1), ys.max(axis=1)
+
+
+def _plot_seeds(ax, seeds: Sequence[Series], color, label: str | None = None, band_alpha: float = 0.2,
+                **kw) -> None:
+    """The mean over seeds as a line; with two or more seeds, the range between them as a band."""
+    x, mean, lo, hi = seed_mean(seeds)
+    if not len(x):
+        return
+    ax.plot(x, mean, color=color, label=label, **kw)
+    if len(seeds) > 1:
+        ax.fill_between(x, lo, hi, color=color, alpha=band_alpha, lw=0)
+
+
+def _colors(labels: Sequence[str]) -> dict[str, tuple]:
+    cmap = matplotlib.colormaps["tab10" if len(labels) <= 10 else "tab20"]
+    return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
+
+
+def _panels(panels: Mapping[str, Mapping[str, Any]], ncols_per_panel: int = 1, w: float = 4.6,
+            h: float = 3.4) -> tuple[Figure, list[np.ndarray], dict[str, tuple]]:
+    """One row of axes per panel title (several panels side by side when each is one axes), and one colour
+    per curve label, the same in every panel."""
+    n = max(1, len(panels))
+    per_row = min(n, 3) if ncols_per_panel == 1 else 1
+    rows = math.ceil(n / per_row)
+    fig, axes = _fig(ncols=per_row * ncols_per_panel, nrows=rows, w=w, h=h)
+    flat = [axes[i // per_row, (i % per_row) * ncols_per_panel:(i % per_row + 1) * ncols_per_panel]
+            for i in range(n)]
+    for extra in axes.flat[n * ncols_per_panel:]:
+        extra.set_visible(False)
+    labels = list(dict.fromkeys(label for curves in panels.values() for label in curves))
+    return fig, flat, _colors(labels)
+
+
+def _shared_legend(fig: Figure, title: str | None) -> None:
+    """One legend for every panel, right of them: each label once, in order of first appearance."""
+    handles: dict[str, Any] = {}
+    for ax in fig.axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    if handles:
+        _widen_for(fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8,
+                              title=title, title_fontsize=8))
+
+
 def norm_factor_figure(d: int = 2048, eps: Sequence[float] = (1e-5, 1e-12),
                        gammas: Sequence[float] | None = None) -> Figure:
     """Fig. 1c: the RMSNorm factor (σ² + ε)^(−1/2), σ² = d^(−2γ), against γ for two ε, and the ideal 1/σ."""
@@ -53,30 +123,29 @@ def norm_factor_figure(d: int = 2048, eps: Sequence[float] = (1e-5, 1e-12),
     ax.set_xlabel("γ")
     ax.set_ylabel("RMSNorm factor")
     ax.set_title(f"RMSNorm factor at init, d = {d}")
-    ax.legend()
+    _legend_right(ax)
     ax.grid(alpha=0.3)
     return fig
 
 
-def loss_curves_figure(curves: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]]) -> Figure:
-    """Loss curves: ``{run: {"train": [(step, loss)], "val": [(step, loss)]}}`` (train thin, val thick)."""
-    fig, ax = _fig(w=6.5, h=4.0)
-    ax = ax[0, 0]
-    colors = matplotlib.colormaps["tab10"]
-    for i, (name, c) in enumerate(curves.items()):
-        col = colors(i % 10)
-        if c.get("train"):
-            s, v = zip(*c["train"])
-            ax.plot(s, v, color=col, lw=0.8, alpha=0.5, marker="." if len(s) < 5 else None)
-        if c.get("val"):
-            s, v = zip(*c["val"])
-            ax.plot(s, v, color=col, lw=2, marker="o", ms=3, label=name)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats/token)")
-    ax.set_title("loss curves (thin: train, thick: validation)")
-    if curves:
-        ax.legend(fontsize=7, ncols=2 if len(curves) > 8 else 1)
-    ax.grid(alpha=0.3)
+def loss_curves_figure(panels: Mapping[str, Mapping[str, Mapping[str, Sequence[Series]]]],
+                       legend_title: str | None = None) -> Figure:
+    """Loss curves, one panel per title: ``{panel: {curve: {"train": [per-seed [(step, loss)]], "val": [...]}}}``.
+    Each curve is the mean over its seeds (train thin, validation thick with markers), its band the range
+    over the seeds; one legend beside the panels."""
+    fig, axes, colors = _panels(panels, w=5.2, h=3.6)
+    for (title, curves), (ax,) in zip(panels.items(), axes):
+        for label, c in curves.items():
+            if c.get("train"):
+                _plot_seeds(ax, c["train"], colors[label], None if c.get("val") else label, lw=0.9, alpha=0.8,
+                            band_alpha=0.12)
+            if c.get("val"):
+                _plot_seeds(ax, c["val"], colors[label], label, lw=2, marker="o", ms=3)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss (nats/token)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    _shared_legend(fig, legend_title)
     return fig
 
 
@@ -102,18 +171,20 @@ def grid_figure(values: np.ndarray, rows: Sequence[str], cols: Sequence[str], *,
     return fig
 
 
-def sink_figure(per_layer: Mapping[str, Sequence[float]]) -> Figure:
-    """Fig. 1f/g: sink score per layer, one line per model."""
-    fig, ax = _fig(w=6.0)
-    ax = ax[0, 0]
-    for name, scores in per_layer.items():
-        ax.plot(np.arange(1, len(scores) + 1), scores, marker="o", label=f"{name} (mean {np.mean(scores):.3f})")
-    ax.set_xlabel("layer")
-    ax.set_ylabel("sink score (weight on token 1)")
-    ax.set_title("attention sink per layer")
-    if per_layer:
-        ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
+def sink_figure(panels: Mapping[str, Mapping[str, Sequence[Sequence[float]]]],
+                legend_title: str | None = None) -> Figure:
+    """Fig. 1f/g: sink score per layer, ``{panel: {model: [per-seed scores by layer]}}``; each line the mean
+    over seeds, its band their range."""
+    fig, axes, colors = _panels(panels)
+    for (title, models), (ax,) in zip(panels.items(), axes):
+        for label, seeds in models.items():
+            _plot_seeds(ax, [list(enumerate(s, start=1)) for s in seeds], colors[label], label, marker="o", ms=4)
+        ax.set_xlabel("layer")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_ylabel("sink score (weight on token 1)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    _shared_legend(fig, legend_title)
     return fig
 
 
@@ -124,7 +195,7 @@ def residual_flow_figure(points: Sequence[tuple[float, float]], d: int) -> Figur
     ax = ax[0, 0]
     g = np.asarray([p[0] for p in points], dtype=float)
     r = np.asarray([p[1] for p in points], dtype=float)
-    ax.scatter(g, r, color="C0", zorder=3, label="measured at step 0 of each run")
+    ax.scatter(g, r, color="C0", zorder=3, label="measured, step 0")
     if len(g):
         near = np.isclose(g, g[np.argmin(np.abs(g - 1.0))])
         c = float(np.exp(np.mean(np.log(r[near] / float(d) ** (1 - g[near])))))
@@ -134,7 +205,7 @@ def residual_flow_figure(points: Sequence[tuple[float, float]], d: int) -> Figur
     ax.set_xlabel("γ")
     ax.set_ylabel("‖h_L − e‖ / ‖e‖")
     ax.set_title("residual flow at init")
-    ax.legend()
+    _legend_right(ax)
     ax.grid(alpha=0.3)
     return fig
 
@@ -153,7 +224,7 @@ def residual_sweep_figure(sweep: ResidualFlowSweep) -> Figure:
     ax.set_xlabel("width d")
     ax.set_ylabel("‖h_L − e‖ / ‖e‖")
     ax.set_title("ratio vs width (dotted: d^(1−γ))")
-    ax.legend(fontsize=8)
+    _legend_right(ax)
     ax.grid(alpha=0.3)
     g = np.asarray(sweep.gammas)
     ax2.plot(g, 1 - g, "k--", label="predicted 1 − γ")
@@ -163,33 +234,34 @@ def residual_sweep_figure(sweep: ResidualFlowSweep) -> Figure:
     ax2.set_xlabel("γ")
     ax2.set_ylabel("exponent of d")
     ax2.set_title("fitted exponent vs prediction")
-    ax2.legend(fontsize=8)
+    _legend_right(ax2)
     ax2.grid(alpha=0.3)
     return fig
 
 
-def condensation_figure(series: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]]) -> Figure:
-    """Stable rank and mean |cos| over training: ``{run: {"stable_rank": [(step, v)], "mean_abs_cos": [...]}}``
-    (each value averaged over the logged matrices)."""
-    fig, axes = _fig(ncols=2, w=5.2)
-    for i, (name, s) in enumerate(series.items()):
-        for ax, key in zip(axes[0], ("stable_rank", "mean_abs_cos")):
-            if s.get(key):
-                x, y = zip(*s[key])
-                ax.plot(x, y, marker=".", color=f"C{i % 10}", label=name)
-    axes[0, 0].set_ylabel("stable rank ‖W‖_F²/‖W‖_2² (mean over matrices)")
-    axes[0, 1].set_ylabel("mean |cos| between rows")
-    for ax in axes[0]:
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    axes[0, 0].set_title("condensation: stable rank")
-    axes[0, 1].set_title("condensation: row alignment")
-    if series:
-        axes[0, 1].legend(fontsize=7)
+def condensation_figure(panels: Mapping[str, Mapping[str, Mapping[str, Sequence[Series]]]],
+                        legend_title: str | None = None) -> Figure:
+    """Stable rank and mean |cos| over training, one row of two axes per panel title:
+    ``{panel: {curve: {"stable_rank": [per-seed [(step, v)]], "mean_abs_cos": [...]}}}`` (each value averaged
+    over the logged matrices); the line is the mean over seeds, the band their range."""
+    fig, rows, colors = _panels(panels, ncols_per_panel=2, w=4.6, h=3.2)
+    for (title, curves), axes in zip(panels.items(), rows):
+        for label, s in curves.items():
+            for ax, key in zip(axes, ("stable_rank", "mean_abs_cos")):
+                if s.get(key):
+                    _plot_seeds(ax, s[key], colors[label], label, marker=".")
+        axes[0].set_ylabel("stable rank ‖W‖_F²/‖W‖_2²")
+        axes[1].set_ylabel("mean |cos| between rows")
+        axes[0].set_title(f"{title}: stable rank".lstrip(": "), fontsize=10)
+        axes[1].set_title(f"{title}: row alignment".lstrip(": "), fontsize=10)
+        for ax in axes:
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+    _shared_legend(fig, legend_title)
     return fig
 
 
-def heatmaps_figure(snapshots: Sequence[Mapping], title: str = "") -> Figure:
+def heatmaps_figure(snapshots: Sequence[Mapping]) -> Figure:
     """Row-cosine heatmaps: one row per matrix, one column per snapshot step (clustered row order)."""
     names = list(dict.fromkeys(n for s in snapshots for n in s["matrices"]))
     fig, axes = _fig(ncols=max(1, len(snapshots)), nrows=max(1, len(names)), w=2.3, h=2.3)
@@ -204,8 +276,6 @@ def heatmaps_figure(snapshots: Sequence[Mapping], title: str = "") -> Figure:
                 ax.set_title(f"step {snap['step']}, mean|cos| {cos:.2f}", fontsize=8)
             if j == 0:
                 ax.set_ylabel(name.replace(".weight", ""), fontsize=7)
-    if title:
-        fig.suptitle(title)
     return fig
 
 
@@ -243,7 +313,7 @@ def coordcheck_figure(cc: CoordCheck) -> Figure:
         ax.set_ylabel("activation RMS")
         ax.set_title(f"activations, step {step}")
         ax.grid(alpha=0.3)
-    axes[0, 0].legend(fontsize=6)
+    _legend_right(axes[0, 1], title="layer", title_fontsize=8)  # one colour per layer in both panels
     ax = axes[0, 2]
     kinds: dict[str, list[str]] = {}
     for name in cc.names("relative_update"):
@@ -256,7 +326,7 @@ def coordcheck_figure(cc: CoordCheck) -> Figure:
     ax.set_xlabel("γ")
     ax.set_ylabel("RMS(ΔW) / RMS(W) after step 1")
     ax.set_title("relative updates")
-    ax.legend(fontsize=6)
+    _legend_right(ax, title="matrix", title_fontsize=8)
     ax.grid(alpha=0.3)
     return fig
 
@@ -264,7 +334,8 @@ def coordcheck_figure(cc: CoordCheck) -> Figure:
 def analysis_figures(result: Mapping, out_dir: str | Path) -> list[Path]:
     """The figures of one ``smallinit analyze`` result: sink per layer, norm factors, matrix stats."""
     out_dir = Path(out_dir)
-    paths = [save(sink_figure({"model": result["sink"]["per_layer"]}), out_dir / "sink.png")]
+    paths = [save(sink_figure({"attention sink per layer": {"model": [result["sink"]["per_layer"]]}}),
+                  out_dir / "sink.png")]
     fig, axes = _fig(ncols=2, w=5.2)
     nf = result["norm_factor"]
     axes[0, 0].plot(range(len(nf)), list(nf.values()), marker="o")
@@ -281,3 +352,20 @@ def analysis_figures(result: Mapping, out_dir: str | Path) -> list[Path]:
         ax.grid(alpha=0.3)
     paths.append(save(fig, out_dir / "norms_matrices.png"))
     return paths
+
+
+def gap_figure(panels: Mapping[str, Mapping[str, Sequence[Series]]]) -> Figure:
+    """Loss gaps along training, one panel per claim: ``{claim: {comparison: [per-seed [(tokens per
+    non-embedding parameter, gap)]]}}``, > 0 the paper's direction; the mean over seeds with their range.
+    A verdict is only drawn where the curve has settled, so the curve itself is the finding."""
+    fig, axes, colors = _panels(panels, w=4.6, h=3.4)
+    for (title, curves), (ax,) in zip(panels.items(), axes):
+        ax.axhline(0.0, color="k", lw=0.8)
+        for label, seeds in curves.items():
+            _plot_seeds(ax, seeds, colors[label], label, lw=1.8, marker="o", ms=3)
+        ax.set_xlabel("tokens per non-embedding parameter")
+        ax.set_ylabel("loss gap (nats/token)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    _shared_legend(fig, "> 0: the paper's direction")
+    return fig

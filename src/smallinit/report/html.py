@@ -19,6 +19,7 @@ import math
 import os
 import statistics
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +78,30 @@ def img(fig: Figure, alt: str) -> str:
     return f'<img alt="{esc(alt)}" src="data:image/png;base64,{data}">'
 
 
+def wide(table_html: str) -> str:
+    """A table that scrolls sideways inside the page when it is wider than the page."""
+    return f'<div class="wide">{table_html}</div>'
+
+
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     head = "".join(f"<th>{esc(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{num(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return wide(f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
+
+
+VISIBLE_SPACE = str.maketrans({"\n": "⏎", "\r": "␍", "\t": "⇥", " ": "␠"})
+
+
+def token_text(text: str, spaces: bool = True) -> str:
+    """Decoded corpus text with its whitespace drawn (⏎ newline, ⇥ tab, and ␠ space if ``spaces``), escaped:
+    a token that is a newline or a space would otherwise show as an empty cell."""
+    shown = text.translate(VISIBLE_SPACE if spaces else {k: v for k, v in VISIBLE_SPACE.items() if k != ord(" ")})
+    return esc(shown)
+
+
+def verdict_badge(label: str) -> str:
+    """A verdict as a coloured badge; any label string works (the class is the label, spaces as dashes)."""
+    return f'<span class="v v-{esc("-".join(label.split()))}">{esc(label)}</span>'
 
 
 CSS = """
@@ -89,9 +110,12 @@ padding:0 16px;color:#222;line-height:1.4}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:2em}
 table{border-collapse:collapse;margin:8px 0;font-size:.88em}td,th{border:1px solid #ddd;padding:3px 7px;
 text-align:left;vertical-align:top}th{background:#f3f3f3}img{max-width:100%;display:block;margin:8px 0}
-.v{padding:1px 7px;border-radius:8px;font-weight:600}.agree{background:#d4f4d2}.disagree{background:#f9d0d0}
-.inconclusive{background:#eee}pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:.8em}
-.note{color:#555;font-size:.9em}code.tok{background:#fff3c4;padding:0 2px;white-space:pre-wrap}
+.wide{overflow-x:auto;max-width:100%}table.data td,table.data th{white-space:nowrap}
+.v{padding:1px 7px;border-radius:8px;font-weight:600;white-space:nowrap;background:#eee}
+.v-agree{background:#d4f4d2}.v-disagree{background:#f9d0d0}.v-not-testable-here{background:#e3e9f3}
+pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:.8em}details{margin:8px 0}
+summary{cursor:pointer;color:#245}.note{color:#555;font-size:.9em}
+code.tok{background:#fff3c4;padding:0 2px;white-space:pre-wrap}
 """
 
 
@@ -116,23 +140,67 @@ class _Doc:
                 f"<h1>{esc(self.title)}</h1>" + "\n".join(self.parts) + "</body></html>\n")
 
 
-def group_runs(runs: Sequence[Run], vary: Sequence[str]) -> dict[str, list[Run]]:
-    """Runs that differ only in the seed, under one label made of the other varying keys."""
-    keys = [k for k in vary if k != "train.seed"]
-    groups: dict[str, list[Run]] = {}
-    for r in runs:
-        label = ", ".join(f"{k.split('.')[-1]}={r.config.get(k)}" for k in keys) or "all runs"
-        groups.setdefault(label, []).append(r)
-    return groups
+SIZE_KEYS = ("model.d_model", "model.n_layers", "model.n_heads", "model.n_kv_heads", "model.d_ff",
+             "model.moe.num_experts", "model.moe.top_k")
+SHORT_KEYS = {"model.gamma": "γ", "model.norm_eps": "ε"}
 
 
-def _mean_series(series: Sequence[Sequence[tuple[int, float]]]) -> list[tuple[int, float]]:
-    """Mean over seeds at the steps every series has."""
-    by_step: dict[int, list[float]] = {}
-    for ser in series:
-        for step, v in ser:
-            by_step.setdefault(int(step), []).append(float(v))
-    return [(st, statistics.fmean(v)) for st, v in sorted(by_step.items()) if len(v) == len(series)]
+def short_key(key: str) -> str:
+    return SHORT_KEYS.get(key, key.rsplit(".", 1)[-1])
+
+
+def _value(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _setting(run: Run, keys: Sequence[str]) -> str:
+    return ", ".join(f"{short_key(k)}={_value(run.config.get(k))}" for k in keys)
+
+
+def _distinct(runs: Sequence[Run], key: str) -> int:
+    return len({json.dumps(r.config.get(key), sort_keys=True, default=str) for r in runs})
+
+
+@dataclass
+class Groups:
+    """Runs arranged for a figure: one panel per model size (when sizes vary), one curve per setting within
+    it, its seeds pooled. A curve's label names only the keys that differ between the curves of a panel; a
+    panel's title only the fewest size keys that tell the panels apart."""
+
+    panels: dict[str, dict[str, list[Run]]]  # panel title → curve label → runs (its seeds)
+    legend_title: str
+
+    @staticmethod
+    def of(runs: Sequence[Run], vary: Sequence[str]) -> Groups:
+        keys = [k for k in vary if k != "train.seed"]
+        size_keys = [k for k in SIZE_KEYS if k in keys]
+        by_size: dict[str, list[Run]] = {}
+        for r in runs:
+            by_size.setdefault(json.dumps([r.config.get(k) for k in size_keys], default=str), []).append(r)
+        curve_keys = [k for k in keys if k not in size_keys and any(_distinct(g, k) > 1 for g in by_size.values())]
+        title_keys: list[str] = []
+        for k in size_keys:  # d_ff and the head counts usually follow d_model: name them only when they add to it
+            if len({_setting(g[0], title_keys) for g in by_size.values()}) < len(by_size):
+                title_keys.append(k)
+        panels: dict[str, dict[str, list[Run]]] = {}
+        for group in by_size.values():
+            curves = panels.setdefault(_setting(group[0], title_keys), {})
+            for r in group:
+                curves.setdefault(_setting(r, curve_keys) or "all runs", []).append(r)
+        seeds = sorted({len(c) for curves in panels.values() for c in curves.values()})
+        counts = "/".join(map(str, seeds))
+        title = ", ".join(map(short_key, curve_keys))
+        return Groups(panels, f"{title}{'; ' if title else ''}{counts} seed{'s' if seeds != [1] else ''} each")
+
+    def items(self) -> Iterable[tuple[str, str, list[Run]]]:
+        """(panel, curve, runs) for every curve."""
+        for panel, curves in self.panels.items():
+            for curve, group in curves.items():
+                yield panel, curve, group
+
+    @staticmethod
+    def name(panel: str, curve: str) -> str:
+        return f"{panel} · {curve}" if panel else curve
 
 
 def _grid(runs: Sequence[Run], row_key: str, col_key: str) -> tuple[np.ndarray, list, list] | None:
@@ -167,9 +235,9 @@ def _section_findings(doc: _Doc, findings: list[tuple[str, dict]]) -> None:
         origin = f"{name}: recipe {f['recipe']}, scale {f.get('scale', '?')}." if "recipe" in f else (
             "Runs are paired by seed and selected by their configs (γ, ε, gate, size); parts a claim needs that "
             "the folder lacks are marked not measured.")
-        doc.p(f"{origin} Each comparison is judged by smallinit.report.verdict (agree / disagree when the mean "
-              "over seeds is more than 2 standard errors from 0, inconclusive otherwise or with one seed); a claim "
-              "agrees when all its comparisons agree.", "note")
+        doc.p(f"{origin} Each comparison is judged from its per-seed numbers by one rule for every claim "
+              "(smallinit.report.verdict: Student-t over seeds, Holm within a claim, and not testable here where a "
+              "precondition fails; described in docs/experiments.md).", "note")
         rows = []
         for c in f.get("claims", []):
             label = str(c.get("verdict", "inconclusive"))
@@ -178,9 +246,26 @@ def _section_findings(doc: _Doc, findings: list[tuple[str, dict]]) -> None:
                           + "</li>" for x in c.get("comparisons", []))
             rows.append(f"<tr><td>{esc(c.get('claim', ''))}</td><td>{esc(c.get('statement', ''))}</td>"
                         f"<td>{esc(c.get('paper', ''))}</td><td><ul>{why}</ul>{esc('; '.join(c.get('notes', [])))}</td>"
-                        f'<td><span class="v {esc(label)}">{esc(label)}</span></td></tr>')
+                        f"<td>{verdict_badge(label)}</td></tr>")
         head = "".join(f"<th>{h}</th>" for h in ("claim", "statement", "the paper", "measured", "verdict"))
-        doc.raw(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+        doc.raw(wide(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"))
+        gaps = _gap_panels(f.get("claims", []))
+        if gaps:
+            doc.p("Each loss comparison along training: its gap is judged only once it has settled (the same sign "
+                  "at half and full budget, and no longer closing by more than its seed spread).", "note")
+            doc.raw(img(figures.gap_figure(gaps), "loss gaps along training"))
+
+
+def _gap_panels(claims: list[dict]) -> dict[str, dict[str, list]]:
+    """{claim: {comparison: per-seed [(tokens per parameter, gap)]}} from the comparisons' trajectories."""
+    panels: dict[str, dict[str, list]] = {}
+    for c in claims:
+        for comp in c.get("comparisons", []):
+            t = comp.get("trajectory")
+            if t and t.get("gaps"):
+                panels.setdefault(str(c.get("claim", "")), {})[comp.get("label", "")] = [  # from the first
+                    [(x, y) for x, y in zip(t["tokens_per_param"], g) if x > 0] for g in t["gaps"]]  # step on
+    return panels
 
 
 def _section_runs(doc: _Doc, runs: list[Run], vary: list[str]) -> None:
@@ -188,7 +273,7 @@ def _section_runs(doc: _Doc, runs: list[Run], vary: list[str]) -> None:
     if not runs:
         doc.p("No run folders (config.json + metrics.jsonl) here.")
         return
-    doc.raw(table(["run", *vary, "steps", "final val loss"],
+    doc.raw(table(["run", *map(short_key, vary), "steps", "final val loss"],
                   [[r.name, *[r.config.get(k) for k in vary], r.summary.get("step", "–"),
                     "–" if r.val_loss is None else r.val_loss] for r in runs]))
     common = {k: v for k, v in sorted(runs[0].config.items()) if k not in vary}
@@ -223,17 +308,20 @@ def _section_norm_factor(doc: _Doc, runs: list[Run], analyses: list[tuple[str, d
 
 
 def _section_losses(doc: _Doc, runs: list[Run], vary: list[str]) -> None:
-    curves = {}
-    for label, group in group_runs(runs, vary).items():
-        train = _mean_series([[(m["step"], m["loss"]) for m in r.metrics if "loss" in m and "event" not in m]
-                              for r in group])
-        val = _mean_series([[(m["step"], m["val_loss"]) for m in r.metrics if "val_loss" in m] for r in group])
-        if train or val:
-            curves[f"{label} ({len(group)} seed{'s' if len(group) > 1 else ''})"] = {"train": train, "val": val}
-    if not curves:
+    groups = Groups.of(runs, vary)
+    panels: dict[str, dict[str, dict[str, list]]] = {}
+    for panel, curve, group in groups.items():
+        train = [[(m["step"], m["loss"]) for m in r.metrics if "loss" in m and "event" not in m] for r in group]
+        val = [[(m["step"], m["val_loss"]) for m in r.metrics if "val_loss" in m] for r in group]
+        c = {k: v for k, v in (("train", train), ("val", val)) if all(v)}
+        if c:
+            panels.setdefault(panel, {})[curve] = c
+    if not panels:
         return
     doc.h2("Loss curves (mean over seeds)")
-    doc.raw(img(figures.loss_curves_figure(curves), "loss curves"))
+    doc.p("Thin: training loss; thick with markers: validation loss. Each line is the mean over a setting's seeds, "
+          "its band the range between them.", "note")
+    doc.raw(img(figures.loss_curves_figure(panels, groups.legend_title), "loss curves"))
     for row_key, col_key, title in (("model.gamma", "model.norm_eps", "γ × ε"), ("model.gamma", "model.gate", "γ × gate")):
         g = _grid(runs, row_key, col_key)
         if g is None:
@@ -247,22 +335,28 @@ def _section_losses(doc: _Doc, runs: list[Run], vary: list[str]) -> None:
 
 
 def _section_sink(doc: _Doc, runs: list[Run], vary: list[str], analyses: list[tuple[str, dict]]) -> None:
-    per_layer = {}
-    for label, group in group_runs(runs, vary).items():
+    groups = Groups.of(runs, vary)
+    panels: dict[str, dict[str, list[list[float]]]] = {}
+    rows = []
+    for panel, curve, group in groups.items():
         lasts = [r.analysis[-1] for r in group if r.analysis]
         if lasts:
-            layers = np.mean([[a["sink"][k] for k in sorted(a["sink"], key=int)] for a in lasts], axis=0)
-            per_layer[f"{label} @ step {lasts[0]['step']}"] = layers.tolist()
+            seeds = [[a["sink"][k] for k in sorted(a["sink"], key=int)] for a in lasts]
+            panels.setdefault(panel, {})[curve] = seeds
+            rows.append([Groups.name(panel, curve), len(seeds), lasts[0]["step"], *np.mean(seeds, axis=0)])
     for name, a in analyses:
-        per_layer[name] = a["sink"]["per_layer"]
-    if not per_layer:
+        panels.setdefault("smallinit analyze", {})[name] = [a["sink"]["per_layer"]]
+        rows.append([name, 1, a.get("step", "–"), *a["sink"]["per_layer"]])
+    if not panels:
         return
     doc.h2("Attention sink per layer (Fig. 1f/g)")
     doc.p("Sink score: mean attention weight that queries 2…T put on token 1, over sequences and heads, at the "
-          "last measurement during training (mean over seeds), and from smallinit analyze.", "note")
-    doc.raw(img(figures.sink_figure(per_layer), "sink scores per layer"))
-    doc.raw(table(["model", "mean", *[f"L{i + 1}" for i in range(max(map(len, per_layer.values())))]],
-                  [[k, statistics.fmean(v), *v] for k, v in per_layer.items()]))
+          "last measurement during training (line: mean over seeds, band: their range), and from smallinit "
+          "analyze.", "note")
+    doc.raw(img(figures.sink_figure(panels, groups.legend_title), "sink scores per layer"))
+    layers = max(len(r) for r in rows) - 3
+    doc.raw(table(["model", "seeds", "step", "mean", *[f"L{i + 1}" for i in range(layers)]],
+                  [[*r[:3], statistics.fmean(r[3:]), *r[3:]] for r in rows]))
 
 
 def _section_residual(doc: _Doc, runs: list[Run], sweeps: list[tuple[str, ResidualFlowSweep]]) -> None:
@@ -290,32 +384,46 @@ def _section_residual(doc: _Doc, runs: list[Run], sweeps: list[tuple[str, Residu
                        for i, (g, s) in enumerate(zip(sw.gammas, sw.slopes))]))
 
 
+HEATMAPS_SHOWN = 2  # settings whose row-cosine heatmaps are open; the others are folded away
+
+
 def _section_condensation(doc: _Doc, runs: list[Run], vary: list[str]) -> None:
-    series = {}
-    groups = group_runs(runs, vary)
-    for label, group in groups.items():
-        with_recs = [r.analysis for r in group if r.analysis and r.analysis[0].get("stable_rank")]
-        if with_recs:
-            series[label] = {key: _mean_series([[(a["step"], statistics.fmean(a[key].values())) for a in recs
-                                                 if a.get(key)] for recs in with_recs])
-                             for key in ("stable_rank", "mean_abs_cos")}
-    snaps = [(label, load_snapshots(group[0].path)) for label, group in groups.items()]
+    groups = Groups.of(runs, vary)
+    panels: dict[str, dict[str, dict[str, list]]] = {}
+    rows = []
+    for panel, curve, group in groups.items():
+        recs = [r.analysis for r in group if r.analysis and r.analysis[0].get("stable_rank")]
+        if not recs:
+            continue
+        c = {key: [[(a["step"], statistics.fmean(a[key].values())) for a in rr if a.get(key)] for rr in recs]
+             for key in ("stable_rank", "mean_abs_cos")}
+        panels.setdefault(panel, {})[curve] = c
+        (steps, rank, _, _), (_, cos, _, _) = (figures.seed_mean(c[k]) for k in ("stable_rank", "mean_abs_cos"))
+        if len(steps):
+            rows.append([Groups.name(panel, curve), steps[0], rank[0], cos[0], steps[-1], rank[-1], cos[-1]])
+    snaps = [(Groups.name(panel, curve), load_snapshots(group[0].path)) for panel, curve, group in groups.items()]
     snaps = [(label, sn) for label, sn in snaps if sn]
-    if not series and not snaps:
+    if not panels and not snaps:
         return
     doc.h2("Condensation: stable rank and row alignment over training")
     doc.p("Stable rank ‖W‖_F²/‖W‖_2² and mean |cos| between rows, averaged over the logged matrices "
-          "(analysis.matrices) and over seeds. The paper: with γ = 1 matrices first condense (low stable rank, aligned rows), "
-          "then expand; with γ = 0.5 they start diffuse and change slowly.", "note")
-    if series:
-        doc.raw(img(figures.condensation_figure(series), "stable rank and mean cos over training"))
+          "(analysis.matrices); line: mean over seeds, band: their range. The paper: with γ = 1 matrices first "
+          "condense (low stable rank, aligned rows), then expand; with γ = 0.5 they start diffuse and change "
+          "slowly.", "note")
+    if panels:
+        doc.raw(img(figures.condensation_figure(panels, groups.legend_title), "stable rank and mean cos over training"))
         doc.raw(table(["run", "first step", "stable rank", "mean |cos|", "last step", "stable rank", "mean |cos|"],
-                      [[k, s["stable_rank"][0][0], s["stable_rank"][0][1], s["mean_abs_cos"][0][1],
-                        s["stable_rank"][-1][0], s["stable_rank"][-1][1], s["mean_abs_cos"][-1][1]]
-                       for k, s in series.items() if s["stable_rank"] and s["mean_abs_cos"]]))
-    for label, sn in snaps[:4]:  # early, one in between, late; the first seed of up to four settings
+                      rows))
+    heatmaps = []
+    for label, sn in snaps:  # early, one in between, late; the first seed of each setting
         chosen = [sn[0], sn[len(sn) // 2], sn[-1]] if len(sn) > 2 else sn
-        doc.raw(img(figures.heatmaps_figure(chosen, f"row |cos| heatmaps, {label}"), f"row cosine heatmaps, {label}"))
+        heatmaps.append(f"<h3>Row |cos| heatmaps, {esc(label)} (first seed)</h3>"
+                        + img(figures.heatmaps_figure(chosen), f"row cosine heatmaps, {label}"))
+    doc.raw("".join(heatmaps[:HEATMAPS_SHOWN]))
+    if len(heatmaps) > HEATMAPS_SHOWN:
+        more = len(heatmaps) - HEATMAPS_SHOWN
+        doc.raw(f'<details class="heatmaps"><summary>row |cos| heatmaps of {more} more setting'
+                f'{"s" if more > 1 else ""}</summary>{"".join(heatmaps[HEATMAPS_SHOWN:])}</details>')
 
 
 def _section_tokens(doc: _Doc, compares: list[tuple[str, TokenGapResult]]) -> None:
@@ -334,11 +442,12 @@ def _section_tokens(doc: _Doc, compares: list[tuple[str, TokenGapResult]]) -> No
             if not items:
                 continue
             rows = "".join(
-                f"<tr><td><code class=\"tok\">{esc(t.context_text)}</code></td>"
-                f"<td><code class=\"tok\">{esc(t.target_text)}</code></td><td>{num(t.p_a)}</td>"
+                f"<tr><td><code class=\"tok\">{token_text(t.context_text, spaces=False)}</code></td>"
+                f"<td><code class=\"tok\">{token_text(t.target_text)}</code></td><td>{num(t.p_a)}</td>"
                 f"<td>{num(t.p_b)}</td><td>{num(t.delta_sym)}</td></tr>" for t in items)
-            doc.raw(f"<h3>{esc(title)}</h3><table><thead><tr><th>context</th><th>true token</th>"
-                    f"<th>p {esc(la)}</th><th>p {esc(lb)}</th><th>Δ_sym</th></tr></thead><tbody>{rows}</tbody></table>")
+            doc.raw(f"<h3>{esc(title)}</h3>" + wide(
+                f"<table><thead><tr><th>context</th><th>true token (⏎ newline, ␠ space)</th><th>p {esc(la)}</th>"
+                f"<th>p {esc(lb)}</th><th>Δ_sym</th></tr></thead><tbody>{rows}</tbody></table>"))
 
 
 def _section_coordcheck(doc: _Doc, checks: list[tuple[str, CoordCheck]]) -> None:
@@ -398,39 +507,60 @@ def _findings(raw: dict) -> dict:
     return raw
 
 
-def _load_all(root: Path, name: str, parse) -> list[tuple[str, Any]]:
+def _load_all(roots: Sequence[Path], base: Path, name: str, parse) -> list[tuple[str, Any]]:
+    """Every file called ``name`` below the folders (each once), parsed, named by its path from ``base``."""
     out = []
-    for path in sorted(root.rglob(name)):
+    for path in sorted({p.resolve() for root in roots for p in root.rglob(name)}):
         raw = read_json(path)
         if isinstance(raw, dict):
             try:
-                out.append((str(path.relative_to(root)), parse(raw)))
+                out.append((str(path.relative_to(base)), parse(raw)))
             except (KeyError, TypeError, ValueError):
                 continue  # not ours, or from another version: skip rather than fail the report
     return out
 
 
-def build_report(root: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
-    """Write ROOT/report.html (or ``out``) for a run or sweep folder; returns its path."""
-    root = Path(root)
-    if not root.is_dir():
-        raise ReportError(f"{root} is not a folder; pass a run folder or a sweep folder")
-    runs = find_runs(root)
-    analyses = _load_all(root, ANALYSIS_FILE, _analysis)
-    compares = _load_all(root, COMPARE_FILE, TokenGapResult.from_dict)
-    checks = _load_all(root, COORDCHECK_FILE, CoordCheck.from_dict)
-    sweeps = _load_all(root, SWEEP_FILE, ResidualFlowSweep.from_dict)
-    findings = _load_all(root, FINDINGS_FILE, _findings)
-    evals = _load_all(root, "results-step_*.json", _evals)
+def _find_runs(roots: Sequence[Path], base: Path) -> list[Run]:
+    """The runs below the folders, each once, named by their path from ``base`` (a run folder given itself
+    keeps its own name)."""
+    runs: dict[Path, Run] = {}
+    for root in roots:
+        for r in find_runs(root):
+            path = r.path.resolve()
+            runs.setdefault(path, replace(r, name=str(path.relative_to(base)) if path != base else path.name))
+    return [runs[p] for p in sorted(runs)]
+
+
+def build_report(roots: str | os.PathLike | Sequence[str | os.PathLike],
+                 out: str | os.PathLike | None = None) -> Path:
+    """One report for one or more run, sweep or recipe folders: written to ``out``, else ROOT/report.html when
+    there is one folder (several need ``out``); returns its path."""
+    roots = [Path(roots)] if isinstance(roots, (str, os.PathLike)) else [Path(r) for r in roots]
+    for root in roots:
+        if not root.is_dir():
+            raise ReportError(f"{root} is not a folder; pass run, sweep or recipe folders")
+    if not roots or (out is None and len(roots) > 1):
+        raise ReportError("one report from several folders needs a place of its own: add --out FILE.html"
+                          if roots else "pass at least one run, sweep or recipe folder")
+    base = Path(os.path.commonpath([r.resolve() for r in roots]))  # the folder itself when there is one
+    runs = _find_runs(roots, base)
+    analyses = _load_all(roots, base, ANALYSIS_FILE, _analysis)
+    compares = _load_all(roots, base, COMPARE_FILE, TokenGapResult.from_dict)
+    checks = _load_all(roots, base, COORDCHECK_FILE, CoordCheck.from_dict)
+    sweeps = _load_all(roots, base, SWEEP_FILE, ResidualFlowSweep.from_dict)
+    findings = _load_all(roots, base, FINDINGS_FILE, _findings)
+    evals = _load_all(roots, base, "results-step_*.json", _evals)
+    folders = ", ".join(str(r) for r in roots)
     if not (runs or analyses or compares or checks or sweeps or findings or evals):
-        raise ReportError(f"{root} holds no runs nor analysis outputs; pass a folder written by smallinit "
-                          "train, sweep, analyze, compare or coordcheck")
+        raise ReportError(f"{folders} hold{'s' if len(roots) == 1 else ''} no runs nor analysis outputs; pass a "
+                          "folder written by smallinit train, sweep, recipe, demo, analyze, compare or coordcheck")
     vary = varying_keys(runs)
-    doc = _Doc(f"smallinit report: {root.resolve().name}")
-    doc.p(f"Folder {root.resolve()} · smallinit {__version__} · {len(runs)} run(s), {len(analyses)} analysis, "
-          f"{len(compares)} comparison, {len(checks)} coordinate check and {len(sweeps)} sweep file(s).", "note")
+    doc = _Doc("smallinit report: " + " + ".join(r.resolve().name for r in roots))
+    doc.p(f"Folder{'s' if len(roots) > 1 else ''} {', '.join(str(r.resolve()) for r in roots)} · smallinit "
+          f"{__version__} · {len(runs)} run(s), {len(analyses)} analysis, {len(compares)} comparison, "
+          f"{len(checks)} coordinate check and {len(sweeps)} sweep file(s).", "note")
     if not findings and (runs or sweeps or compares):  # a recipe's findings already judge its runs
-        findings = [(str(root), _judge(runs, sweeps, compares))]
+        findings = [(folders, _judge(runs, sweeps, compares))]
     _section_findings(doc, findings)
     _section_runs(doc, runs, vary)
     _section_norm_factor(doc, runs, analyses)
@@ -442,6 +572,6 @@ def build_report(root: str | os.PathLike, out: str | os.PathLike | None = None) 
     _section_coordcheck(doc, checks)
     _section_analyses(doc, analyses)
     _section_evals(doc, evals)
-    path = Path(out) if out is not None else root / REPORT_FILE
+    path = Path(out) if out is not None else roots[0] / REPORT_FILE
     write_text_atomic(path, doc.render())
     return path
