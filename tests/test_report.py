@@ -265,3 +265,21 @@ def test_report_of_several_folders_needs_out(report_dir, tmp_path, capsys):
     assert not (report_dir / "runs" / "report.html").exists()
     assert main(["report", str(report_dir / "runs"), str(tmp_path / "missing"), "--out", str(tmp_path / "r.html")]) == 2
     assert "is not a folder" in capsys.readouterr().err and not (tmp_path / "r.html").exists()
+
+
+def test_loss_gaps_along_training_are_drawn_from_the_findings(tmp_path):
+    """A findings.json whose loss comparisons carry their trajectory gets the gap figure, laid out cleanly."""
+    from smallinit.report.html import _gap_panels
+
+    traj = {"steps": [0, 10, 20, 30, 40], "tokens_per_param": [0, 5, 10, 15, 20],
+            "gaps": [[0.5, -0.2, -0.1, -0.05, -0.04], [0.4, -0.3, -0.15, -0.06, -0.05]]}
+    claims = [{"claim": "C1", "comparisons": [{"label": "L(γ.5)−L(γ1) @d16×4", "trajectory": traj},
+                                              {"label": "no curve", "trajectory": None}]}]
+    panels = _gap_panels(claims)
+    assert list(panels) == ["C1"] and list(panels["C1"]) == ["L(γ.5)−L(γ1) @d16×4"]
+    assert [x for x, _ in panels["C1"]["L(γ.5)−L(γ1) @d16×4"][0]] == [5, 10, 15, 20]  # step 0 left out
+    fig = figures.gap_figure(panels)
+    assert layout_problems(fig) == []
+    (tmp_path / "findings.json").write_text(json.dumps({"recipe": "demo", "title": "t", "claims": claims}))
+    assert main(["report", str(tmp_path)]) == 0
+    assert "loss gaps along training" in (tmp_path / "report.html").read_text()
