@@ -152,8 +152,21 @@ def test_shrink_across_a_sign_change_is_not_testable(tmp_path):
     c1 = claim_c1(Runs(runs))
     shrink = c1.comparisons[-1]
     assert shrink.label.startswith("gain shrink")
-    assert shrink.verdict == NOT_TESTABLE and "changes sign" in shrink.reason
+    assert shrink.verdict == NOT_TESTABLE and "no gain to shrink" in shrink.reason
     assert c1.verdict == DISAGREE  # γ = 1 worse at d32: the part that is testable decides
+    behind = claim_c1(Runs(pair_runs(tmp_path / "b", EMULATED, [-0.2, -0.21, -0.22], d=16)
+                           + pair_runs(tmp_path / "b", EMULATED, [-0.5, -0.6, -0.55], d=32))).comparisons[-1]
+    assert behind.verdict == NOT_TESTABLE  # a "shrink" of +0.3 between two losses is not the paper's claim
+
+
+def test_a_gap_near_zero_may_flip_sign_and_is_still_judged(tmp_path):
+    runs = []
+    for seed, (half, end) in enumerate([(0.01, -0.01), (-0.02, 0.015), (0.015, -0.012)]):
+        runs.append(make_run(tmp_path, gamma=0.5, seed=seed, arm=EMULATED, final=0,
+                             curve=lambda f, h=half, e=end: 3.0 + (h if f <= 0.5 else e) + (1 - f)))
+        runs.append(make_run(tmp_path, gamma=1.0, seed=seed, arm=EMULATED, final=0, curve=lambda f: 3.0 + (1 - f)))
+    c = claim_c1(Runs(runs)).comparisons[0]
+    assert c.verdict == INCONCLUSIVE, c.reason
 
 
 # -- claim preconditions ----------------------------------------------------------------------------------------

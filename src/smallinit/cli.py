@@ -346,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--launcher", metavar="CMD", help=LAUNCHER_HELP)
     p.set_defaults(func=cmd_recipe)
 
-    p = sub.add_parser("demo", help="the paper's claims C1–C7 at CPU scale in ≈ 11 min (--quick ≈ 2 min), "
+    p = sub.add_parser("demo", help="the paper's claims C1–C7 at CPU scale in ≈ 19 min (--quick ≈ 2 min), "
                        "with an HTML report and a verdict table")
     p.add_argument("--quick", action="store_true", help="the ≈ 2 minute version")
     p.add_argument("--scale", choices=("full", "quick", "micro"), help=argparse.SUPPRESS)
