@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from scipy import stats
 
 AGREE, DISAGREE, INCONCLUSIVE, NOT_TESTABLE = "agree", "disagree", "inconclusive", "not testable here"
-LABELS = (AGREE, DISAGREE, INCONCLUSIVE, NOT_TESTABLE)
 EXPECTED = ("positive", "zero")
 ALPHA = 0.05  # family-wise error rate within one claim
 LEVEL = 0.95  # of the intervals shown
