@@ -1,6 +1,8 @@
-"""Shared test setup: offline, and a throwaway token cache instead of ~/.cache/smallinit."""
+"""Shared test setup: offline, a throwaway token cache instead of ~/.cache/smallinit, a small real corpus."""
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -22,3 +24,14 @@ def _smallinit_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SMALLINIT_CACHE", str(tmp_path_factory.mktemp("smallinit-cache")))
         yield
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """A slice of the builtin Shakespeare (60 documents of 1 kB): real text, tokenised in a blink."""
+    from smallinit.data import iter_documents
+
+    play = next(iter(iter_documents("shakespeare")))
+    path = tmp_path_factory.mktemp("corpus") / "shakespeare-slice.jsonl"
+    path.write_text("".join(json.dumps({"text": play[i:i + 1000]}) + "\n" for i in range(0, 60_000, 1000)))
+    return path

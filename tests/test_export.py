@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 from smallinit.cli import main  # noqa: E402
 from smallinit.config import Config  # noqa: E402
-from smallinit.data import EOS_TOKEN, iter_documents, load_tokenizer  # noqa: E402
+from smallinit.data import EOS_TOKEN, load_tokenizer  # noqa: E402
 from smallinit.export.hf import ExportError, export_hf, init_hf  # noqa: E402
 from smallinit.train import Trainer, load_model  # noqa: E402
 
@@ -28,15 +28,6 @@ TINY = [
     "train.checkpoint_every=0",
 ]
 PROMPTS = ["To be, or not to be, that is the", "ROMEO:\nO, she doth teach the torches"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    """A slice of the builtin Shakespeare (60 documents of 1 kB): real text, tokenised in a blink."""
-    play = next(iter(iter_documents("shakespeare")))
-    path = tmp_path_factory.mktemp("corpus") / "shakespeare-slice.jsonl"
-    path.write_text("".join(json.dumps({"text": play[i:i + 1000]}) + "\n" for i in range(0, 60_000, 1000)))
-    return path
 
 
 def train_run(run: Path, corpus: Path, overrides: list[str]) -> Path:

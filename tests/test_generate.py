@@ -7,7 +7,6 @@ Trained checkpoints come from a few real training steps of a tiny config with th
 from __future__ import annotations
 
 import io
-import json
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import torch
 from smallinit import Transformer, load_pretrained
 from smallinit.cli import main
 from smallinit.config import Config, ModelConfig, MoEConfig
-from smallinit.data import iter_documents, load_tokenizer
+from smallinit.data import load_tokenizer
 from smallinit.data.tokenizer import bytes_tokenizer
 from smallinit.errors import CheckpointError, ConfigError
 from smallinit.generate import Sampling, generate, generate_ids, next_token
@@ -30,15 +29,6 @@ TINY = [
     "train.checkpoint_every=0",
 ]
 PROMPT = "ROMEO:\nO, she doth teach the torches"
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    """A slice of the builtin Shakespeare (60 documents of 1 kB): real text, tokenised in a blink."""
-    play = next(iter(iter_documents("shakespeare")))
-    path = tmp_path_factory.mktemp("corpus") / "shakespeare-slice.jsonl"
-    path.write_text("".join(json.dumps({"text": play[i:i + 1000]}) + "\n" for i in range(0, 60_000, 1000)))
-    return path
 
 
 def train_run(run: Path, corpus: Path, overrides: list[str]) -> Path:
