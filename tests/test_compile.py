@@ -37,12 +37,13 @@ def test_compile_key_takes_true_false_and_auto_only():
 def test_auto_compiles_where_the_saved_time_pays_for_the_compile():
     per_step = compiling.saved_s(cfg("train.steps=1"))
     cold_steps, warm_steps = compiling.COLD_S / per_step, compiling.WARM_S / per_step
-    short, long = cfg(f"train.steps={int(warm_steps) + 1}"), cfg(f"train.steps={int(cold_steps) + 1}")
+    short_steps = int(1.5 * warm_steps) + 1  # pays for a warm compile with room to spare, not for a cold one
+    short, long = cfg(f"train.steps={short_steps}"), cfg(f"train.steps={int(cold_steps) + 1}")
     assert not compiling.compile_pays([short], warm=False)
     assert compiling.compile_pays([short], warm=True)  # a warm cache makes a shorter run worth it
     assert compiling.compile_pays([long], warm=False)
     # cells of one graph share the cold compile: enough of them pay for it where one does not
-    n = int(compiling.COLD_S / (per_step * (warm_steps + 1) - compiling.WARM_S)) + 2
+    n = int(compiling.COLD_S / (per_step * short_steps - compiling.WARM_S)) + 2
     assert compiling.compile_pays([short] * n, warm=False)
     assert not compiling.compile_pays([short] * n, warm=False, jobs=n)  # ...unless all compile cold at once
     for other in ("model.d_model=256", "train.device=cuda"):  # not measured to pay: eager

@@ -5,7 +5,7 @@ shapes, so Dynamo traces one block and every layer reuses that graph (one graph 
 Inductor keeps the compiled graph on disk (``TORCHINDUCTOR_CACHE_DIR``), where a later run of the same
 shapes finds it. On one CPU thread at widths 32-128 (the demo's and the study's shapes) the compiled step
 is faster by the fusion of the elementwise chain (RMSNorm, RoPE, the gate, SwiGLU); what it costs is the
-compile: tens of seconds with an empty cache, a few seconds with a warm one (benchmarks/README.md).
+compile: about 13 s with an empty cache, under 2 s with a warm one (benchmarks/README.md).
 
 ``"auto"`` compiles when the time a run saves pays for that compile: a CPU run (one process, dense
 blocks, width ≤ ``TINY_WIDTH``) saves about ``SAVED_S_PER_ELEMENT`` seconds per activation element
@@ -31,9 +31,9 @@ from .callbacks import Callback
 
 # From the measurements in benchmarks/README.md, "Tiny widths" (1 thread, byte tokenizer, batch 16 × 128, 4 layers).
 TINY_WIDTH = 128  # the widest model "auto" compiles: the widths the speedup was measured at
-SAVED_S_PER_ELEMENT = 25e-9  # seconds a compiled step saves per token × d_model × layer (low end measured)
-COLD_S = 40.0  # seconds to compile a block's forward and backward with an empty cache
-WARM_S = 5.0  # ... and when the cache holds the graph (Dynamo still traces, Inductor loads)
+SAVED_S_PER_ELEMENT = 12e-9  # seconds a compiled step saves per token × d_model × layer (low end measured)
+COLD_S = 15.0  # seconds to compile a block's forward and backward with an empty cache
+WARM_S = 2.0  # ... and when the cache holds the graph (Dynamo still traces, Inductor loads)
 
 
 def cache_dir(env: Mapping[str, str] = os.environ) -> Path:
