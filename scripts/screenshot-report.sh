@@ -15,7 +15,7 @@ fi
 report=$(realpath "$1")
 out=${2:-${report%.html}.png}
 width=${3:-1400}
-height=16000  # taller than a report; Chromium paints this much, the blank rest is trimmed below
+height=60000  # taller than any report; Chromium paints this much, the blank rest is trimmed below
 browser=$(command -v chromium || command -v chromium-browser || command -v google-chrome || true)
 if [[ -z $browser ]]; then
     echo "$0: no Chromium found; install it (Debian: apt-get install chromium)" >&2

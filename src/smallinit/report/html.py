@@ -83,10 +83,15 @@ def wide(table_html: str) -> str:
     return f'<div class="wide">{table_html}</div>'
 
 
+TALL_ROWS = 15  # a data table longer than this scrolls inside a box, so one sweep's table does not fill pages
+
+
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    rows = list(rows)
     head = "".join(f"<th>{esc(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{num(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return wide(f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
+    html = wide(f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
+    return f'<div class="tall">{html}</div>' if len(rows) > TALL_ROWS else html
 
 
 VISIBLE_SPACE = str.maketrans({"\n": "⏎", "\r": "␍", "\t": "⇥", " ": "␠"})
@@ -110,7 +115,7 @@ padding:0 16px;color:#222;line-height:1.4}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:2em}
 table{border-collapse:collapse;margin:8px 0;font-size:.88em}td,th{border:1px solid #ddd;padding:3px 7px;
 text-align:left;vertical-align:top}th{background:#f3f3f3}img{max-width:100%;display:block;margin:8px 0}
-.wide{overflow-x:auto;max-width:100%}table.data td,table.data th{white-space:nowrap}
+.wide{overflow-x:auto;max-width:100%}.tall{max-height:28em;overflow-y:auto}table.data td,table.data th{white-space:nowrap}
 .v{padding:1px 7px;border-radius:8px;font-weight:600;white-space:nowrap;background:#eee}
 .v-agree{background:#d4f4d2}.v-disagree{background:#f9d0d0}.v-not-testable-here{background:#e3e9f3}
 pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:.8em}details{margin:8px 0}
@@ -445,9 +450,9 @@ def _section_tokens(doc: _Doc, compares: list[tuple[str, TokenGapResult]]) -> No
                 f"<tr><td><code class=\"tok\">{token_text(t.context_text, spaces=False)}</code></td>"
                 f"<td><code class=\"tok\">{token_text(t.target_text)}</code></td><td>{num(t.p_a)}</td>"
                 f"<td>{num(t.p_b)}</td><td>{num(t.delta_sym)}</td></tr>" for t in items)
-            doc.raw(f"<h3>{esc(title)}</h3>" + wide(
+            doc.raw(f"<details><summary>{esc(title)} ({len(items)} tokens)</summary>" + wide(
                 f"<table><thead><tr><th>context</th><th>true token (⏎ newline, ␠ space)</th><th>p {esc(la)}</th>"
-                f"<th>p {esc(lb)}</th><th>Δ_sym</th></tr></thead><tbody>{rows}</tbody></table>"))
+                f"<th>p {esc(lb)}</th><th>Δ_sym</th></tr></thead><tbody>{rows}</tbody></table>") + "</details>")
 
 
 def _section_coordcheck(doc: _Doc, checks: list[tuple[str, CoordCheck]]) -> None:
