@@ -174,27 +174,30 @@ def apply_budget(scale: Scale, vocab: dict[str, int] | None = None) -> Scale:
         return scale
     vocab = {} if vocab is None else vocab
     steps: dict[tuple, int] = {}
-    for sw in scale.sweeps.values():
+    shapes: dict[tuple[str, str | None], set[tuple]] = {}  # (sweep, size) → the model shapes of its cells
+    for name, sw in scale.sweeps.items():
         for cell in sw.cells():
             cfg = resolve_config(cell, vocab)
             shape = _shape(cfg)
+            shapes.setdefault((name, cell.size), set()).add(shape)
             tokens = float(b["tokens_per_param"]) * Transformer.count_params(cfg.model)[1]
             steps[shape] = max(steps.get(shape, 1), math.ceil(tokens / (cfg.train.batch_size * cfg.data.seq_len)))
+    for (name, _), found in shapes.items():
+        if len(found) > 1:
+            raise ExperimentError(f"sweep {name}: a budget needs one model shape per size; move shape keys to [sizes]")
 
     def schedule(n: int) -> dict[str, Any]:
         return {"train.steps": n, "train.eval_every": max(1, n // int(b.get("eval_points", 8))),
                 "analysis.every": max(1, n // int(b.get("analysis_points", 8))),
                 "train.warmup_steps": round(float(b.get("warmup_frac", 0.05)) * n)}
 
+    def at(name: str, size: str | None) -> dict[str, Any]:
+        return schedule(steps[next(iter(shapes[name, size]))])
+
     sweeps = {}
     for name, sw in scale.sweeps.items():
-        by_size: dict[str | None, set[tuple]] = {}
-        for cell in sw.cells():
-            by_size.setdefault(cell.size, set()).add(_shape(resolve_config(cell, vocab)))
-        if any(len(shapes) > 1 for shapes in by_size.values()):
-            raise ExperimentError(f"sweep {name}: a budget needs one model shape per size; move shape keys to [sizes]")
-        sizes = {k: {**v, **schedule(steps[next(iter(by_size[k]))])} for k, v in sw.sizes.items()}
-        base = dict(sw.base) if sw.sizes else {**sw.base, **schedule(steps[next(iter(by_size[None]))])}
+        sizes = {k: {**v, **at(name, k)} for k, v in sw.sizes.items()}
+        base = dict(sw.base) if sw.sizes else {**sw.base, **at(name, None)}
         sweeps[name] = Sweep(base=base, grid=sw.grid, arms=sw.arms, sizes=sizes, name=sw.name,
                              description=sw.description, launcher=sw.launcher)
     return Scale(scale.name, scale.description, sweeps, scale.options, scale.budget)
