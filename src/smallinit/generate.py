@@ -18,14 +18,13 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from .config import Config
-from .data import Tokenizer, load_tokenizer
-from .data.tokenizer import BUILTIN_TOKENIZERS
-from .errors import CheckpointError, ConfigError, DataError
+from .data import Tokenizer
+from .data.tokenizer import run_tokenizer
+from .errors import ConfigError
 from .model import Transformer
 from .train.checkpoint import load_model, resolve_checkpoint
 
@@ -38,16 +37,7 @@ def load_pretrained(path: str | os.PathLike, *, device: str | torch.device = "cp
     """
     found = resolve_checkpoint(path)
     cfg = Config.from_dict(found.state["config"])
-    name = cfg.data.tokenizer
-    if name not in BUILTIN_TOKENIZERS and not Path(name).expanduser().exists():
-        raise DataError(f"the run's tokenizer {name} (data.tokenizer in its config) is not found; a relative path "
-                        "is read from the current folder, so run from the folder the run was trained in")
-    tokenizer = load_tokenizer(name)
-    if tokenizer.vocab_size != cfg.model.vocab_size:
-        raise CheckpointError(
-            f"tokenizer {cfg.data.tokenizer!r} has {tokenizer.vocab_size} tokens but the model was trained with "
-            f"{cfg.model.vocab_size}; the tokenizer file changed since training"
-        )
+    tokenizer = run_tokenizer(cfg.data.tokenizer, cfg.model.vocab_size)
     return load_model(found.path, device=device), tokenizer
 
 

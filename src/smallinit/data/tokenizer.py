@@ -19,7 +19,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from smallinit.errors import DataError, StorageError
+from smallinit.errors import CheckpointError, DataError, StorageError
 
 EOS_TOKEN = "<|endoftext|>"
 DEFAULT_VOCAB_SIZE = 8192
@@ -150,6 +150,18 @@ def load_tokenizer(name: str | os.PathLike) -> Tokenizer:
             f"cannot read tokenizer file {path} ({msg}); pass a tokenizer.json saved by Hugging Face tokenizers"
         ) from None
     return Tokenizer(hf, name=str(name) if name == "default" else str(path))
+
+
+def run_tokenizer(name: str, vocab_size: int) -> Tokenizer:
+    """The tokenizer a run names (``data.tokenizer``), refused if it no longer has the model's vocabulary."""
+    if name not in BUILTIN_TOKENIZERS and not Path(name).expanduser().exists():
+        raise DataError(f"the run's tokenizer {name} (data.tokenizer in its config) is not found; a relative path "
+                        "is read from the current folder, so run from the folder the run was trained in")
+    tokenizer = load_tokenizer(name)
+    if tokenizer.vocab_size != vocab_size:
+        raise CheckpointError(f"tokenizer {name!r} has {tokenizer.vocab_size} tokens but the model was trained with "
+                              f"{vocab_size}; the tokenizer file changed since training")
+    return tokenizer
 
 
 def train_tokenizer(

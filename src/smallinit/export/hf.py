@@ -36,7 +36,8 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from ..config import Config, ModelConfig
-from ..data import EOS_TOKEN, load_tokenizer
+from ..data import EOS_TOKEN
+from ..data.tokenizer import run_tokenizer
 from ..errors import CheckpointError, ConfigError, SmallinitError
 from ..init import InitReport, InitRow, gamma_init_, is_norm, set_norm_eps_
 from ..train.checkpoint import load_model_tensors, load_tensors, resolve_checkpoint, storage_error
@@ -266,12 +267,7 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path) -> ExportResult:
     cfg = Config.from_dict(found.state["config"])
     model = Transformer(cfg.model, init=False)
     load_model_tensors(model, load_tensors(found.path / "model.safetensors"), found.path, found.state.get("aliases"))
-    tokenizer = load_tokenizer(cfg.data.tokenizer)
-    if tokenizer.vocab_size != cfg.model.vocab_size:
-        raise CheckpointError(
-            f"tokenizer {cfg.data.tokenizer!r} has {tokenizer.vocab_size} tokens but the model was trained with "
-            f"{cfg.model.vocab_size}; the tokenizer file changed since training"
-        )
+    tokenizer = run_tokenizer(cfg.data.tokenizer, cfg.model.vocab_size)
     architecture, reason = choose_architecture(cfg.model)
     config = hf_config(cfg.model, architecture, tokenizer.eos_id)
     config.architectures = [architecture]
