@@ -45,6 +45,7 @@ from .loggers import metric_loggers
 from .memory import check_fits
 from .moe_log import RouterLog, has_moe
 from .optim import build_optimizer, lr_at, wsd_decay_start
+from .runs import read_metrics
 
 log = logging.getLogger("smallinit")
 
@@ -309,7 +310,9 @@ class Trainer:
         if self.step == 0 and tc.eval_every:
             self._eval_and_log()
         t_last, step_last = time.perf_counter(), self.step
-        val_loss = last_val_loss(self.run_dir / "metrics.jsonl") if self.runtime.is_main else None
+        # the newest measured value, so a resumed run's summary keeps it (runs.read_metrics skips torn lines)
+        val_loss = next((r["val_loss"] for r in reversed(read_metrics(self.run_dir)) if "val_loss" in r),
+                        None) if self.runtime.is_main else None
         with preemption_guard() as stop:
             while self.step < tc.steps:
                 record = self.train_step()
@@ -389,17 +392,6 @@ def truncate_metrics(path: Path, last_step: int) -> None:
         except (json.JSONDecodeError, AttributeError, RecursionError):
             continue  # a line torn by a crash
     ckpt.write_text_atomic(path, "".join(line + "\n" for line in keep))
-
-
-def last_val_loss(path: Path) -> float | None:
-    """The newest validation loss in a metrics.jsonl, None if there is none (a resumed run's summary keeps it)."""
-    if not path.exists():
-        return None
-    val = None
-    for line in path.read_text(encoding="utf-8").splitlines():
-        with contextlib.suppress(json.JSONDecodeError, AttributeError, RecursionError):
-            val = json.loads(line).get("val_loss", val)
-    return val
 
 
 def _as_planned(config: dict, planned: dict) -> dict:
