@@ -395,13 +395,6 @@ def claim_c1(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
     return res
 
 
-def _factor_note(widths: Iterable[int], eps_of: Callable[[int], float], gamma: float = 1.0) -> str:
-    """The analytic RMSNorm factor at init (relative to 1/σ) at the tested widths and the paper's d = 2048."""
-    parts = [f"d={d} (ε {eps_of(d):.3g}): {relative_factor(gamma, eps_of(d), d):.3f}" for d in sorted(set(widths))]
-    return (f"analytic RMSNorm factor at init, γ={gamma:g}, of ideal: " + ", ".join(parts)
-            + f"; target d=2048, ε 1e-05: {relative_factor(gamma, 1e-5, EMULATED_WIDTH):.3f}")
-
-
 def measured_factor_at_init(run: Run) -> float | None:
     """The mean measured RMSNorm factor over the model's norms at step 0 (the analysis callback's)."""
     recs = [r for r in run.analysis if r.get("step") == 0 and r.get("norm_factor")]
