@@ -27,6 +27,12 @@ def _key(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = da
     return field(default=default, default_factory=factory, metadata={"doc": doc})
 
 
+def emulated_eps(eps: float, width: int, d_model: int, gamma: float) -> float:
+    """ε scaled from a width-``width`` model to a width-``d_model`` one at equal init-time RMSNorm saturation
+    (``ModelConfig.effective_norm_eps``); ``width`` 0 leaves ε as it is."""
+    return eps * (width / d_model) ** (2 * gamma) if width else eps
+
+
 @dataclass
 class MoEConfig:
     """Mixture-of-experts feed-forward: E experts of width d_expert, top-k routing, optional shared expert."""
@@ -70,9 +76,7 @@ class ModelConfig:
         """The ε the model's RMSNorms use: ``norm_eps``, or with ``norm_eps_width`` = W > 0,
         ε·(W/d_model)^(2γ), so that σ²(h) ≈ d^(−2γ) at init meets ε in the same ratio as in a width-W model
         with ``norm_eps``: the narrow model starts as saturated as the wide one."""
-        if not self.norm_eps_width:
-            return self.norm_eps
-        return self.norm_eps * (self.norm_eps_width / self.d_model) ** (2 * self.gamma)
+        return emulated_eps(self.norm_eps, self.norm_eps_width, self.d_model, self.gamma)
 
     @staticmethod
     def presets() -> list[str]:

@@ -46,6 +46,7 @@ import numpy as np
 
 from ..analysis.norm_factor import relative_factor
 from ..analysis.scaling import effective_size_gain
+from ..config import emulated_eps
 from ..errors import ConfigError
 from ..report.verdict import (
     AGREE,
@@ -275,10 +276,10 @@ def sink_mean(run: Run) -> float | None:
 
 
 def effective_eps(run: Run) -> float:
-    """The ε the run's norms used (``model.norm_eps_width`` scales it; see ModelConfig.effective_norm_eps)."""
+    """The ε the run's norms used (``model.norm_eps_width`` scales it)."""
     c = run.config
-    eps, width = float(c["model.norm_eps"]), int(c.get("model.norm_eps_width") or 0)
-    return eps * (width / int(c["model.d_model"])) ** (2 * float(c["model.gamma"])) if width else eps
+    return emulated_eps(float(c["model.norm_eps"]), int(c.get("model.norm_eps_width") or 0), int(c["model.d_model"]),
+                        float(c["model.gamma"]))
 
 
 def uniform_sink(seq_len: int) -> float:
