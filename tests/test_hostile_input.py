@@ -31,6 +31,7 @@ from smallinit.cli import main
 from smallinit.data import load_tokenizer
 from smallinit.data.cache import doc_uniform
 from smallinit.errors import ConfigError, SmallinitError
+from smallinit.io import sha256_file
 from smallinit.train import Trainer
 from smallinit.train import checkpoint as ckpt
 
@@ -117,7 +118,7 @@ def test_pickle_in_place_of_checkpoint_is_refused_unrun(fmt, fname, finished_run
     ck = ckpt.newest_checkpoint(run).path
     (ck / fname).write_bytes(blobs[fmt])
     state = json.loads((ck / "state.json").read_text())  # checksums updated: only the format can refuse it
-    state["files"][fname] = {"bytes": len(blobs[fmt]), "sha256": ckpt.sha256(ck / fname)}
+    state["files"][fname] = {"bytes": len(blobs[fmt]), "sha256": sha256_file(ck / fname)}
     (ck / "state.json").write_text(json.dumps(state))
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
 

@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from smallinit import Config, load_model
 from smallinit.cli import main
 from smallinit.errors import SmallinitError, StorageError
+from smallinit.io import sha256_file
 from smallinit.train import Callback, Trainer
 from smallinit.train import checkpoint as ckpt
 
@@ -193,7 +194,7 @@ def _rewrite(ck: Path, fname: str, tensors: dict[str, torch.Tensor] | None = Non
     else:
         (ck / fname).write_bytes(data)
     state = json.loads((ck / "state.json").read_text())
-    state["files"][fname] = {"bytes": (ck / fname).stat().st_size, "sha256": ckpt.sha256(ck / fname)}
+    state["files"][fname] = {"bytes": (ck / fname).stat().st_size, "sha256": sha256_file(ck / fname)}
     (ck / "state.json").write_text(json.dumps(state))
 
 

@@ -20,9 +20,9 @@ from smallinit.analysis import load_run, residual_flow_ratio
 from smallinit.analysis.measure import held_out_batches
 from smallinit.cli import main
 from smallinit.data import load_tokenizer
+from smallinit.experiments.runs import find_runs
 from smallinit.report import figures
 from smallinit.report.html import HEATMAPS_SHOWN, Groups, num, token_text, varying_keys
-from smallinit.train.runs import find_runs
 
 # -- the report --------------------------------------------------------------------------------------------------
 

@@ -24,8 +24,8 @@ from smallinit.experiments.claims import (
     uniform_sink,
 )
 from smallinit.experiments.demo import verdict_table
+from smallinit.experiments.runs import Run
 from smallinit.report.verdict import AGREE, DISAGREE, INCONCLUSIVE, NOT_TESTABLE, combine, holm, t_test
-from smallinit.train.runs import Run
 
 PARAMS = 1000  # non-embedding parameters of every synthetic run; 1 × 10 tokens per step → 1 token/param per 100 steps
 

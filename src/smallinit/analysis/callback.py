@@ -24,8 +24,9 @@ import torch
 from ..config import AnalysisConfig
 from ..data import iter_eval_batches
 from ..errors import ConfigError
+from ..io import write_atomic
 from ..train.callbacks import Callback
-from ..train.checkpoint import write_atomic
+from ..train.checkpoint import kept
 from .condensation import named_matrices, row_cosine, sampled_mean_abs_cos, stable_rank
 from .measure import measure_activations
 
@@ -109,7 +110,7 @@ class AnalysisCallback(Callback):
             return
         path = snapshot_path(trainer.run_dir, trainer.step)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, lambda f: np.savez(f, step=np.int64(trainer.step), **arrays), run_dir=trainer.run_dir)
+        write_atomic(path, lambda f: np.savez(f, step=np.int64(trainer.step), **arrays), kept=kept(trainer.run_dir))
 
 
 def load_snapshots(run_dir: str | Path) -> list[dict[str, Any]]:

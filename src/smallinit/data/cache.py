@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from smallinit import io
 from smallinit.data.corpus import corpus_fingerprint, iter_documents
 from smallinit.data.tokenizer import Tokenizer
 from smallinit.errors import DataError
@@ -260,7 +261,7 @@ def _build(
     eos = tokenizer.eos_id
     if tokenizer.vocab_size > np.iinfo(dtype).max + 1:
         raise DataError(f"vocabulary of {tokenizer.vocab_size} tokens is too large; use at most 2**32 tokens")
-    tmps = {s: _tmp(folder, s) for s in ("train", "val", "meta")}
+    tmps = {s: _tmp(folder, s) for s in ("train", "val")}
     t0 = last = time.monotonic()
     writers: dict[str, _SplitWriter] = {}
     try:
@@ -326,12 +327,11 @@ def _build(
             "n_val_tokens": n_val,
             "seconds": round(time.monotonic() - t0, 3),
         }
-        tmps["meta"].write_text(json.dumps(meta, indent=1), encoding="utf-8")
         # Metadata goes last: until it is in place no reader trusts the data files.
         (folder / "meta.json").unlink(missing_ok=True)
         os.replace(tmps["train"], folder / "train.bin")
         os.replace(tmps["val"], folder / "val.bin")
-        os.replace(tmps["meta"], folder / "meta.json")
+        io.write_json_atomic(folder / "meta.json", meta, indent=1, sort_keys=False)
         log.info(
             "tokenised %s: %d documents, %d train + %d val tokens in %.1f s (cache %s)",
             corpus,

@@ -28,6 +28,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from smallinit import io
 from smallinit.errors import DataError
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
@@ -262,15 +263,6 @@ def _non_empty(source: Iterator[str], spec: str) -> Iterator[str]:
         )
 
 
-def sha256_file(path: Path) -> str:
-    """sha256 hex digest of a file, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def corpus_fingerprint(spec: str | os.PathLike, text_field: str = "text") -> str:
     """A stable hash of a corpus's inputs, for cache keys.
 
@@ -287,7 +279,7 @@ def corpus_fingerprint(spec: str | os.PathLike, text_field: str = "text") -> str
             if base in SYNTHETIC_CORPORA:
                 items.append([part, str(_synthetic_module(base).fingerprint(params))])
             else:
-                items.append([part, sha256_file(_builtin_file(part))])
+                items.append([part, io.sha256_file(_builtin_file(part))])
         payload = {"v": _FINGERPRINT_VERSION, "builtin": name, "parts": items}
     else:
         files = []

@@ -8,18 +8,17 @@ as ordinary bytes), so a user's text cannot forge a document boundary.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
-import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from smallinit.errors import CheckpointError, DataError, StorageError
+from smallinit import io
+from smallinit.errors import CheckpointError, DataError
 
 EOS_TOKEN = "<|endoftext|>"
 DEFAULT_VOCAB_SIZE = 8192
@@ -64,18 +63,11 @@ class Tokenizer:
     def save(self, path: str | os.PathLike) -> Path:
         """Write the tokenizer JSON atomically; returns the path."""
         path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(self._json, encoding="utf-8")
-            os.replace(tmp, path)
         except OSError as e:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
-            raise StorageError(
-                f"cannot write tokenizer {path} ({e.strerror or type(e).__name__}); "
-                "pass a writable file path to --out"
-            ) from None
+            raise io.storage_error(path, e) from None
+        io.write_text_atomic(path, self._json)
         return path
 
     def __repr__(self) -> str:

@@ -59,7 +59,7 @@ from ..report.verdict import (
     holm,
     t_test,
 )
-from ..train.runs import Run
+from .runs import Run
 from .sweep import sweep_rows
 
 EMULATED_WIDTH = 2048  # the paper's width at 1.5B, whose saturation the emulated baseline reproduces

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..io import write_json_atomic, write_text_atomic
 from ..report.verdict import NOT_TESTABLE
-from ..train.checkpoint import write_json_atomic
 from .recipes import RecipeResult, run_recipe
 
 LEGEND = """\
@@ -74,7 +74,7 @@ def run_demo(
     if result.analysis is None:
         return DemoResult(result, None, "", time.monotonic() - t0)
     table = verdict_table(result.analysis["claims"])
-    (out / "verdicts.txt").write_text(table + "\n", encoding="utf-8")
+    write_text_atomic(out / "verdicts.txt", table + "\n")
     t_report = time.monotonic()
     if echo is not None:
         print("[demo] writing the HTML report", file=echo, flush=True)

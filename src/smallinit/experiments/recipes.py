@@ -39,8 +39,8 @@ from typing import Any, TextIO
 
 from ..config import Config, parse_override, read_toml
 from ..errors import ExperimentError, SmallinitError
+from ..io import write_json_atomic
 from ..model import Transformer
-from ..train.checkpoint import write_json_atomic
 from .sweep import Progress, Sweep, SweepOutcome, cell_work, flatten, resolve_config, run_sweep
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"

@@ -69,10 +69,10 @@ from typing import Any, TextIO
 
 from ..config import Config, flatten, read_toml
 from ..errors import ExperimentError, SmallinitError
+from ..io import read_json, write_json_atomic, write_text_atomic
 from ..model import Transformer
 from ..train import compiling
-from ..train.checkpoint import write_json_atomic, write_text_atomic
-from ..train.runs import read_json, read_metrics
+from ..train.metrics import read_metrics
 
 STATUSES = ("pending", "running", "done", "failed", "interrupted")
 SMALL_MODEL_PARAMS = 25_000_000  # ≤ this (every CPU preset, the demo's shapes): pack one cell per core

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,15 +31,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 from safetensors.torch import save_file
 
+from .. import io
 from ..config import Config, ModelConfig
 from ..data import EOS_TOKEN
 from ..data.tokenizer import run_tokenizer
 from ..errors import CheckpointError, ConfigError, SmallinitError
 from ..init import InitReport, InitRow, gamma_init_, is_norm, set_norm_eps_
-from ..train.checkpoint import load_model_tensors, load_tensors, resolve_checkpoint, storage_error
+from ..train.checkpoint import load_model_tensors, load_tensors, resolve_checkpoint
 
 REMOTE_DIR = Path(__file__).resolve().parent / "remote"
 REMOTE_FILES = ("configuration_smallinit.py", "modeling_smallinit.py")
@@ -229,24 +228,13 @@ def _check_against_class(tensors: dict[str, torch.Tensor], config, architecture:
 
 @contextlib.contextmanager
 def _publishing(out_dir: Path) -> Iterator[Path]:
-    """A temporary sibling of ``out_dir`` to write into, renamed to ``out_dir`` when the block succeeds and
-    removed when it fails (a failed write becomes one StorageError line). Refuses an out_dir that holds files."""
+    """A temporary folder that becomes ``out_dir`` when the block succeeds (io.publishing), its files
+    readable as the umask says. Refuses an out_dir that holds files: an export never replaces one."""
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ExportError(f"{out_dir} already exists and is not empty; choose another output folder")
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp{os.getpid()}")
-    try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+    with io.publishing(out_dir) as tmp:
         yield tmp
         _umask_modes(tmp)
-        if out_dir.exists():
-            out_dir.rmdir()  # empty (checked before writing)
-        os.replace(tmp, out_dir)
-    except (OSError, SafetensorError) as e:
-        raise storage_error(out_dir, e) from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _umask_modes(folder: Path) -> None:

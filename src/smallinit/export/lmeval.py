@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, DataError
-from ..train.checkpoint import CKPT_DIR, resolve_checkpoint, write_json_atomic
+from ..io import write_json_atomic
+from ..train.checkpoint import CKPT_DIR, resolve_checkpoint
 from .hf import REMOTE_CLASS, REMOTE_DIR, REMOTE_FILES, ExportError, export_hf
 
 

@@ -12,7 +12,7 @@ from ..analysis.coordcheck import CoordCheck
 from ..analysis.measure import default_output_dir
 from ..analysis.residual_flow import ResidualFlowSweep
 from ..analysis.tokens import TokenGapResult
-from ..train.checkpoint import write_text_atomic
+from ..io import write_text_atomic
 from . import figures
 from .html import ANALYSIS_FILE, COMPARE_FILE, COORDCHECK_FILE, SWEEP_FILE, build_report
 

@@ -21,6 +21,7 @@ from ..analysis.coordcheck import CoordCheck
 from ..analysis.norm_factor import rmsnorm_factor
 from ..analysis.residual_flow import ResidualFlowSweep
 from ..analysis.tokens import TokenGapResult
+from ..io import write_atomic
 
 
 def png(fig: Figure, dpi: int = 90) -> bytes:
@@ -31,7 +32,8 @@ def png(fig: Figure, dpi: int = 90) -> bytes:
 
 def save(fig: Figure, path: str | Path, dpi: int = 90) -> Path:
     path = Path(path)
-    path.write_bytes(png(fig, dpi))
+    data = png(fig, dpi)
+    write_atomic(path, lambda f: f.write(data))
     return path
 
 

@@ -33,8 +33,8 @@ from ..analysis.norm_factor import init_variance, relative_factor, rmsnorm_facto
 from ..analysis.residual_flow import ResidualFlowSweep
 from ..analysis.tokens import TokenGapResult
 from ..errors import SmallinitError
-from ..train.checkpoint import write_text_atomic
-from ..train.runs import Run, find_runs, read_json
+from ..experiments.runs import Run, find_runs
+from ..io import read_json, write_text_atomic
 from . import figures
 
 ANALYSIS_FILE = "analysis.json"

@@ -20,21 +20,19 @@ A write that fails (disk full, read-only folder) raises StorageError and leaves 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ..data.corpus import sha256_file as sha256
-from ..errors import CheckpointError, StorageError
+from .. import io
+from ..errors import CheckpointError
 
 FORMAT = "smallinit-checkpoint-1"
 CKPT_DIR = "checkpoints"
@@ -53,53 +51,14 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / CKPT_DIR / f"step_{step:07d}"
 
 
-def write_atomic(path: Path, write: Callable[[BinaryIO], Any], *, run_dir: Path | None = None) -> None:
-    """``write(file)`` to a temporary name, fsync, then rename: readers see the old file or the new one.
-
-    A failure (disk full, read-only, too large) removes the temporary file and raises StorageError, naming
-    ``run_dir``'s last checkpoint if given.
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        raise storage_error(path, e, run_dir) from None
-    finally:
-        with contextlib.suppress(OSError):  # the folder itself may be unusable; the error above says so
-            tmp.unlink(missing_ok=True)
-
-
-def write_text_atomic(path: Path, text: str, *, run_dir: Path | None = None) -> None:
-    write_atomic(path, lambda f: f.write(text.encode("utf-8")), run_dir=run_dir)
-
-
-def write_json_atomic(path: Path, obj: Any, *, run_dir: Path | None = None) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True), run_dir=run_dir)
-
-
-def storage_error(path: Path, e: OSError | SafetensorError, run_dir: Path | None = None) -> StorageError:
-    """One line for a failed write: what, why (ENOSPC, EROFS, ...), what to do, and what was kept."""
-    why = (e.strerror if isinstance(e, OSError) else None) or str(e).split("I/O error: ")[-1] or type(e).__name__
-    kept = f"; {kept_note(run_dir)}" if run_dir is not None else ""
-    return StorageError(f"cannot write {path} ({why}); free disk space or make the folder writable{kept}")
-
-
 def kept_note(run_dir: Path) -> str:
     done = list_checkpoints(run_dir)
     return f"the last checkpoint {done[-1]} is intact" if done else "no checkpoint was written yet"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def kept(run_dir: Path) -> io.Kept:
+    """For a failed write in ``run_dir``: the error line names the last intact checkpoint."""
+    return lambda: kept_note(run_dir)
 
 
 def save_checkpoint(
@@ -108,28 +67,16 @@ def save_checkpoint(
 ) -> Path:
     """Write checkpoint ``step`` atomically, then prune to the newest ``keep`` complete ones."""
     final = checkpoint_dir(run_dir, step)
-    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir(parents=True)
+    with io.publishing(final, kept=kept(run_dir)) as tmp:  # a stale copy of the same step is replaced
         files = {}
         for fname, tensors in zip(TENSOR_FILES, (model_tensors, optim_tensors)):
             save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp / fname)
-            files[fname] = {"bytes": (tmp / fname).stat().st_size, "sha256": sha256(tmp / fname)}
-        write_json_atomic(tmp / "state.json", {**state, "format": FORMAT, "step": step, "files": files},
-                          run_dir=run_dir)
+            files[fname] = {"bytes": (tmp / fname).stat().st_size, "sha256": io.sha256_file(tmp / fname)}
+        io.write_json_atomic(tmp / "state.json", {**state, "format": FORMAT, "step": step, "files": files},
+                             kept=kept(run_dir))
         for fname in TENSOR_FILES:
             with open(tmp / fname, "rb") as f:
                 os.fsync(f.fileno())
-        if final.exists():  # a stale copy of the same step (e.g. re-running after a crash): replace it
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(final.parent)
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError) or (isinstance(e, SafetensorError) and "I/O error" in str(e)):
-            raise storage_error(final, e, run_dir) from None
-        raise
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     for debris in final.parent.glob(".step_*.tmp*"):  # left by crashed writers (one writer per run folder)
@@ -166,7 +113,7 @@ def read_checkpoint(path: Path, *, verify: bool = True) -> Checkpoint:
             raise CheckpointError(f"checkpoint {path} lacks {fname}; it is incomplete")
         if f.stat().st_size != meta.get("bytes"):
             raise CheckpointError(f"{f} has {f.stat().st_size} bytes, expected {meta.get('bytes')}: it is truncated")
-        if verify and sha256(f) != meta.get("sha256"):
+        if verify and io.sha256_file(f) != meta.get("sha256"):
             raise CheckpointError(f"{f} does not match its checksum: it was altered or damaged")
     return Checkpoint(path=path, step=state["step"], state=state)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .. import io
 from ..config import Config, TrainConfig
 from ..data import get_batch, iter_eval_batches, load_token_data, load_tokenizer
 from ..errors import CheckpointError, ConfigError, Preempted, TrainingError
@@ -43,9 +44,9 @@ from .distributed import (
 )
 from .loggers import metric_loggers
 from .memory import check_fits
+from .metrics import append_record, read_metrics, truncate_metrics
 from .moe_log import RouterLog, has_moe
 from .optim import build_optimizer, lr_at, wsd_decay_start
-from .runs import read_metrics
 
 log = logging.getLogger("smallinit")
 
@@ -115,8 +116,8 @@ class Trainer:
             try:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                raise ckpt.storage_error(self.run_dir, e) from None
-            ckpt.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict())
+                raise io.storage_error(self.run_dir, e) from None
+            io.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict())
         self.step, self.skipped = 0, 0
         if resume:
             self._restore()
@@ -151,8 +152,8 @@ class Trainer:
         found = on_main(self.runtime, lambda: ckpt.newest_checkpoint(self.run_dir))
         if found is None:  # killed before the first checkpoint: start over, with a fresh log and the new plan
             if self.runtime.is_main:
-                truncate_metrics(self.run_dir / "metrics.jsonl", -1)
-                ckpt.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict(), run_dir=self.run_dir)
+                truncate_metrics(self.run_dir, -1)
+                io.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict(), kept=ckpt.kept(self.run_dir))
             return
         planned = Config.from_dict(found.state["config"]).to_dict()
         ckpt.check_config(found, _as_planned(self.cfg.to_dict(), planned), self.run_dir / "config.json")
@@ -171,9 +172,9 @@ class Trainer:
         self.step, self.skipped = found.step, int(found.state.get("skipped", 0))
         self.restored = found
         if self.runtime.is_main:
-            truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
+            truncate_metrics(self.run_dir, self.step)
             if self.steps_before is not None:  # the run's new length; metrics.jsonl keeps the old one
-                ckpt.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict(), run_dir=self.run_dir)
+                io.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict(), kept=ckpt.kept(self.run_dir))
                 self.log({"step": self.step, "event": "steps", "before": self.steps_before,
                           "after": self.cfg.train.steps})
 
@@ -226,12 +227,7 @@ class Trainer:
     def log(self, record: dict[str, Any]) -> None:
         """Append a record to metrics.jsonl and pass it to the callbacks' on_log (main process only)."""
         if self.runtime.is_main:
-            path = self.run_dir / "metrics.jsonl"
-            try:
-                with open(path, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(record, sort_keys=True) + "\n")
-            except OSError as e:
-                raise ckpt.storage_error(path, e, self.run_dir) from None
+            append_record(self.run_dir, record)
             for cb in self.callbacks:
                 cb.on_log(self, record)
 
@@ -310,7 +306,7 @@ class Trainer:
         if self.step == 0 and tc.eval_every:
             self._eval_and_log()
         t_last, step_last = time.perf_counter(), self.step
-        # the newest measured value, so a resumed run's summary keeps it (runs.read_metrics skips torn lines)
+        # the newest measured value, so a resumed run's summary keeps it (read_metrics skips torn lines)
         val_loss = next((r["val_loss"] for r in reversed(read_metrics(self.run_dir)) if "val_loss" in r),
                         None) if self.runtime.is_main else None
         with preemption_guard() as stop:
@@ -341,7 +337,7 @@ class Trainer:
                    "params": self.model.num_params(), "params_active": self.model.num_params(active=True),
                    "params_nonembed": self.model.num_params(embeddings=False)}
         if self.runtime.is_main:
-            ckpt.write_json_atomic(self.run_dir / "summary.json", summary, run_dir=self.run_dir)
+            io.write_json_atomic(self.run_dir / "summary.json", summary, kept=ckpt.kept(self.run_dir))
         return summary
 
     def stop_requested(self, stop: list[str]) -> bool:
@@ -378,20 +374,6 @@ def preemption_guard():
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-
-
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """On resume, drop records past the checkpoint so the log reads like one uninterrupted run."""
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            if json.loads(line).get("step", 0) <= last_step:
-                keep.append(line)
-        except (json.JSONDecodeError, AttributeError, RecursionError):
-            continue  # a line torn by a crash
-    ckpt.write_text_atomic(path, "".join(line + "\n" for line in keep))
 
 
 def _as_planned(config: dict, planned: dict) -> dict:

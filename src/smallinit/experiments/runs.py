@@ -1,45 +1,22 @@
 """Finished run folders, read back: the resolved config, the metric records and the summary.
 
-The one reader of what the trainer writes (config.json, metrics.jsonl, summary.json) for everything that
-looks at many runs at once: the sweep's results table, the claims and the HTML report. Unreadable files
+What the claims and the HTML report see of the runs they look at (config.json, metrics.jsonl,
+summary.json). Unreadable files
 read as empty (a run still being written, or a line torn by a kill), never as an error.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ..config import flatten
-
-
-def read_json(path: Path) -> Any:
-    """The parsed file, or None if it is missing or not JSON."""
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-        return None
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """The records of RUN/metrics.jsonl; a torn or foreign line is skipped."""
-    try:
-        lines = (Path(run_dir) / "metrics.jsonl").read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return []
-    records = []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            continue
-        if isinstance(rec, dict):
-            records.append(rec)
-    return records
+from ..config import Config, flatten
+from ..io import read_json
+from ..model import Transformer
+from ..train.metrics import read_metrics
 
 
 @dataclass
@@ -116,9 +93,6 @@ class Run:
         """Parameters without the embedding (the scaling fits' N): the summary's, else counted from the config."""
         if isinstance(self.summary.get("params_nonembed"), int):
             return self.summary["params_nonembed"]
-        from ..config import Config
-        from ..model import Transformer
-
         return Transformer.count_params(Config.from_json_file(self.path / "config.json").model)[1]
 
     def matches(self, conditions: dict[str, Any]) -> bool:
