@@ -236,26 +236,23 @@ class _Problem:
         )
 
 
-def _psi_parts(z: np.ndarray, loss: str) -> tuple[np.ndarray, np.ndarray]:
-    """For scipy's robust losses, z = (r / f_scale)²: ρ'(z) (so ψ(r) = ρ'(z)·r) and ψ'(r)."""
-    if loss == "linear":
-        return np.ones_like(z), np.ones_like(z)
-    if loss == "soft_l1":
-        return 1.0 / np.sqrt(1.0 + z), (1.0 + z) ** -1.5
-    if loss == "huber":
-        inside = z <= 1.0
-        return np.where(inside, 1.0, 1.0 / np.sqrt(np.maximum(z, 1.0))), np.where(inside, 1.0, 0.0)
-    if loss == "cauchy":
-        return 1.0 / (1.0 + z), (1.0 - z) / (1.0 + z) ** 2
-    return 1.0 / (1.0 + z * z), (1.0 - 3.0 * z * z) / (1.0 + z * z) ** 2  # arctan
-
-
-def _auto_f_scale(residuals: np.ndarray, weights: np.ndarray) -> float:
-    """k·σ̂ with σ̂ = 1.4826·MAD of the residuals, inflated by sqrt(n / dof) for the fitted parameters."""
-    r = np.abs(residuals[weights > 0])
-    dof = max(r.size - _N_PARAMS, 1)
-    sigma = 1.4826 * float(np.median(r)) * math.sqrt(r.size / dof)
-    return float(np.clip(_F_SCALE_K * sigma, _F_SCALE_MIN, _F_SCALE_MAX))
+def _problem(
+    N: np.ndarray, L: np.ndarray, weights: np.ndarray, *, log_nref: float, loss: str, f_scale: float | None
+) -> _Problem:
+    """The fit in θ = (u, v, w), with bounds on a', b and c set from the range of the losses."""
+    min_loss, max_loss = float(L.min()), float(L.max())
+    lower = np.array([math.log(_A_MIN_FRAC * min_loss), math.log(_B_MIN), math.log(_C_MIN_FRAC * min_loss)])
+    upper = np.array([math.log(_A_MAX_FRAC * max_loss), math.log(_B_MAX), math.log(max_loss)])
+    return _Problem(
+        logx=np.log(N) - log_nref,
+        logL=np.log(L),
+        sw=np.sqrt(weights),
+        log_nref=log_nref,
+        loss=loss,
+        f_scale=f_scale,
+        lower=lower,
+        upper=upper,
+    )
 
 
 def _grid_starts(prob: _Problem, min_loss: float, n_best: int = 3) -> list[np.ndarray]:
@@ -277,6 +274,159 @@ def _grid_starts(prob: _Problem, min_loss: float, n_best: int = 3) -> list[np.nd
     return starts
 
 
+def _solve_multistart(prob: _Problem, starts: list[np.ndarray]) -> Any:
+    """Solve from each start and keep the lowest cost (the first of equals)."""
+    return min((prob.solve(np.asarray(theta0, dtype=float)) for theta0 in starts), key=lambda res: res.cost)
+
+
+def _auto_f_scale(residuals: np.ndarray, weights: np.ndarray) -> float:
+    """k·σ̂ with σ̂ = 1.4826·MAD of the residuals, inflated by sqrt(n / dof) for the fitted parameters."""
+    r = np.abs(residuals[weights > 0])
+    dof = max(r.size - _N_PARAMS, 1)
+    sigma = 1.4826 * float(np.median(r)) * math.sqrt(r.size / dof)
+    return float(np.clip(_F_SCALE_K * sigma, _F_SCALE_MIN, _F_SCALE_MAX))
+
+
+def _choose_f_scale(
+    prob: _Problem, starts: list[np.ndarray], weights: np.ndarray
+) -> tuple[list[np.ndarray], str]:
+    """Fill in ``prob.f_scale`` when it is None (see :func:`fit_power_law`).
+
+    Returns the starts for the final solve and the scale as ``method`` reports it.
+    """
+    if prob.f_scale is None and prob.loss == "linear":
+        prob.f_scale = 1.0  # unused by plain least squares
+    if prob.f_scale is not None:
+        return starts, f"{prob.f_scale:g}"
+    # Auto scale: a first pass at 1 % of the loss, then k·σ̂ from the MAD of its residuals; the final
+    # solve starts from the first pass.
+    prob.f_scale = _F_SCALE_FIRST
+    first = _solve_multistart(prob, starts)
+    prob.f_scale = _auto_f_scale(first.fun, weights)
+    return [first.x], f"auto={prob.f_scale:.3g}"
+
+
+def _bound_notes(prob: _Problem, u: float, b: float, c: float, min_loss: float, max_loss: float) -> list[str]:
+    """Notes for parameters that ended at (or near) a bound, where the data do not pin them down."""
+    notes = []
+    if u <= prob.lower[0] + 1e-3:
+        notes.append("a ≈ 0 (at its lower bound): the loss does not fall with N")
+    if b <= 1.01 * _B_MIN or b >= 0.99 * _B_MAX:
+        notes.append(f"b sits at its bound [{_B_MIN:g}, {_B_MAX:g}]; the data barely constrain it")
+    if c <= 1e-5 * min_loss:
+        notes.append("c ≈ 0 (at its lower bound): the data show no loss floor")
+    elif c >= 0.999 * max_loss:
+        notes.append("c sits at its upper bound (max L): the data look flat in N")
+    return notes
+
+
+def _psi_parts(z: np.ndarray, loss: str) -> tuple[np.ndarray, np.ndarray]:
+    """For scipy's robust losses, z = (r / f_scale)²: ρ'(z) (so ψ(r) = ρ'(z)·r) and ψ'(r)."""
+    if loss == "linear":
+        return np.ones_like(z), np.ones_like(z)
+    if loss == "soft_l1":
+        return 1.0 / np.sqrt(1.0 + z), (1.0 + z) ** -1.5
+    if loss == "huber":
+        inside = z <= 1.0
+        return np.where(inside, 1.0, 1.0 / np.sqrt(np.maximum(z, 1.0))), np.where(inside, 1.0, 0.0)
+    if loss == "cauchy":
+        return 1.0 / (1.0 + z), (1.0 - z) / (1.0 + z) ** 2
+    return 1.0 / (1.0 + z * z), (1.0 - 3.0 * z * z) / (1.0 + z * z) ** 2  # arctan
+
+
+def _huber_cov(prob: _Problem, theta: np.ndarray, r: np.ndarray, dof: int) -> np.ndarray | None:
+    """Huber's M-estimator covariance of θ from the residuals ``r`` of the positive-weight points.
+
+    K² · [Σψ²/(n−p)] / mean(ψ')² · (JᵀJ)⁻¹ with K = 1 + (p/n)·var(ψ')/mean(ψ')² (σ² (JᵀJ)⁻¹ for plain
+    least squares). None when it does not exist: mean(ψ') ≤ 0, or JᵀJ singular or ill-conditioned.
+    """
+    rho1, dpsi = _psi_parts((r / prob.f_scale) ** 2, prob.loss)
+    psi = rho1 * r
+    m = float(dpsi.mean())
+    jac = prob.jacobian(theta)
+    hess = jac.T @ jac
+    if m <= 0:
+        return None
+    k = 1.0 + _N_PARAMS / r.size * float(dpsi.var()) / m**2
+    sigma2 = k**2 * float((psi**2).sum() / dof) / m**2
+    try:
+        cov_theta = sigma2 * np.linalg.inv(hess)
+    except np.linalg.LinAlgError:
+        return None
+    if np.linalg.cond(hess) > 1e14 or not np.isfinite(cov_theta).all():
+        return None
+    return cov_theta
+
+
+def _standard_errors(
+    prob: _Problem, theta: np.ndarray, weights: np.ndarray, a: float, b: float, c: float
+) -> tuple[np.ndarray, str | None]:
+    """Standard errors of (a, b, c), and a note when they are nan (no dof) or inf (singular JᵀJ).
+
+    The covariance is evaluated at the solution in (u, log b, log c) and mapped to (a, b, c) by the
+    delta method.
+    """
+    r = prob.residuals(theta)
+    pos = weights > 0
+    dof = int(pos.sum()) - _N_PARAMS
+    if dof <= 0:
+        note = f"dof = {dof}: as many parameters as points, standard errors undefined (nan)"
+        return np.full(_N_PARAMS, np.nan), note
+    cov_theta = _huber_cov(prob, theta, r[pos], dof)
+    if cov_theta is None:
+        note = "JᵀJ is singular at the solution: a, b, c are not separately determined (inf)"
+        return np.full(_N_PARAMS, np.inf), note
+    # d(a, b, c) / d(u, log b, log c) with a = exp(u + b · log N_ref), b = exp(v), c = exp(w)
+    grad = np.array(
+        [
+            [a, a * prob.log_nref * b, 0.0],
+            [0.0, b, 0.0],
+            [0.0, 0.0, c],
+        ]
+    )
+    cov = grad @ cov_theta @ grad.T
+    return np.sqrt(np.clip(np.diag(cov), 0.0, None)), None
+
+
+def _fit_result(
+    prob: _Problem,
+    solution: Any,
+    converged: bool,
+    L: np.ndarray,
+    weights: np.ndarray,
+    n_sizes: int,
+    scale_note: str,
+) -> PowerLawFit:
+    """The PowerLawFit at the solver's solution: a, b, c, their standard errors and notes."""
+    u, v, w = (float(t) for t in solution.x)
+    b, c = math.exp(v), math.exp(w)
+    a = math.exp(u + b * prob.log_nref)
+    notes = [] if converged else [f"solver did not converge ({solution.message})"]
+    notes += _bound_notes(prob, u, b, c, float(L.min()), float(L.max()))
+    errs, err_note = _standard_errors(prob, solution.x, weights, a, b, c)
+    if err_note is not None:
+        notes.append(err_note)
+    if n_sizes <= 5:
+        notes.append(
+            f"only {n_sizes} distinct sizes: a 3-parameter law is poorly determined; treat errors as rough"
+        )
+    raw = np.log(np.exp(u - b * prob.logx) + c) - prob.logL
+    return PowerLawFit(
+        a=a,
+        b=b,
+        c=c,
+        a_err=float(errs[0]),
+        b_err=float(errs[1]),
+        c_err=float(errs[2]),
+        n_points=int(L.size),
+        n_sizes=int(n_sizes),
+        residual_rms=float(np.sqrt(np.mean(raw**2))),
+        f_scale=float(prob.f_scale),
+        method=f"least_squares(trf, loss={prob.loss}, f_scale={scale_note}) on log L; a,b,c>0 via logs",
+        notes=tuple(notes),
+    )
+
+
 def _fit(
     N: np.ndarray,
     L: np.ndarray,
@@ -287,7 +437,11 @@ def _fit(
     start: np.ndarray | None = None,
     log_nref: float | None = None,
 ) -> tuple[PowerLawFit, np.ndarray, bool]:
-    """Core fit on checked arrays. Returns the fit, the internal θ and whether the solver converged."""
+    """Core fit on checked arrays. Returns the fit, the internal θ and whether the solver converged.
+
+    ``start`` replaces the grid of starting points and ``log_nref`` the data's own ``log N_ref``: the
+    bootstrap refits from the full fit's solution in the same parametrisation.
+    """
     sizes = np.unique(N)
     if sizes.size < _N_PARAMS:
         raise ConfigError(
@@ -295,114 +449,13 @@ def _fit(
         )
     if log_nref is None:
         log_nref = float(np.mean(np.log(sizes)))
-    min_loss, max_loss = float(L.min()), float(L.max())
-    lower = np.array([math.log(_A_MIN_FRAC * min_loss), math.log(_B_MIN), math.log(_C_MIN_FRAC * min_loss)])
-    upper = np.array([math.log(_A_MAX_FRAC * max_loss), math.log(_B_MAX), math.log(max_loss)])
-    prob = _Problem(
-        logx=np.log(N) - log_nref,
-        logL=np.log(L),
-        sw=np.sqrt(weights),
-        log_nref=log_nref,
-        loss=loss,
-        f_scale=f_scale,
-        lower=lower,
-        upper=upper,
-    )
-
-    if f_scale is None and loss == "linear":
-        prob.f_scale = f_scale = 1.0  # unused by plain least squares
-    starts = [start] if start is not None else _grid_starts(prob, min_loss)
-    scale_note = "" if f_scale is None else f"{f_scale:g}"
-    if f_scale is None:
-        # Auto scale: a first pass at 1 % of the loss, then k·σ̂ from the MAD of its residuals.
-        prob.f_scale = _F_SCALE_FIRST
-        first = min((prob.solve(np.asarray(t0, dtype=float)) for t0 in starts), key=lambda res: res.cost)
-        prob.f_scale = _auto_f_scale(first.fun, weights)
-        starts = [first.x]
-        scale_note = f"auto={prob.f_scale:.3g}"
-    best = None
-    for theta0 in starts:
-        res = prob.solve(np.asarray(theta0, dtype=float))
-        if best is None or res.cost < best.cost:
-            best = res
-    assert best is not None
-    f_scale = prob.f_scale
-    theta = best.x
+    prob = _problem(N, L, weights, log_nref=log_nref, loss=loss, f_scale=f_scale)
+    starts = [start] if start is not None else _grid_starts(prob, float(L.min()))
+    starts, scale_note = _choose_f_scale(prob, starts, weights)
+    best = _solve_multistart(prob, starts)
     converged = bool(best.status > 0) and bool(np.isfinite(best.cost))
-
-    u, v, w = (float(t) for t in theta)
-    b, c = math.exp(v), math.exp(w)
-    a = math.exp(u + b * log_nref)
-    notes: list[str] = []
-    if not converged:
-        notes.append(f"solver did not converge ({best.message})")
-    if u <= lower[0] + 1e-3:
-        notes.append("a ≈ 0 (at its lower bound): the loss does not fall with N")
-    if b <= 1.01 * _B_MIN or b >= 0.99 * _B_MAX:
-        notes.append(f"b sits at its bound [{_B_MIN:g}, {_B_MAX:g}]; the data barely constrain it")
-    if c <= 1e-5 * min_loss:
-        notes.append("c ≈ 0 (at its lower bound): the data show no loss floor")
-    elif c >= 0.999 * max_loss:
-        notes.append("c sits at its upper bound (max L): the data look flat in N")
-
-    # Standard errors: Huber's covariance for M-estimators (reduces to σ² (JᵀJ)⁻¹ for plain least
-    # squares): K² · [Σψ²/(n−p)] / mean(ψ')² · (JᵀJ)⁻¹, K = 1 + (p/n)·var(ψ')/mean(ψ')², evaluated at
-    # the solution in (u, log b, log c) and mapped to (a, b, c) by the delta method.
-    r = prob.residuals(theta)
-    pos = weights > 0
-    n_pos = int(pos.sum())
-    dof = n_pos - _N_PARAMS
-    errs = np.full(_N_PARAMS, np.nan)
-    if dof <= 0:
-        notes.append(f"dof = {dof}: as many parameters as points, standard errors undefined (nan)")
-    else:
-        rho1, dpsi = _psi_parts((r[pos] / f_scale) ** 2, loss)
-        psi = rho1 * r[pos]
-        m = float(dpsi.mean())
-        jac = prob.jacobian(theta)
-        hess = jac.T @ jac
-        try:
-            if m <= 0:
-                raise np.linalg.LinAlgError
-            k = 1.0 + _N_PARAMS / n_pos * float(dpsi.var()) / m**2
-            sigma2 = k**2 * float((psi**2).sum() / dof) / m**2
-            cov_theta = sigma2 * np.linalg.inv(hess)
-            if np.linalg.cond(hess) > 1e14 or not np.isfinite(cov_theta).all():
-                raise np.linalg.LinAlgError
-        except np.linalg.LinAlgError:
-            errs[:] = np.inf
-            notes.append("JᵀJ is singular at the solution: a, b, c are not separately determined (inf)")
-        else:
-            grad = np.array(
-                [
-                    [a, a * log_nref * b, 0.0],
-                    [0.0, b, 0.0],
-                    [0.0, 0.0, c],
-                ]
-            )
-            cov = grad @ cov_theta @ grad.T
-            errs = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-    if sizes.size <= 5:
-        notes.append(
-            f"only {sizes.size} distinct sizes: a 3-parameter law is poorly determined; treat errors as rough"
-        )
-
-    raw = np.log(np.exp(u - b * prob.logx) + c) - prob.logL
-    fit = PowerLawFit(
-        a=a,
-        b=b,
-        c=c,
-        a_err=float(errs[0]),
-        b_err=float(errs[1]),
-        c_err=float(errs[2]),
-        n_points=int(N.size),
-        n_sizes=int(sizes.size),
-        residual_rms=float(np.sqrt(np.mean(raw**2))),
-        f_scale=float(f_scale),
-        method=f"least_squares(trf, loss={loss}, f_scale={scale_note}) on log L; a,b,c>0 via logs",
-        notes=tuple(notes),
-    )
-    return fit, theta, converged
+    fit = _fit_result(prob, best, converged, L, weights, int(sizes.size), scale_note)
+    return fit, best.x, converged
 
 
 def _check_fit_options(loss: str, f_scale: float | None) -> None:
@@ -698,6 +751,82 @@ def _quantile(values: np.ndarray, q: float) -> float:
     return float(np.quantile(values, q))
 
 
+def _estimate_notes(
+    sizes: np.ndarray, unbounded: np.ndarray, extrapolated: np.ndarray, c: float
+) -> list[str]:
+    """Notes on treated sizes whose N_eff is unbounded, or lies outside the baseline sizes."""
+    notes = []
+    if unbounded.any():
+        listed = ", ".join(f"{s:g}" for s in sizes[unbounded])
+        notes.append(
+            f"treated loss at or below the baseline asymptote c = {c:.4g} at N = {listed}: "
+            "gain unbounded (inf)"
+        )
+    if extrapolated.any():
+        listed = ", ".join(f"{s:g}" for s in sizes[extrapolated])
+        notes.append(f"N_eff lies outside the baseline sizes at N = {listed}: extrapolated from the fit")
+    return notes
+
+
+def _replicate_ratios(
+    bN: np.ndarray,
+    bL: np.ndarray,
+    tN: np.ndarray,
+    tL: np.ndarray,
+    sizes: np.ndarray,
+    base_fit: PowerLawFit,
+    theta: np.ndarray,
+    log_nref: float,
+    loss: str,
+) -> np.ndarray | None:
+    """``N_eff / N`` per treated size for one bootstrap replicate (the runs drawn from each arm).
+
+    The baseline is refitted from the full fit's θ, ``N_ref`` and ``f_scale``. None when the
+    replicate fails: the refit raises or does not converge, or a treated size has no run drawn.
+    """
+    try:
+        fit, _, ok = _fit(
+            bN, bL, np.ones(bN.size), loss=loss, f_scale=base_fit.f_scale, start=theta, log_nref=log_nref
+        )
+    except ConfigError:
+        return None
+    if not ok:
+        return None
+    t_idx = np.searchsorted(sizes, tN)
+    counts = np.bincount(t_idx, minlength=sizes.size)
+    if (counts == 0).any():
+        return None
+    mean_loss = np.bincount(t_idx, weights=tL, minlength=sizes.size) / counts
+    return _size_ratios(fit, sizes, mean_loss)
+
+
+def _bootstrap_summary(
+    boot: list[np.ndarray], n_boot: int, n_sizes: int, alpha: float, widen: float
+) -> tuple[tuple[float, float, float, float], list[tuple[float, float]], list[str]]:
+    """Bootstrap intervals and notes from the replicates' ``N_eff / N``.
+
+    Returns (lo, hi, pct_lo, pct_hi) of the overall gain and (lo, hi) per treated size, all nan
+    without replicates, and notes on unbounded and failed replicates.
+    """
+    notes = []
+    if boot:
+        bo = np.asarray([_overall(r) for r in boot])
+        bs = np.vstack([r - 1.0 for r in boot])
+        overall_iv = _interval(bo, alpha, widen)
+        size_iv = [_interval(bs[:, k], alpha, widen)[:2] for k in range(n_sizes)]
+        n_inf = int(np.isinf(bo).sum())
+        if n_inf:
+            notes.append(f"{n_inf} of {len(boot)} bootstrap replicates had an unbounded gain")
+    else:
+        overall_iv = (math.nan, math.nan, math.nan, math.nan)
+        size_iv = [(math.nan, math.nan)] * n_sizes
+        if n_boot > 0:
+            notes.append("no bootstrap replicate succeeded: interval is nan")
+    if n_boot - len(boot) > 0:
+        notes.append(f"{n_boot - len(boot)} of {n_boot} bootstrap replicates failed and were dropped")
+    return overall_iv, size_iv, notes
+
+
 def effective_size_gain(
     base_N: Sequence[float] | np.ndarray,
     base_L: Sequence[float] | np.ndarray,
@@ -755,32 +884,23 @@ def effective_size_gain(
         raise ConfigError(f"n_boot must be a non-negative integer, got {n_boot!r}")
     if not (isinstance(ci, (int, float)) and 0.0 < ci < 1.0):
         raise ConfigError(f"ci must be a level strictly between 0 and 1, got {ci!r}")
-    ones_b = np.ones(bN.size)
-    base_fit, theta, _ = _fit(bN, bL, ones_b, loss=loss, f_scale=None if f_scale is None else float(f_scale))
+    base_fit, theta, _ = _fit(
+        bN, bL, np.ones(bN.size), loss=loss, f_scale=None if f_scale is None else float(f_scale)
+    )
     log_nref = float(np.mean(np.log(np.unique(bN))))
 
+    # Point estimate from the mean treated loss at each size.
     sizes, t_inv = np.unique(tN, return_inverse=True)
     counts = np.bincount(t_inv, minlength=sizes.size)
     mean_loss = np.bincount(t_inv, weights=tL, minlength=sizes.size) / counts
     ratios = _size_ratios(base_fit, sizes, mean_loss)
-    gains = ratios - 1.0
     overall = _overall(ratios)
     unbounded_sizes = np.isinf(ratios)
-
-    notes: list[str] = []
-    if unbounded_sizes.any():
-        listed = ", ".join(f"{s:g}" for s in sizes[unbounded_sizes])
-        notes.append(
-            f"treated loss at or below the baseline asymptote c = {base_fit.c:.4g} at N = {listed}: "
-            "gain unbounded (inf)"
-        )
     n_eff = ratios * sizes
     extrapolated = np.isfinite(n_eff) & ((n_eff > bN.max()) | (n_eff < bN.min()))
-    if extrapolated.any():
-        listed = ", ".join(f"{s:g}" for s in sizes[extrapolated])
-        notes.append(f"N_eff lies outside the baseline sizes at N = {listed}: extrapolated from the fit")
+    notes = _estimate_notes(sizes, unbounded_sizes, extrapolated, base_fit.c)
 
-    # Bootstrap.
+    # Bootstrap: each arm resampled on its own; dof sets how far the interval widens for few seeds.
     draw_b, dof_b = _resampler(bN, b_seeds)
     draw_t, dof_t = _resampler(tN, t_seeds)
     dof = float(dof_b + dof_t)
@@ -788,62 +908,20 @@ def effective_size_gain(
         dof = _effective_dof(
             bN, bL, b_seeds, tN, tL, t_seeds, sizes, mean_loss, base_fit, theta, log_nref, loss, dof
         )
-    how = (
-        f"baseline: {'whole seeds' if b_seeds is not None else 'runs within each size'}; "
-        f"treated: {'whole seeds' if t_seeds is not None else 'runs within each size'}; "
-        "arms resampled independently"
-    )
     if n_boot > 0 and dof_b + dof_t == 0:
         notes.append("a single seed (or run per size) in both arms: the bootstrap sees no seed spread")
     rng = np.random.default_rng(rng_seed)
-    boot_overall: list[float] = []
-    boot_sizes: list[np.ndarray] = []
+    boot: list[np.ndarray] = []  # N_eff / N per treated size, one entry per replicate that succeeded
     for _ in range(int(n_boot)):
         ib = draw_b(rng)
         it = draw_t(rng)
-        try:
-            fit_r, _, ok = _fit(
-                bN[ib],
-                bL[ib],
-                ones_b[ib],
-                loss=loss,
-                f_scale=base_fit.f_scale,
-                start=theta,
-                log_nref=log_nref,
-            )
-        except ConfigError:
-            continue
-        if not ok:
-            continue
-        t_idx = np.searchsorted(sizes, tN[it])
-        cnt = np.bincount(t_idx, minlength=sizes.size)
-        if (cnt == 0).any():
-            continue
-        ml = np.bincount(t_idx, weights=tL[it], minlength=sizes.size) / cnt
-        r = _size_ratios(fit_r, sizes, ml)
-        boot_overall.append(_overall(r))
-        boot_sizes.append(r - 1.0)
-
-    n_ok = len(boot_overall)
+        r = _replicate_ratios(bN[ib], bL[ib], tN[it], tL[it], sizes, base_fit, theta, log_nref, loss)
+        if r is not None:
+            boot.append(r)
     alpha = (1.0 - ci) / 2.0
     widen = _widening(dof, alpha) if small_sample_correction else 1.0
-    if n_ok:
-        bo = np.asarray(boot_overall)
-        bs = np.vstack(boot_sizes)
-        lo, hi, pct_lo, pct_hi = _interval(bo, alpha, widen)
-        size_iv = [_interval(bs[:, k], alpha, widen) for k in range(sizes.size)]
-        size_lo = [iv[0] for iv in size_iv]
-        size_hi = [iv[1] for iv in size_iv]
-        n_inf = int(np.isinf(bo).sum())
-        if n_inf:
-            notes.append(f"{n_inf} of {n_ok} bootstrap replicates had an unbounded gain")
-    else:
-        lo = hi = pct_lo = pct_hi = math.nan
-        size_lo = size_hi = [math.nan] * sizes.size
-        if n_boot > 0:
-            notes.append("no bootstrap replicate succeeded: interval is nan")
-    if n_boot - n_ok > 0:
-        notes.append(f"{n_boot - n_ok} of {n_boot} bootstrap replicates failed and were dropped")
+    (lo, hi, pct_lo, pct_hi), size_iv, boot_notes = _bootstrap_summary(boot, n_boot, sizes.size, alpha, widen)
+    notes += boot_notes
 
     per_size = tuple(
         SizeGain(
@@ -851,9 +929,9 @@ def effective_size_gain(
             treated_loss=float(mean_loss[k]),
             n_runs=int(counts[k]),
             N_eff=float(n_eff[k]),
-            gain=float(gains[k]),
-            lo=float(size_lo[k]),
-            hi=float(size_hi[k]),
+            gain=float(ratios[k] - 1.0),
+            lo=float(size_iv[k][0]),
+            hi=float(size_iv[k][1]),
             unbounded=bool(unbounded_sizes[k]),
             extrapolated=bool(extrapolated[k]),
         )
@@ -871,8 +949,12 @@ def effective_size_gain(
         per_size=per_size,
         base_fit=base_fit,
         n_boot=int(n_boot),
-        n_boot_ok=n_ok,
-        bootstrap=how,
+        n_boot_ok=len(boot),
+        bootstrap=(
+            f"baseline: {'whole seeds' if b_seeds is not None else 'runs within each size'}; "
+            f"treated: {'whole seeds' if t_seeds is not None else 'runs within each size'}; "
+            "arms resampled independently"
+        ),
         unbounded=bool(unbounded_sizes.any()),
         notes=tuple(notes),
     )
