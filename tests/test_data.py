@@ -23,6 +23,7 @@ from smallinit.data import (
     train_tokenizer,
 )
 from smallinit.data import cache as cache_mod
+from smallinit.data.anchor import AnchorTask
 from smallinit.errors import DataError
 
 TEXTS = [
@@ -171,16 +172,18 @@ def test_builtin_corpora(builtin_docs):
     assert corpus_fingerprint("default") == corpus_fingerprint("builtin:default")
 
 
-def test_unknown_builtin_and_anchor_hook():
+def test_unknown_builtin_and_the_anchor_corpus():
     with pytest.raises(DataError) as e:
         iter_documents("builtin:nope")
-    assert "builtin" in one_line_error(e)
-    try:
-        import smallinit.data.anchor  # noqa: F401
-    except ModuleNotFoundError:
-        with pytest.raises(DataError) as e:
-            list(iter_documents("builtin:anchor"))
-        assert "anchor" in one_line_error(e)
+    assert "builtin" in one_line_error(e) and "anchor" in one_line_error(e)  # the message lists it
+    spec = "builtin:anchor?anchors=3&n=50&seed=2"
+    task = AnchorTask.from_params("anchors=3&n=50&seed=2")
+    docs = list(iter_documents(spec))
+    assert docs == list(task.documents()) and len(docs) == 50
+    assert corpus_fingerprint(spec) != corpus_fingerprint("builtin:anchor?anchors=3&n=50&seed=3")
+    with pytest.raises(DataError) as e:
+        list(iter_documents("builtin:anchor?anchors=99"))
+    assert "anchors=99" in one_line_error(e)
 
 
 def test_user_files(tmp_path):

@@ -23,9 +23,17 @@ from smallinit.experiments.claims import (
     claim_c7,
     uniform_sink,
 )
-from smallinit.experiments.demo import verdict_table
 from smallinit.experiments.runs import Run
-from smallinit.report.verdict import AGREE, DISAGREE, INCONCLUSIVE, NOT_TESTABLE, combine, holm, t_test
+from smallinit.experiments.verdicts import (
+    AGREE,
+    DISAGREE,
+    INCONCLUSIVE,
+    NOT_TESTABLE,
+    combine,
+    holm,
+    t_test,
+    verdict_table,
+)
 
 PARAMS = 1000  # non-embedding parameters of every synthetic run; 1 × 10 tokens per step → 1 token/param per 100 steps
 

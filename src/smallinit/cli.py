@@ -247,8 +247,8 @@ def _ints(text: str) -> list[int]:
 
 
 def cmd_recipe(args: argparse.Namespace) -> int:
-    from .experiments.demo import verdict_table
     from .experiments.recipes import describe, load_recipe, recipe_names, run_recipe
+    from .experiments.verdicts import verdict_table
 
     if args.list or not args.name:
         print("\n".join(describe(load_recipe(n)) for n in recipe_names()))
@@ -265,7 +265,7 @@ def cmd_recipe(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .experiments.demo import run_demo
+    from .demo import run_demo
 
     scale = args.scale or ("quick" if args.quick else "full")
     demo = run_demo(scale=scale, out=args.out, jobs=args.jobs)

@@ -67,6 +67,17 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, *, kept: Kept | None = 
     write_text_atomic(path, text, kept=kept)
 
 
+def write_result(path: str | os.PathLike, obj: Any) -> Path:
+    """A measurement's JSON, in the order it was built (parent folders made; numpy scalars written as floats)."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise storage_error(path, e) from None
+    write_json_atomic(path, obj, indent=1, sort_keys=False, default=float)
+    return path
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename inside ``path`` durable."""
     fd = os.open(path, os.O_RDONLY)

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..config import ModelConfig, TrainConfig
 from ..data import get_batch
+from ..io import write_result
 from ..model import Transformer
 from ..train.optim import build_optimizer
 
@@ -26,6 +29,8 @@ from ..train.optim import build_optimizer
 @dataclass
 class CoordCheck:
     """Rows of (γ, step, kind, name, rms); kind ∈ activation | update | relative_update."""
+
+    FILE = "coordcheck.json"
 
     gammas: list[float]
     steps: int
@@ -42,6 +47,10 @@ class CoordCheck:
 
     def to_dict(self) -> dict:
         return {"gammas": self.gammas, "steps": self.steps, "rows": self.rows, "config": self.config}
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        """FOLDER/coordcheck.json, which the HTML report reads back."""
+        return write_result(Path(folder) / self.FILE, self.to_dict())
 
     @staticmethod
     def from_dict(raw: dict) -> CoordCheck:

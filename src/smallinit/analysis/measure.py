@@ -161,6 +161,7 @@ def compare_checkpoints(
     return result
 
 
+ANALYSIS_FILE = "analysis.json"  # what `smallinit analyze` writes, and the HTML report reads back
 SETTINGS = ("model.gamma", "model.norm_eps", "model.gate", "train.seed")  # what a comparison's claim depends on
 
 

@@ -12,8 +12,10 @@ log(ratio) against log(d). Nothing is trained or tuned.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -21,6 +23,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..errors import ConfigError
+from ..io import write_result
 from ..model import Transformer
 
 
@@ -38,6 +41,8 @@ def flow_from_hidden(hidden_states: list[torch.Tensor]) -> float:
 
 @dataclass
 class ResidualFlowSweep:
+    FILE = "residual_flow_sweep.json"
+
     gammas: list[float]
     widths: list[int]
     seeds: list[int]
@@ -56,6 +61,10 @@ class ResidualFlowSweep:
             "slopes": self.slopes, "seed_slopes": self.seed_slopes.tolist(), "predicted": self.predicted,
             "base_config": self.base_config,
         }
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        """FOLDER/residual_flow_sweep.json, which the HTML report reads back."""
+        return write_result(Path(folder) / self.FILE, self.to_dict())
 
     @staticmethod
     def from_dict(raw: dict) -> ResidualFlowSweep:

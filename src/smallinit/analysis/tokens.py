@@ -19,6 +19,7 @@ import itertools
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,6 +27,7 @@ from torch import nn
 
 from ..data import Tokenizer, iter_documents
 from ..errors import DataError
+from ..io import write_result
 
 # Fine difficulty bins (nats): [0, 1e-5), log-spaced to 1, then 0.001 wide to 40, then [40, ∞).
 FINE_EDGES = np.unique(np.concatenate([[0.0], np.geomspace(1e-5, 1.0, 2001), np.linspace(1.0, 40.0, 39001)]))
@@ -98,6 +100,8 @@ class DifficultyBin:
 
 @dataclass
 class TokenGapResult:
+    FILE = "compare.json"
+
     tokens: int
     mean_delta_sym: float
     mean_loss_a: float
@@ -114,6 +118,10 @@ class TokenGapResult:
             "top_a": [t.to_dict() for t in self.top_a], "top_b": [t.to_dict() for t in self.top_b],
             "meta": self.meta,
         }
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        """FOLDER/compare.json, which the HTML report reads back."""
+        return write_result(Path(folder) / self.FILE, self.to_dict())
 
     @staticmethod
     def from_dict(raw: dict) -> TokenGapResult:

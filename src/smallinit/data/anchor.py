@@ -39,39 +39,13 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
-from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import models, pre_tokenizers
 
-from smallinit.data.tokenizer import EOS_TOKEN, Tokenizer
+from smallinit.data.tokenizer import ANSWER_MARK, MAX_ANCHORS, MAX_NUMBERS, anchor_token
 from smallinit.errors import DataError
 
-MAX_ANCHORS = 16
-MAX_NUMBERS = 256
 PAPER_OFFSETS = (5, 1, -2, -8)
-ANSWER_MARK = "="
-_UNK = "<unk>"
 _FORMAT = 1  # bump when the document layout changes (it is part of the fingerprint)
 _STREAM_TRAIN, _STREAM_PROBE = 1, 2  # independent random streams for training documents and probes
-
-
-def anchor_token(k: int) -> str:
-    """The token of anchor k (1-based)."""
-    return f"A{k}"
-
-
-def anchor_tokenizer() -> Tokenizer:
-    """Whole-word tokenizer for every anchor task: <unk>, '=', A1…A16, numbers 0…255, EOS (vocabulary 275).
-
-    EOS is only an added special token, not a word of the model, so a literal "<|endoftext|>" in text
-    encodes as <unk> and cannot forge a document boundary.
-    """
-    words = [_UNK, ANSWER_MARK]
-    words += [anchor_token(k) for k in range(1, MAX_ANCHORS + 1)]
-    words += [str(i) for i in range(MAX_NUMBERS)]
-    hf = HFTokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token=_UNK))
-    hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    hf.add_special_tokens([EOS_TOKEN])
-    return Tokenizer(hf, name="anchor")
 
 
 @dataclass(frozen=True)

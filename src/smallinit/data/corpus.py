@@ -10,8 +10,8 @@ A corpus spec is one of
   (every .txt/.jsonl/.parquet below it, sorted by path), or a glob pattern (``data/*.jsonl``, ``**``
   allowed).
 
-``"builtin:<name>"`` is accepted for every builtin name. ``"builtin:anchor"`` is the hook for the
-synthetic anchor-function task: it is served by ``smallinit.data.anchor`` (``iter_documents(params)`` and
+``"builtin:<name>"`` is accepted for every builtin name. ``"builtin:anchor"`` is the synthetic
+anchor-function task, served by ``smallinit.data.anchor`` (``iter_documents(params)`` and
 ``fingerprint(params)``), ``params`` being the spec's query string (``builtin:anchor?anchors=4&seed=1``).
 
 Documents that are empty or only whitespace are skipped; a corpus without any other document is an error.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import importlib
 import json
 import lzma
 import os
@@ -29,13 +28,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from smallinit import io
+from smallinit.data import anchor
 from smallinit.errors import DataError
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 BUILTIN_FILES = {"shakespeare": "shakespeare.jsonl.xz", "zh-poems": "zh-poems.jsonl.xz"}
 BUILTIN_MIXES = {"default": ("shakespeare", "zh-poems")}
 BUILTIN_CORPORA = tuple(BUILTIN_FILES) + tuple(BUILTIN_MIXES)
-SYNTHETIC_CORPORA = {"anchor": "smallinit.data.anchor"}
+SYNTHETIC_CORPORA = {"anchor": anchor}  # name → module with iter_documents(params) and fingerprint(params)
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 _GLOB_CHARS = set("*?[")
 _PARQUET_BATCH_ROWS = 1024
@@ -56,19 +56,6 @@ def _builtin_name(spec: str) -> str | None:
     return None
 
 
-def _synthetic_module(name: str):
-    modname = SYNTHETIC_CORPORA[name]
-    try:
-        return importlib.import_module(modname)
-    except ModuleNotFoundError as e:
-        if e.name == modname:
-            raise DataError(
-                f"the synthetic corpus 'builtin:{name}' is not available in this version of smallinit; "
-                "use a builtin or your own files"
-            ) from None
-        raise
-
-
 def _builtin_file(name: str) -> Path:
     path = BUILTIN_DIR / BUILTIN_FILES[name]
     if not path.is_file():
@@ -85,7 +72,7 @@ def _iter_builtin(name: str) -> Iterator[str]:
         return
     base, _, params = name.partition("?")  # synthetic corpora take parameters after '?'
     if base in SYNTHETIC_CORPORA:
-        yield from _synthetic_module(base).iter_documents(params)
+        yield from SYNTHETIC_CORPORA[base].iter_documents(params)
         return
     path = _builtin_file(name)
     try:
@@ -277,7 +264,7 @@ def corpus_fingerprint(spec: str | os.PathLike, text_field: str = "text") -> str
         for part in parts:
             base, _, params = part.partition("?")
             if base in SYNTHETIC_CORPORA:
-                items.append([part, str(_synthetic_module(base).fingerprint(params))])
+                items.append([part, str(SYNTHETIC_CORPORA[base].fingerprint(params))])
             else:
                 items.append([part, io.sha256_file(_builtin_file(part))])
         payload = {"v": _FINGERPRINT_VERSION, "builtin": name, "parts": items}

@@ -25,6 +25,11 @@ DEFAULT_VOCAB_SIZE = 8192
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 DEFAULT_TOKENIZER_FILE = BUILTIN_DIR / "tokenizer-default.json"
 BUILTIN_TOKENIZERS = ("default", "bytes", "anchor")
+# The anchor task's words (smallinit.data.anchor): its tokenizer is built here, with the other builtins.
+MAX_ANCHORS = 16
+MAX_NUMBERS = 256
+ANSWER_MARK = "="
+_UNK = "<unk>"
 
 
 class Tokenizer:
@@ -91,6 +96,26 @@ def bytes_tokenizer() -> Tokenizer:
     return Tokenizer(hf, name="bytes")
 
 
+def anchor_token(k: int) -> str:
+    """The token of anchor k (1-based)."""
+    return f"A{k}"
+
+
+def anchor_tokenizer() -> Tokenizer:
+    """Whole-word tokenizer for every anchor task: <unk>, '=', A1…A16, numbers 0…255, EOS (vocabulary 275).
+
+    EOS is only an added special token, not a word of the model, so a literal "<|endoftext|>" in text
+    encodes as <unk> and cannot forge a document boundary.
+    """
+    words = [_UNK, ANSWER_MARK]
+    words += [anchor_token(k) for k in range(1, MAX_ANCHORS + 1)]
+    words += [str(i) for i in range(MAX_NUMBERS)]
+    hf = HFTokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token=_UNK))
+    hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf.add_special_tokens([EOS_TOKEN])
+    return Tokenizer(hf, name="anchor")
+
+
 def _bytes_to_unicode() -> dict[int, str]:
     """The GPT-2 byte -> printable character table used by the ByteLevel pre-tokenizer."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
@@ -111,8 +136,6 @@ def load_tokenizer(name: str | os.PathLike) -> Tokenizer:
     if isinstance(name, str) and name == "bytes":
         return bytes_tokenizer()
     if isinstance(name, str) and name == "anchor":
-        from smallinit.data.anchor import anchor_tokenizer  # the task owns its vocabulary
-
         return anchor_tokenizer()
     if isinstance(name, str) and name == "default":
         path = DEFAULT_TOKENIZER_FILE

@@ -2,7 +2,7 @@
 
 A claim is tested by one or more comparisons. Each comparison yields one number per seed, signed so that a
 positive value is the paper's direction (for example L(γ=0.5) − L(γ=1): γ = 1 better), and is judged by the
-project's one rule (:mod:`smallinit.report.verdict`): Student-t over seeds, Holm–Bonferroni within the
+project's one rule (:mod:`smallinit.experiments.verdicts`): Student-t over seeds, Holm–Bonferroni within the
 claim, and **not testable here** where a precondition fails. The comparisons and their signs come from the
 paper's statements; none was chosen or changed to make a verdict agree.
 
@@ -48,7 +48,9 @@ from ..analysis.norm_factor import relative_factor
 from ..analysis.scaling import effective_size_gain
 from ..config import emulated_eps
 from ..errors import ConfigError
-from ..report.verdict import (
+from .runs import Run
+from .sweep import sweep_rows
+from .verdicts import (
     AGREE,
     ALPHA,
     DISAGREE,
@@ -59,8 +61,6 @@ from ..report.verdict import (
     holm,
     t_test,
 )
-from .runs import Run
-from .sweep import sweep_rows
 
 EMULATED_WIDTH = 2048  # the paper's width at 1.5B, whose saturation the emulated baseline reproduces
 BASELINE = {"model.norm_eps": 1e-5, "model.gate": "none", "model.norm_eps_width": 0}
@@ -553,7 +553,7 @@ def _effective_size(res: ClaimResult, g05: Runs, g1: Runs, n_boot: int, min_tpp:
     if max(tpp) > 1.5 * min(tpp):
         return Comparison.missing(label, f"tokens per parameter differ {max(tpp) / min(tpp):.1f}× across sizes: not "
                                   "a scaling law at matched training", paper)
-    level = 1 - ALPHA / (res.n_testable + 1)  # Bonferroni within the claim (see smallinit.report.verdict)
+    level = 1 - ALPHA / (res.n_testable + 1)  # Bonferroni within the claim (see smallinit.experiments.verdicts)
     base = [r for r in g05 if r.val_loss and r.size in sizes]
     treat = [r for r in g1 if r.val_loss and r.size in sizes]
     try:

@@ -5,7 +5,7 @@ A recipe is a TOML file in ``smallinit/experiments/recipes/`` (or any path)::
     [recipe]
     title = "..."
     claims = ["C2", "C3"]        # what its analysis judges
-    analysis = "fig1"             # a name in smallinit.experiments.analyses.ANALYSES
+    analysis = "fig1"             # a name in smallinit.experiments.findings.FINDINGS
 
     [base]                        # config keys for every sweep of every scale (lowest priority)
     ...
@@ -41,6 +41,7 @@ from ..config import Config, parse_override, read_toml
 from ..errors import ExperimentError, SmallinitError
 from ..io import write_json_atomic
 from ..model import Transformer
+from .findings import FINDINGS
 from .sweep import Progress, Sweep, SweepOutcome, cell_work, flatten, resolve_config, run_sweep
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
@@ -97,11 +98,9 @@ def load_recipe(name: str | os.PathLike) -> Recipe:
     for section in _RECIPE_SECTIONS:
         _table(raw.get(section, {}), f"{where}: [{section}]")
     meta = raw.get("recipe", {})
-    from .analyses import ANALYSES
-
     analysis = meta.get("analysis", "")
-    if not isinstance(analysis, str) or analysis not in ANALYSES:
-        raise ExperimentError(f"{where}: analysis {analysis!r} is not one of {', '.join(ANALYSES)}")
+    if not isinstance(analysis, str) or analysis not in FINDINGS:
+        raise ExperimentError(f"{where}: analysis {analysis!r} is not one of {', '.join(FINDINGS)}")
     common = flatten(raw.get("base", {}))
     scales = {}
     for sname, table in raw.get("scales", {}).items():
@@ -231,14 +230,12 @@ class RecipeResult:
 def run_recipe(
     recipe: Recipe | str, scale: str = "cpu", out: str | os.PathLike | None = None, *, jobs: int | None = None,
     presets: list[str] | None = None, overrides: list[str] = (), echo: TextIO | None = sys.stderr,
-    analyse: bool = True, launcher: str | None = None,
+    analyze: bool = True, launcher: str | None = None,
 ) -> RecipeResult:
     """Run every sweep of ``scale`` (continuing earlier runs in ``out``), then the recipe's analysis.
 
     ``launcher`` (from the command line) replaces the launcher of every sweep, e.g. for a site's srun wrapper.
     """
-    from .analyses import ANALYSES
-
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     vocab: dict[str, int] = {}
     sc = apply_budget(customise(recipe.scale(scale), presets=presets, overrides=list(overrides)), vocab)
@@ -256,7 +253,7 @@ def run_recipe(
     })
     t0 = time.monotonic()
     progress = Progress(recipe.name, {k: w for k, w in work.items() if not (Path(k) / "summary.json").is_file()},
-                        after=", then the analysis" if analyse else "")
+                        after=", then the analysis" if analyze else "")
     if echo is not None:
         print(f"[recipe] {recipe.name} ({sc.name}): {len(sc.sweeps)} sweep(s), {progress.total} of {len(work)} runs "
               f"to train; folder {out}", file=echo, flush=True)
@@ -268,12 +265,12 @@ def run_recipe(
         if outcomes[name].interrupted:
             return RecipeResult(recipe, sc, out, outcomes, None, time.monotonic() - t0)
     analysis = None
-    if analyse:
+    if analyze:
         if echo is not None:
             print(f"[recipe] {recipe.name}: analysis", file=echo, flush=True)
         train_wall = time.monotonic() - t0
         cpu0 = time.process_time()
-        analysis = ANALYSES[recipe.analysis](out, sc.options, _stage_printer(echo))
+        analysis = FINDINGS[recipe.analysis](out, sc.options, _stage_printer(echo))
         cells_cpu = sum(r.get("cpu_s") or 0.0 for o in outcomes.values() for r in o.rows)
         if echo is not None:
             print(f"[analysis] done in {time.monotonic() - t0 - train_wall:.0f} s", file=echo, flush=True)

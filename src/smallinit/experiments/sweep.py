@@ -67,7 +67,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import torch
+
 from ..config import Config, flatten, read_toml
+from ..data import load_tokenizer
+from ..data.cache import default_cache_dir
 from ..errors import ExperimentError, SmallinitError
 from ..io import read_json, write_json_atomic, write_text_atomic
 from ..model import Transformer
@@ -258,8 +262,6 @@ def resolve_config(cell: Cell, vocab_sizes: dict[str, int] | None = None) -> Con
 
     ``vocab_sizes`` caches tokenizer name → vocabulary size across cells.
     """
-    from ..data import load_tokenizer
-
     vocab_sizes = {} if vocab_sizes is None else vocab_sizes
     try:
         cfg = Config.load(overrides=cell.set_args())
@@ -280,8 +282,6 @@ def available_cores() -> int:
 
 
 def _on_gpu(cfg: Config) -> bool:
-    import torch
-
     device = cfg.train.device
     return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
@@ -289,8 +289,6 @@ def _on_gpu(cfg: Config) -> bool:
 def compile_cache_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The compile cache of the cells: the user's TORCHINDUCTOR_CACHE_DIR, else one under smallinit's cache
     folder, shared by the cells of every sweep, so a graph compiled once loads in seconds in later cells."""
-    from ..data.cache import default_cache_dir
-
     return {"TORCHINDUCTOR_CACHE_DIR": environ.get("TORCHINDUCTOR_CACHE_DIR") or str(default_cache_dir() / "compile")}
 
 

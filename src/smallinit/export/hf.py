@@ -39,6 +39,7 @@ from ..data import EOS_TOKEN
 from ..data.tokenizer import run_tokenizer
 from ..errors import CheckpointError, ConfigError, SmallinitError
 from ..init import InitReport, InitRow, gamma_init_, is_norm, set_norm_eps_
+from ..model import Transformer
 from ..train.checkpoint import load_model_tensors, load_tensors, resolve_checkpoint
 
 REMOTE_DIR = Path(__file__).resolve().parent / "remote"
@@ -248,8 +249,6 @@ def _umask_modes(folder: Path) -> None:
 
 def export_hf(checkpoint: str | Path, out_dir: str | Path) -> ExportResult:
     """Write a transformers folder (safetensors, config.json, tokenizer) for a run or checkpoint folder."""
-    from ..model import Transformer
-
     transformers = require_transformers()
     found = resolve_checkpoint(checkpoint)
     cfg = Config.from_dict(found.state["config"])

@@ -2,35 +2,27 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 from ..analysis.coordcheck import CoordCheck
-from ..analysis.measure import default_output_dir
+from ..analysis.measure import ANALYSIS_FILE, default_output_dir
 from ..analysis.residual_flow import ResidualFlowSweep
 from ..analysis.tokens import TokenGapResult
-from ..io import write_text_atomic
+from ..io import write_result
 from . import figures
-from .html import ANALYSIS_FILE, COMPARE_FILE, COORDCHECK_FILE, SWEEP_FILE, build_report
+from .html import build_report
 
 __all__ = [
     "build_report", "compare_output_dir", "write_analysis", "write_compare", "write_coordcheck", "write_sweep",
 ]
 
 
-def _write_json(path: Path, obj: Any) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(obj, indent=1, default=float))
-    return path
-
-
 def write_analysis(result: dict, out_dir: str | os.PathLike) -> list[Path]:
     """``smallinit analyze`` output: analysis.json and its figures in ``out_dir``."""
     out = Path(out_dir)
-    return [_write_json(out / ANALYSIS_FILE, result), *figures.analysis_figures(result, out)]
+    return [write_result(out / ANALYSIS_FILE, result), *figures.analysis_figures(result, out)]
 
 
 def compare_output_dir(result: TokenGapResult) -> Path:
@@ -44,18 +36,18 @@ def write_compare(result: TokenGapResult, out_dir: str | os.PathLike | None = No
     """``smallinit compare`` output: compare.json and token_gap.png in ``out_dir``, else
     :func:`compare_output_dir`."""
     out = Path(out_dir) if out_dir is not None else compare_output_dir(result)
-    path = _write_json(out / COMPARE_FILE, result.to_dict())
+    path = result.save(out)
     la, lb = result.meta.get("label_a", "A"), result.meta.get("label_b", "B")
     return [path, figures.save(figures.token_gap_figure(result, la, lb), out / "token_gap.png")]
 
 
 def write_coordcheck(cc: CoordCheck, out_dir: str | os.PathLike) -> list[Path]:
     out = Path(out_dir)
-    path = _write_json(out / COORDCHECK_FILE, cc.to_dict())
+    path = cc.save(out)
     return [path, figures.save(figures.coordcheck_figure(cc), out / "coordcheck.png")]
 
 
 def write_sweep(sweep: ResidualFlowSweep, out_dir: str | os.PathLike) -> list[Path]:
     out = Path(out_dir)
-    path = _write_json(out / SWEEP_FILE, sweep.to_dict())
+    path = sweep.save(out)
     return [path, figures.save(figures.residual_sweep_figure(sweep), out / "residual_flow_sweep.png")]

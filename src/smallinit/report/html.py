@@ -29,18 +29,16 @@ from matplotlib.figure import Figure
 from .. import __version__
 from ..analysis.callback import load_snapshots
 from ..analysis.coordcheck import CoordCheck
+from ..analysis.measure import ANALYSIS_FILE
 from ..analysis.norm_factor import init_variance, relative_factor, rmsnorm_factor, saturation_gamma
 from ..analysis.residual_flow import ResidualFlowSweep
 from ..analysis.tokens import TokenGapResult
 from ..errors import SmallinitError
+from ..experiments.claims import Runs, gaps_from_compares, judge_all
 from ..experiments.runs import Run, find_runs
 from ..io import read_json, write_text_atomic
 from . import figures
 
-ANALYSIS_FILE = "analysis.json"
-COMPARE_FILE = "compare.json"
-COORDCHECK_FILE = "coordcheck.json"
-SWEEP_FILE = "residual_flow_sweep.json"
 FINDINGS_FILE = "findings.json"  # written by smallinit.experiments (recipe / demo): claims with verdicts
 REPORT_FILE = "report.html"
 
@@ -227,8 +225,6 @@ def _judge(runs: list[Run], sweeps: list[tuple[str, ResidualFlowSweep]],
            compares: list[tuple[str, TokenGapResult]]) -> dict[str, Any]:
     """C1–C7 judged from the finished runs, residual-flow sweep and token comparisons found here, by the same
     functions as the recipes (so a folder of hand-made runs is judged exactly as a recipe's would be)."""
-    from ..experiments.claims import Runs, gaps_from_compares, judge_all  # experiments builds on report
-
     flow = sweeps[0][1].to_dict() if sweeps else None
     claims = judge_all(Runs.finished(runs), flow, gaps_from_compares(res.to_dict() for _, res in compares))
     return {"title": "the paper's claims, judged from the runs in this folder", "claims": [c.to_dict() for c in claims]}
@@ -241,7 +237,7 @@ def _section_findings(doc: _Doc, findings: list[tuple[str, dict]]) -> None:
             "Runs are paired by seed and selected by their configs (γ, ε, gate, size); parts a claim needs that "
             "the folder lacks are marked not measured.")
         doc.p(f"{origin} Each comparison is judged from its per-seed numbers by one rule for every claim "
-              "(smallinit.report.verdict: Student-t over seeds, Holm within a claim, and not testable here where a "
+              "(smallinit.experiments.verdicts: Student-t over seeds, Holm within a claim, and not testable here where a "
               "precondition fails; described in docs/experiments.md).", "note")
         rows = []
         for c in f.get("claims", []):
@@ -550,9 +546,9 @@ def build_report(roots: str | os.PathLike | Sequence[str | os.PathLike],
     base = Path(os.path.commonpath([r.resolve() for r in roots]))  # the folder itself when there is one
     runs = _find_runs(roots, base)
     analyses = _load_all(roots, base, ANALYSIS_FILE, _analysis)
-    compares = _load_all(roots, base, COMPARE_FILE, TokenGapResult.from_dict)
-    checks = _load_all(roots, base, COORDCHECK_FILE, CoordCheck.from_dict)
-    sweeps = _load_all(roots, base, SWEEP_FILE, ResidualFlowSweep.from_dict)
+    compares = _load_all(roots, base, TokenGapResult.FILE, TokenGapResult.from_dict)
+    checks = _load_all(roots, base, CoordCheck.FILE, CoordCheck.from_dict)
+    sweeps = _load_all(roots, base, ResidualFlowSweep.FILE, ResidualFlowSweep.from_dict)
     findings = _load_all(roots, base, FINDINGS_FILE, _findings)
     evals = _load_all(roots, base, "results-step_*.json", _evals)
     folders = ", ".join(str(r) for r in roots)

@@ -32,7 +32,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .. import io
+from ..config import Config
 from ..errors import CheckpointError
+from ..model import Transformer
 
 FORMAT = "smallinit-checkpoint-1"
 CKPT_DIR = "checkpoints"
@@ -271,8 +273,6 @@ def load_model_tensors(
 def check_config(found: Checkpoint, config: dict[str, Any], source: Path) -> None:
     """A checkpoint belongs to a run only if it was written under the run's own config (a resolved
     ``Config.to_dict()``; keys added to the config since the checkpoint was written count as their defaults)."""
-    from ..config import Config
-
     if Config.from_dict(found.state["config"]).to_dict() != config:
         raise CheckpointError(f"{found.path} was written by a different config than {source}: "
                               "it does not belong to this run; restore the run's own checkpoint")
@@ -293,9 +293,6 @@ def resolve_checkpoint(path: str | Path) -> Checkpoint:
 
 def load_model(path: str | Path, *, device: str | torch.device = "cpu"):
     """The model (eval mode) from a run folder or a checkpoint folder."""
-    from ..config import Config
-    from ..model import Transformer
-
     found = resolve_checkpoint(path)
     run_config = found.path.parent.parent / "config.json"
     if run_config.is_file():

@@ -38,6 +38,7 @@ import torch
 
 from ..config import PRESETS, Config, ModelConfig
 from ..errors import ConfigError
+from ..model import Transformer
 
 GIB = 1024**3
 
@@ -72,8 +73,6 @@ def _over_layers(cfg: ModelConfig, per_period: list[float]) -> float:
 def _shapes(cfg: ModelConfig) -> tuple[int, int, int]:
     """Total, largest-block and root (embedding, final norm, head) parameter counts, from a meta model of one
     period of layers, so that a deep config is as quick to estimate as a shallow one."""
-    from ..model import Transformer
-
     with torch.device("meta"):
         model = Transformer(dataclasses.replace(cfg, n_layers=_period(cfg)), init=False)
     blocks = [sum(p.numel() for p in b.parameters()) for b in model.blocks]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from scipy import stats
 
@@ -104,3 +105,36 @@ def combine(labels: Sequence[str]) -> str:
     if not labels or all(v == NOT_TESTABLE for v in labels):
         return NOT_TESTABLE
     return INCONCLUSIVE
+
+
+LEGEND = """\
+Notation: C1–C7 are the paper's claims; d16×4 is a model of width 16 and 4 layers; γ.5, γ1 are γ = 0.5, 1;
+L is the final validation loss (nats); srank the stable rank ‖W‖_F²/‖W‖_2²; Δ_sym = (p_A − p_B)/(p_A + p_B)
+per token. Each number is the mean ± sd over seeds of a paired difference, signed so that > 0 is the paper's
+direction. agree / disagree: a Student-t test over seeds rejects 0 (Holm over the claim's comparisons,
+α = 0.05); inconclusive: it does not; not testable here: a precondition failed (reason below the line)."""
+
+
+def verdict_table(claims: list[dict[str, Any]]) -> str:
+    """One block per claim: its verdict, then each comparison with its own verdict and the paper's number;
+    a comparison that is not testable here says why on the line below; the notation last."""
+    rows = [("claim", "verdict", "measured (mean ± sd over seeds, n seeds) → verdict", "paper")]
+    for c in claims:
+        comps = c["comparisons"] or [{"text": "; ".join(c["notes"]) or "not measured at this scale",
+                                      "verdict": "", "paper": c["paper"]}]
+        shown_claim_reason = False
+        for i, comp in enumerate(comps):
+            arrow = f" → {comp['verdict']}" if comp["verdict"] else ""
+            rows.append((c["claim"] if i == 0 else "", c["verdict"] if i == 0 else "", comp["text"] + arrow,
+                         comp.get("paper") or ""))
+            if comp.get("verdict") == NOT_TESTABLE and comp.get("reason"):
+                if comp["reason"] == c.get("untestable"):
+                    if shown_claim_reason:
+                        continue
+                    shown_claim_reason = True
+                rows.append(("", "", f"  ↳ {comp['reason']}", ""))
+        for note in c["notes"] if c["comparisons"] else []:
+            rows.append(("", "", f"({note})", ""))
+    widths = [max(len(r[i]) for r in rows if not r[2].startswith(("  ↳", "("))) for i in range(3)]
+    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
+    return "\n".join(line.rstrip() for line in lines) + "\n\n" + LEGEND

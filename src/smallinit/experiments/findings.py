@@ -1,6 +1,6 @@
-"""The analysis part of each recipe: read its finished runs, measure, judge the claims it covers.
+"""The findings of each recipe (its findings.json): read its finished runs, measure, judge the claims it covers.
 
-Every analysis takes the recipe's output folder and the scale's ``options`` and returns a JSON-able dict
+Each takes the recipe's output folder and the scale's ``options`` and returns a JSON-able dict
 with ``claims`` (see :mod:`.claims`) and the numbers behind the figures. Options (all optional):
 
 * ``flow_gammas``, ``flow_widths``, ``flow_seeds``, ``flow_layers`` — the residual-flow sweep on fresh models
@@ -18,11 +18,16 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.measure import held_out_batches, run_settings
 from ..analysis.norm_factor import relative_factor
 from ..analysis.residual_flow import residual_flow_sweep
 from ..analysis.scaling import fit_power_law
-from ..config import ModelConfig
+from ..analysis.tokens import bigram_loss, token_gap
+from ..config import Config, ModelConfig
+from ..data import load_token_data, load_tokenizer
+from ..data.anchor import AnchorTask
 from ..errors import ConfigError
+from ..train import load_model
 from .claims import (
     BASELINE,
     FIXED,
@@ -42,6 +47,7 @@ from .claims import (
     paired,
     reference_lr,
 )
+from .reasoning import anchor_scores
 
 Say = Callable[[str], None]  # receives one progress line per step of an analysis
 
@@ -108,14 +114,12 @@ def norm_factor_table(runs: Runs) -> dict[str, Any]:
 
 def flow_sweep(options: dict[str, Any], out: Path, say: Say = _quiet) -> dict[str, Any]:
     """The residual-flow exponent on fresh models (nothing trained); also OUT/residual_flow/ for the report."""
-    from ..report import write_sweep
-
     base = dataclasses.replace(ModelConfig.preset("cpu-1m"), n_layers=int(options.get("flow_layers", 4)))
     gammas = options.get("flow_gammas", [0.5, 0.75, 1.0, 1.25])
     widths, seeds = options.get("flow_widths", [64, 128, 256]), options.get("flow_seeds", [0, 1, 2])
     say(f"residual flow of fresh models: {len(gammas)} γ × {len(widths)} widths × {len(seeds)} seeds")
     sweep = residual_flow_sweep(gammas, widths, base_config=base, seeds=seeds)
-    write_sweep(sweep, out / "residual_flow")
+    sweep.save(out / "residual_flow")
     return sweep.to_dict()
 
 
@@ -130,12 +134,6 @@ def _largest_paired_size(runs: Runs, arm: dict[str, Any]) -> tuple | None:
 def token_gaps(runs: Runs, options: dict[str, Any], out: Path, say: Say = _quiet) -> dict[int, dict[str, Any]] | None:
     """Δ_sym of γ = 1 (A) against γ = 0.5 (B), same seed, fixed arm, at the largest size that has both;
     also OUT/tokens/seed<s>/compare.json for the report."""
-    from ..analysis.measure import held_out_batches, run_settings
-    from ..analysis.tokens import bigram_loss, token_gap
-    from ..config import Config
-    from ..data import load_token_data, load_tokenizer
-    from ..report import write_compare
-    from ..train import load_model
 
     runs = reference_lr(runs)
     n = _largest_paired_size(runs, FIXED)
@@ -157,7 +155,7 @@ def token_gaps(runs: Runs, options: dict[str, Any], out: Path, say: Say = _quiet
         res = token_gap(load_model(a[seed].path), load_model(b[seed].path), batches, tokenizer=tok, bins=10, top_k=10)
         res.meta.update(label_a=f"γ=1 ({a[seed].name})", label_b=f"γ=0.5 ({b[seed].name})",
                         settings_a=run_settings(a[seed].config), settings_b=run_settings(b[seed].config))
-        write_compare(res, out / "tokens" / f"seed{seed}")
+        res.save(out / "tokens" / f"seed{seed}")
         gaps[seed] = {**res.to_dict(), **_size_fields(n), "a": a[seed].name, "b": b[seed].name,
                       "bigram_loss": bigram_loss(train, batches, tok.vocab_size)}
     return gaps
@@ -167,7 +165,7 @@ def _claims(results: list[ClaimResult]) -> list[dict[str, Any]]:
     return [c.to_dict() for c in results]
 
 
-def analyse_claims(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+def claims_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     """All of C1–C7 (the demo)."""
     runs = _load(out, say)
     flow = flow_sweep(options, out, say)
@@ -178,7 +176,7 @@ def analyse_claims(out: Path, options: dict[str, Any], say: Say = _quiet) -> dic
             "norm_factors": norm_factor_table(runs), "n_runs": len(runs)}
 
 
-def analyse_fig1(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+def fig1_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     return {"claims": _claims([claim_c2(runs), claim_c3(runs)]), "losses": loss_table(runs), "sinks": sink_table(runs),
             "norm_factors": norm_factor_table(runs), "n_runs": len(runs)}
@@ -203,7 +201,7 @@ def scaling_fits(runs: Runs) -> list[dict[str, Any]]:
     return fits
 
 
-def analyse_fig2(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+def fig2_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     c4 = claim_c4(runs, n_boot=int(options.get("n_boot", 1000)))
     c4_base = claim_c4(runs, arm=BASELINE, n_boot=int(options.get("n_boot", 1000)))  # contrast: no fixes
@@ -211,7 +209,7 @@ def analyse_fig2(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[
             "effective_size_without_fixes": c4_base.extra.get("effective_size_gain"), "n_runs": len(runs)}
 
 
-def analyse_fig3(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+def fig3_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     flow = flow_sweep(options, out, say)
     return {"claims": _claims([claim_c5(runs, flow)]), "residual_flow": flow, "losses": loss_table(runs),
@@ -232,24 +230,20 @@ def trajectories(runs: Runs) -> list[dict[str, Any]]:
     return out
 
 
-def analyse_condensation(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+def condensation_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     return {"claims": _claims([claim_c6(runs)]), "trajectories": trajectories(runs), "losses": loss_table(runs),
             "n_runs": len(runs)}
 
 
-def analyse_tokens(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+def tokens_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     gaps = token_gaps(runs, options, out, say)
     return {"claims": _claims([claim_c7(gaps)]), "losses": loss_table(runs), "n_runs": len(runs)}
 
 
-def analyse_reasoning(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     """Anchor probe per run, summarised by γ; judged against Zhang et al.: small init favours reasoning."""
-    from ..data import load_tokenizer
-    from ..data.anchor import AnchorTask
-    from ..train import load_model
-    from .reasoning import anchor_scores
 
     runs = _load(out, say)
     n = int(options.get("anchor_probes", 256))
@@ -290,7 +284,7 @@ def analyse_reasoning(out: Path, options: dict[str, Any], say: Say = _quiet) -> 
             "n_runs": len(runs)}
 
 
-ANALYSES: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
-    "claims": analyse_claims, "fig1": analyse_fig1, "fig2": analyse_fig2, "fig3": analyse_fig3,
-    "condensation": analyse_condensation, "tokens": analyse_tokens, "reasoning": analyse_reasoning,
+FINDINGS: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
+    "claims": claims_findings, "fig1": fig1_findings, "fig2": fig2_findings, "fig3": fig3_findings,
+    "condensation": condensation_findings, "tokens": tokens_findings, "reasoning": reasoning_findings,
 }

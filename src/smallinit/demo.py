@@ -1,0 +1,46 @@
+"""``smallinit demo``: the demo recipe (reduced paper recipes), the HTML report and the verdict table."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from .experiments.recipes import RecipeResult, run_recipe
+from .experiments.verdicts import verdict_table
+from .io import write_json_atomic, write_text_atomic
+from .report import build_report
+
+
+@dataclass
+class DemoResult:
+    result: RecipeResult
+    report: Path | None  # None when a signal stopped the recipe
+    table: str
+    wall_s: float
+
+
+def run_demo(
+    *, scale: str = "full", out: str | os.PathLike | None = None, jobs: int | None = None,
+    echo: TextIO | None = sys.stderr,
+) -> DemoResult:
+    """Run (or continue) the demo at ``scale`` ("full", "quick" or "micro"), report and judge it."""
+    t0 = time.monotonic()
+    out = Path(out) if out is not None else Path("runs") / f"demo-{scale}"
+    result = run_recipe("demo", scale, out, jobs=jobs, echo=echo)
+    if result.analysis is None:
+        return DemoResult(result, None, "", time.monotonic() - t0)
+    table = verdict_table(result.analysis["claims"])
+    write_text_atomic(out / "verdicts.txt", table + "\n")
+    t_report = time.monotonic()
+    if echo is not None:
+        print("[demo] writing the HTML report", file=echo, flush=True)
+    report = Path(build_report(out))
+    if echo is not None:
+        print(f"[demo] report written in {time.monotonic() - t_report:.0f} s", file=echo, flush=True)
+    wall = time.monotonic() - t0
+    write_json_atomic(out / "demo.json", {"scale": scale, "wall_s": wall, "report": str(report)})
+    return DemoResult(result, report, table, wall)
