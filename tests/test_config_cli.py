@@ -1,12 +1,13 @@
 """Configs resolve and validate; the CLI turns every user error into one line and exit code 2."""
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
-from smallinit import Config, ModelConfig
+from smallinit import Config, ModelConfig, MoEConfig, TrainConfig
 from smallinit.cli import main
 from smallinit.errors import ConfigError
 
@@ -35,6 +36,27 @@ def test_bad_values(override, match):
     extra = ["model.moe.num_experts=4"] if override.startswith("model.moe") else []
     with pytest.raises(ConfigError, match=match):
         Config.load(overrides=[*extra, override])
+
+
+@pytest.mark.parametrize("override,built,message", [
+    ("train.schedule=linear", lambda: TrainConfig(schedule="linear"),
+     "train.schedule must be one of cosine, wsd, constant, got 'linear'"),
+    ("train.precision=fp16", lambda: TrainConfig(precision="fp16"), "train.precision=fp16 is refused: ε = 1e-12"),
+    ("model.gate=sideways", lambda: ModelConfig(gate="sideways"),
+     "model.gate must be one of none, headwise, elementwise, got 'sideways'"),
+    ("model.moe.score=relu", lambda: ModelConfig(moe=MoEConfig(score="relu")),
+     "model.moe.score must be one of softmax, sigmoid, got 'relu'"),
+])
+def test_choices_are_refused_from_files_and_from_code_alike(override, built, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Config.load(overrides=[override])
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        built().validate()
+
+
+def test_a_choice_of_the_wrong_type_is_named_by_its_type():
+    with pytest.raises(ConfigError, match=re.escape("config key model.gate must be str, got 1")):
+        Config.load(overrides=["model.gate=1"])
 
 
 def test_bad_files(tmp_path):

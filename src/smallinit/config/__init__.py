@@ -1,0 +1,28 @@
+"""Typed configs (model / train / data / analysis), presets, TOML files and ``--set key=value`` overrides.
+
+schema: the sections, their validation and ``Config``, which resolves them; presets: the named model shapes;
+files: reading TOML / config.json and writing commented TOML; overrides: dotted ``--set`` keys; coerce: a
+section built from a dict, each value checked against its field's type.
+"""
+
+from .coerce import from_dict
+from .files import read_config_file, read_toml
+from .overrides import flatten, parse_override, set_dotted
+from .presets import PRESET_ALIASES, PRESETS
+from .schema import (
+    AnalysisConfig,
+    Config,
+    DataConfig,
+    KeyDoc,
+    ModelConfig,
+    MoEConfig,
+    TrainConfig,
+    config_keys,
+    emulated_eps,
+)
+
+__all__ = [
+    "PRESETS", "PRESET_ALIASES", "AnalysisConfig", "Config", "DataConfig", "KeyDoc", "ModelConfig", "MoEConfig",
+    "TrainConfig", "config_keys", "emulated_eps", "flatten", "from_dict", "parse_override", "read_config_file",
+    "read_toml", "set_dotted",
+]

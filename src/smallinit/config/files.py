@@ -1,0 +1,77 @@
+"""Config files: a TOML file or a run's config.json read into a plain dict, and a config dict written back as
+TOML with each key under a comment."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from ..errors import ConfigError
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A TOML config file, or a run's resolved config: its config.json, the run folder or one of its
+    checkpoint folders (RUN/checkpoints/step_N)."""
+    p = Path(path)
+    if p.is_dir():
+        run = p.parent.parent if p.parent.name == "checkpoints" else p
+        p = run / "config.json" if (run / "config.json").is_file() else p
+    if p.suffix == ".json" and p.is_file():
+        return read_json(p)
+    return read_toml(p)
+
+
+def read_json(p: Path) -> Any:
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
+        raise ConfigError(f"{p} is not valid JSON; the run folder is damaged") from None
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} not found; pass an existing .toml file, or a run folder or its "
+                          "config.json")
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deep
+        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
+
+
+def commented_toml(sections: dict[str, dict[str, Any]], docs: dict[str, str]) -> str:
+    """``sections`` as TOML that tomllib reads back equal, each key under ``# docs[dotted key]``; a None value
+    is an absent optional section, named in a comment."""
+    lines: list[str] = []
+    for section, table in sections.items():
+        _toml_section(lines, section, table, docs)
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _toml_section(lines: list[str], name: str, table: dict[str, Any], docs: dict[str, str]) -> None:
+    lines += ["", f"[{name}]"]
+    nested = []
+    for key, value in table.items():
+        if isinstance(value, dict):
+            nested.append((key, value))
+            continue
+        if value is None:
+            lines.append(f"# [{name}.{key}] (absent): {docs[f'{name}.{key}']}")
+            continue
+        lines += [f"# {docs[f'{name}.{key}']}", f"{key} = {_toml_value(value)}"]
+    for key, value in nested:
+        _toml_section(lines, f"{name}.{key}", value, docs)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)  # Python's shortest round-trip form is valid TOML (1e-12, 0.003, 10000.0)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    # JSON's escapes are TOML's; DEL is the one control character JSON leaves raw and TOML refuses
+    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")
