@@ -31,6 +31,8 @@ from smallinit.cli import main
 from smallinit.data import load_tokenizer
 from smallinit.data.cache import doc_uniform
 from smallinit.errors import ConfigError, SmallinitError
+from smallinit.experiments.recipes import load_recipe
+from smallinit.experiments.sweep import Sweep, resolve_config
 from smallinit.io import sha256_file
 from smallinit.train import Trainer
 from smallinit.train import checkpoint as ckpt
@@ -423,10 +425,6 @@ def test_random_corpora_train_or_one_line_error(kind, raw, text, lines, use, tmp
 
 # -- sweep files -------------------------------------------------------------------------------------------
 
-def _sweep_api():
-    return pytest.importorskip("smallinit.experiments.sweep")
-
-
 @pytest.mark.parametrize("text,words", [  # the plain bad shapes are in test_sweep.py; these are the hostile ones
     ('[grid]\n"model.gamma" = [0.5, nan]', "finite"),
     ('[grid]\n"../../x" = [1]', "section.key=value"),
@@ -436,7 +434,6 @@ def _sweep_api():
     ("grid = 3", "must be a table"),
 ])
 def test_bad_sweep_files_one_line_nothing_written(text, words, tmp_path):
-    _sweep_api()
     f = tmp_path / "s.toml"
     f.write_text(text, encoding="utf-8")
     with contextlib.chdir(tmp_path):
@@ -453,21 +450,16 @@ grid_values = st.lists(st.one_of(st.floats(), st.integers(-5, 5), st.text(max_si
                             | st.text(max_size=10), grid_values, max_size=3),
        arms=st.dictionaries(st.text(max_size=8), st.just({"model.gamma": 1.0}), max_size=2))
 def test_sweep_grids_cells_or_one_line_error(grid, arms):
-    sweep = _sweep_api()
     raw = {"base": {"data.tokenizer": "bytes"}, "grid": grid, **({"arms": arms} if arms else {})}
     try:
-        cells = sweep.Sweep.from_dict(raw).cells()
+        cells = Sweep.from_dict(raw).cells()
         for cell in cells:
-            sweep.resolve_config(cell)
+            resolve_config(cell)
     except SmallinitError as e:
         assert "\n" not in str(e)
         return
     for cell in cells:  # a cell's id is its folder name: one plain path component, inside cells/
         assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", cell.id), cell.id
-
-
-def _recipes():
-    return pytest.importorskip("smallinit.experiments.recipes")
 
 
 junk = values | st.just(3)
@@ -488,11 +480,10 @@ recipe_docs = st.fixed_dictionaries({"recipe": st.fixed_dictionaries({"analysis"
 @given(doc=recipe_docs)
 def test_recipe_files_load_or_one_line_error(doc, tmp_path_factory):
     """A recipe from anywhere: scales and sweeps are checked, and their names (folder names) stay inside."""
-    recipes = _recipes()
     f = tmp_path_factory.mktemp("recipe") / "r.toml"
     f.write_text("\n".join(f"{toml_value(k)} = {toml_value(v)}" for k, v in doc.items()), encoding="utf-8")
     try:
-        recipe = recipes.load_recipe(f)
+        recipe = load_recipe(f)
     except SmallinitError as e:
         assert "\n" not in str(e)
         return
@@ -508,7 +499,6 @@ def test_recipe_files_load_or_one_line_error(doc, tmp_path_factory):
     ('[scales.cpu]\noptions = 3\n[scales.cpu.sweeps.g.grid]\n"model.gamma" = [1.0]', "options must be a table"),
 ])
 def test_recipe_names_cannot_leave_the_folder(text, words, tmp_path):
-    _recipes()
     f = tmp_path / "evil.toml"
     f.write_text('[recipe]\nanalysis = "fig1"\n' + text, encoding="utf-8")
     with contextlib.chdir(tmp_path):

@@ -459,7 +459,6 @@ def test_report_and_export_cut_short_mid_write_leave_no_partial_files(reference,
 
 
 def test_cli_report_on_full_disk_is_one_line_and_changes_nothing(reference, tmp_path, capsys):
-    pytest.importorskip("smallinit.report")
     run = tmp_path / "run"
     shutil.copytree(reference, run)
     before = snapshot(run)

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import SmallinitError
+from .errors import Preempted, SmallinitError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -256,7 +256,7 @@ def cmd_recipe(args: argparse.Namespace) -> int:
     presets = [p.strip() for p in args.presets.split(",") if p.strip()] if args.presets else None
     result = run_recipe(args.name, args.scale, args.out, jobs=args.jobs, presets=presets, overrides=args.overrides,
                         launcher=args.launcher)
-    if result.exit_code == 75:
+    if result.exit_code == Preempted.exit_code:
         print(f"smallinit: stopped by a signal; run the same command again to continue {result.out}", file=sys.stderr)
     if result.analysis is not None:
         print(verdict_table(result.analysis["claims"]))

@@ -37,12 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..config import Config, parse_override, read_toml
-from ..errors import ExperimentError, SmallinitError
+from ..config import Config, flatten, parse_override, read_toml
+from ..errors import ExperimentError, Preempted, SmallinitError
 from ..io import write_json_atomic
 from ..model import Transformer
 from .findings import FINDINGS
-from .sweep import Progress, Sweep, SweepOutcome, cell_work, flatten, resolve_config, run_sweep
+from .sweep import Progress, Sweep, SweepOutcome, cell_work, resolve_config, run_sweep
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 FINDINGS_FILE = "findings.json"
@@ -219,7 +219,7 @@ class RecipeResult:
     @property
     def exit_code(self) -> int:
         codes = [o.exit_code for o in self.sweeps.values()]
-        return 75 if 75 in codes else (1 if any(codes) else 0)
+        return Preempted.exit_code if Preempted.exit_code in codes else (1 if any(codes) else 0)
 
     @property
     def cells_cpu_s(self) -> float:

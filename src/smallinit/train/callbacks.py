@@ -50,7 +50,7 @@ class Progress(Callback):
         eta = elapsed / max(1, step - self.step0) * (total - step)
         print(
             f"step {step}/{total} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | "
-            f"{record['tokens_per_s']:,.0f} tok/s | ETA {_hms(eta)}",
+            f"{record['tokens_per_s']:,.0f} tok/s | ETA {format_hms(eta)}",
             file=self.stream, flush=True,
         )
 
@@ -84,6 +84,7 @@ def banner(trainer: Trainer) -> list[str]:
     return lines
 
 
-def _hms(seconds: float) -> str:
+def format_hms(seconds: float) -> str:
+    """H:MM:SS, for elapsed times and ETAs."""
     s = int(seconds)
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"

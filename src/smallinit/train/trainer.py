@@ -10,8 +10,6 @@ import contextlib
 import json
 import logging
 import math
-import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from ..config import Config, TrainConfig
 from ..data import get_batch, iter_eval_batches, load_token_data, load_tokenizer
 from ..errors import CheckpointError, ConfigError, Preempted, TrainingError
 from ..model import Transformer
+from ..signals import stop_requests
 from . import checkpoint as ckpt
 from . import compiling
 from .callbacks import Callback, Progress
@@ -309,7 +308,7 @@ class Trainer:
         # the newest measured value, so a resumed run's summary keeps it (read_metrics skips torn lines)
         val_loss = next((r["val_loss"] for r in reversed(read_metrics(self.run_dir)) if "val_loss" in r),
                         None) if self.runtime.is_main else None
-        with preemption_guard() as stop:
+        with stop_requests() as stop:
             while self.step < tc.steps:
                 record = self.train_step()
                 if self.step % tc.log_every == 0 or self.step == tc.steps:
@@ -351,29 +350,6 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_eval(self, record)
         return val
-
-
-@contextlib.contextmanager
-def preemption_guard():
-    """Record SIGTERM/SIGINT (what SLURM and Kubernetes send) instead of dying mid-step.
-
-    Yields a list that holds the signal's name once one arrived. Handlers are installed only in the
-    main thread and restored on exit.
-    """
-    stop: list[str] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-
-    def handler(signum, _frame):
-        stop.append(signal.Signals(signum).name)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield stop
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def _as_planned(config: dict, planned: dict) -> dict:

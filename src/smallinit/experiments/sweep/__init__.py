@@ -1,0 +1,20 @@
+"""Sweeps: a base config crossed with a grid of values, one training process per cell.
+
+* :mod:`.spec` — the sweep file and its cells;
+* :mod:`.packing` — how many cells run side by side, with how many threads;
+* :mod:`.runner` — runs the cells (resumable, one process each, stopped cleanly by a signal);
+* :mod:`.results` — the status and results of a sweep folder;
+* :mod:`.progress` — elapsed time and ETA over the cells of a sweep or a recipe.
+"""
+
+from .packing import SMALL_MODEL_PARAMS, available_cores, compile_cache_env, default_jobs
+from .progress import Progress, cell_work
+from .results import format_table, sweep_rows
+from .runner import SweepOutcome, SweepRunner, run_sweep
+from .spec import Cell, Sweep, launcher_argv, resolve_config, toml_literal
+
+__all__ = [
+    "SMALL_MODEL_PARAMS", "Cell", "Progress", "Sweep", "SweepOutcome", "SweepRunner", "available_cores",
+    "cell_work", "compile_cache_env", "default_jobs", "format_table", "launcher_argv", "resolve_config", "run_sweep",
+    "sweep_rows", "toml_literal",
+]
