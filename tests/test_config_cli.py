@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from smallinit import Config, ModelConfig, MoEConfig, TrainConfig
+from smallinit import Config, ModelConfig, MoEConfig, TrainConfig, Transformer
 from smallinit.cli import main
 from smallinit.errors import ConfigError
 
@@ -90,7 +90,11 @@ def test_cli_errors_are_one_line_exit_2(argv, tmp_path, capsys, monkeypatch):
 def test_cli_info_and_module_entry(capsys):
     assert main(["info", "--preset", "cpu-5m"]) == 0
     out = capsys.readouterr().out
-    assert "parameters: 5,4" in out and "blocks.7.mlp.down_proj.weight" in out
+    model = Transformer(ModelConfig.preset("cpu-5m"))  # counted here from the built model's tensors
+    total = sum(p.numel() for p in model.parameters())  # a dense model: every parameter is active
+    non_embedding = total - model.embed.weight.numel()
+    assert out.splitlines()[0] == f"parameters: {total:,} total, {total:,} active, {non_embedding:,} without embeddings"
+    assert "blocks.7.mlp.down_proj.weight" in out
     r = subprocess.run([sys.executable, "-m", "smallinit", "info", "--set", "model.n_heads=3"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1

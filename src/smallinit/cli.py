@@ -448,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     # Process setup: PyTorch backs CPU tensors of >= 2 MB with transparent huge pages when this is set before
-    # its first such allocation; a training step then takes far fewer page faults (5-10 % faster on CPU,
+    # its first such allocation; a training step then takes far fewer page faults (the gain is measured in
     # benchmarks/README.md). THP_MEM_ALLOC_ENABLE=0 in the environment opts out.
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     args = build_parser().parse_args(argv)

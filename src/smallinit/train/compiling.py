@@ -5,7 +5,7 @@ shapes, so Dynamo traces one block and every layer reuses that graph (one graph 
 Inductor keeps the compiled graph on disk (``TORCHINDUCTOR_CACHE_DIR``), where a later run of the same
 shapes finds it. On one CPU thread at widths 32-128 (the demo's and the study's shapes) the compiled step
 is faster by the fusion of the elementwise chain (RMSNorm, RoPE, the gate, SwiGLU); what it costs is the
-compile: about 13 s with an empty cache, under 2 s with a warm one (benchmarks/README.md).
+compile, long with an empty cache and short with a warm one (benchmarks/README.md, "Tiny widths", has both).
 
 ``"auto"`` compiles when the time a run saves pays for that compile: a CPU run (one process, dense
 blocks, width ≤ ``TINY_WIDTH``) saves about ``SAVED_S_PER_ELEMENT`` seconds per activation element
