@@ -10,11 +10,10 @@ from .generate import Sampling, generate, load_pretrained
 from .init import InitReport, gamma_init_, gamma_normal_, set_norm_eps_
 from .model import ModelOutput, Transformer
 from .train import load_model
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
-    "AnalysisConfig", "Config", "DataConfig", "InitReport", "ModelConfig", "ModelOutput", "MoEConfig", "Sampling",
+    "__version__", "AnalysisConfig", "Config", "DataConfig", "InitReport", "ModelConfig", "ModelOutput", "MoEConfig", "Sampling",
     "SmallinitError", "TrainConfig", "Transformer", "gamma_init_", "gamma_normal_", "generate", "load_model",
     "load_pretrained", "set_norm_eps_",
 ]

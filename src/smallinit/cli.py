@@ -287,7 +287,7 @@ def _version() -> str:
 
     import torch
 
-    from . import __version__
+    from .version import __version__
 
     return f"smallinit {__version__} (torch {torch.__version__}, Python {platform.python_version()})"
 

@@ -3,13 +3,13 @@
 norm_factor (RMSNorm factor, analytic and measured), sink (attention sink scores), residual_flow
 (‖h_L − e‖/‖e‖ and its d-exponent), condensation (stable rank, row cosine), tokens (Δ_sym by difficulty),
 coordcheck (activation / update scale over γ), scaling (power-law fits and effective model size: import
-from smallinit.analysis.scaling); measure (all single-model measurements at once), callback (the same
-during training).
+from smallinit.analysis.scaling); measure (all single-model measurements at once), during_training (the same,
+every N steps of training).
 """
 
-from .callback import AnalysisCallback, load_snapshots
 from .condensation import MatrixStat, RowCosine, matrix_stats, row_cosine, spectral_norm, stable_rank
 from .coordcheck import CoordCheck, coord_check
+from .during_training import AnalysisCallback, load_snapshots
 from .measure import analyze_checkpoint, analyze_model, load_run, measure_activations
 from .norm_factor import (
     check_norm_saturation,

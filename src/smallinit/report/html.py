@@ -26,9 +26,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from .. import __version__
-from ..analysis.callback import load_snapshots
 from ..analysis.coordcheck import CoordCheck
+from ..analysis.during_training import load_snapshots
 from ..analysis.measure import ANALYSIS_FILE
 from ..analysis.norm_factor import init_variance, relative_factor, rmsnorm_factor, saturation_gamma
 from ..analysis.residual_flow import ResidualFlowSweep
@@ -37,6 +36,7 @@ from ..errors import SmallinitError
 from ..experiments.claims import Runs, gaps_from_compares, judge_all
 from ..experiments.runs import Run, find_runs
 from ..io import read_json, write_text_atomic
+from ..version import __version__
 from . import figures
 
 FINDINGS_FILE = "findings.json"  # written by smallinit.experiments (recipe / demo): claims with verdicts
