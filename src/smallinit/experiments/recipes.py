@@ -37,11 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..config import Config, flatten, parse_override, read_toml
+from ..config import flatten, parse_override, read_toml
 from ..errors import ExperimentError, Preempted, SmallinitError
 from ..io import write_json_atomic
 from ..model import Transformer
 from .findings import FINDINGS
+from .runs import model_shape
 from .sweep import Progress, Sweep, SweepOutcome, cell_work, resolve_config, run_sweep
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
@@ -177,7 +178,7 @@ def apply_budget(scale: Scale, vocab: dict[str, int] | None = None) -> Scale:
     for name, sw in scale.sweeps.items():
         for cell in sw.cells():
             cfg = resolve_config(cell, vocab)
-            shape = _shape(cfg)
+            shape = model_shape(flatten(cfg.to_dict()))
             shapes.setdefault((name, cell.size), set()).add(shape)
             tokens = float(b["tokens_per_param"]) * Transformer.count_params(cfg.model)[1]
             steps[shape] = max(steps.get(shape, 1), math.ceil(tokens / (cfg.train.batch_size * cfg.data.seq_len)))
@@ -200,11 +201,6 @@ def apply_budget(scale: Scale, vocab: dict[str, int] | None = None) -> Scale:
         sweeps[name] = Sweep(base=base, grid=sw.grid, arms=sw.arms, sizes=sizes, name=sw.name,
                              description=sw.description, launcher=sw.launcher)
     return Scale(scale.name, scale.description, sweeps, scale.options, scale.budget)
-
-
-def _shape(cfg: Config) -> tuple:
-    m = cfg.model
-    return (m.d_model, m.n_layers, m.n_heads, m.d_ff, m.moe.num_experts if m.moe else 0)
 
 
 @dataclass

@@ -83,10 +83,7 @@ class Run:
 
     @property
     def size(self) -> tuple[int, int, int, int, int]:
-        """The model shape, the same with or without the gate: (d_model, n_layers, n_heads, d_ff, experts)."""
-        c = self.config
-        return (int(c["model.d_model"]), int(c["model.n_layers"]), int(c["model.n_heads"]), int(c["model.d_ff"]),
-                int(c.get("model.moe.num_experts") or 0))
+        return model_shape(self.config)
 
     @cached_property
     def params_nonembed(self) -> int:
@@ -105,6 +102,14 @@ class Run:
             elif have != want:
                 return False
         return True
+
+
+def model_shape(config: dict[str, Any]) -> tuple[int, int, int, int, int]:
+    """The model shape of a flat config, the same with or without the gate: (d_model, n_layers, n_heads, d_ff,
+    experts)."""
+    c = config
+    return (int(c["model.d_model"]), int(c["model.n_layers"]), int(c["model.n_heads"]), int(c["model.d_ff"]),
+            int(c.get("model.moe.num_experts") or 0))
 
 
 def find_runs(root: str | Path) -> list[Run]:

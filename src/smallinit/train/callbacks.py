@@ -13,18 +13,25 @@ if TYPE_CHECKING:
 
 
 class Callback:
-    """Override what you need. on_step_end runs after every optimizer step; ``trainer.log`` writes a record."""
+    """Observes training: override the hooks you need. Hooks run on every rank, in the order the callbacks
+    were appended; ``trainer.runtime.is_main`` tells the main process, the only one that writes."""
 
-    def on_train_start(self, trainer: Trainer) -> None: ...
+    def on_train_start(self, trainer: Trainer) -> None:
+        """Once per ``fit``, before the first step (after a resume restored its checkpoint, ``trainer.step``
+        is that checkpoint's step) and before the step-0 evaluation."""
 
-    def on_step_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...
+    def on_step_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """After every optimizer step, before that step's evaluation and checkpoint; ``record`` holds the
+        step, loss, lr and grad norm (``tokens_per_s`` is nan on steps that are not logged)."""
 
-    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None: ...
+    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """After every evaluation (``{"step", "val_loss"}``), including the one at step 0 and the last."""
 
     def on_log(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        """Every record ``trainer.log`` wrote to metrics.jsonl (main process only)."""
+        """After ``trainer.log`` appended ``record`` to metrics.jsonl (main process only)."""
 
-    def on_train_end(self, trainer: Trainer) -> None: ...
+    def on_train_end(self, trainer: Trainer) -> None:
+        """Once, after the last step's evaluation and checkpoint; not when a stop signal ended the run."""
 
 
 class Progress(Callback):
