@@ -3,7 +3,10 @@
 Rows, all from one run:
   step      tokens/s of a full training step, eager vs ``train.compile`` as "auto" resolves it for a study-length
             run (per block, through ``smallinit.train.distributed.parallelize``), interleaved rounds; each arm's
-            model FLOPs rate as a fraction of one 512² fp32 ``torch.mm`` timed as one more contestant
+            model FLOPs rate as a fraction of one 512² fp32 ``torch.mm`` timed as one more contestant; the whole
+            model compiled as one graph, for reference (not the default: longer to compile)
+  ceiling   the share of an eager step's CPU time spent in the matmul and attention kernels (torch.profiler),
+            which no fusion of the rest changes: 1 / share bounds what compiling (or any fusion) can gain
   compile   seconds to compile, in a fresh process as a sweep cell pays them: with an empty Inductor cache
             (cold), then again on that cache (warm); = the first two compiled steps minus two steady ones
   sweep     cells per hour of a small sweep at 20 tokens per non-embedding parameter through the sweep runner,
@@ -28,7 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_train import ours_loss, train_step
+from bench_train import train_step
 from common import (
     CLOCKS,
     Row,
@@ -64,13 +67,31 @@ def steps_for(d: int, tokens_per_param: float = 20.0) -> int:
     return round(tokens_per_param * nonembed / (cfg.train.batch_size * cfg.data.seq_len))
 
 
-def step_case(cfg: Config, compiled: bool):
+def step_case(cfg: Config, compiled: bool | str):
+    """``compiled``: False (eager), True (per block, as the trainer compiles) or "whole" (one graph)."""
     model = Transformer(cfg.model, seed=0)
-    if compiled:
+    if compiled is True:
         parallelize(model, Runtime.local("cpu"), TrainConfig(compile=True), None)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, VOCAB_BYTES, (cfg.train.batch_size, cfg.data.seq_len + 1), generator=gen)
-    return model, train_step(model, ours_loss, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+    runs = torch.compile(model) if compiled == "whole" else model
+    step = train_step(model, lambda _, x, y: runs(x, y).loss, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+    return model, step
+
+
+KERNELS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::_scaled_dot_product_flash_attention")
+
+
+def kernel_share(call, steps: int = 5) -> float:
+    """The fraction of ``steps`` eager steps' self CPU time spent in matmul and attention kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            call()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    return sum(e.self_cpu_time_total for e in events if e.key.startswith(KERNELS)) / total
 
 
 def step_rows(args: argparse.Namespace) -> list[Row]:
@@ -78,7 +99,7 @@ def step_rows(args: argparse.Namespace) -> list[Row]:
     cases, flops = {"matmul": mm}, {}
     for d in args.widths:
         cfg = tiny(d)
-        for arm, compiled in (("eager", False), ("compiled", True)):
+        for arm, compiled in (("eager", False), ("compiled", True), ("whole", "whole")):
             model, call = step_case(cfg, compiled)
             call()
             call()  # compiles (once per width: the cache of an earlier run makes this fast)
@@ -88,7 +109,8 @@ def step_rows(args: argparse.Namespace) -> list[Row]:
     rate = [mm_flops / s for s in t["matmul"]]
     rows = [Row("tiny", "one thread's fp32 matmul rate (512² torch.mm)", Stat.of([r / 1e9 for r in rate]), "GFLOP/s")]
     for d in args.widths:
-        e, c = t[f"d{d}-eager"], t[f"d{d}-compiled"]
+        e, c, w = t[f"d{d}-eager"], t[f"d{d}-compiled"], t[f"d{d}-whole"]
+        share = kernel_share(cases[f"d{d}-eager"])
         cell = tiny(d, steps=steps_for(d))
         auto = {w: compiling.compile_pays([cell], warm=w) for w in (False, True)}
         speedup = paired(e, c)
@@ -101,6 +123,11 @@ def step_rows(args: argparse.Namespace) -> list[Row]:
                 Stat.of([flops[f"d{d}-eager"] / s / r for s, r in zip(e, rate)]), ""),
             Row("tiny", f"d={d}: compiled, share of the matmul rate",
                 Stat.of([flops[f"d{d}-compiled"] / s / r for s, r in zip(c, rate)]), ""),
+            Row("tiny", f"d={d}: whole model compiled / eager tokens/s (reference)", paired(e, w), "×"),
+            Row("tiny", f"d={d}: eager step's CPU time in matmul + attention kernels", Stat.of([share]), ""),
+            Row("tiny", f"d={d}: ceiling of any fusion = 1 / that share", Stat.of([1 / share]), "×",
+                *(("≥ 1.4", 1 / share >= 1.4) if d <= 64 else ("", None)),
+                note="no compile or fusion of the other work can pass it"),
         ]
     return rows
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import tomllib
 
+from .. import io
 from ..errors import ConfigError
 
 
@@ -25,10 +26,11 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 
 def read_json(p: Path) -> Any:
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
-        raise ConfigError(f"{p} is not valid JSON; the run folder is damaged") from None
+    """A run's config.json; unreadable or not JSON is a damaged run folder."""
+    raw = io.read_json(p)
+    if raw is None:
+        raise ConfigError(f"{p} is not valid JSON; the run folder is damaged")
+    return raw
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
