@@ -58,7 +58,7 @@ def test_sink_scores_match_brute_force_attention(kw):
             b.attn.k_proj.weight.mul_(6.0)
     x = tokens(3, 37)
     got = sink_scores(model, x, chunk=8)  # chunks that do not divide T
-    probs = model(x, capture=("attn",)).attentions  # (B, H, T, T) per layer, the model's non-fused path
+    probs = model(x, capture=("attn",)).attentions  # (B, H, T, T) per layer, a full softmax of q kᵀ
     for layer, p in enumerate(probs):
         heads = p[:, :, 1:, 0].double().mean(dim=(0, 2)).numpy()  # queries 2..T (1-based), key 1
         np.testing.assert_allclose(got.per_head[layer], heads, rtol=1e-5, atol=1e-7)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -16,10 +17,10 @@ from smallinit.model import MoE  # noqa: E402
 
 
 def counted_train_flops(model: Transformer, tokens: torch.Tensor) -> int:
-    """FLOPs PyTorch counts for forward + backward; attention through the explicit (capture) path, whose
-    matmuls the counter sees, over the full T×T scores."""
-    with FlopCounterMode(display=False) as counter:
-        model(tokens, tokens, capture=("attn",)).loss.backward()
+    """FLOPs PyTorch counts for forward + backward; attention through SDPA's math kernel, whose matmuls the
+    counter sees, over the full T×T scores."""
+    with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+        model(tokens, tokens).loss.backward()
     return counter.get_total_flops()
 
 

@@ -132,6 +132,14 @@ def test_capture_api():
     assert len(out.qk) == 6 and out.qk[0][1].shape == (2, 2, 16, 16)
     assert set(out.norm_inputs) >= {"blocks.0.attn_norm", "blocks.5.mlp_norm", "norm"}
     assert plain.hidden_states == [] and plain.attentions == []
+    # the hooks saw the right tensors: layer 1's q, k, v rebuilt from its captured input; the probabilities
+    # times v give what the model's fused attention gives
+    attn, T = m.blocks[1].attn, x.shape[1]
+    h = m.blocks[1].attn_norm(out.norm_inputs["blocks.1.attn_norm"])
+    q, k, v = (proj(h).view(2, T, -1, attn.head_dim).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    q, k = apply_rope(q, m.rope_cos[:T], m.rope_sin[:T]), apply_rope(k, m.rope_cos[:T], m.rope_sin[:T])
+    torch.testing.assert_close(out.qk[1], (q, k))
+    torch.testing.assert_close(out.attentions[1] @ v.repeat_interleave(2, dim=1), attn.sdpa(q, k, v))
     with pytest.raises(ValueError):
         m(x, capture=("everything",))
 

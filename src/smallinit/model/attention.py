@@ -52,6 +52,17 @@ class KVCache:
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
 
+class ScaledDotProductAttention(nn.Module):
+    """softmax(q kᵀ/√d + mask) v through PyTorch's fused kernel, causal unless a mask is given. A module of
+    its own so that analysis can observe the queries and keys after RoPE (model/capture.py)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None):
+        gqa = k.shape[1] != q.shape[1]
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
 class Attention(nn.Module):
     def __init__(
         self, d_model: int, n_heads: int, n_kv_heads: int, *, gate: str, qk_norm: bool, norm_eps: float
@@ -70,10 +81,10 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, norm_eps)
             self.k_norm = RMSNorm(self.head_dim, norm_eps)
         self.qk_norm = qk_norm
+        self.sdpa = ScaledDotProductAttention()
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, captured: dict | None = None,
-        cache: KVCache | None = None, layer: int = 0,
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
     ) -> torch.Tensor:
         """``cos``/``sin`` are the rows of x's positions; with ``cache``, x continues the cached positions."""
         B, T, _ = x.shape
@@ -84,35 +95,16 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
-        past = 0
+        mask = None
         if cache is not None:
             past = cache.length
+            if past:  # query i sits at position past + i and sees keys 0 … past + i (is_causal aligns top-left)
+                mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
             k, v = cache.store(layer, k, v)
-
-        gqa = self.n_kv_heads != self.n_heads
-        if captured is not None and "attn" in captured:
-            y = self._attention_with_probs(q, k, v, captured)
-        elif past:  # query i sits at position past + i and sees keys 0 … past + i (SDPA's is_causal aligns top-left)
-            mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        if captured is not None and "qk" in captured:
-            captured["qk"].append((q.detach(), k.detach()))
+        y = self.sdpa(q, k, v, mask)
 
         if self.gate != "none":
             g = torch.sigmoid(self.g_proj(x).float()).to(y.dtype)  # (B, T, H·hd) or (B, T, H)
             g = g.view(B, T, self.n_heads, -1).transpose(1, 2)  # (B, H, T, hd or 1)
             y = y * g
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
-
-    def _attention_with_probs(self, q, k, v, captured: dict) -> torch.Tensor:
-        """The non-fused path for analysis: same result as SDPA, and it keeps the probabilities."""
-        rep = self.n_heads // self.n_kv_heads
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        T = q.shape[-2]
-        scores = (q.float() @ k.float().transpose(-2, -1)) * self.head_dim**-0.5
-        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-        probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
-        captured["attn"].append(probs.detach())
-        return (probs @ v.float()).to(q.dtype)

@@ -3,9 +3,8 @@
 h_0 = E[tokens];  h_l = h_{l−1} + Attn(Norm(h_{l−1}));  h_l ← h_l + FFN(Norm(h_l));  logits = Norm(h_L) Wᵀ.
 FFN is a SwiGLU, or in MoE layers (``model.moe``) a routed mixture of SwiGLU experts (model/moe.py).
 Every weight matrix starts from N(0, d_in^(−2γ)) (smallinit.init). For analysis, ``capture`` returns
-internal states from the same forward pass: "hidden" (h_0 … h_L, h_L being the final norm's input),
-"norms" (each norm's input, by name), "qk" (per-layer queries and keys after RoPE), "attn" (per-layer
-attention probabilities from a non-fused path). Training passes no capture and always uses fused SDPA.
+internal states of the same forward pass ("hidden", "norms", "qk", "attn"), observed through hooks
+(model/capture.py) so that the forward itself is only the equations above.
 For decoding, ``cache`` (a KVCache from ``new_cache``) holds the earlier positions' keys and values: the
 forward takes only the new tokens, places them after the cached ones (RoPE included) and extends the cache.
 """
@@ -21,12 +20,11 @@ from torch import nn
 from ..config import ModelConfig
 from ..init import InitReport, gamma_init_
 from .attention import Attention, KVCache, rope_tables
+from .capture import capturing, check_kinds
 from .loss import cross_entropy
 from .mlp import SwiGLU
 from .moe import MoE
 from .norm import RMSNorm
-
-CAPTURES = ("hidden", "norms", "qk", "attn")
 
 
 @dataclass
@@ -54,14 +52,9 @@ class Block(nn.Module):
         else:
             self.mlp = SwiGLU(cfg.d_model, cfg.d_ff)
 
-    def forward(self, h, cos, sin, captured: dict | None = None, name: str = "", cache: KVCache | None = None,
-                layer: int = 0):
+    def forward(self, h, cos, sin, cache: KVCache | None = None, layer: int = 0):
         """(h after the block, the MoE layer's weighted router loss or None for a dense block)."""
-        if captured is not None and "norms" in captured:
-            captured["norms"][f"{name}.attn_norm"] = h.detach()
-        h = h + self.attn(self.attn_norm(h), cos, sin, captured, cache, layer)
-        if captured is not None and "norms" in captured:
-            captured["norms"][f"{name}.mlp_norm"] = h.detach()
+        h = h + self.attn(self.attn_norm(h), cos, sin, cache, layer)
         if isinstance(self.mlp, MoE):
             y, aux = self.mlp(self.mlp_norm(h))
             return h + y, aux
@@ -92,26 +85,24 @@ class Transformer(nn.Module):
         self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, capture: Iterable[str] = (),
         cache: KVCache | None = None,
     ) -> ModelOutput:
-        past = cache.length if cache is not None else 0
-        T = tokens.shape[1]
+        if check_kinds(capture):  # the same forward, observed by hooks
+            if cache is not None:
+                raise ValueError("capture needs the whole sequence in one forward; pass no cache")
+            with capturing(self, capture) as got:
+                out = self(tokens, targets)
+            out.hidden_states, out.norm_inputs, out.qk, out.attentions = got.hidden, got.norms, got.qk, got.attn
+            return out
+        past, T = (cache.length if cache is not None else 0), tokens.shape[1]
         if past + T > self.config.max_seq_len:
             raise ValueError(f"sequence length {past + T} exceeds max_seq_len {self.config.max_seq_len}")
-        captured = _capture_slots(capture)
-        if captured and cache is not None:
-            raise ValueError("capture needs the whole sequence in one forward; pass no cache")
         cos, sin = self.rope_cos[past:past + T], self.rope_sin[past:past + T]
 
         h = self.embed(tokens)
-        hidden = [h.detach()] if captured and "hidden" in captured else None
         aux = []
         for i, block in enumerate(self.blocks):
-            h, block_aux = block(h, cos, sin, captured, f"blocks.{i}", cache, i)
+            h, block_aux = block(h, cos, sin, cache, i)
             if block_aux is not None:
                 aux.append(block_aux)
-            if hidden is not None:
-                hidden.append(h.detach())
-        if captured and "norms" in captured:
-            captured["norms"]["norm"] = h.detach()
         if cache is not None:
             cache.length += T
         logits = self.lm_head(self.norm(h))
@@ -121,11 +112,6 @@ class Transformer(nn.Module):
             out.loss = cross_entropy(logits.flatten(0, 1), targets.flatten())
         if aux:  # the mean, so the loss weights do not scale with depth
             out.aux_loss = torch.stack(aux).mean()
-        if captured:
-            out.hidden_states = hidden or []
-            out.norm_inputs = captured.get("norms", {})
-            out.qk = captured.get("qk", [])
-            out.attentions = captured.get("attn", [])
         return out
 
     def new_cache(self, batch_size: int = 1) -> KVCache:
@@ -156,14 +142,3 @@ class Transformer(nn.Module):
         with torch.device("meta"):
             model = Transformer(config, init=False)
         return model.num_params(), model.num_params(embeddings=False)
-
-
-def _capture_slots(capture: Iterable[str]) -> dict | None:
-    capture = tuple(capture)
-    unknown = set(capture) - set(CAPTURES)
-    if unknown:
-        raise ValueError(f"unknown capture {sorted(unknown)}; choose from {CAPTURES}")
-    if not capture:
-        return None
-    slots = {"hidden": True, "norms": {}, "qk": [], "attn": []}
-    return {k: slots[k] for k in capture}
