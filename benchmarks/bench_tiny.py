@@ -112,7 +112,7 @@ def step_rows(args: argparse.Namespace) -> list[Row]:
         e, c, w = t[f"d{d}-eager"], t[f"d{d}-compiled"], t[f"d{d}-whole"]
         share = kernel_share(cases[f"d{d}-eager"])
         cell = tiny(d, steps=steps_for(d))
-        auto = {w: compiling.compile_pays([cell], warm=w) for w in (False, True)}
+        auto = {warm: compiling.compile_pays([cell], warm=warm) for warm in (False, True)}
         speedup = paired(e, c)
         rows += [
             Row("tiny", f"d={d}: eager tokens/s", Stat.of([16 * 128 / s for s in e]), "tokens/s"),

@@ -41,7 +41,7 @@ def test_docs_list_every_key_with_its_type_and_default():
     assert sorted(set(rows) - set(keys)) == [], "docs/config.md lists keys the config does not have"
     for name, k in keys.items():
         assert rows[name] == (k.type, k.default), name
-        assert k.doc, f"{name} has no meaning in config.py"
+        assert k.doc, f"{name} has no meaning in config/schema.py"
 
 
 def test_config_command_prints_commented_toml_that_reads_back(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Files on disk: written so a crash never leaves half of one, hashed, and read back.
 
-Every file and folder the package writes goes through here. A file is written to a temporary name beside
+Every complete file and folder the package writes goes through here (appended logs and the token cache's
+streamed files are the exceptions, docs/architecture.md). A file is written to a temporary name beside
 it, fsynced, then renamed over the target, so a reader sees the old file or the new one; a folder is built
 under a temporary name and renamed when complete. A failed write (disk full, read-only folder) raises
 StorageError with one line saying what to do, and leaves what was there before.

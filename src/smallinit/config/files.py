@@ -21,15 +21,15 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         run = p.parent.parent if p.parent.name == "checkpoints" else p
         p = run / "config.json" if (run / "config.json").is_file() else p
     if p.suffix == ".json" and p.is_file():
-        return read_json(p)
+        return read_config_json(p)
     return read_toml(p)
 
 
-def read_json(p: Path) -> Any:
+def read_config_json(p: Path) -> Any:
     """A run's config.json; unreadable or not JSON is a damaged run folder."""
     raw = io.read_json(p)
     if raw is None:
-        raise ConfigError(f"{p} is not valid JSON; the run folder is damaged")
+        raise ConfigError(f"{p} is not valid JSON or cannot be read; the run folder is damaged")
     return raw
 
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from ..errors import ConfigError
 from .coerce import check_choices, from_dict
-from .files import commented_toml, read_config_file, read_json
+from .files import commented_toml, read_config_file, read_config_json
 from .overrides import parse_override, set_dotted
 from .presets import PRESET_ALIASES, PRESETS
 
@@ -291,7 +291,7 @@ class Config:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"{p} not found; is {p.parent} a run folder?")
-        raw = read_json(p)
+        raw = read_config_json(p)
         for item in overrides:
             if not isinstance(raw, dict):
                 break  # from_dict names the problem

@@ -30,7 +30,7 @@ import numpy as np
 from smallinit import io
 from smallinit.data.corpus import corpus_fingerprint, iter_documents
 from smallinit.data.tokenizer import Tokenizer
-from smallinit.errors import DataError
+from smallinit.errors import DataError, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -341,9 +341,10 @@ def _build(
             meta["seconds"],
             folder,
         )
-    except OSError as e:
+    except (OSError, StorageError) as e:
+        why = e.strerror if isinstance(e, OSError) else str(e).partition("(")[2].partition(")")[0]
         raise DataError(
-            f"cannot write token cache in {folder} ({e.strerror}); free disk space or set {CACHE_ENV} "
+            f"cannot write token cache in {folder} ({why}); free disk space or set {CACHE_ENV} "
             "to a writable folder"
         ) from None
     finally:

@@ -1,9 +1,10 @@
-"""Tokenizers: the shipped byte-level BPE ("default"), a 257-token byte tokenizer ("bytes"), or a file.
+"""Tokenizers: the shipped byte-level BPE ("default"), a 257-token byte tokenizer ("bytes"), the anchor task's
+whole words ("anchor"), or a file.
 
-Every tokenizer here is byte-level, so ``decode(encode(text)) == text`` for any text (English, Chinese,
-emoji, control characters). The end-of-text token ``<|endoftext|>`` separates documents; it is only ever
-produced by the data pipeline, never by encoding text (a literal "<|endoftext|>" in a corpus is encoded
-as ordinary bytes), so a user's text cannot forge a document boundary.
+The byte-level ones give ``decode(encode(text)) == text`` for any text (English, Chinese, emoji, control
+characters). The end-of-text token ``<|endoftext|>`` separates documents; it is only ever produced by the
+data pipeline, never by encoding text (a literal "<|endoftext|>" in a corpus is encoded as ordinary bytes,
+or as ``<unk>`` by the anchor tokenizer), so a user's text cannot forge a document boundary.
 """
 
 from __future__ import annotations

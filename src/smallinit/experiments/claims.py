@@ -678,7 +678,6 @@ def claim_c7(gaps: dict[int, dict[str, Any]] | None) -> ClaimResult:
     return res
 
 
-CLAIMS = ("C1", "C2", "C3", "C4", "C5", "C6", "C7")
 
 
 def reference_lr(runs: Runs) -> Runs:

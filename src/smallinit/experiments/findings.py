@@ -49,6 +49,7 @@ from .claims import (
 )
 from .reasoning import anchor_scores
 
+FINDINGS_FILE = "findings.json"  # a recipe's claims with their verdicts and the numbers behind the figures
 Say = Callable[[str], None]  # receives one progress line per step of an analysis
 
 
@@ -134,7 +135,6 @@ def _largest_paired_size(runs: Runs, arm: dict[str, Any]) -> tuple | None:
 def token_gaps(runs: Runs, options: dict[str, Any], out: Path, say: Say = _quiet) -> dict[int, dict[str, Any]] | None:
     """Δ_sym of γ = 1 (A) against γ = 0.5 (B), same seed, fixed arm, at the largest size that has both;
     also OUT/tokens/seed<s>/compare.json for the report."""
-
     runs = reference_lr(runs)
     n = _largest_paired_size(runs, FIXED)
     if n is None:
@@ -244,7 +244,6 @@ def tokens_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> di
 
 def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     """Anchor probe per run, summarised by γ; judged against Zhang et al.: small init favours reasoning."""
-
     runs = _load(out, say)
     n = int(options.get("anchor_probes", 256))
     per_run, scores = [], {}

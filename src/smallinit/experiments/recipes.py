@@ -26,7 +26,6 @@ overrides the recipe everywhere except on its grid axes.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -37,16 +36,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
+
 from ..config import flatten, parse_override, read_toml
 from ..errors import ExperimentError, Preempted, SmallinitError
 from ..io import write_json_atomic
 from ..model import Transformer
-from .findings import FINDINGS
+from .findings import FINDINGS, FINDINGS_FILE
 from .runs import model_shape
 from .sweep import Progress, Sweep, SweepOutcome, cell_work, resolve_config, run_sweep
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
-FINDINGS_FILE = "findings.json"
 _RECIPE_SECTIONS = ("recipe", "base", "scales")
 _SCALE_KEYS = ("description", "base", "options", "budget", "sweeps")
 _BUDGET_KEYS = ("tokens_per_param", "eval_points", "analysis_points", "warmup_frac")
@@ -226,7 +226,7 @@ class RecipeResult:
 def run_recipe(
     recipe: Recipe | str, scale: str = "cpu", out: str | os.PathLike | None = None, *, jobs: int | None = None,
     presets: list[str] | None = None, overrides: list[str] = (), echo: TextIO | None = sys.stderr,
-    analyze: bool = True, launcher: str | None = None,
+    launcher: str | None = None,
 ) -> RecipeResult:
     """Run every sweep of ``scale`` (continuing earlier runs in ``out``), then the recipe's analysis.
 
@@ -249,7 +249,7 @@ def run_recipe(
     })
     t0 = time.monotonic()
     progress = Progress(recipe.name, {k: w for k, w in work.items() if not (Path(k) / "summary.json").is_file()},
-                        after=", then the analysis" if analyze else "")
+                        after=", then the analysis")
     if echo is not None:
         print(f"[recipe] {recipe.name} ({sc.name}): {len(sc.sweeps)} sweep(s), {progress.total} of {len(work)} runs "
               f"to train; folder {out}", file=echo, flush=True)
@@ -260,20 +260,18 @@ def run_recipe(
         outcomes[name] = run_sweep(sw, out / name, jobs=jobs, echo=echo, launcher=launcher, progress=progress)
         if outcomes[name].interrupted:
             return RecipeResult(recipe, sc, out, outcomes, None, time.monotonic() - t0)
-    analysis = None
-    if analyze:
-        if echo is not None:
-            print(f"[recipe] {recipe.name}: analysis", file=echo, flush=True)
-        train_wall = time.monotonic() - t0
-        cpu0 = time.process_time()
-        analysis = FINDINGS[recipe.analysis](out, sc.options, _stage_printer(echo))
-        cells_cpu = sum(r.get("cpu_s") or 0.0 for o in outcomes.values() for r in o.rows)
-        if echo is not None:
-            print(f"[analysis] done in {time.monotonic() - t0 - train_wall:.0f} s", file=echo, flush=True)
-        analysis = {"recipe": recipe.name, "scale": sc.name, "title": recipe.title, "train_wall_s": train_wall,
-                    "cells_cpu_s": cells_cpu, "analysis_wall_s": time.monotonic() - t0 - train_wall,
-                    "analysis_cpu_s": time.process_time() - cpu0, **analysis}
-        write_json_atomic(out / FINDINGS_FILE, _jsonable(analysis))
+    if echo is not None:
+        print(f"[recipe] {recipe.name}: analysis", file=echo, flush=True)
+    train_wall = time.monotonic() - t0
+    cpu0 = time.process_time()
+    analysis = FINDINGS[recipe.analysis](out, sc.options, _stage_printer(echo))
+    cells_cpu = sum(r.get("cpu_s") or 0.0 for o in outcomes.values() for r in o.rows)
+    if echo is not None:
+        print(f"[analysis] done in {time.monotonic() - t0 - train_wall:.0f} s", file=echo, flush=True)
+    analysis = {"recipe": recipe.name, "scale": sc.name, "title": recipe.title, "train_wall_s": train_wall,
+                "cells_cpu_s": cells_cpu, "analysis_wall_s": time.monotonic() - t0 - train_wall,
+                "analysis_cpu_s": time.process_time() - cpu0, **analysis}
+    write_json_atomic(out / FINDINGS_FILE, _jsonable(analysis))
     return RecipeResult(recipe, sc, out, outcomes, analysis, time.monotonic() - t0)
 
 
@@ -289,11 +287,7 @@ def _stage_printer(echo: TextIO | None) -> Callable[[str], None]:
 
 
 def _jsonable(obj: Any) -> Any:
-    """NaN/inf → None and numpy scalars → Python, so analysis.json is strict JSON."""
-    import math
-
-    import numpy as np
-
+    """NaN/inf → None and numpy scalars → Python, so findings.json is strict JSON."""
     if isinstance(obj, dict):
         return {str(k): _jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -313,11 +307,3 @@ def describe(recipe: Recipe) -> str:
         n = sum(len(sw.cells()) for sw in sc.sweeps.values())
         lines.append(f"  --scale {sc.name}: {n} runs. {sc.description}")
     return "\n".join(lines)
-
-
-def read_findings(out: str | os.PathLike) -> dict[str, Any]:
-    path = Path(out) / FINDINGS_FILE
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        raise ExperimentError(f"{path} is missing or damaged; run the recipe into {out} again") from None

@@ -1,8 +1,8 @@
 """Finished run folders, read back: the resolved config, the metric records and the summary.
 
 What the claims and the HTML report see of the runs they look at (config.json, metrics.jsonl,
-summary.json). Unreadable files
-read as empty (a run still being written, or a line torn by a kill), never as an error.
+summary.json). Unreadable files read as empty (a run still being written, or a line torn by a kill), never
+as an error.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from ..config import Config, flatten
 from ..io import read_json
 from ..model import Transformer
-from ..train.metrics import read_metrics
+from ..train.metrics import METRICS_FILE, read_metrics
 
 
 @dataclass
@@ -118,7 +118,7 @@ def find_runs(root: str | Path) -> list[Run]:
     runs = []
     for cfg_file in sorted(root.rglob("config.json")):
         folder = cfg_file.parent
-        if not (folder / "metrics.jsonl").is_file():
+        if not (folder / METRICS_FILE).is_file():
             continue
         run = Run.load(folder, str(folder.relative_to(root)) if folder != root else folder.name)
         if run is not None:

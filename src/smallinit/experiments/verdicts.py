@@ -1,4 +1,5 @@
-"""Verdicts: does a measured difference agree with the paper's claim, given the spread over seeds?
+"""Verdicts: does a measured difference agree with the paper's claim, given the spread over seeds? And the
+verdict table the terminal shows.
 
 One rule for every claim, so recipes and the report judge alike. A comparison is a set of per-seed
 differences (paired runs: same seed, one setting changed), signed so that positive is the paper's

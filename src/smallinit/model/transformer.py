@@ -85,11 +85,12 @@ class Transformer(nn.Module):
         self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, capture: Iterable[str] = (),
         cache: KVCache | None = None,
     ) -> ModelOutput:
-        if check_kinds(capture):  # the same forward, observed by hooks
+        kinds = check_kinds(capture)
+        if kinds:  # the same forward, observed by hooks
             if cache is not None:
                 raise ValueError("capture needs the whole sequence in one forward; pass no cache")
-            with capturing(self, capture) as got:
-                out = self(tokens, targets)
+            with capturing(self, kinds) as got:
+                out = self.forward(tokens, targets)
             out.hidden_states, out.norm_inputs, out.qk, out.attentions = got.hidden, got.norms, got.qk, got.attn
             return out
         past, T = (cache.length if cache is not None else 0), tokens.shape[1]

@@ -34,12 +34,12 @@ from ..analysis.residual_flow import ResidualFlowSweep
 from ..analysis.tokens import TokenGapResult
 from ..errors import SmallinitError
 from ..experiments.claims import Runs, gaps_from_compares, judge_all
+from ..experiments.findings import FINDINGS_FILE
 from ..experiments.runs import Run, find_runs
 from ..io import read_json, write_text_atomic
 from ..version import __version__
 from . import figures
 
-FINDINGS_FILE = "findings.json"  # written by smallinit.experiments (recipe / demo): claims with verdicts
 REPORT_FILE = "report.html"
 
 

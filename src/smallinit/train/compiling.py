@@ -3,9 +3,10 @@
 ``torch.compile`` is applied per block (``distributed.parallelize``): the blocks share their code and
 shapes, so Dynamo traces one block and every layer reuses that graph (one graph for 4 layers), and
 Inductor keeps the compiled graph on disk (``TORCHINDUCTOR_CACHE_DIR``), where a later run of the same
-shapes finds it. On one CPU thread at widths 32-128 (the demo's and the study's shapes) the compiled step
-is faster by the fusion of the elementwise chain (RMSNorm, RoPE, the gate, SwiGLU); what it costs is the
-compile, long with an empty cache and short with a warm one (benchmarks/README.md, "Tiny widths", has both).
+shapes finds it. On one CPU thread at widths 32-128 (where it was measured; the demo's cells are 16-32 wide)
+the compiled step is faster by the fusion of the elementwise chain (RMSNorm, RoPE, the gate, SwiGLU); what it
+costs is the compile, long with an empty cache and short with a warm one (benchmarks/README.md, "Tiny
+widths", has both).
 
 ``"auto"`` compiles when the time a run saves pays for that compile: a CPU run (one process, dense
 blocks, width ≤ ``TINY_WIDTH``) saves about ``SAVED_S_PER_ELEMENT`` seconds per activation element
@@ -28,10 +29,11 @@ import torch
 
 from ..config import Config
 from .callbacks import Callback
+from .distributed import names_gpu
 
 # From the measurements in benchmarks/README.md, "Tiny widths" (1 thread, byte tokenizer, batch 16 × 128, 4 layers).
 TINY_WIDTH = 128  # the widest model "auto" compiles: the widths the speedup was measured at
-SAVED_S_PER_ELEMENT = 12e-9  # seconds a compiled step saves per token × d_model × layer (low end measured)
+SAVED_S_PER_ELEMENT = 10.5e-9  # seconds a compiled step saves per token × d_model × layer (the lowest, at d = 64)
 COLD_S = 15.0  # seconds to compile a block's forward and backward with an empty cache
 WARM_S = 2.0  # ... and when the cache holds the graph (Dynamo still traces, Inductor loads)
 
@@ -92,9 +94,7 @@ class MarkWarm(Callback):
 
 def eligible(cfg: Config) -> bool:
     """Runs whose compile "auto" weighs: one CPU process, dense blocks, a tiny width."""
-    device = cfg.train.device
-    on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    return not on_gpu and cfg.model.moe is None and cfg.model.d_model <= TINY_WIDTH
+    return not names_gpu(cfg.train.device) and cfg.model.moe is None and cfg.model.d_model <= TINY_WIDTH
 
 
 def saved_s(cfg: Config) -> float:

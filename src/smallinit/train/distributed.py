@@ -84,6 +84,11 @@ class Runtime:
         return Runtime(device, rank, world_size, local_rank)
 
 
+def names_gpu(device: str) -> bool:
+    """Whether ``train.device`` asks for a GPU ("auto": whether one is present), without checking it exists."""
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -16,11 +16,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-import torch
-
 from ...config import Config
 from ...data.cache import default_cache_dir
 from ...model import Transformer
+from ...train import compiling
+from ...train.distributed import names_gpu
+from .spec import Cell
 
 SMALL_MODEL_PARAMS = 25_000_000  # ≤ this (every CPU preset, the demo's shapes): pack one cell per core
 
@@ -32,11 +33,6 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _on_gpu(cfg: Config) -> bool:
-    device = cfg.train.device
-    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-
-
 def compile_cache_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The compile cache of the cells: the user's TORCHINDUCTOR_CACHE_DIR, else one under smallinit's cache
     folder, shared by the cells of every sweep, so a graph compiled once loads in seconds in later cells."""
@@ -46,8 +42,24 @@ def compile_cache_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]
 def default_jobs(configs: list[Config], cores: int | None = None) -> int:
     """The packing rule: small CPU models one single-threaded cell per core, anything else one at a time."""
     cores = cores or available_cores()
-    if not configs or any(_on_gpu(c) for c in configs):
+    if not configs or any(names_gpu(c.train.device) for c in configs):
         return 1
     if max(Transformer.count_params(c.model)[0] for c in configs) <= SMALL_MODEL_PARAMS:
         return max(1, min(cores, len(configs)))
     return 1
+
+
+def compile_choices(cells: list[Cell], configs: dict[str, Config], jobs: int) -> dict[str, bool]:
+    """train.compile for each cell left at "auto": one choice per graph, its cells weighed together, since
+    they share the compile cache (the first ``jobs`` of them compile cold side by side, the rest load)."""
+    groups: dict[str, list[Cell]] = {}
+    for cell in cells:
+        if configs[cell.id].train.compile == "auto":
+            groups.setdefault(compiling.graph_key(configs[cell.id]), []).append(cell)
+    env = compile_cache_env()
+    choices = {}
+    for group in groups.values():
+        cfgs = [configs[c.id] for c in group]
+        pays = compiling.compile_pays(cfgs, warm=compiling.is_warm(cfgs[0], env), jobs=jobs)
+        choices.update((c.id, pays) for c in group)
+    return choices

@@ -1,10 +1,9 @@
 """Running a sweep: one process per cell, supervised.
 
-Cells run in order (sizes outermost, then arms, then the grid keys in file order) as ``python -m smallinit
-train --out SWEEP/cells/<cell-id> --set ...`` (or ``<launcher> -m smallinit train ...`` when [sweep] sets
-``launcher``, e.g. ``"torchrun --standalone --nproc_per_node=gpu"``: in a file only torchrun with launch
-options, any other command only from the command line), so a crash or a NaN in one cell cannot
-stop the others. Later layers win: base, then size, then arm, then grid values. The sweep folder
+Each cell runs as ``python -m smallinit train --out SWEEP/cells/<cell-id> --set ...`` (or ``<launcher> -m
+smallinit train ...`` when [sweep] sets ``launcher``, e.g. ``"torchrun --standalone --nproc_per_node=gpu"``:
+in a file only torchrun with launch options, any other command only from the command line), so a crash or a
+NaN in one cell cannot stop the others. The sweep folder
 holds ``sweep.json`` (the cells), ``status.json`` (pending / running / done / failed / interrupted per cell,
 with the error line; rewritten atomically after every change), ``results.csv`` and ``results.json`` (one
 row per cell) and ``cells/<cell-id>/`` (a run folder plus ``train.log``). Running the sweep again skips
@@ -30,9 +29,8 @@ from ...errors import ExperimentError, Preempted
 from ...io import read_json, write_json_atomic
 from ...model import Transformer
 from ...signals import stop_requests
-from ...train import compiling
 from ...train.metrics import read_metrics
-from .packing import available_cores, compile_cache_env, default_jobs
+from .packing import available_cores, compile_cache_env, compile_choices, default_jobs
 from .progress import Progress, cell_work
 from .results import cell_row, error_line, write_results
 from .spec import Cell, Sweep, launcher_argv, resolve_config, toml_literal
@@ -148,10 +146,10 @@ class SweepRunner:
         self.jobs = jobs or default_jobs(list(self.configs.values()))
         self.threads = max(1, available_cores() // self.jobs)
         self.retry_failed, self.echo, self.python = retry_failed, echo, python
-        self.compile = self._compile_choices()
+        self.compile = compile_choices(self.cells, self.configs, self.jobs)
         self.overall = progress  # a recipe's progress over all its sweeps, told of each cell that ends
         self.states: dict[str, dict[str, Any]] = {}
-        self.stop: list[str] = []
+        self.stop: list[str] = []  # stop requests of the session that runs (smallinit.signals)
 
     # -- bookkeeping --
 
@@ -211,21 +209,6 @@ class SweepRunner:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             time.sleep(_POLL_S)
-
-    def _compile_choices(self) -> dict[str, bool]:
-        """train.compile for each cell left at "auto": one choice per graph, its cells weighed together, since
-        they share the compile cache (the first ``jobs`` of them compile cold side by side, the rest load)."""
-        groups: dict[str, list[Cell]] = {}
-        for cell in self.cells:
-            if self.configs[cell.id].train.compile == "auto":
-                groups.setdefault(compiling.graph_key(self.configs[cell.id]), []).append(cell)
-        env = compile_cache_env()
-        choices = {}
-        for cells in groups.values():
-            configs = [self.configs[c.id] for c in cells]
-            pays = compiling.compile_pays(configs, warm=compiling.is_warm(configs[0], env), jobs=self.jobs)
-            choices.update((c.id, pays) for c in cells)
-        return choices
 
     # -- processes --
 

@@ -2,7 +2,6 @@
 
 A sweep file (TOML)::
 
-
     [sweep]
     name = "gamma-eps"                      # optional
     description = "γ × ε at cpu-1m"         # optional
