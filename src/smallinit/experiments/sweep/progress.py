@@ -21,7 +21,7 @@ class Progress:
 
     ``work`` maps each cell to run (by key) to its ``cell_work``. A cell's time is modelled as a fixed overhead
     (start-up, evaluation, checkpoints) plus its compute at a rate, both measured on the cells that finished:
-    with tiny CPU models the overhead dominates, with large ones the compute. The ETA scales the time since
+    the overhead weighs most in short cells, the compute in long ones. The ETA scales the time since
     the session started by the modelled time left over the time done (which also accounts for cells run side by
     side), counting the logged share of the steps of cells still running.
     """
