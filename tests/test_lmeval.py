@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 
 from smallinit.cli import main  # noqa: E402
 from smallinit.config import Config  # noqa: E402
-from smallinit.data import iter_documents, load_tokenizer  # noqa: E402
+from smallinit.data import load_tokenizer  # noqa: E402
 from smallinit.export.lmeval import run_eval  # noqa: E402
 from smallinit.report import build_report  # noqa: E402
 from smallinit.report.html import num  # noqa: E402
@@ -29,12 +29,9 @@ MC, GEN = "smallinit_tiny_mc", "smallinit_tiny_gen"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
+def run(tmp_path_factory, corpus) -> Path:
     """A few training steps of a headwise-gated model (exported as our remote-code class)."""
     root = tmp_path_factory.mktemp("lmeval")
-    play = next(iter(iter_documents("shakespeare")))
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": play[i:i + 1000]}) + "\n" for i in range(0, 60_000, 1000)))
     cfg = Config.load(overrides=[
         "data.tokenizer=bytes", f"data.corpus={corpus}", "model.d_model=32", "model.n_layers=2",
         "model.n_heads=4", "model.n_kv_heads=2", "model.d_ff=64", "model.max_seq_len=128", "data.seq_len=64",

@@ -11,18 +11,9 @@ import pytest
 
 from smallinit.cli import main
 from smallinit.config import Config
-from smallinit.data import iter_documents
 from smallinit.train import Trainer
 from smallinit.train.callbacks import Callback
 from smallinit.train.loggers import TensorBoardLogger, scalars
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    play = next(iter(iter_documents("shakespeare")))
-    path = tmp_path_factory.mktemp("corpus") / "slice.jsonl"
-    path.write_text("".join(json.dumps({"text": play[i:i + 1000]}) + "\n" for i in range(0, 40_000, 1000)))
-    return path
 
 
 def tiny(corpus: Path) -> list[str]:
