@@ -20,7 +20,12 @@ class CheckpointError(SmallinitError):
 
 
 class StorageError(SmallinitError):
-    """A file could not be written (disk full, read-only or missing folder); what was written before is kept."""
+    """A file could not be written (disk full, read-only or missing folder); what was written before is kept.
+    ``why`` is the system's reason (e.g. "No space left on device")."""
+
+    def __init__(self, message: str, why: str = ""):
+        super().__init__(message)
+        self.why = why
 
 
 class TrainingError(SmallinitError):

@@ -38,7 +38,7 @@ def load_pretrained(path: str | os.PathLike, *, device: str | torch.device = "cp
     found = resolve_checkpoint(path)
     cfg = Config.from_dict(found.state["config"])
     tokenizer = run_tokenizer(cfg.data.tokenizer, cfg.model.vocab_size)
-    return load_model(found.path, device=device), tokenizer
+    return load_model(found, device=device), tokenizer
 
 
 @dataclass(frozen=True)

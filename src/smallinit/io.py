@@ -34,7 +34,7 @@ def storage_error(path: Path, e: BaseException, kept: Kept | None = None) -> Sto
     """One line for a failed write: what, why (ENOSPC, EROFS, ...), what to do, and what was kept."""
     why = (e.strerror if isinstance(e, OSError) else None) or str(e).split("I/O error: ")[-1] or type(e).__name__
     note = f"; {kept()}" if kept is not None else ""
-    return StorageError(f"cannot write {path} ({why}); free disk space or make the folder writable{note}")
+    return StorageError(f"cannot write {path} ({why}); free disk space or make the folder writable{note}", why)
 
 
 def _is_io_failure(e: BaseException) -> bool:
@@ -68,13 +68,18 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, *, kept: Kept | None = 
     write_text_atomic(path, text, kept=kept)
 
 
+def make_folder(folder: str | os.PathLike) -> None:
+    """``folder`` and its parents, or one StorageError line saying why not."""
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise storage_error(Path(folder), e) from None
+
+
 def write_result(path: str | os.PathLike, obj: Any) -> Path:
     """A measurement's JSON, in the order it was built (parent folders made; numpy scalars written as floats)."""
     path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise storage_error(path, e) from None
+    make_folder(path.parent)
     write_json_atomic(path, obj, indent=1, sort_keys=False, default=float)
     return path
 

@@ -58,7 +58,7 @@ def load_run(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> 
     """A trained model with its resolved config, from a run folder or a checkpoint folder."""
     found = resolve_checkpoint(path)
     return LoadedRun(
-        model=_load_model(found.path, device=device), config=Config.from_dict(found.state["config"]),
+        model=_load_model(found, device=device), config=Config.from_dict(found.state["config"]),
         step=found.step, path=found.path,
     )
 

@@ -342,7 +342,7 @@ def _build(
             folder,
         )
     except (OSError, StorageError) as e:
-        why = e.strerror if isinstance(e, OSError) else str(e).partition("(")[2].partition(")")[0]
+        why = e.strerror if isinstance(e, OSError) else e.why
         raise DataError(
             f"cannot write token cache in {folder} ({why}); free disk space or set {CACHE_ENV} "
             "to a writable folder"

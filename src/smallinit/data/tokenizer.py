@@ -69,10 +69,7 @@ class Tokenizer:
     def save(self, path: str | os.PathLike) -> Path:
         """Write the tokenizer JSON atomically; returns the path."""
         path = Path(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise io.storage_error(path, e) from None
+        io.make_folder(path.parent)
         io.write_text_atomic(path, self._json)
         return path
 

@@ -43,6 +43,17 @@ class KVCache:
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.length = 0
+        self._mask: torch.Tensor | None = None
+
+    def mask(self, T: int) -> torch.Tensor | None:
+        """The mask of T new queries after the cached positions: query i sits at position length + i and sees
+        keys 0 … length + i (SDPA's is_causal aligns top-left, so it cannot say this). None while nothing is
+        cached, where is_causal is right. Built once per forward and shared by every layer."""
+        if not self.length:
+            return None
+        if self._mask is None or self._mask.shape != (T, self.length + T):
+            self._mask = torch.ones(T, self.length + T, dtype=torch.bool, device=self.keys.device).tril(self.length)
+        return self._mask
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v (B, H_kv, T, hd) after the cached positions; return the layer's keys and values so far."""
@@ -97,9 +108,7 @@ class Attention(nn.Module):
 
         mask = None
         if cache is not None:
-            past = cache.length
-            if past:  # query i sits at position past + i and sees keys 0 … past + i (is_causal aligns top-left)
-                mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
+            mask = cache.mask(T)
             k, v = cache.store(layer, k, v)
         y = self.sdpa(q, k, v, mask)
 

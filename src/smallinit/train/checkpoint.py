@@ -291,9 +291,9 @@ def resolve_checkpoint(path: str | Path) -> Checkpoint:
     return found
 
 
-def load_model(path: str | Path, *, device: str | torch.device = "cpu"):
-    """The model (eval mode) from a run folder or a checkpoint folder."""
-    found = resolve_checkpoint(path)
+def load_model(path: str | Path | Checkpoint, *, device: str | torch.device = "cpu"):
+    """The model (eval mode) from a run folder, a checkpoint folder or an already verified Checkpoint."""
+    found = path if isinstance(path, Checkpoint) else resolve_checkpoint(path)
     run_config = found.path.parent.parent / "config.json"
     if run_config.is_file():
         check_config(found, Config.from_json_file(run_config).to_dict(), run_config)

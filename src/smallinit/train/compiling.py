@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from .. import io
 from ..config import Config
 from .callbacks import Callback
 from .distributed import names_gpu
@@ -131,7 +132,7 @@ def resolve(cfg: Config, world_size: int, recorded: bool | None) -> bool:
 def recorded_choice(run_dir: Path) -> bool | None:
     """The compile choice a run folder's config.json holds (None: no folder, or "auto" not yet resolved)."""
     try:
-        value = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))["train"]["compile"]
-    except (OSError, ValueError, KeyError, TypeError):
+        value = io.read_json(run_dir / "config.json")["train"]["compile"]
+    except (KeyError, TypeError):
         return None
     return value if isinstance(value, bool) else None

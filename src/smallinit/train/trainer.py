@@ -112,11 +112,8 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, tc)
         self.names = {id(p): n for n, p in self.model.named_parameters()}
         if not resume and self.runtime.is_main:  # written only once the inputs and the model proved usable
-            try:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise io.storage_error(self.run_dir, e) from None
-            io.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict())
+            io.make_folder(self.run_dir)
+            io.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict())  # nothing to keep yet
         self.step, self.skipped = 0, 0
         if resume:
             self._restore()
@@ -152,13 +149,13 @@ class Trainer:
         if found is None:  # killed before the first checkpoint: start over, with a fresh log and the new plan
             if self.runtime.is_main:
                 truncate_metrics(self.run_dir, -1)
-                io.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict(), kept=ckpt.kept(self.run_dir))
+                self._write_config()
             return
-        planned = Config.from_dict(found.state["config"]).to_dict()
-        ckpt.check_config(found, _as_planned(self.cfg.to_dict(), planned), self.run_dir / "config.json")
-        if planned["train"]["steps"] != self.cfg.train.steps:
-            self._check_new_length(Config.from_dict(planned).train, found.step)
-            self.steps_before = planned["train"]["steps"]
+        planned = Config.from_dict(found.state["config"])
+        ckpt.check_config(found, _as_planned(self.cfg.to_dict(), planned.to_dict()), self.run_dir / "config.json")
+        if planned.train.steps != self.cfg.train.steps:
+            self._check_new_length(planned.train, found.step)
+            self.steps_before = planned.train.steps
         if self.runtime.is_distributed:  # rank 0 reads the full tensors, every rank takes its part
             load_full_state(self.model, self.optimizer, self.names, self.runtime, lambda: (
                 ckpt.load_tensors(found.path / "model.safetensors"),
@@ -173,9 +170,12 @@ class Trainer:
         if self.runtime.is_main:
             truncate_metrics(self.run_dir, self.step)
             if self.steps_before is not None:  # the run's new length; metrics.jsonl keeps the old one
-                io.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict(), kept=ckpt.kept(self.run_dir))
+                self._write_config()
                 self.log({"step": self.step, "event": "steps", "before": self.steps_before,
                           "after": self.cfg.train.steps})
+
+    def _write_config(self) -> None:
+        io.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict(), kept=ckpt.kept(self.run_dir))
 
     def _check_new_length(self, planned: TrainConfig, step: int) -> None:
         """A run may resume with another train.steps only if its steps so far keep their learning rates."""
