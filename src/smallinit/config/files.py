@@ -4,6 +4,7 @@ TOML with each key under a comment."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -63,17 +64,25 @@ def _toml_section(lines: list[str], name: str, table: dict[str, Any], docs: dict
         if value is None:
             lines.append(f"# [{name}.{key}] (absent): {docs[f'{name}.{key}']}")
             continue
-        lines += [f"# {docs[f'{name}.{key}']}", f"{key} = {_toml_value(value)}"]
+        lines += [f"# {docs[f'{name}.{key}']}", f"{key} = {toml_literal(value)}"]
     for key, value in nested:
         _toml_section(lines, f"{name}.{key}", value, docs)
 
 
-def _toml_value(value: Any) -> str:
+def toml_literal(value: Any) -> str:
+    """A value as the TOML literal that reads back to the same value (also what ``--set key=<literal>`` takes)."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"value {value!r} is not finite; use a finite number")
         return repr(value)  # Python's shortest round-trip form is valid TOML (1e-12, 0.003, 10000.0)
+    if isinstance(value, str):  # JSON's escapes are TOML's; DEL is the one control character JSON leaves raw
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    # JSON's escapes are TOML's; DEL is the one control character JSON leaves raw and TOML refuses
-    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")
+        return "[" + ", ".join(toml_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {toml_literal(v)}" for k, v in value.items()) + "}"
+    raise ConfigError(f"value {value!r} has unsupported type {type(value).__name__}")

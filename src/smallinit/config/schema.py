@@ -360,8 +360,6 @@ def config_keys() -> list[KeyDoc]:
     return keys
 
 
-
-
 def _positive(obj: Any, *names: str) -> None:
     section = type(obj).__name__.replace("Config", "").lower()
     for n in names:

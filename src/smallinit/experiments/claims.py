@@ -49,7 +49,7 @@ from ..analysis.scaling import effective_size_gain
 from ..config import emulated_eps
 from ..errors import ConfigError
 from .runs import Run
-from .sweep import sweep_rows
+from .sweep import cell_dir, cell_states, load_cells
 from .verdicts import (
     AGREE,
     ALPHA,
@@ -101,6 +101,11 @@ class Comparison:
 
     def __post_init__(self) -> None:
         self.samples = [float(x) for x in self.samples if x is not None and math.isfinite(x)]
+
+    @staticmethod
+    def difference(label: str, x: Comparison, y: Comparison, paper: str = "", untestable: str = "") -> Comparison:
+        """x's per-seed values minus y's, paired in seed order as far as the shorter list goes."""
+        return Comparison(label, [a - b for a, b in zip(x.samples, y.samples)], paper, untestable=untestable)
 
     @staticmethod
     def interval(label: str, estimate: float, lo: float, hi: float, level: float, paper: str = "") -> Comparison:
@@ -178,7 +183,7 @@ class ClaimResult:
     @property
     def n_testable(self) -> int:
         """Comparisons that will be judged by a test (the size of the family)."""
-        return sum(1 for c in self.comparisons if not c.untestable and not isinstance(c.test(), str))
+        return sum(1 for c in self.comparisons if not isinstance(c.test(), str))
 
     @property
     def verdict(self) -> str:
@@ -212,9 +217,10 @@ class Runs:
         runs = []
         for folder in folders:
             for spec in sorted(Path(folder).rglob("sweep.json")):
-                sweep_dir = spec.parent
-                for row in sweep_rows(sweep_dir):
-                    run = Run.load(sweep_dir / row["dir"], row["cell"]) if row["status"] == "done" else None
+                states = cell_states(spec.parent)
+                for cell in load_cells(spec.parent):
+                    run = Run.load(cell_dir(spec.parent, cell.id), cell.id) \
+                        if states.get(cell.id, {}).get("status") == "done" else None
                     if run is not None:
                         runs.append(run)
         return Runs(runs)
@@ -379,9 +385,8 @@ def claim_c1(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
             res.comparisons.append(c)
     if len(gains) >= 2:
         lo, hi = min(gains), max(gains)
-        k = min(len(gains[lo].samples), len(gains[hi].samples))
-        shrink = Comparison(f"gain shrink {_size_label(lo)}→{_size_label(hi)}",
-                            [a - b for a, b in zip(gains[lo].samples[:k], gains[hi].samples[:k])], "≈ +0.047")
+        shrink = Comparison.difference(f"gain shrink {_size_label(lo)}→{_size_label(hi)}", gains[lo], gains[hi],
+                                       "≈ +0.047")
         if min(gains[lo].mean, gains[hi].mean) <= 0:
             shrink.untestable = (f"γ = 1 is not ahead at both ends ({gains[lo].mean:+.3f} at {_size_label(lo)}, "
                                  f"{gains[hi].mean:+.3f} at {_size_label(hi)}): there is no gain to shrink")
@@ -425,10 +430,8 @@ def claim_c2(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
                             f" at {_size_label(n)}: ε cannot saturate (emulate it with model.norm_eps_width)")
         fix1 = loss_comparison(f"ε-fix gain at γ1 @{_size_label(n)}", b1, f1, "+0.038", min_tpp)
         fix05 = loss_comparison(f"ε-fix gain at γ.5 @{_size_label(n)}", b05, f05, "+0.001", min_tpp)
-        k = min(len(fix1.samples), len(fix05.samples))
-        diff = Comparison(f"γ1 minus γ.5 ε-fix gain @{_size_label(n)}",
-                          [a - b for a, b in zip(fix1.samples[:k], fix05.samples[:k])], "+0.037",
-                          untestable=fix1.untestable or fix05.untestable)
+        diff = Comparison.difference(f"γ1 minus γ.5 ε-fix gain @{_size_label(n)}", fix1, fix05, "+0.037",
+                                     fix1.untestable or fix05.untestable)
         res.comparisons += [fix1, diff]
     if not res.comparisons:
         res.comparisons.append(Comparison.missing("ε-fix gain", "needs γ {0.5, 1} × ε {1e-5, 1e-12} without gate"))
@@ -437,7 +440,7 @@ def claim_c2(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
     return res
 
 
-def _sink_layers(run: Run) -> tuple[list[float], int, int] | None:
+def sink_layers(run: Run) -> tuple[list[float], int, int] | None:
     """Per-layer sink scores at the end of training, with the sequences and tokens they were measured on."""
     rec = _last_analysis(run)
     if not rec or "sink" not in rec:
@@ -448,7 +451,7 @@ def _sink_layers(run: Run) -> tuple[list[float], int, int] | None:
 
 def sink_formed(runs: Runs) -> tuple[str, str]:
     """(problem or "", note) for C3's precondition on the no-gate γ = 1 runs."""
-    measured = [m for m in (_sink_layers(r) for r in runs) if m is not None]
+    measured = [m for m in (sink_layers(r) for r in runs) if m is not None]
     if not measured:
         return "no sink scores at the end of training (analysis.every was off)", ""
     seqs, tokens = min(m[1] for m in measured), min(m[2] for m in measured)
@@ -479,10 +482,8 @@ def claim_c3(runs: Runs, *, min_tpp: float = MIN_TOKENS_PER_PARAM) -> ClaimResul
                                 "+0.047", min_tpp)
         gate05 = loss_comparison(f"gate gain at γ.5 @{_size_label(n)}", cells[0.5, "none"],
                                  cells[0.5, "elementwise"], "+0.004", min_tpp)
-        k = min(len(gate1.samples), len(gate05.samples))
-        res.comparisons += [gate1, Comparison(f"γ1 minus γ.5 gate gain @{_size_label(n)}",
-                                              [a - b for a, b in zip(gate1.samples[:k], gate05.samples[:k])],
-                                              "+0.043", untestable=gate1.untestable or gate05.untestable)]
+        res.comparisons += [gate1, Comparison.difference(f"γ1 minus γ.5 gate gain @{_size_label(n)}", gate1, gate05,
+                                                         "+0.043", gate1.untestable or gate05.untestable)]
         problem, note = sink_formed(cells[1.0, "none"])
         if note:
             res.notes.append(f"@{_size_label(n)}: {note}")
@@ -676,8 +677,6 @@ def claim_c7(gaps: dict[int, dict[str, Any]] | None) -> ClaimResult:
         res.untestable = (f"a model is not below the bigram baseline ({worst:.3f} ≥ {np.mean(bigram):.3f})"
                           if bigram else "no bigram baseline measured on these tokens")
     return res
-
-
 
 
 def reference_lr(runs: Runs) -> Runs:

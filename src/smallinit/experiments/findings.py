@@ -35,7 +35,6 @@ from .claims import (
     Comparison,
     Run,
     Runs,
-    _last_analysis,
     claim_c1,
     claim_c2,
     claim_c3,
@@ -46,6 +45,7 @@ from .claims import (
     judge_all,
     paired,
     reference_lr,
+    sink_layers,
 )
 from .reasoning import anchor_scores
 
@@ -85,10 +85,9 @@ def sink_table(runs: Runs) -> list[dict[str, Any]]:
     """Sink score per layer at the end of training, averaged over seeds, per (size, γ, ε, gate)."""
     groups: dict[tuple, list[list[float]]] = {}
     for r in runs:
-        rec = _last_analysis(r)
-        if rec and "sink" in rec:
-            layers = [rec["sink"][k] for k in sorted(rec["sink"], key=int)]
-            groups.setdefault(_group_key(r), []).append(layers)
+        measured = sink_layers(r)
+        if measured is not None:
+            groups.setdefault(_group_key(r), []).append(measured[0])
     return [{**_size_fields(k[0]), "gamma": k[1], "norm_eps": k[2], "gate": k[3],
              "per_layer": np.mean(np.asarray(v, dtype=float), axis=0).tolist(), "n": len(v)}
             for k, v in sorted(groups.items())]
@@ -142,22 +141,26 @@ def token_gaps(runs: Runs, options: dict[str, Any], out: Path, say: Say = _quiet
     sel = runs.where(FIXED).where(size=n)
     a = {r.seed: r for r in sel.where({"model.gamma": 1.0})}
     b = {r.seed: r for r in sel.where({"model.gamma": 0.5})}
-    gaps = {}
+    gaps, shared = {}, {}  # shared: tokenizer, held-out batches and bigram loss, once per data config
     seeds = sorted(set(a) & set(b))
     for i, seed in enumerate(seeds, 1):
         say(f"token-level comparison γ = 1 vs γ = 0.5, seed {seed} ({i} of {len(seeds)})")
         cfg = Config.from_json_file(a[seed].path / "config.json")
-        tok = load_tokenizer(cfg.data.tokenizer)
-        batches = list(held_out_batches(cfg, tok, batches=int(options.get("gap_batches", 16)),
-                                        batch_size=int(options.get("gap_batch_size", 16))))
-        train = load_token_data(cfg.data.corpus, tok, val_fraction=cfg.data.val_fraction,
-                                text_field=cfg.data.text_field).train
+        key = repr(sorted(cfg.to_dict()["data"].items()))
+        if key not in shared:
+            tok = load_tokenizer(cfg.data.tokenizer)
+            batches = list(held_out_batches(cfg, tok, batches=int(options.get("gap_batches", 16)),
+                                            batch_size=int(options.get("gap_batch_size", 16))))
+            train = load_token_data(cfg.data.corpus, tok, val_fraction=cfg.data.val_fraction,
+                                    text_field=cfg.data.text_field).train
+            shared[key] = tok, batches, bigram_loss(train, batches, tok.vocab_size)
+        tok, batches, bigram = shared[key]
         res = token_gap(load_model(a[seed].path), load_model(b[seed].path), batches, tokenizer=tok, bins=10, top_k=10)
         res.meta.update(label_a=f"γ=1 ({a[seed].name})", label_b=f"γ=0.5 ({b[seed].name})",
                         settings_a=run_settings(a[seed].config), settings_b=run_settings(b[seed].config))
         res.save(out / "tokens" / f"seed{seed}")
         gaps[seed] = {**res.to_dict(), **_size_fields(n), "a": a[seed].name, "b": b[seed].name,
-                      "bigram_loss": bigram_loss(train, batches, tok.vocab_size)}
+                      "bigram_loss": bigram}
     return gaps
 
 

@@ -44,7 +44,7 @@ from ..io import write_json_atomic
 from ..model import Transformer
 from .findings import FINDINGS, FINDINGS_FILE
 from .runs import model_shape
-from .sweep import Progress, Sweep, SweepOutcome, cell_work, resolve_config, run_sweep
+from .sweep import Progress, Sweep, SweepOutcome, cell_dir, cell_work, resolve_config, run_sweep
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 _RECIPE_SECTIONS = ("recipe", "base", "scales")
@@ -217,11 +217,6 @@ class RecipeResult:
         codes = [o.exit_code for o in self.sweeps.values()]
         return Preempted.exit_code if Preempted.exit_code in codes else (1 if any(codes) else 0)
 
-    @property
-    def cells_cpu_s(self) -> float:
-        """CPU seconds (user + system) of every training process, all attempts: the load-independent cost."""
-        return sum(r.get("cpu_s") or 0.0 for o in self.sweeps.values() for r in o.rows)
-
 
 def run_recipe(
     recipe: Recipe | str, scale: str = "cpu", out: str | os.PathLike | None = None, *, jobs: int | None = None,
@@ -239,7 +234,7 @@ def run_recipe(
     work: dict[str, float] = {}  # every cell of every sweep is checked before anything runs
     for name, sw in sc.sweeps.items():
         for cell in sw.cells():
-            work[str(out / name / "cells" / cell.id)] = cell_work(resolve_config(cell, vocab))
+            work[str(cell_dir(out / name, cell.id))] = cell_work(resolve_config(cell, vocab))
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "recipe.json", {
         "recipe": recipe.name, "title": recipe.title, "scale": sc.name, "description": sc.description,

@@ -47,7 +47,7 @@ class Run:
     def records(self, event: str) -> list[dict[str, Any]]:
         return [r for r in self.metrics if r.get("event") == event]
 
-    @property
+    @cached_property
     def analysis(self) -> list[dict[str, Any]]:
         """The analysis callback's records, in step order."""
         return sorted(self.records("analysis"), key=lambda r: r.get("step", 0))
@@ -61,7 +61,7 @@ class Run:
             v = vals[-1] if vals else None
         return float(v) if v is not None else None
 
-    @property
+    @cached_property
     def val_curve(self) -> list[tuple[int, float]]:
         """(step, validation loss) at every evaluation, in step order (the last one per step)."""
         by_step = {int(r["step"]): float(r["val_loss"]) for r in self.metrics

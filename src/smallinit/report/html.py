@@ -52,7 +52,11 @@ class ReportError(SmallinitError):
 
 def varying_keys(runs: Sequence[Run]) -> list[str]:
     keys = sorted({k for r in runs for k in r.config})
-    return [k for k in keys if len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
+    return [k for k in keys if _distinct(runs, k) > 1]
+
+
+def _distinct(runs: Sequence[Run], key: str) -> int:
+    return len({json.dumps(r.config.get(key), sort_keys=True, default=str) for r in runs})
 
 
 # -- writing ------------------------------------------------------------------------------------------------
@@ -158,10 +162,6 @@ def _value(v: Any) -> str:
 
 def _setting(run: Run, keys: Sequence[str]) -> str:
     return ", ".join(f"{short_key(k)}={_value(run.config.get(k))}" for k in keys)
-
-
-def _distinct(runs: Sequence[Run], key: str) -> int:
-    return len({json.dumps(r.config.get(key), sort_keys=True, default=str) for r in runs})
 
 
 @dataclass
@@ -308,8 +308,7 @@ def _section_norm_factor(doc: _Doc, runs: list[Run], analyses: list[tuple[str, d
         doc.raw(table(["model", "step", "min over norms", "mean over norms"], rows))
 
 
-def _section_losses(doc: _Doc, runs: list[Run], vary: list[str]) -> None:
-    groups = Groups.of(runs, vary)
+def _section_losses(doc: _Doc, runs: list[Run], groups: Groups) -> None:
     panels: dict[str, dict[str, dict[str, list]]] = {}
     for panel, curve, group in groups.items():
         train = [[(m["step"], m["loss"]) for m in r.metrics if "loss" in m and "event" not in m] for r in group]
@@ -335,8 +334,7 @@ def _section_losses(doc: _Doc, runs: list[Run], vary: list[str]) -> None:
                       [[str(rv), *vals[i]] for i, rv in enumerate(rows)]))
 
 
-def _section_sink(doc: _Doc, runs: list[Run], vary: list[str], analyses: list[tuple[str, dict]]) -> None:
-    groups = Groups.of(runs, vary)
+def _section_sink(doc: _Doc, groups: Groups, analyses: list[tuple[str, dict]]) -> None:
     panels: dict[str, dict[str, list[list[float]]]] = {}
     rows = []
     for panel, curve, group in groups.items():
@@ -388,8 +386,7 @@ def _section_residual(doc: _Doc, runs: list[Run], sweeps: list[tuple[str, Residu
 HEATMAPS_SHOWN = 2  # settings whose row-cosine heatmaps are open; the others are folded away
 
 
-def _section_condensation(doc: _Doc, runs: list[Run], vary: list[str]) -> None:
-    groups = Groups.of(runs, vary)
+def _section_condensation(doc: _Doc, groups: Groups) -> None:
     panels: dict[str, dict[str, dict[str, list]]] = {}
     rows = []
     for panel, curve, group in groups.items():
@@ -565,10 +562,11 @@ def build_report(roots: str | os.PathLike | Sequence[str | os.PathLike],
     _section_findings(doc, findings)
     _section_runs(doc, runs, vary)
     _section_norm_factor(doc, runs, analyses)
-    _section_losses(doc, runs, vary)
-    _section_sink(doc, runs, vary, analyses)
+    groups = Groups.of(runs, vary)
+    _section_losses(doc, runs, groups)
+    _section_sink(doc, groups, analyses)
     _section_residual(doc, runs, sweeps)
-    _section_condensation(doc, runs, vary)
+    _section_condensation(doc, groups)
     _section_tokens(doc, compares)
     _section_coordcheck(doc, checks)
     _section_analyses(doc, analyses)

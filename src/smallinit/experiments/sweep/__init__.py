@@ -7,14 +7,14 @@
 * :mod:`.progress` — elapsed time and ETA over the cells of a sweep or a recipe.
 """
 
-from .packing import SMALL_MODEL_PARAMS, available_cores, compile_cache_env, default_jobs
+from .packing import available_cores, compile_cache_env, default_jobs
 from .progress import Progress, cell_work
-from .results import format_table, sweep_rows
+from .results import cell_states, format_table, load_cells, sweep_rows
 from .runner import SweepOutcome, SweepRunner, run_sweep
-from .spec import Cell, Sweep, launcher_argv, resolve_config, toml_literal
+from .spec import Cell, Sweep, cell_dir, resolve_config
 
 __all__ = [
-    "SMALL_MODEL_PARAMS", "Cell", "Progress", "Sweep", "SweepOutcome", "SweepRunner", "available_cores",
-    "cell_work", "compile_cache_env", "default_jobs", "format_table", "launcher_argv", "resolve_config", "run_sweep",
-    "sweep_rows", "toml_literal",
+    "Cell", "Progress", "Sweep", "SweepOutcome", "SweepRunner", "available_cores", "cell_dir", "cell_states",
+    "cell_work", "compile_cache_env", "default_jobs", "format_table", "load_cells", "resolve_config", "run_sweep",
+    "sweep_rows",
 ]

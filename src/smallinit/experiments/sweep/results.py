@@ -13,7 +13,7 @@ from typing import Any
 from ...errors import ExperimentError
 from ...io import read_json, write_json_atomic, write_text_atomic
 from ...train.metrics import read_metrics
-from .spec import Cell
+from .spec import Cell, cell_dir
 
 
 def error_line(log: Path) -> str:
@@ -30,7 +30,7 @@ def error_line(log: Path) -> str:
 
 def cell_row(sweep_dir: Path, cell: Cell, state: dict[str, Any]) -> dict[str, Any]:
     """One results row: grid values, status, losses, sizes and time."""
-    run = sweep_dir / "cells" / cell.id
+    run = cell_dir(sweep_dir, cell.id)
     summary = read_json(run / "summary.json") or {}
     records = read_metrics(run)
     train = [r for r in records if "loss" in r and r.get("event") is None]
@@ -68,9 +68,13 @@ def load_cells(sweep_dir: Path) -> list[Cell]:
 def sweep_rows(sweep_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """The results rows of a sweep folder, as they stand now (also while it runs)."""
     sweep_dir = Path(sweep_dir)
-    cells = load_cells(sweep_dir)
-    states = (read_json(sweep_dir / "status.json") or {}).get("cells", {})
-    return [cell_row(sweep_dir, c, states.get(c.id, {})) for c in cells]
+    states = cell_states(sweep_dir)
+    return [cell_row(sweep_dir, c, states.get(c.id, {})) for c in load_cells(sweep_dir)]
+
+
+def cell_states(sweep_dir: Path) -> dict[str, dict[str, Any]]:
+    """Each cell's state in status.json (status, error, times), by cell id; empty before the first run."""
+    return (read_json(Path(sweep_dir) / "status.json") or {}).get("cells", {})
 
 
 def write_results(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:

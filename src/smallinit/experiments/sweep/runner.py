@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from ...config.files import toml_literal
 from ...errors import ExperimentError, Preempted
 from ...io import read_json, write_json_atomic
 from ...model import Transformer
@@ -33,7 +34,7 @@ from ...train.metrics import read_metrics
 from .packing import available_cores, compile_cache_env, compile_choices, default_jobs
 from .progress import Progress, cell_work
 from .results import cell_row, error_line, write_results
-from .spec import Cell, Sweep, launcher_argv, resolve_config, toml_literal
+from .spec import Cell, Sweep, cell_dir, launcher_argv, resolve_config
 
 _POLL_S = 0.2
 _ORPHAN_WAIT_S = 120.0  # how long a re-run waits for a cell process left over from a killed runner
@@ -182,7 +183,7 @@ class SweepRunner:
         old = (read_json(self.dir / "status.json") or {}).get("cells", {})
         for cell in self.cells:
             state = dict(old.get(cell.id) or {})
-            run = self.dir / "cells" / cell.id
+            run = cell_dir(self.dir, cell.id)
             total, nonembed = Transformer.count_params(self.configs[cell.id].model)
             state.update(params=total, params_nonembed=nonembed)
             state.setdefault("attempts", 0)
@@ -198,7 +199,7 @@ class SweepRunner:
 
     def _wait_orphan(self, cell: Cell, pid: int) -> None:
         """A cell process outlived a killed runner: let it checkpoint and exit before we resume the cell."""
-        run = self.dir / "cells" / cell.id
+        run = cell_dir(self.dir, cell.id)
         self._say(f"[sweep] cell {cell.id}: waiting for its old process {pid} to stop")
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
@@ -213,7 +214,7 @@ class SweepRunner:
     # -- processes --
 
     def _launch(self, cell: Cell, index: int) -> _Running:
-        run = self.dir / "cells" / cell.id
+        run = cell_dir(self.dir, cell.id)
         run.mkdir(parents=True, exist_ok=True)
         resume = (run / "config.json").is_file()
         start = launcher_argv(self.sweep.launcher) if self.sweep.launcher else [self.python]
@@ -260,7 +261,8 @@ class SweepRunner:
             if line.strip() and not line.startswith("=== attempt"):
                 self._say(f"  [{r.index}/{len(self.cells)}] {line.rstrip()}")
 
-    def _finish(self, r: _Running, rc: int) -> None:
+    def _finish(self, r: _Running, rc: int) -> dict[str, Any]:
+        """Record how the cell ended; returns its results row."""
         self._echo_output(r)
         r.log.close()
         state = self.states[r.cell.id]
@@ -270,7 +272,7 @@ class SweepRunner:
         state["returncode"] = rc
         state["finished"] = time.time()
         state.pop("pid", None)
-        run = self.dir / "cells" / r.cell.id
+        run = cell_dir(self.dir, r.cell.id)
         if (run / "summary.json").is_file():  # written last, atomically: the run finished (a signal may follow)
             state.update(status="done", error=None)
         elif rc == Preempted.exit_code or (rc < 0 and self.stop):
@@ -285,6 +287,7 @@ class SweepRunner:
                   f"{val}{err}")
         self._save_status()
         write_results(self.dir, self.rows())
+        return row
 
     def rows(self) -> list[dict[str, Any]]:
         return [cell_row(self.dir, c, self.states[c.id]) for c in self.cells]
@@ -315,16 +318,16 @@ class SweepRunner:
         return SweepOutcome(self.dir, rows, interrupted=bool(self.stop))
 
     def _key(self, cell: Cell) -> str:
-        return str(self.dir / "cells" / cell.id)
+        return str(cell_dir(self.dir, cell.id))
 
     def _steps_done(self, r: _Running) -> float:
         """The fraction of its steps a running cell has logged."""
-        step = max((rec.get("step", 0) for rec in read_metrics(self.dir / "cells" / r.cell.id)), default=0)
+        step = max((rec.get("step", 0) for rec in read_metrics(cell_dir(self.dir, r.cell.id))), default=0)
         return min(1.0, step / self.configs[r.cell.id].train.steps)
 
-    def _train_s(self, r: _Running) -> float | None:
+    def _train_s(self, r: _Running, row: dict[str, Any]) -> float | None:
         """Seconds a finished cell spent in training steps: its tokens at its median logged speed."""
-        speed = cell_row(self.dir, r.cell, self.states[r.cell.id])["tokens_per_s"]
+        speed = row["tokens_per_s"]
         tc = self.configs[r.cell.id].train
         return tc.steps * tc.batch_size * self.configs[r.cell.id].data.seq_len / speed if speed else None
 
@@ -350,13 +353,14 @@ class SweepRunner:
                         self._echo_output(r)
                         continue
                     running.remove(r)
-                    self._finish(r, rc)
+                    row = self._finish(r, rc)
                     if self.stop:
                         continue
                     in_flight = {self._key(x.cell): self._steps_done(x) for x in running}
+                    train_s = self._train_s(r, row)
                     for p in (progress, self.overall):
                         if p is not None:
-                            p.finish(self._key(r.cell), time.monotonic() - r.started, self._train_s(r))
+                            p.finish(self._key(r.cell), time.monotonic() - r.started, train_s)
                             self._say(p.line(in_flight))
         finally:
             for r in running:  # only reached on an unexpected error in the runner itself

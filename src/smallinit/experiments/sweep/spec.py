@@ -29,15 +29,15 @@ arms, then the grid keys in file order.
 from __future__ import annotations
 
 import itertools
-import json
-import math
 import os
 import re
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ...config import Config, flatten, read_toml
+from ...config.files import toml_literal
 from ...data import load_tokenizer
 from ...errors import ExperimentError, SmallinitError
 
@@ -48,25 +48,6 @@ _SWEEP_KEYS = ("name", "description", "launcher")
 _FILE_LAUNCHER = "torchrun"
 _LAUNCH_OPTIONS = ("standalone", "nproc-per-node", "nnodes", "node-rank", "rdzv-backend", "rdzv-endpoint", "rdzv-id",
                    "master-addr", "master-port", "max-restarts", "monitor-interval", "redirects", "tee")
-
-
-def toml_literal(value: Any) -> str:
-    """A value as the TOML literal ``--set key=<literal>`` reads back to the same value."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ExperimentError(f"sweep value {value!r} is not finite; use a finite number")
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_literal(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {toml_literal(v)}" for k, v in value.items()) + "}"
-    raise ExperimentError(f"sweep value {value!r} has unsupported type {type(value).__name__}")
 
 
 def launcher_argv(launcher: str, where: str = "--launcher") -> list[str]:
@@ -102,6 +83,11 @@ def _launch_option(arg: str) -> bool:
 def _id_part(value: Any) -> str:
     text = toml_literal(value).strip('"') if not isinstance(value, float) else repr(value)
     return re.sub(r"[^A-Za-z0-9.+-]", "", text) or "x"
+
+
+def cell_dir(sweep_dir: str | os.PathLike, cell_id: str) -> Path:
+    """The run folder of cell ``cell_id`` in a sweep folder."""
+    return Path(sweep_dir) / "cells" / cell_id
 
 
 @dataclass(frozen=True)
