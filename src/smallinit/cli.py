@@ -171,13 +171,14 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     result = analyze_checkpoint(args.checkpoint, data=args.data, batches=args.batches, batch_size=args.batch_size,
                                 seq_len=args.seq_len, device=args.device)
-    check_norm_saturation(Config.from_dict(result["config"]).model)
+    cfg = Config.from_dict(result["config"])
+    check_norm_saturation(cfg.model)
     out = Path(args.out) if args.out else default_output_dir(result["checkpoint"])
     paths = write_analysis(result, out)
     print(f"step {result['step']}: loss {result['loss']:.4f} on {result['tokens']:,} tokens; "
           f"sink mean {result['sink']['mean']:.4f}; residual flow {result['residual_flow']:.4f}; "
           f"min norm factor {min(result['norm_factor'].values()):.4f}")
-    print(_analyze_loss_note(Config.from_dict(result["config"]), args))
+    print(_analyze_loss_note(cfg, args))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 

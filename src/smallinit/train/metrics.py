@@ -4,6 +4,7 @@ by whatever looks at a run. A line torn by a kill is skipped, never an error."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,33 +23,29 @@ def append_record(run_dir: Path, record: dict[str, Any]) -> None:
         raise io.storage_error(path, e, kept(run_dir)) from None
 
 
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """The records of RUN/metrics.jsonl; a torn or foreign line is skipped."""
+def _records(run_dir: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(line, record) for each whole record of RUN/metrics.jsonl; a torn or foreign line is skipped."""
     try:
-        lines = (Path(run_dir) / METRICS_FILE).read_text(encoding="utf-8", errors="replace").splitlines()
+        text = (Path(run_dir) / METRICS_FILE).read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return []
-    records = []
-    for line in lines:
+        return
+    for line in text.splitlines():
         try:
             rec = json.loads(line)
         except (json.JSONDecodeError, RecursionError):
             continue
         if isinstance(rec, dict):
-            records.append(rec)
-    return records
+            yield line, rec
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of RUN/metrics.jsonl; a torn or foreign line is skipped."""
+    return [rec for _, rec in _records(run_dir)]
 
 
 def truncate_metrics(run_dir: Path, last_step: int) -> None:
-    """On resume, drop records past the checkpoint so the log reads like one uninterrupted run."""
+    """On resume, drop records past the checkpoint (and torn lines) so the log reads like one uninterrupted run."""
     path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            if json.loads(line).get("step", 0) <= last_step:
-                keep.append(line)
-        except (json.JSONDecodeError, AttributeError, RecursionError):
-            continue  # a line torn by a crash
-    io.write_text_atomic(path, "".join(line + "\n" for line in keep))
+    if path.exists():
+        keep = [line for line, rec in _records(run_dir) if rec.get("step", 0) <= last_step]
+        io.write_text_atomic(path, "".join(line + "\n" for line in keep))
