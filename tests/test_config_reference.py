@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 import tomllib
 import torch
-from safetensors.torch import load_file
 
+from helpers import final_tensors
 from smallinit import Config
 from smallinit.cli import main
 from smallinit.config import config_keys
-from smallinit.train import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parent.parent
 ROW = re.compile(r"^\| `(?P<key>[a-z0-9_.]+)` \| (?P<type>[^|]+) \| `(?P<default>.*)` \| (?P<doc>.+) \|$")
@@ -85,8 +84,7 @@ def test_a_run_is_reproduced_from_its_folder(tmp_path, capsys):
     capsys.readouterr()
     tensors = {}
     for run in "abc":
-        found = ckpt.latest_checkpoint(tmp_path / run)
-        tensors[run] = {**load_file(found.path / "model.safetensors"), **load_file(found.path / "optim.safetensors")}
+        tensors[run] = final_tensors(tmp_path / run)
         assert json.loads((tmp_path / run / "config.json").read_text()) == json.loads(
             (tmp_path / "a" / "config.json").read_text())
     for run in "bc":

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 import smallinit
+from helpers import tensors_of
 from smallinit import Config, Transformer
 from smallinit.errors import ConfigError
 from smallinit.train import Trainer
@@ -50,12 +51,8 @@ def records(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def tensors(path: Path) -> dict[str, torch.Tensor]:
-    return {**load_file(path / "model.safetensors"), **load_file(path / "optim.safetensors")}
-
-
 def final(run: Path) -> dict[str, torch.Tensor]:
-    return tensors(ckpt.newest_checkpoint(run).path)
+    return tensors_of(ckpt.newest_checkpoint(run).path)
 
 
 def cut_at(src: Path, dst: Path, step: int) -> Path:

@@ -25,6 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from helpers import snapshot, tensors_of
 from smallinit import Config, load_model
 from smallinit.cli import main
 from smallinit.errors import SmallinitError, StorageError
@@ -41,14 +42,6 @@ TINY = [
 
 def tiny(*extra: str) -> Config:
     return Config.load(overrides=[*TINY, *extra])
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def tensors_of(path: Path) -> dict[str, torch.Tensor]:
-    return {**load_file(path / "model.safetensors"), **load_file(path / "optim.safetensors")}
 
 
 def assert_same_tensors(a: Path, b: Path) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
+from helpers import final_tensors
 from smallinit import Config, load_model
 from smallinit.errors import CheckpointError, ConfigError, TrainingError
 from smallinit.train import Callback, Trainer, lr_at
@@ -26,11 +26,6 @@ TINY = [
 
 def tiny(*extra: str) -> Config:
     return Config.load(overrides=[*TINY, *extra])
-
-
-def final_tensors(run: Path) -> dict[str, torch.Tensor]:
-    found = ckpt.latest_checkpoint(run)
-    return {**load_file(found.path / "model.safetensors"), **load_file(found.path / "optim.safetensors")}
 
 
 def test_loss_falls_and_run_folder(tmp_path):

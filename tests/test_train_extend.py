@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
+from helpers import final_tensors, snapshot
 from smallinit import Config
 from smallinit.cli import main
 from smallinit.errors import ConfigError
 from smallinit.train import Callback, Progress, Trainer
-from smallinit.train import checkpoint as ckpt
 
 TINY = [
     "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=2", "model.d_ff=64",
@@ -33,15 +32,6 @@ def sets(*extra: str) -> list[str]:
     return [a for s in (*TINY, *extra) for a in ("--set", s)]
 
 
-def final_tensors(run: Path) -> dict[str, torch.Tensor]:
-    found = ckpt.latest_checkpoint(run)
-    return {**load_file(found.path / "model.safetensors"), **load_file(found.path / "optim.safetensors")}
-
-
-def files(run: Path) -> dict[Path, bytes]:
-    return {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
-
-
 def records(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -49,10 +39,10 @@ def records(run: Path) -> list[dict]:
 def test_resume_of_a_finished_run_keeps_everything(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "--out", str(run), *sets("train.steps=6")]) == 0
-    before = files(run)
+    before = snapshot(run)
     assert json.loads((run / "summary.json").read_text())["val_loss"] is not None
     assert main(["train", "--out", str(run), "--resume"]) == 0
-    assert files(run) == before  # summary.json's val_loss included
+    assert snapshot(run) == before  # summary.json's val_loss included
     out = capsys.readouterr()
     assert "resumed from step 6" in out.err and "val loss" in out.out
 
@@ -60,16 +50,16 @@ def test_resume_of_a_finished_run_keeps_everything(tmp_path, capsys):
 def test_cosine_run_refuses_to_extend_and_says_the_way_out(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "--out", str(run), *sets("train.steps=6")]) == 0
-    before = files(run)
+    before = snapshot(run)
     capsys.readouterr()
     assert main(["train", "--out", str(run), "--resume", "--set", "train.steps=10"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("smallinit: error:") and err.count("\n") == 1
     assert "cosine" in err and f"--init-from {run}" in err and "train.steps=4" in err
-    assert files(run) == before
+    assert snapshot(run) == before
     assert main(["train", "--out", str(run), "--resume", "--set", "train.steps=3"]) == 2
     assert "below step 6" in capsys.readouterr().err
-    assert files(run) == before
+    assert snapshot(run) == before
 
 
 @pytest.mark.parametrize("schedule", ["constant", "wsd"])
@@ -113,11 +103,11 @@ def test_finished_wsd_run_refuses_to_extend(tmp_path):
 def test_init_from_starts_a_new_run_from_the_weights(tmp_path, capsys):
     a, b = tmp_path / "a", tmp_path / "b"
     assert main(["train", "--out", str(a), *sets("train.steps=8")]) == 0
-    before = files(a)
+    before = snapshot(a)
     assert main(["train", "--out", str(b), "--init-from", str(a), "--set", "train.steps=4"]) == 0
     err = capsys.readouterr().err
     assert "weights from" in err and "fresh optimizer" in err
-    assert files(a) == before
+    assert snapshot(a) == before
     # step 0 of the new run measures a's final weights on the same validation batches
     assert records(b)[0]["val_loss"] == pytest.approx(json.loads((a / "summary.json").read_text())["val_loss"])
     cfg = json.loads((b / "config.json").read_text())
