@@ -247,6 +247,10 @@ class Runs:
                 acc.setdefault(r.seed, []).append(v)
         return {s: float(np.mean(v)) for s, v in acc.items()}
 
+    def run_by_seed(self) -> dict[int, Run]:
+        """The run of each seed (the last one if a seed has several, which one selection should not)."""
+        return {r.seed: r for r in self.runs}
+
     def __len__(self) -> int:
         return len(self.runs)
 
@@ -299,8 +303,8 @@ def uniform_sink(seq_len: int) -> float:
 def gap_trajectory(a: Runs, b: Runs) -> dict[str, Any] | None:
     """L(a) − L(b) per seed at every evaluation both runs of a seed share: steps, tokens per non-embedding
     parameter (of a), per-seed gaps, and their mean and sd over seeds."""
-    ca = {r.seed: (dict(r.val_curve), r) for r in a}
-    cb = {r.seed: dict(r.val_curve) for r in b}
+    ca = {seed: (dict(r.val_curve), r) for seed, r in a.run_by_seed().items()}
+    cb = {seed: dict(r.val_curve) for seed, r in b.run_by_seed().items()}
     seeds = sorted(set(ca) & set(cb))
     if not seeds:
         return None
@@ -613,7 +617,8 @@ def claim_c6(runs: Runs) -> ClaimResult:
         sel = runs.where(arm)
         for n in sel.values("size"):
             at = sel.where(size=n)
-            traj = {g: {r.seed: r.analysis for r in at.where({"model.gamma": g})} for g in (0.5, 1.0)}
+            traj = {g: {seed: r.analysis for seed, r in at.where({"model.gamma": g}).run_by_seed().items()}
+                    for g in (0.5, 1.0)}
             seeds = sorted(s for s in set(traj[0.5]) & set(traj[1.0]) if len(traj[0.5][s]) >= 3 and len(traj[1.0][s]) >= 3)
             if not seeds:
                 continue

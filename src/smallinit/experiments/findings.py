@@ -126,8 +126,8 @@ def flow_sweep(options: dict[str, Any], out: Path, say: Say = _quiet) -> dict[st
 def _largest_paired_size(runs: Runs, arm: dict[str, Any]) -> tuple | None:
     sel = runs.where(arm)
     ok = [n for n in sel.values("size")
-          if set(sel.where({"model.gamma": 1.0, "size": n}).by_seed(lambda r: 0.0))
-          & set(sel.where({"model.gamma": 0.5, "size": n}).by_seed(lambda r: 0.0))]
+          if set(sel.where({"model.gamma": 1.0, "size": n}).run_by_seed())
+          & set(sel.where({"model.gamma": 0.5, "size": n}).run_by_seed())]
     return max(ok) if ok else None
 
 
@@ -139,8 +139,7 @@ def token_gaps(runs: Runs, options: dict[str, Any], out: Path, say: Say = _quiet
     if n is None:
         return None
     sel = runs.where(FIXED).where(size=n)
-    a = {r.seed: r for r in sel.where({"model.gamma": 1.0})}
-    b = {r.seed: r for r in sel.where({"model.gamma": 0.5})}
+    a, b = sel.where({"model.gamma": 1.0}).run_by_seed(), sel.where({"model.gamma": 0.5}).run_by_seed()
     gaps, shared = {}, {}  # shared: tokenizer, held-out batches and bigram loss, once per data config
     seeds = sorted(set(a) & set(b))
     for i, seed in enumerate(seeds, 1):
