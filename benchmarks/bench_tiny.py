@@ -1,10 +1,12 @@
-"""Tiny widths (d = 32, 64, 128; 4 layers, byte tokenizer, batch 16 × 128): eager vs the default (compiled).
+"""Tiny widths (d = 32, 64, 128; 4 layers, byte tokenizer, batch 16 × 128; and the demo recipe's shape, head_dim 8,
+batch 8 × 256, at d = 16 and 32): eager vs the default (compiled).
 
 Rows, all from one run:
   step      tokens/s of a full training step, eager vs ``train.compile`` as "auto" resolves it for a study-length
             run (per block, through ``smallinit.train.distributed.parallelize``), interleaved rounds; each arm's
             model FLOPs rate as a fraction of one 512² fp32 ``torch.mm`` timed as one more contestant; the whole
-            model compiled as one graph, for reference (not the default: longer to compile)
+            model compiled as one graph, for reference (not the default: longer to compile, and not deterministic
+            with more than one thread)
   ceiling   the share of an eager step's CPU time spent in the matmul and attention kernels (torch.profiler),
             which no fusion of the rest changes: 1 / share bounds what compiling (or any fusion) can gain
   compile   seconds to compile, in a fresh process as a sweep cell pays them: with an empty Inductor cache
@@ -13,7 +15,7 @@ Rows, all from one run:
             end to end (start-up, compiling, evaluation, checkpoints), packing on in every arm: eager
             (``train.compile=false``), the default on an empty compile cache, the default on a warm one
 
-    python benchmarks/bench_tiny.py --threads 1 --clock cpu [--widths 32 64 128] [--sweep-width 64]
+    python benchmarks/bench_tiny.py --threads 1 --clock cpu [--widths 32 64 128] [--demo-widths 16 32] [--sweep-width 64]
 
 "auto" compiles where the rule in ``smallinit.train.compiling`` says it pays; the step rows compare eager with
 the compiled step it then runs, and say what "auto" picks for one study-length cell.
@@ -55,21 +57,24 @@ from smallinit.train.distributed import Runtime, parallelize
 VOCAB_BYTES = bytes_tokenizer().vocab_size
 
 
-def shape(d: int) -> dict[str, object]:
-    """The demo's and the study's shape at width d: 4 layers, head_dim 16, d_ff = 3d, byte tokenizer, 16 × 128."""
-    return {"model.d_model": d, "model.n_layers": 4, "model.n_heads": d // 16, "model.n_kv_heads": d // 16,
-            "model.d_ff": 3 * d, "data.tokenizer": "bytes", "data.seq_len": 128, "train.batch_size": 16}
+def shape(d: int, demo: bool = False) -> dict[str, object]:
+    """4 layers of width d, d_ff = 3d, byte tokenizer: head_dim 16 and 16 × 128 tokens per step, or with ``demo``
+    the demo recipe's head_dim 8 and 8 × 256 (its scales train d = 16, 24, 32)."""
+    head_dim, seq, batch = (8, 256, 8) if demo else (16, 128, 16)
+    return {"model.d_model": d, "model.n_layers": 4, "model.n_heads": d // head_dim,
+            "model.n_kv_heads": d // head_dim, "model.d_ff": 3 * d, "data.tokenizer": "bytes",
+            "data.seq_len": seq, "train.batch_size": batch}
 
 
-def tiny(d: int, **train: object) -> Config:
-    keys = {**shape(d), **{f"train.{k}": v for k, v in train.items()}}
+def tiny(d: int, demo: bool = False, **train: object) -> Config:
+    keys = {**shape(d, demo), **{f"train.{k}": v for k, v in train.items()}}
     cfg = Config.load(overrides=[f"{k}={json.dumps(v)}" for k, v in keys.items()])
     cfg.model.vocab_size = VOCAB_BYTES
     return cfg.validate()
 
 
-def steps_for(d: int, tokens_per_param: float = 20.0) -> int:
-    cfg = tiny(d)
+def steps_for(d: int, demo: bool = False, tokens_per_param: float = 20.0) -> int:
+    cfg = tiny(d, demo)
     nonembed = Transformer.count_params(cfg.model)[1]
     return math.ceil(tokens_per_param * nonembed / (cfg.train.batch_size * cfg.data.seq_len))  # as recipes' budgets
 
@@ -103,38 +108,40 @@ def kernel_share(call, steps: int = 5) -> float:
 
 def step_rows(args: argparse.Namespace) -> list[Row]:
     mm, mm_flops = matmul_case(512)
-    cases, flops, configs = {"matmul": mm}, {}, {}
-    for d in args.widths:
-        cfg = configs[d] = tiny(d)
+    shapes = [(f"d={d}", d, False) for d in args.widths] + [(f"demo d={d}", d, True) for d in args.demo_widths]
+    cases, flops = {"matmul": mm}, {}
+    for name, d, demo in shapes:
+        cfg = tiny(d, demo)
         for arm, compiled in (("eager", False), ("compiled", True), ("whole", "whole")):
             model, call = step_case(cfg, compiled)
             call()
-            call()  # compiles (once per width: the cache of an earlier run makes this fast)
-            cases[f"d{d}-{arm}"] = call
-            flops[f"d{d}-{arm}"] = train_flops_per_token(model, cfg.data.seq_len) * cfg.train.batch_size * cfg.data.seq_len
+            call()  # compiles (once per shape: the cache of an earlier run makes this fast)
+            cases[f"{name} {arm}"] = call
+            flops[f"{name} {arm}"] = train_flops_per_token(model, cfg.data.seq_len) * cfg.train.batch_size * cfg.data.seq_len
     t = interleaved(cases, rounds=args.rounds, warmup=1, inner=args.inner, clock=args.clock)
     rate = [mm_flops / s for s in t["matmul"]]
     rows = [Row("tiny", "one thread's fp32 matmul rate (512² torch.mm)", Stat.of([r / 1e9 for r in rate]), "GFLOP/s")]
-    for d in args.widths:
-        e, c, w = t[f"d{d}-eager"], t[f"d{d}-compiled"], t[f"d{d}-whole"]
-        share = kernel_share(cases[f"d{d}-eager"])
-        cell = tiny(d, steps=steps_for(d))
+    for name, d, demo in shapes:
+        e, c, w = t[f"{name} eager"], t[f"{name} compiled"], t[f"{name} whole"]
+        share = kernel_share(cases[f"{name} eager"])
+        cell = tiny(d, demo, steps=steps_for(d, demo))
         auto = {warm: compiling.compile_pays([cell], warm=warm) for warm in (False, True)}
         speedup, ceiling = paired(e, c), Stat.of([1 / share])
-        per_step = configs[d].train.batch_size * configs[d].data.seq_len
+        per_step = cell.train.batch_size * cell.data.seq_len
+        goal = d in (32, 64)  # the widths the ≥ 1.4× goal names
         rows += [
-            Row("tiny", f"d={d}: eager tokens/s", Stat.of([per_step / s for s in e]), "tokens/s"),
-            Row("tiny", f"d={d}: compiled / eager tokens/s", speedup, "×",
-                *(check(speedup, at_least=1.4) if d <= 64 else ("", None)),
+            Row("tiny", f"{name}: eager tokens/s", Stat.of([per_step / s for s in e]), "tokens/s"),
+            Row("tiny", f"{name}: compiled / eager tokens/s", speedup, "×",
+                *(check(speedup, at_least=1.4) if goal else ("", None)),
                 note=f'"auto" compiles one {cell.train.steps}-step cell: cold {auto[False]}, warm {auto[True]}'),
-            Row("tiny", f"d={d}: eager, share of the matmul rate",
-                Stat.of([flops[f"d{d}-eager"] / s / r for s, r in zip(e, rate)]), ""),
-            Row("tiny", f"d={d}: compiled, share of the matmul rate",
-                Stat.of([flops[f"d{d}-compiled"] / s / r for s, r in zip(c, rate)]), ""),
-            Row("tiny", f"d={d}: whole model compiled / eager tokens/s (reference)", paired(e, w), "×"),
-            Row("tiny", f"d={d}: eager step's CPU time in matmul + attention kernels", Stat.of([share]), ""),
-            Row("tiny", f"d={d}: ceiling of any fusion = 1 / that share", ceiling, "×",
-                *(check(ceiling, at_least=1.4) if d <= 64 else ("", None)),
+            Row("tiny", f"{name}: eager, share of the matmul rate",
+                Stat.of([flops[f"{name} eager"] / s / r for s, r in zip(e, rate)]), ""),
+            Row("tiny", f"{name}: compiled, share of the matmul rate",
+                Stat.of([flops[f"{name} compiled"] / s / r for s, r in zip(c, rate)]), ""),
+            Row("tiny", f"{name}: whole model compiled / eager tokens/s (reference)", paired(e, w), "×"),
+            Row("tiny", f"{name}: eager step's CPU time in matmul + attention kernels", Stat.of([share]), ""),
+            Row("tiny", f"{name}: ceiling of any fusion = 1 / that share", ceiling, "×",
+                *(check(ceiling, at_least=1.4) if goal else ("", None)),
                 note="no compile or fusion of the other work can pass it"),
         ]
     return rows
@@ -222,6 +229,8 @@ def run(args: argparse.Namespace) -> list[Row]:
 
 def add_args(ap: argparse.ArgumentParser, quick: bool = False) -> None:
     ap.add_argument("--widths", nargs="+", type=int, default=[32, 64] if quick else [32, 64, 128])
+    ap.add_argument("--demo-widths", nargs="*", type=int, default=[] if quick else [16, 32],
+                    help="widths measured at the demo recipe's shape too (head_dim 8, 8 × 256)")
     ap.add_argument("--rounds", type=int, default=3 if quick else 5)
     ap.add_argument("--inner", type=int, default=3, help="steps per sample")
     ap.add_argument("--sweep-width", type=int, default=32 if quick else 64)

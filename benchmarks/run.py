@@ -7,7 +7,7 @@ Benchmarks (each also runs alone: ``python benchmarks/bench_<name>.py --help``):
   packing    two 1-thread processes vs one 2-thread process, per size             bench_packing.py
   sweep      sweep cells/hour, sequential vs packed, results bit for bit          bench_sweep.py
   compile    torch.compile speedup and compile time                               bench_compile.py
-  tiny       d = 32/64/128: compiled vs eager, fusion ceiling, compile, sweep        bench_tiny.py
+  tiny       tiny widths and the demo's shape: compiled vs eager, ceiling, sweep  bench_tiny.py
   data       tokenisation MB/s (1 vs 2 threads), batch sampler cost per step      bench_data.py
   memory     peak RSS per preset, activation checkpointing                        bench_memory.py
   callbacks  analysis callbacks at their default cadence (if bench_callbacks.py exists)

@@ -3,7 +3,7 @@
 ``torch.compile`` is applied per block (``distributed.parallelize``): the blocks share their code and
 shapes, so Dynamo traces one block and every layer reuses that graph (one graph for 4 layers), and
 Inductor keeps the compiled graph on disk (``TORCHINDUCTOR_CACHE_DIR``), where a later run of the same
-shapes finds it. On one CPU thread at widths 32-128 (where it was measured; the demo's cells are 16-32 wide)
+shapes finds it. On one CPU thread at widths 16-128 (where it was measured, the demo's shape included)
 the compiled step is faster by the fusion of the elementwise chain (RMSNorm, RoPE, the gate, SwiGLU); what it
 costs is the compile, long with an empty cache and short with a warm one (benchmarks/README.md, "Tiny
 widths", has both).
@@ -34,7 +34,7 @@ from .distributed import names_gpu
 
 # From the measurements in benchmarks/README.md, "Tiny widths" (1 thread, byte tokenizer, batch 16 × 128, 4 layers).
 TINY_WIDTH = 128  # the widest model "auto" compiles: the widths the speedup was measured at
-SAVED_S_PER_ELEMENT = 10.5e-9  # seconds a compiled step saves per token × d_model × layer (the lowest, at d = 64)
+SAVED_S_PER_ELEMENT = 9.9e-9  # seconds a compiled step saves per token × d_model × layer (the lowest, at d = 64)
 COLD_S = 15.0  # seconds to compile a block's forward and backward with an empty cache
 WARM_S = 2.0  # ... and when the cache holds the graph (Dynamo still traces, Inductor loads)
 
