@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers import TINY_MODEL
 from smallinit import Config, ModelConfig, Transformer
 from smallinit.errors import ConfigError
 from smallinit.experiments.sweep import Sweep, SweepRunner, compile_cache_env
@@ -14,9 +15,10 @@ from smallinit.train import Trainer, compiling
 from smallinit.train import checkpoint as ckpt
 from smallinit.train.distributed import compile_for_training
 
-TINY = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=2", "model.d_ff=64",
-        "data.tokenizer=bytes", "data.corpus=shakespeare", "data.seq_len=32", "train.batch_size=8",
-        "train.warmup_steps=1", "train.eval_batches=2", "train.device=cpu"]
+TINY = [
+    *TINY_MODEL, "data.corpus=shakespeare", "train.batch_size=8", "train.warmup_steps=1",
+    "train.eval_batches=2", "train.device=cpu",
+]
 
 
 def cfg(*sets: str) -> Config:

@@ -9,7 +9,7 @@ import pytest
 import tomllib
 import torch
 
-from helpers import final_tensors
+from helpers import TINY_MODEL, final_tensors
 from smallinit import Config
 from smallinit.cli import main
 from smallinit.config import config_keys
@@ -17,9 +17,8 @@ from smallinit.config import config_keys
 ROOT = Path(__file__).resolve().parent.parent
 ROW = re.compile(r"^\| `(?P<key>[a-z0-9_.]+)` \| (?P<type>[^|]+) \| `(?P<default>.*)` \| (?P<doc>.+) \|$")
 TINY = [
-    "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=2", "model.d_ff=64",
-    "data.tokenizer=bytes", "data.corpus=shakespeare", "data.seq_len=32", "train.batch_size=8",
-    "train.warmup_steps=2", "train.eval_batches=2", "train.log_every=2", "train.steps=4", "train.eval_every=2",
+    *TINY_MODEL, "data.corpus=shakespeare", "train.batch_size=8", "train.warmup_steps=2",
+    "train.eval_batches=2", "train.log_every=2", "train.steps=4", "train.eval_every=2",
 ]
 
 

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 import smallinit
-from helpers import tensors_of
+from helpers import TINY_MODEL, tensors_of
 from smallinit import Config, Transformer
 from smallinit.errors import ConfigError
 from smallinit.train import Trainer
@@ -28,10 +28,9 @@ from smallinit.train.distributed import Runtime, check_layout, eval_pieces, para
 
 WORKER = str(Path(__file__).with_name("_dist_worker.py"))
 TINY = [
-    "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=2", "model.d_ff=64",
-    "data.tokenizer=bytes", "data.corpus=shakespeare", "data.seq_len=32", "train.batch_size=8",
-    "train.grad_accum=2", "train.warmup_steps=2", "train.steps=6", "train.log_every=1", "train.eval_every=3",
-    "train.eval_batches=2", "train.checkpoint_every=3", "train.keep_checkpoints=10",
+    *TINY_MODEL, "data.corpus=shakespeare", "train.batch_size=8", "train.grad_accum=2", "train.warmup_steps=2",
+    "train.steps=6", "train.log_every=1", "train.eval_every=3", "train.eval_batches=2",
+    "train.checkpoint_every=3", "train.keep_checkpoints=10",
 ]
 RTOL = 1e-5  # losses, relative
 ATOL = 1e-5  # weights and optimizer state, absolute

@@ -15,6 +15,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from helpers import TINY_GQA  # noqa: E402
 from smallinit.cli import main  # noqa: E402
 from smallinit.config import Config  # noqa: E402
 from smallinit.data import EOS_TOKEN, load_tokenizer  # noqa: E402
@@ -22,10 +23,8 @@ from smallinit.export.hf import ExportError, export_hf, init_hf  # noqa: E402
 from smallinit.train import Trainer, load_model  # noqa: E402
 
 TINY = [
-    "data.tokenizer=bytes", "model.d_model=32", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
-    "model.d_ff=64", "model.max_seq_len=64", "data.seq_len=32", "model.gamma=0.5", "train.steps=3",
-    "train.batch_size=4", "train.warmup_steps=1", "train.lr=3e-2", "train.eval_every=0", "train.eval_batches=1",
-    "train.checkpoint_every=0",
+    *TINY_GQA, "model.gamma=0.5", "train.steps=3", "train.batch_size=4", "train.warmup_steps=1",
+    "train.lr=3e-2", "train.eval_every=0", "train.eval_batches=1", "train.checkpoint_every=0",
 ]
 PROMPTS = ["To be, or not to be, that is the", "ROMEO:\nO, she doth teach the torches"]
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import TINY_GQA
 from smallinit import Transformer, load_pretrained
 from smallinit.cli import main
 from smallinit.config import Config, ModelConfig, MoEConfig
@@ -23,10 +24,8 @@ from smallinit.generate import Sampling, generate, generate_ids, next_token
 from smallinit.train import Trainer
 
 TINY = [
-    "data.tokenizer=bytes", "model.d_model=32", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
-    "model.d_ff=64", "model.max_seq_len=64", "data.seq_len=32", "model.gamma=0.5", "train.steps=3",
-    "train.batch_size=4", "train.warmup_steps=1", "train.lr=3e-2", "train.eval_every=0", "train.eval_batches=1",
-    "train.checkpoint_every=0",
+    *TINY_GQA, "model.gamma=0.5", "train.steps=3", "train.batch_size=4", "train.warmup_steps=1",
+    "train.lr=3e-2", "train.eval_every=0", "train.eval_batches=1", "train.checkpoint_every=0",
 ]
 PROMPT = "ROMEO:\nO, she doth teach the torches"
 

@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import smallinit
+from helpers import TINY_MODEL
 from smallinit import AnalysisConfig, Config, DataConfig, ModelConfig, MoEConfig, TrainConfig, load_model
 from smallinit.cli import main
 from smallinit.data import load_tokenizer
@@ -40,9 +41,8 @@ from smallinit.train import checkpoint as ckpt
 FAST = settings(max_examples=40, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 TINY = [
-    "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=2", "model.d_ff=64",
-    "data.tokenizer=bytes", "data.seq_len=32", "train.batch_size=4", "train.steps=1", "train.eval_every=0",
-    "train.eval_batches=1", "train.warmup_steps=0",
+    *TINY_MODEL, "train.batch_size=4", "train.steps=1", "train.eval_every=0", "train.eval_batches=1",
+    "train.warmup_steps=0",
 ]
 
 

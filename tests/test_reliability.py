@@ -25,7 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers import snapshot, tensors_of
+from helpers import TINY_MODEL, snapshot, tensors_of
 from smallinit import Config, load_model
 from smallinit.cli import main
 from smallinit.errors import SmallinitError, StorageError
@@ -34,9 +34,8 @@ from smallinit.train import Callback, Trainer
 from smallinit.train import checkpoint as ckpt
 
 TINY = [
-    "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=2", "model.d_ff=64",
-    "data.tokenizer=bytes", "data.corpus=shakespeare", "data.seq_len=32", "train.batch_size=8",
-    "train.warmup_steps=2", "train.eval_batches=2",
+    *TINY_MODEL, "data.corpus=shakespeare", "train.batch_size=8", "train.warmup_steps=2",
+    "train.eval_batches=2",
 ]
 
 

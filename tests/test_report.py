@@ -16,6 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.transforms import Bbox
 
+from helpers import TINY_MODEL
 from smallinit.analysis import load_run, residual_flow_ratio
 from smallinit.analysis.measure import held_out_batches
 from smallinit.cli import main
@@ -26,10 +27,10 @@ from smallinit.report.html import HEATMAPS_SHOWN, Groups, num, token_text, varyi
 
 # -- the report --------------------------------------------------------------------------------------------------
 
-TINY = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=2", "model.d_ff=64",
-        "data.tokenizer=bytes", "data.seq_len=32", "train.batch_size=4", "train.steps=4", "train.eval_every=0",
-        "train.log_every=2", "train.warmup_steps=1", "analysis.every=2", "analysis.snapshots=2",
-        "analysis.heatmap_rows=16"]
+TINY = [
+    *TINY_MODEL, "train.batch_size=4", "train.steps=4", "train.eval_every=0", "train.log_every=2",
+    "train.warmup_steps=1", "analysis.every=2", "analysis.snapshots=2", "analysis.heatmap_rows=16",
+]
 
 
 def _sets(items):

@@ -11,16 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import final_tensors
+from helpers import TINY_MODEL, final_tensors
 from smallinit import Config, load_model
 from smallinit.errors import CheckpointError, ConfigError, TrainingError
 from smallinit.train import Callback, Trainer, lr_at
 from smallinit.train import checkpoint as ckpt
 
 TINY = [
-    "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=2", "model.d_ff=64",
-    "data.tokenizer=bytes", "data.corpus=shakespeare", "data.seq_len=32", "train.batch_size=8",
-    "train.warmup_steps=5", "train.eval_batches=2", "train.log_every=5",
+    *TINY_MODEL, "data.corpus=shakespeare", "train.batch_size=8", "train.warmup_steps=5",
+    "train.eval_batches=2", "train.log_every=5",
 ]
 
 

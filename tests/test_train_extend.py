@@ -10,17 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import final_tensors, snapshot
+from helpers import TINY_MODEL, final_tensors, snapshot
 from smallinit import Config
 from smallinit.cli import main
 from smallinit.errors import ConfigError
 from smallinit.train import Callback, Progress, Trainer
 
 TINY = [
-    "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=2", "model.d_ff=64",
-    "data.tokenizer=bytes", "data.corpus=shakespeare", "data.seq_len=32", "train.batch_size=8",
-    "train.warmup_steps=2", "train.eval_batches=2", "train.log_every=2", "train.eval_every=4",
-    "train.checkpoint_every=4",
+    *TINY_MODEL, "data.corpus=shakespeare", "train.batch_size=8", "train.warmup_steps=2",
+    "train.eval_batches=2", "train.log_every=2", "train.eval_every=4", "train.checkpoint_every=4",
 ]
 
 
