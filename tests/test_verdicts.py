@@ -84,6 +84,15 @@ def test_t_rule_is_stricter_than_two_standard_errors():
     assert ClaimResult("X", "", "", [Comparison("gap", [-0.10, -0.08, -0.09])]).verdict == DISAGREE
 
 
+def test_a_difference_pairs_the_same_seeds():
+    """A seed one side lacks (a diverged or missing run) drops out; the rest pair by seed, not by position."""
+    x = Comparison.by_seed("x", {0: 0.10, 1: math.nan, 2: 0.30})
+    y = Comparison.by_seed("y", {0: 0.01, 1: 0.02, 2: 0.03})
+    d = Comparison.difference("x − y", x, y)
+    assert d.seeds == [0, 2] and d.samples == pytest.approx([0.09, 0.27])
+    assert Comparison.difference("y − x", y, x).to_dict()["seeds"] == [0, 2]
+
+
 def test_holm_controls_the_family():
     assert holm([0.01, 0.03, 0.04]) == [True, False, False]  # each below 0.05 alone
     assert holm([0.01, 0.02, 0.04]) == [True, True, True]  # 0.01 ≤ .05/3, 0.02 ≤ .05/2, 0.04 ≤ .05

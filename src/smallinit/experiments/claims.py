@@ -80,14 +80,17 @@ MAX_SIZE_RATIO = 10.0  # C4: an N_eff/N outside [1/10, 10] is an artefact of the
 class Comparison:
     """One tested comparison: per-seed values (positive = the paper's direction) and the paper's number.
 
-    ``untestable`` names a failed precondition; ``estimate``/``lo``/``hi`` hold a comparison judged by an
-    interval from elsewhere (a bootstrap); ``trajectory`` the gap along training for a loss comparison.
+    ``seeds`` names the seed of each sample where samples are paired by seed (a difference of two comparisons pairs
+    the seeds both have). ``untestable`` names a failed precondition; ``estimate``/``lo``/``hi`` hold a comparison
+    judged by an interval from elsewhere (a bootstrap); ``trajectory`` the gap along training for a loss
+    comparison.
     The verdict is set by the claim that holds the comparison (the family correction needs them all).
     """
 
     label: str
     samples: list[float]
     paper: str = ""
+    seeds: list[int] | None = None
     expected: str = "positive"  # or "zero": within ±tolerance
     tolerance: float = 0.0
     untestable: str = ""
@@ -100,12 +103,22 @@ class Comparison:
     reason: str = ""
 
     def __post_init__(self) -> None:
-        self.samples = [float(x) for x in self.samples if x is not None and math.isfinite(x)]
+        kept = [i for i, x in enumerate(self.samples) if x is not None and math.isfinite(x)]
+        self.samples = [float(self.samples[i]) for i in kept]
+        if self.seeds is not None:
+            self.seeds = [self.seeds[i] for i in kept]
+
+    @staticmethod
+    def by_seed(label: str, values: dict[int, float], paper: str = "", **kw: Any) -> Comparison:
+        """A comparison of per-seed values, which remembers their seeds."""
+        return Comparison(label, list(values.values()), paper, seeds=list(values), **kw)
 
     @staticmethod
     def difference(label: str, x: Comparison, y: Comparison, paper: str = "", untestable: str = "") -> Comparison:
-        """x's per-seed values minus y's, paired in seed order as far as the shorter list goes."""
-        return Comparison(label, [a - b for a, b in zip(x.samples, y.samples)], paper, untestable=untestable)
+        """x's per-seed values minus y's, for the seeds both have."""
+        xs, ys = dict(zip(x.seeds or [], x.samples)), dict(zip(y.seeds or [], y.samples))
+        return Comparison.by_seed(label, {s: xs[s] - ys[s] for s in sorted(xs.keys() & ys.keys())}, paper,
+                                  untestable=untestable)
 
     @staticmethod
     def interval(label: str, estimate: float, lo: float, hi: float, level: float, paper: str = "") -> Comparison:
@@ -142,7 +155,8 @@ class Comparison:
         return f"{self.label}: {self.mean:+.3f}{sd} (n={len(self.samples)})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "samples": self.samples, "mean": self.mean, "sd": self.sd, "n": len(self.samples),
+        return {"label": self.label, "samples": self.samples, "seeds": self.seeds, "mean": self.mean, "sd": self.sd,
+                "n": len(self.samples),
                 "expected": self.expected, "tolerance": self.tolerance, "estimate": self.estimate, "lo": self.lo,
                 "hi": self.hi, "verdict": self.verdict, "reason": self.reason, "paper": self.paper,
                 "trajectory": self.trajectory, "text": self.text()}
@@ -262,10 +276,10 @@ def val_loss(run: Run) -> float | None:
     return run.val_loss
 
 
-def paired(a: Runs, b: Runs, metric: Callable[[Run], float | None] = val_loss) -> list[float]:
-    """metric(a) − metric(b) for every seed both selections finished."""
+def paired(a: Runs, b: Runs, metric: Callable[[Run], float | None] = val_loss) -> dict[int, float]:
+    """metric(a) − metric(b) by seed, for every seed both selections finished."""
     ma, mb = a.by_seed(metric), b.by_seed(metric)
-    return [ma[s] - mb[s] for s in sorted(set(ma) & set(mb))]
+    return {s: ma[s] - mb[s] for s in sorted(set(ma) & set(mb))}
 
 
 def _size_label(size: tuple) -> str:
@@ -346,7 +360,7 @@ def regime_problem(runs: Iterable[Run], traj: dict[str, Any] | None, min_tpp: fl
 def loss_comparison(label: str, a: Runs, b: Runs, paper: str, min_tpp: float) -> Comparison:
     """L(a) − L(b) at the end of training, paired by seed, testable only in the trained, settled regime."""
     traj = gap_trajectory(a, b)
-    c = Comparison(label, paired(a, b), paper, trajectory=traj)
+    c = Comparison.by_seed(label, paired(a, b), paper, trajectory=traj)
     c.untestable = regime_problem([*a, *b], traj, min_tpp)
     return c
 
@@ -496,7 +510,7 @@ def claim_c3(runs: Runs, *, min_tpp: float = MIN_TOKENS_PER_PARAM) -> ClaimResul
             (f"sink no gate − gate at γ1 (Fig. 1g) @{_size_label(n)}", cells[1.0, "none"],
              cells[1.0, "elementwise"], "> 0"),
         ):
-            res.comparisons.append(Comparison(label, paired(a, b, sink_mean), paper))
+            res.comparisons.append(Comparison.by_seed(label, paired(a, b, sink_mean), paper))
         res.untestable = res.untestable or problem  # the gate's gain is the paper's cure for the sink
     if not res.comparisons:
         res.comparisons.append(Comparison.missing("gate gain", "needs γ {0.5, 1} × gate {none, elementwise} at ε 1e-12"))

@@ -276,8 +276,10 @@ def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) ->
             return lambda run: scores[run.path][key] if run.path in scores else None
 
         claim.comparisons += [
-            Comparison(f"reasoning γ{gammas[-1]:g}−γ{gammas[0]:g}", paired(small, large, metric("heldout_reasoning"))),
-            Comparison(f"memorising γ{gammas[0]:g}−γ{gammas[-1]:g}", paired(large, small, metric("heldout_memorising"))),
+            Comparison.by_seed(f"reasoning γ{gammas[-1]:g}−γ{gammas[0]:g}",
+                               paired(small, large, metric("heldout_reasoning"))),
+            Comparison.by_seed(f"memorising γ{gammas[0]:g}−γ{gammas[-1]:g}",
+                               paired(large, small, metric("heldout_memorising"))),
         ]
         acc = [row["in_distribution"] for row in per_run]
         claim.notes.append(f"in-distribution accuracy {min(acc):.2f}–{max(acc):.2f}")
