@@ -23,6 +23,7 @@ from smallinit.experiments.claims import (
     claim_c7,
     uniform_sink,
 )
+from smallinit.experiments.findings import loss_table, scaling_fits
 from smallinit.experiments.runs import Run
 from smallinit.experiments.verdicts import (
     AGREE,
@@ -193,22 +194,39 @@ def _factor_record(value: float) -> list[dict]:
     return [{"step": 0, "norm_factor": {"blocks.0.attn_norm": value, "blocks.0.mlp_norm": value}}]
 
 
-def test_c2_needs_saturation_at_init(tmp_path):
+def _c2_runs(folder: Path, width: int, factor: float | None, d: int = 16) -> tuple[list[Run], dict]:
+    """C2's grid at one size: ε 1e-5 (emulated at ``width``) lowers the loss at γ = 1 by 0.05, not at γ = 0.5."""
     eps_only = {"model.norm_eps": 1e-12, "model.gate": "none"}
-    for width, factor in ((0, 0.98), (2048, 0.15)):
-        folder = tmp_path / f"w{width}"
-        arm = {**EMULATED, "model.norm_eps_width": width}
-        runs = []
-        for seed in range(3):
-            for g, gain in ((1.0, 0.05), (0.5, 0.0)):
-                runs.append(make_run(folder, gamma=g, seed=seed, arm=arm, final=3.0 + gain + 0.001 * seed,
-                                     analysis=_factor_record(factor)))
-                runs.append(make_run(folder, gamma=g, seed=seed, arm=eps_only, final=3.0))
+    arm = {**EMULATED, "model.norm_eps_width": width}
+    runs = []
+    for seed in range(3):
+        for g, gain in ((1.0, 0.05), (0.5, 0.0)):
+            runs.append(make_run(folder, gamma=g, seed=seed, arm=arm, d=d, final=3.0 + gain + 0.001 * seed,
+                                 analysis=None if factor is None else _factor_record(factor)))
+            runs.append(make_run(folder, gamma=g, seed=seed, arm=eps_only, d=d, final=3.0))
+    return runs, arm
+
+
+def test_c2_needs_saturation_at_init(tmp_path):
+    for width, factor in ((0, 0.98), (2048, 0.15), (2048, None)):
+        runs, arm = _c2_runs(tmp_path / f"w{width}-{factor}", width, factor)
         c2 = claim_c2(Runs(runs), baseline=arm)
         if width == 0:
-            assert c2.verdict == NOT_TESTABLE and "ε cannot saturate" in c2.untestable
+            assert c2.verdict == NOT_TESTABLE
+            assert all("ε cannot saturate" in c.reason for c in c2.comparisons), [c.reason for c in c2.comparisons]
+        elif factor is None:  # saturated by the formula, but nothing measured it
+            assert c2.verdict == NOT_TESTABLE and "was not measured" in c2.comparisons[0].reason
         else:
-            assert c2.untestable == "" and c2.comparisons[0].verdict == AGREE
+            assert c2.comparisons[0].verdict == AGREE
+
+
+def test_c2_judges_each_size_by_its_own_precondition(tmp_path):
+    """ε saturates at d = 16 (emulated) but the d = 24 runs did not measure it: d = 16 is still judged."""
+    runs = _c2_runs(tmp_path / "a", 2048, 0.15, d=16)[0] + _c2_runs(tmp_path / "b", 2048, None, d=24)[0]
+    c2 = claim_c2(Runs(runs), baseline={**EMULATED, "model.norm_eps_width": 2048})
+    verdicts = {c.label: c.verdict for c in c2.comparisons}
+    assert verdicts["ε-fix gain at γ1 @d16×4"] == AGREE
+    assert verdicts["ε-fix gain at γ1 @d24×4"] == NOT_TESTABLE
 
 
 def _sink_record(steps: int, per_layer: list[float]) -> list[dict]:
@@ -243,6 +261,27 @@ def test_c3_needs_a_sink_and_enough_tokens(tmp_path):
 def _srank_records(ranks: list[float], steps: int) -> list[dict]:
     at = np.linspace(0, steps, len(ranks)).astype(int)
     return [{"step": int(s), "stable_rank": {"m": r}} for s, r in zip(at, ranks)]
+
+
+def test_c3_judges_each_size_by_its_own_sink(tmp_path):
+    """A sink at d = 32 and none at d = 16: d = 32's comparisons are judged, d = 16's are not testable."""
+    eps12_none, runs = {"model.norm_eps": 1e-12, "model.gate": "none"}, []
+    steps = int(40 * PARAMS / 256)
+    for d, sink in ((16, 0.02), (32, 0.3)):
+        for seed in range(3):
+            for g in (0.5, 1.0):
+                s = sink if g == 1.0 else 0.02
+                runs.append(make_run(tmp_path, gamma=g, seed=seed, arm=eps12_none, d=d, final=3.05, seq_len=256,
+                                     analysis=_sink_record(steps, [s + 0.001 * seed * g, 0.02])))
+                runs.append(make_run(tmp_path, gamma=g, seed=seed, arm=FIXED, d=d, final=3.0, seq_len=256,
+                                     analysis=_sink_record(steps, [0.02 + 0.0003 * seed**2, 0.02])))
+    c3 = claim_c3(Runs(runs))
+    for c in c3.comparisons:
+        if "@d16" in c.label:
+            assert c.verdict == NOT_TESTABLE and "no sink has formed" in c.reason, (c.label, c.reason)
+        elif c.label.startswith("sink"):
+            assert c.verdict == AGREE, (c.label, c.reason)
+    assert sum("@d32" in c.label for c in c3.comparisons) == 4
 
 
 def test_c6_judges_the_rebound_only_after_a_minimum(tmp_path):
@@ -343,3 +382,17 @@ def test_emulated_width_reproduces_the_wide_models_norm_factor_at_init():
     assert plain["blocks.0.attn_norm"] > 0.97  # the same model without emulation barely saturates
     with pytest.raises(ConfigError, match="norm_eps_width"):
         ModelConfig(norm_eps_width=-1).validate()
+
+
+def test_tables_keep_each_arm_apart(tmp_path):
+    """Emulated and plain ε = 1e-5 baselines, and two learning rates, are separate rows, not one pooled mean."""
+    runs = []
+    for seed in range(2):
+        runs.append(make_run(tmp_path, gamma=1.0, seed=seed, arm=EMULATED, final=3.0))
+        runs.append(make_run(tmp_path, gamma=1.0, seed=seed, arm={**EMULATED, "model.norm_eps_width": 0}, final=2.0))
+        runs.append(make_run(tmp_path, gamma=1.0, seed=seed, arm=FIXED, final=2.5, lr=1e-2))
+        runs.append(make_run(tmp_path, gamma=1.0, seed=seed, arm=FIXED, final=2.7, lr=3e-3))
+    rows = {(r["norm_eps_width"], r["gate"], r["lr"]): (r["mean"], r["n"]) for r in loss_table(Runs(runs))}
+    assert rows == {(2048, "none", 3e-3): (pytest.approx(3.0), 2), (0, "none", 3e-3): (pytest.approx(2.0), 2),
+                    (0, "elementwise", 1e-2): (pytest.approx(2.5), 2), (0, "elementwise", 3e-3): (pytest.approx(2.7), 2)}
+    assert len(scaling_fits(Runs(runs))) == 4

@@ -425,6 +425,21 @@ def measured_factor_at_init(run: Run) -> float | None:
     return float(np.mean(list(recs[0]["norm_factor"].values()))) if recs else None
 
 
+def _saturation_problem(analytic: float, measured: float, size: str) -> str:
+    """Why C2 cannot be tested at this size ("" if it can): ε must saturate RMSNorm at init, by the formula and as
+    measured."""
+    if not analytic < SATURATED:
+        factor, how = analytic, "by the formula"
+    elif not math.isfinite(measured):
+        return f"the norm factor at init was not measured at {size} (the analysis callback is off: set analysis.every)"
+    elif not measured < SATURATED:
+        factor, how = measured, "as measured"
+    else:
+        return ""
+    return (f"norm factor at init {factor:.2f} ≥ {SATURATED} ({how}) at {size}: ε cannot saturate (emulate it with "
+            "model.norm_eps_width)")
+
+
 @_judged
 def claim_c2(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str = "",
              min_tpp: float = MIN_TOKENS_PER_PARAM) -> ClaimResult:
@@ -432,7 +447,6 @@ def claim_c2(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
                       "hardly at γ = 0.5", "−0.038 at γ=1, −0.001 at γ=0.5 (1.5B)")
     fixed_eps = {"model.norm_eps": 1e-12, "model.gate": "none"}
     base, fixd = runs.where(baseline or _baselines(runs)[0][1]), runs.where(fixed_eps)
-    problems = []
     for n in sorted(set(base.values("size")) & set(fixd.values("size"))):
         b1, f1 = base.where({"model.gamma": 1.0, "size": n}), fixd.where({"model.gamma": 1.0, "size": n})
         b05, f05 = base.where({"model.gamma": 0.5, "size": n}), fixd.where({"model.gamma": 0.5, "size": n})
@@ -443,18 +457,16 @@ def claim_c2(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
         m = float(np.mean(measured)) if measured else math.nan
         res.notes.append(f"γ=1 baseline norm factor at init @{_size_label(n)}: analytic {analytic:.3f}, measured "
                          f"{m:.3f} (target {relative_factor(1.0, 1e-5, EMULATED_WIDTH):.3f} at d=2048)")
-        if not analytic < SATURATED or not m < SATURATED:
-            problems.append(f"norm factor at init {max(analytic, m if math.isfinite(m) else 1.0):.2f} ≥ {SATURATED}"
-                            f" at {_size_label(n)}: ε cannot saturate (emulate it with model.norm_eps_width)")
+        problem = _saturation_problem(analytic, m, _size_label(n))
         fix1 = loss_comparison(f"ε-fix gain at γ1 @{_size_label(n)}", b1, f1, "+0.038", min_tpp)
         fix05 = loss_comparison(f"ε-fix gain at γ.5 @{_size_label(n)}", b05, f05, "+0.001", min_tpp)
         diff = Comparison.difference(f"γ1 minus γ.5 ε-fix gain @{_size_label(n)}", fix1, fix05, "+0.037",
                                      fix1.untestable or fix05.untestable)
+        for c in (fix1, diff):  # this size's precondition: another size may saturate
+            c.untestable = problem or c.untestable
         res.comparisons += [fix1, diff]
     if not res.comparisons:
         res.comparisons.append(Comparison.missing("ε-fix gain", "needs γ {0.5, 1} × ε {1e-5, 1e-12} without gate"))
-    elif problems:
-        res.untestable = problems[0]
     return res
 
 
@@ -500,8 +512,8 @@ def claim_c3(runs: Runs, *, min_tpp: float = MIN_TOKENS_PER_PARAM) -> ClaimResul
                                 "+0.047", min_tpp)
         gate05 = loss_comparison(f"gate gain at γ.5 @{_size_label(n)}", cells[0.5, "none"],
                                  cells[0.5, "elementwise"], "+0.004", min_tpp)
-        res.comparisons += [gate1, Comparison.difference(f"γ1 minus γ.5 gate gain @{_size_label(n)}", gate1, gate05,
-                                                         "+0.043", gate1.untestable or gate05.untestable)]
+        at_size = [gate1, Comparison.difference(f"γ1 minus γ.5 gate gain @{_size_label(n)}", gate1, gate05,
+                                                "+0.043", gate1.untestable or gate05.untestable)]
         problem, note = sink_formed(cells[1.0, "none"])
         if note:
             res.notes.append(f"@{_size_label(n)}: {note}")
@@ -510,8 +522,10 @@ def claim_c3(runs: Runs, *, min_tpp: float = MIN_TOKENS_PER_PARAM) -> ClaimResul
             (f"sink no gate − gate at γ1 (Fig. 1g) @{_size_label(n)}", cells[1.0, "none"],
              cells[1.0, "elementwise"], "> 0"),
         ):
-            res.comparisons.append(Comparison.by_seed(label, paired(a, b, sink_mean), paper))
-        res.untestable = res.untestable or problem  # the gate's gain is the paper's cure for the sink
+            at_size.append(Comparison.by_seed(label, paired(a, b, sink_mean), paper))
+        for c in at_size:  # this size's precondition (the gate's gain is the paper's cure for the sink)
+            c.untestable = problem or c.untestable
+        res.comparisons += at_size
     if not res.comparisons:
         res.comparisons.append(Comparison.missing("gate gain", "needs γ {0.5, 1} × gate {none, elementwise} at ε 1e-12"))
     return res

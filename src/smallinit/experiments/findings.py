@@ -63,8 +63,14 @@ def _load(out: Path, say: Say) -> Runs:
 
 
 def _group_key(run: Run) -> tuple:
+    """The size and arm of a run, which its seeds share: γ, ε and the width it is emulated at, the gate, the lr."""
     c = run.config
-    return (run.size, float(c["model.gamma"]), float(c["model.norm_eps"]), c["model.gate"])
+    return (run.size, float(c["model.gamma"]), float(c["model.norm_eps"]), int(c.get("model.norm_eps_width") or 0),
+            c["model.gate"], float(c["train.lr"]))
+
+
+def _arm_fields(key: tuple) -> dict[str, Any]:
+    return dict(zip(("gamma", "norm_eps", "norm_eps_width", "gate", "lr"), key[1:]))
 
 
 def _size_fields(size: tuple) -> dict[str, Any]:
@@ -72,30 +78,30 @@ def _size_fields(size: tuple) -> dict[str, Any]:
 
 
 def loss_table(runs: Runs) -> list[dict[str, Any]]:
-    """Final val loss per (size, γ, ε, gate): mean, sd and n over seeds."""
+    """Final val loss per size and arm (γ, ε, ε width, gate, lr): mean, sd and n over seeds."""
     groups: dict[tuple, list[float]] = {}
     for r in runs:
         if r.val_loss is not None:
             groups.setdefault(_group_key(r), []).append(r.val_loss)
-    return [{**_size_fields(k[0]), "gamma": k[1], "norm_eps": k[2], "gate": k[3], "mean": float(np.mean(v)),
+    return [{**_size_fields(k[0]), **_arm_fields(k), "mean": float(np.mean(v)),
              "sd": float(np.std(v, ddof=1)) if len(v) > 1 else None, "n": len(v)} for k, v in sorted(groups.items())]
 
 
 def sink_table(runs: Runs) -> list[dict[str, Any]]:
-    """Sink score per layer at the end of training, averaged over seeds, per (size, γ, ε, gate)."""
+    """Sink score per layer at the end of training, averaged over seeds, per size and arm."""
     groups: dict[tuple, list[list[float]]] = {}
     for r in runs:
         measured = sink_layers(r)
         if measured is not None:
             groups.setdefault(_group_key(r), []).append(measured[0])
-    return [{**_size_fields(k[0]), "gamma": k[1], "norm_eps": k[2], "gate": k[3],
+    return [{**_size_fields(k[0]), **_arm_fields(k),
              "per_layer": np.mean(np.asarray(v, dtype=float), axis=0).tolist(), "n": len(v)}
             for k, v in sorted(groups.items())]
 
 
 def norm_factor_table(runs: Runs) -> dict[str, Any]:
     """Analytic factor (relative to 1/σ) over γ for the run widths and the paper's d = 2048, and the measured
-    mean factor per (size, γ, ε) at the start and end of training."""
+    mean factor per size and arm at the start and end of training."""
     widths = sorted({int(r.config["model.d_model"]) for r in runs} | {2048})
     gammas = [round(g, 3) for g in np.arange(0.25, 1.5001, 0.05)]
     analytic = {f"d{d}_eps{eps:g}": [float(relative_factor(g, eps, d)) for g in gammas]
@@ -104,11 +110,11 @@ def norm_factor_table(runs: Runs) -> dict[str, Any]:
     for r in runs:
         recs = r.analysis
         if recs and "norm_factor" in recs[0]:
-            m = measured.setdefault(_group_key(r)[:3], {"start": [], "end": []})
+            m = measured.setdefault(_group_key(r), {"start": [], "end": []})
             m["start"].append(float(np.mean(list(recs[0]["norm_factor"].values()))))
             m["end"].append(float(np.mean(list(recs[-1]["norm_factor"].values()))))
     return {"gammas": gammas, "analytic": analytic,
-            "measured": [{**_size_fields(k[0]), "gamma": k[1], "norm_eps": k[2], "start": float(np.mean(v["start"])),
+            "measured": [{**_size_fields(k[0]), **_arm_fields(k), "start": float(np.mean(v["start"])),
                           "end": float(np.mean(v["end"])), "n": len(v["start"])} for k, v in sorted(measured.items())]}
 
 
@@ -185,14 +191,14 @@ def fig1_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict
 
 
 def scaling_fits(runs: Runs) -> list[dict[str, Any]]:
-    """L(N) = a·N^(−b) + c per (γ, ε, gate) arm over the sizes (N = parameters without embeddings)."""
+    """L(N) = a·N^(−b) + c per arm (γ, ε, ε width, gate, lr) over the sizes (N = parameters without embeddings)."""
     arms: dict[tuple, list[Run]] = {}
     for r in runs:
         if r.val_loss is not None:
             arms.setdefault(_group_key(r)[1:], []).append(r)
     fits = []
-    for (gamma, eps, gate), rs in sorted(arms.items()):
-        entry: dict[str, Any] = {"gamma": gamma, "norm_eps": eps, "gate": gate,
+    for arm, rs in sorted(arms.items()):
+        entry: dict[str, Any] = {**_arm_fields((None, *arm)),
                                  "points": [[r.params_nonembed, r.val_loss, r.seed] for r in rs]}
         if len({r.params_nonembed for r in rs}) >= 3:
             try:
