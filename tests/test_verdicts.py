@@ -21,6 +21,7 @@ from smallinit.experiments.claims import (
     claim_c4,
     claim_c6,
     claim_c7,
+    loss_comparison,
     uniform_sink,
 )
 from smallinit.experiments.findings import loss_table, scaling_fits
@@ -92,6 +93,17 @@ def test_a_difference_pairs_the_same_seeds():
     d = Comparison.difference("x − y", x, y)
     assert d.seeds == [0, 2] and d.samples == pytest.approx([0.09, 0.27])
     assert Comparison.difference("y − x", y, x).to_dict()["seeds"] == [0, 2]
+
+
+def test_a_run_that_ends_diverged_has_no_final_loss(tmp_path):
+    """Its last finite evaluation is not its end state: the seed drops out of the pairing."""
+    runs = pair_runs(tmp_path, FIXED, [0.1, 0.1, 0.1])  # γ .5 and γ 1 per seed
+    summary = runs[2].path / "summary.json"  # γ = 0.5, seed 1
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "val_loss": math.nan}))
+    runs[2] = Run.load(runs[2].path)
+    assert runs[2].val_loss is None and runs[2].val_curve  # its earlier evaluations are finite
+    c = loss_comparison("gap", Runs(runs[0::2]), Runs(runs[1::2]), "", min_tpp=20)
+    assert c.seeds == [0, 2] and c.samples == pytest.approx([0.1, 0.1])
 
 
 def test_holm_controls_the_family():

@@ -54,12 +54,13 @@ class Run:
 
     @property
     def val_loss(self) -> float | None:
-        """The final validation loss: the summary's, else the last one logged."""
-        v = self.summary.get("val_loss")
-        if not _finite(v):
-            vals = [r["val_loss"] for r in self.metrics if _finite(r.get("val_loss"))]
-            v = vals[-1] if vals else None
-        return float(v) if v is not None else None
+        """The final validation loss: the summary's (None if not finite: the run ended diverged, and an earlier
+        evaluation is not its end state), else, before the run has finished, the last one logged."""
+        if "val_loss" in self.summary:
+            v = self.summary["val_loss"]
+            return float(v) if _finite(v) else None
+        vals = [r["val_loss"] for r in self.metrics if _finite(r.get("val_loss"))]
+        return float(vals[-1]) if vals else None
 
     @cached_property
     def val_curve(self) -> list[tuple[int, float]]:
