@@ -8,7 +8,14 @@ import pytest
 from smallinit.cli import main
 from smallinit.errors import ExperimentError
 from smallinit.experiments.claims import combine
-from smallinit.experiments.recipes import apply_budget, customise, load_recipe, recipe_names, run_recipe
+from smallinit.experiments.recipes import (
+    RECIPES_DIR,
+    apply_budget,
+    customise,
+    load_recipe,
+    recipe_names,
+    run_recipe,
+)
 from smallinit.experiments.sweep import resolve_config
 from smallinit.model import Transformer
 
@@ -88,6 +95,27 @@ def test_micro_recipe_end_to_end(tmp_path):
     flows = [c for c in c5["comparisons"] if c["label"].startswith("flow")]
     assert [x for c in flows for x in c["samples"]] == pytest.approx(
         [s - (1 - g) for g, seeds in zip(flow["gammas"], flow["seed_slopes"]) for s in seeds])
+
+
+def test_reasoning_pairs_seeds_within_each_depth(tmp_path):
+    """The reasoning recipe's micro scale over two depths: each depth is its own comparison, never pooled."""
+    shipped = (RECIPES_DIR / "reasoning.toml").read_text()
+    recipe = tmp_path / "reasoning-depths.toml"
+    recipe.write_text(shipped.replace('[scales.micro.sweeps.gamma.grid]\n',
+                                      '[scales.micro.sweeps.gamma.grid]\n"model.n_layers" = [1, 2]\n'))
+    out = tmp_path / "out"
+    assert run_recipe(str(recipe), "micro", out, jobs=2, echo=None).exit_code == 0
+    findings = json.loads((out / "findings.json").read_text())
+    rows = {(r["n_layers"], r["gamma"], r["seed"]): r["heldout_reasoning"] for r in findings["anchor"]}
+    assert len(rows) == 8
+    (claim,) = findings["claims"]
+    got = {c["label"]: c for c in claim["comparisons"]}
+    for layers in (1, 2):
+        c = got[f"reasoning γ1−γ0.5 @d16×{layers}"]
+        assert c["seeds"] == [0, 1]
+        assert c["samples"] == pytest.approx([rows[layers, 1.0, s] - rows[layers, 0.5, s] for s in (0, 1)])
+    assert [(r["n_layers"], r["gamma"], r["n"]) for r in findings["anchor_by_gamma"]] == [
+        (1, 0.5, 2), (1, 1.0, 2), (2, 0.5, 2), (2, 1.0, 2)]
 
 
 @pytest.mark.slow

@@ -282,7 +282,8 @@ def paired(a: Runs, b: Runs, metric: Callable[[Run], float | None] = val_loss) -
     return {s: ma[s] - mb[s] for s in sorted(set(ma) & set(mb))}
 
 
-def _size_label(size: tuple) -> str:
+def size_label(size: tuple) -> str:
+    """d_model × layers (× experts), as comparisons name a size: "d32×4"."""
     return f"d{size[0]}×{size[1]}" + (f"×{size[4]}e" if size[4] else "")
 
 
@@ -396,18 +397,18 @@ def claim_c1(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
     base = runs.where(baseline or _baselines(runs)[0][1])
     gains: dict[tuple, Comparison] = {}
     for n in base.values("size"):
-        c = loss_comparison(f"L(γ.5)−L(γ1) @{_size_label(n)}", base.where({"model.gamma": 0.5, "size": n}),
+        c = loss_comparison(f"L(γ.5)−L(γ1) @{size_label(n)}", base.where({"model.gamma": 0.5, "size": n}),
                             base.where({"model.gamma": 1.0, "size": n}), "≈ +0.05 … +0.003", min_tpp)
         if c.samples:
             gains[n] = c
             res.comparisons.append(c)
     if len(gains) >= 2:
         lo, hi = min(gains), max(gains)
-        shrink = Comparison.difference(f"gain shrink {_size_label(lo)}→{_size_label(hi)}", gains[lo], gains[hi],
+        shrink = Comparison.difference(f"gain shrink {size_label(lo)}→{size_label(hi)}", gains[lo], gains[hi],
                                        "≈ +0.047")
         if min(gains[lo].mean, gains[hi].mean) <= 0:
-            shrink.untestable = (f"γ = 1 is not ahead at both ends ({gains[lo].mean:+.3f} at {_size_label(lo)}, "
-                                 f"{gains[hi].mean:+.3f} at {_size_label(hi)}): there is no gain to shrink")
+            shrink.untestable = (f"γ = 1 is not ahead at both ends ({gains[lo].mean:+.3f} at {size_label(lo)}, "
+                                 f"{gains[hi].mean:+.3f} at {size_label(hi)}): there is no gain to shrink")
         elif gains[lo].untestable or gains[hi].untestable:
             shrink.untestable = "the gain at the smallest or largest size is not testable: " + (
                 gains[lo].untestable or gains[hi].untestable)
@@ -455,12 +456,12 @@ def claim_c2(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
         analytic = float(np.mean([relative_factor(1.0, effective_eps(r), n[0]) for r in b1]))
         measured = [m for m in (measured_factor_at_init(r) for r in b1) if m is not None]
         m = float(np.mean(measured)) if measured else math.nan
-        res.notes.append(f"γ=1 baseline norm factor at init @{_size_label(n)}: analytic {analytic:.3f}, measured "
+        res.notes.append(f"γ=1 baseline norm factor at init @{size_label(n)}: analytic {analytic:.3f}, measured "
                          f"{m:.3f} (target {relative_factor(1.0, 1e-5, EMULATED_WIDTH):.3f} at d=2048)")
-        problem = _saturation_problem(analytic, m, _size_label(n))
-        fix1 = loss_comparison(f"ε-fix gain at γ1 @{_size_label(n)}", b1, f1, "+0.038", min_tpp)
-        fix05 = loss_comparison(f"ε-fix gain at γ.5 @{_size_label(n)}", b05, f05, "+0.001", min_tpp)
-        diff = Comparison.difference(f"γ1 minus γ.5 ε-fix gain @{_size_label(n)}", fix1, fix05, "+0.037",
+        problem = _saturation_problem(analytic, m, size_label(n))
+        fix1 = loss_comparison(f"ε-fix gain at γ1 @{size_label(n)}", b1, f1, "+0.038", min_tpp)
+        fix05 = loss_comparison(f"ε-fix gain at γ.5 @{size_label(n)}", b05, f05, "+0.001", min_tpp)
+        diff = Comparison.difference(f"γ1 minus γ.5 ε-fix gain @{size_label(n)}", fix1, fix05, "+0.037",
                                      fix1.untestable or fix05.untestable)
         for c in (fix1, diff):  # this size's precondition: another size may saturate
             c.untestable = problem or c.untestable
@@ -508,18 +509,18 @@ def claim_c3(runs: Runs, *, min_tpp: float = MIN_TOKENS_PER_PARAM) -> ClaimResul
                  for g in (0.5, 1.0) for gate in ("none", "elementwise")}
         if not all(len(c) for c in cells.values()):
             continue
-        gate1 = loss_comparison(f"gate gain at γ1 @{_size_label(n)}", cells[1.0, "none"], cells[1.0, "elementwise"],
+        gate1 = loss_comparison(f"gate gain at γ1 @{size_label(n)}", cells[1.0, "none"], cells[1.0, "elementwise"],
                                 "+0.047", min_tpp)
-        gate05 = loss_comparison(f"gate gain at γ.5 @{_size_label(n)}", cells[0.5, "none"],
+        gate05 = loss_comparison(f"gate gain at γ.5 @{size_label(n)}", cells[0.5, "none"],
                                  cells[0.5, "elementwise"], "+0.004", min_tpp)
-        at_size = [gate1, Comparison.difference(f"γ1 minus γ.5 gate gain @{_size_label(n)}", gate1, gate05,
+        at_size = [gate1, Comparison.difference(f"γ1 minus γ.5 gate gain @{size_label(n)}", gate1, gate05,
                                                 "+0.043", gate1.untestable or gate05.untestable)]
         problem, note = sink_formed(cells[1.0, "none"])
         if note:
-            res.notes.append(f"@{_size_label(n)}: {note}")
+            res.notes.append(f"@{size_label(n)}: {note}")
         for label, a, b, paper in (
-            (f"sink γ1−γ.5 (no gate) @{_size_label(n)}", cells[1.0, "none"], cells[0.5, "none"], "+0.11"),
-            (f"sink no gate − gate at γ1 (Fig. 1g) @{_size_label(n)}", cells[1.0, "none"],
+            (f"sink γ1−γ.5 (no gate) @{size_label(n)}", cells[1.0, "none"], cells[0.5, "none"], "+0.11"),
+            (f"sink no gate − gate at γ1 (Fig. 1g) @{size_label(n)}", cells[1.0, "none"],
              cells[1.0, "elementwise"], "> 0"),
         ):
             at_size.append(Comparison.by_seed(label, paired(a, b, sink_mean), paper))
@@ -544,7 +545,7 @@ def best_lr_comparison(runs: Runs, size: tuple, min_tpp: float) -> Comparison | 
         if not means:
             return None
         best[g] = min(means, key=means.get)
-    return loss_comparison(f"L(γ.5 @lr {best[0.5]:g})−L(γ1 @lr {best[1.0]:g}) fixed @{_size_label(size)}",
+    return loss_comparison(f"L(γ.5 @lr {best[0.5]:g})−L(γ1 @lr {best[1.0]:g}) fixed @{size_label(size)}",
                            at.where({"model.gamma": 0.5, "train.lr": best[0.5]}),
                            at.where({"model.gamma": 1.0, "train.lr": best[1.0]}), "> 0", min_tpp)
 
@@ -560,7 +561,7 @@ def claim_c4(runs: Runs, *, arm: dict[str, Any] = FIXED, n_boot: int = 1000, all
     tag = "fixed" if arm is FIXED else "baseline"
     g05, g1 = fixed.where({"model.gamma": 0.5}), fixed.where({"model.gamma": 1.0})
     for n in fixed.values("size"):
-        c = loss_comparison(f"L(γ.5)−L(γ1) {tag} @{_size_label(n)}", g05.where(size=n), g1.where(size=n), "> 0",
+        c = loss_comparison(f"L(γ.5)−L(γ1) {tag} @{size_label(n)}", g05.where(size=n), g1.where(size=n), "> 0",
                             min_tpp)
         if c.samples:
             res.comparisons.append(c)
@@ -626,7 +627,7 @@ def claim_c5(runs: Runs, flow: dict[str, Any] | None, *, min_tpp: float = MIN_TO
         ref = at.where({"model.gamma": 1.0})
         for g in gammas:
             if g != 1.0:
-                res.comparisons.append(loss_comparison(f"L(γ{g:g})−L(γ1) @{_size_label(n)}",
+                res.comparisons.append(loss_comparison(f"L(γ{g:g})−L(γ1) @{size_label(n)}",
                                                        at.where({"model.gamma": g}), ref, "> 0", min_tpp))
     if len(res.comparisons) == n_loss:
         res.comparisons.append(Comparison.missing("loss best at γ = 1", "needs ≥ 3 γ values with the fixes"))
@@ -656,7 +657,7 @@ def claim_c6(runs: Runs) -> ClaimResult:
             k = min(len(v) for v in (*r1.values(), *r05.values()))
             mean1 = np.mean([r1[s][:k] for s in seeds], axis=0)
             lowest = int(np.argmin(mean1))
-            tag = f"@{_size_label(n)}{' fixed' if arm is FIXED else ' baseline'}"
+            tag = f"@{size_label(n)}{' fixed' if arm is FIXED else ' baseline'}"
             expansion = Comparison(f"srank rebound γ1 after its minimum (step {steps[lowest]}) {tag}",
                                    [r1[s][k - 1] - r1[s][lowest] for s in seeds], "> 0")
             if steps[lowest] > 2 / 3 * steps[k - 1]:

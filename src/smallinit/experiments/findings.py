@@ -46,6 +46,7 @@ from .claims import (
     paired,
     reference_lr,
     sink_layers,
+    size_label,
 )
 from .reasoning import anchor_scores
 
@@ -263,30 +264,37 @@ def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) ->
         s = anchor_scores(load_model(r.path), load_tokenizer(str(r.config["data.tokenizer"])),
                           AnchorTask.from_params(corpus), n=n)
         scores[r.path] = s
-        per_run.append({"cell": r.name, "gamma": float(r.config["model.gamma"]), "seed": r.seed,
-                        "val_loss": r.val_loss, **{k: v for k, v in s.items() if k != "per_pair"},
+        per_run.append({"cell": r.name, **_size_fields(r.size), "gamma": float(r.config["model.gamma"]),
+                        "seed": r.seed, "val_loss": r.val_loss, **{k: v for k, v in s.items() if k != "per_pair"},
                         "per_pair": s["per_pair"]})
-    by_gamma: dict[float, list[dict]] = {}
-    for row in per_run:
-        by_gamma.setdefault(row["gamma"], []).append(row)
-    summary = [{"gamma": g, "n": len(rows), **{k: float(np.mean([x[k] for x in rows]))
+    by_arm: dict[tuple, list[dict]] = {}  # per size and γ: a recipe may vary the depth too
+    for r in runs:
+        if r.path in scores:
+            by_arm.setdefault((r.size, float(r.config["model.gamma"])), []).append(scores[r.path])
+    summary = [{**_size_fields(size), "gamma": g, "n": len(rows), **{k: float(np.mean([x[k] for x in rows]))
                for k in ("in_distribution", "heldout_reasoning", "heldout_memorising", "heldout_other")}}
-               for g, rows in sorted(by_gamma.items())]
+               for (size, g), rows in sorted(by_arm.items())]
     claim = ClaimResult("R", "Small init favours the reasoning (compositional) solution over memorising the mirror pair",
                         "Zhang et al. 2024: small γ → inferential, large init → symmetric")
-    gammas = sorted(by_gamma)
-    if len(gammas) >= 2:
-        small, large = runs.where({"model.gamma": gammas[-1]}), runs.where({"model.gamma": gammas[0]})
 
-        def metric(key: str) -> Callable[[Run], float | None]:
-            return lambda run: scores[run.path][key] if run.path in scores else None
+    def metric(key: str) -> Callable[[Run], float | None]:
+        return lambda run: scores[run.path][key] if run.path in scores else None
 
+    sizes = sorted({size for size, _ in by_arm})
+    for size in sizes:  # seeds are paired within one size
+        at = runs.where(size=size)
+        gammas = sorted({g for s, g in by_arm if s == size})
+        if len(gammas) < 2:
+            continue
+        small, large = at.where({"model.gamma": gammas[-1]}), at.where({"model.gamma": gammas[0]})
+        tag = f" @{size_label(size)}" if len(sizes) > 1 else ""
         claim.comparisons += [
-            Comparison.by_seed(f"reasoning γ{gammas[-1]:g}−γ{gammas[0]:g}",
+            Comparison.by_seed(f"reasoning γ{gammas[-1]:g}−γ{gammas[0]:g}{tag}",
                                paired(small, large, metric("heldout_reasoning"))),
-            Comparison.by_seed(f"memorising γ{gammas[0]:g}−γ{gammas[-1]:g}",
+            Comparison.by_seed(f"memorising γ{gammas[0]:g}−γ{gammas[-1]:g}{tag}",
                                paired(large, small, metric("heldout_memorising"))),
         ]
+    if per_run:
         acc = [row["in_distribution"] for row in per_run]
         claim.notes.append(f"in-distribution accuracy {min(acc):.2f}–{max(acc):.2f}")
     return {"claims": _claims([claim]), "anchor": per_run, "anchor_by_gamma": summary, "losses": loss_table(runs),
