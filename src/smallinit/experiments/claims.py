@@ -156,10 +156,9 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "samples": self.samples, "seeds": self.seeds, "mean": self.mean, "sd": self.sd,
-                "n": len(self.samples),
-                "expected": self.expected, "tolerance": self.tolerance, "estimate": self.estimate, "lo": self.lo,
-                "hi": self.hi, "verdict": self.verdict, "reason": self.reason, "paper": self.paper,
-                "trajectory": self.trajectory, "text": self.text()}
+                "n": len(self.samples), "expected": self.expected, "tolerance": self.tolerance,
+                "estimate": self.estimate, "lo": self.lo, "hi": self.hi, "verdict": self.verdict, "reason": self.reason,
+                "paper": self.paper, "trajectory": self.trajectory, "text": self.text()}
 
 
 @dataclass

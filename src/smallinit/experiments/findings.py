@@ -256,6 +256,7 @@ def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) ->
     runs = _load(out, say)
     n = int(options.get("anchor_probes", 256))
     per_run, scores = [], {}
+    by_arm: dict[tuple, list[dict]] = {}  # per size and γ: a recipe may vary the depth too
     for i, r in enumerate(runs, 1):
         corpus = str(r.config["data.corpus"])
         if not corpus.startswith("builtin:anchor"):
@@ -263,14 +264,10 @@ def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) ->
         say(f"anchor probe of {r.name} ({i} of {len(runs)})")
         s = anchor_scores(load_model(r.path), load_tokenizer(str(r.config["data.tokenizer"])),
                           AnchorTask.from_params(corpus), n=n)
-        scores[r.path] = s
-        per_run.append({"cell": r.name, **_size_fields(r.size), "gamma": float(r.config["model.gamma"]),
-                        "seed": r.seed, "val_loss": r.val_loss, **{k: v for k, v in s.items() if k != "per_pair"},
-                        "per_pair": s["per_pair"]})
-    by_arm: dict[tuple, list[dict]] = {}  # per size and γ: a recipe may vary the depth too
-    for r in runs:
-        if r.path in scores:
-            by_arm.setdefault((r.size, float(r.config["model.gamma"])), []).append(scores[r.path])
+        scores[r.path], gamma = s, float(r.config["model.gamma"])
+        by_arm.setdefault((r.size, gamma), []).append(s)
+        per_run.append({"cell": r.name, **_size_fields(r.size), "gamma": gamma, "seed": r.seed, "val_loss": r.val_loss,
+                        **{k: v for k, v in s.items() if k != "per_pair"}, "per_pair": s["per_pair"]})
     summary = [{**_size_fields(size), "gamma": g, "n": len(rows), **{k: float(np.mean([x[k] for x in rows]))
                for k in ("in_distribution", "heldout_reasoning", "heldout_memorising", "heldout_other")}}
                for (size, g), rows in sorted(by_arm.items())]
