@@ -370,6 +370,21 @@ def test_table_shows_reasons_and_legend(tmp_path):
     assert "Notation:" in text and "Holm" in text
 
 
+def test_table_says_a_shared_reason_once(tmp_path):
+    """C3 at a size without a sink: its four comparisons share one reason, shown once under the first."""
+    runs = []
+    for seed in range(3):
+        for g in (0.5, 1.0):
+            for arm in ({"model.norm_eps": 1e-12, "model.gate": "none"}, FIXED):
+                runs.append(make_run(tmp_path, gamma=g, seed=seed, arm=arm, final=3.0 + 0.01 * seed, seq_len=256,
+                                     analysis=_sink_record(int(40 * PARAMS / 256), [0.02, 0.02])))
+    c3 = claim_c3(Runs(runs))
+    assert len(c3.comparisons) == 4 and all("no sink has formed" in c.reason for c in c3.comparisons)
+    lines = verdict_table([c3.to_dict()]).splitlines()
+    reasons = [i for i, line in enumerate(lines) if "↳ no sink has formed" in line]
+    assert len(reasons) == 1 and "gate gain at γ1" in lines[reasons[0] - 1]
+
+
 # -- emulated saturation ----------------------------------------------------------------------------------------
 
 

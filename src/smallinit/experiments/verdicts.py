@@ -118,22 +118,21 @@ direction. agree / disagree: a Student-t test over seeds rejects 0 (Holm over th
 
 def verdict_table(claims: list[dict[str, Any]]) -> str:
     """One block per claim: its verdict, then each comparison with its own verdict and the paper's number;
-    a comparison that is not testable here says why on the line below; the notation last."""
+    a comparison that is not testable here says why on the line below (once for consecutive comparisons with
+    the same reason); the notation last."""
     rows = [("claim", "verdict", "measured (mean ± sd over seeds, n seeds) → verdict", "paper")]
     for c in claims:
         comps = c["comparisons"] or [{"text": "; ".join(c["notes"]) or "not measured at this scale",
                                       "verdict": "", "paper": c["paper"]}]
-        shown_claim_reason = False
+        previous = ""
         for i, comp in enumerate(comps):
             arrow = f" → {comp['verdict']}" if comp["verdict"] else ""
             rows.append((c["claim"] if i == 0 else "", c["verdict"] if i == 0 else "", comp["text"] + arrow,
                          comp.get("paper") or ""))
-            if comp.get("verdict") == NOT_TESTABLE and comp.get("reason"):
-                if comp["reason"] == c.get("untestable"):
-                    if shown_claim_reason:
-                        continue
-                    shown_claim_reason = True
-                rows.append(("", "", f"  ↳ {comp['reason']}", ""))
+            reason = (comp.get("reason") or "") if comp.get("verdict") == NOT_TESTABLE else ""
+            if reason and reason != previous:
+                rows.append(("", "", f"  ↳ {reason}", ""))
+            previous = reason
         for note in c["notes"] if c["comparisons"] else []:
             rows.append(("", "", f"({note})", ""))
     widths = [max(len(r[i]) for r in rows if not r[2].startswith(("  ↳", "("))) for i in range(3)]
