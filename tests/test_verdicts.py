@@ -363,6 +363,18 @@ def test_effective_size_needs_seeds_and_gives_a_sane_number(tmp_path):
     assert es.verdict in (AGREE, INCONCLUSIVE)
 
 
+def test_best_lr_is_chosen_on_the_other_seeds(tmp_path):
+    """γ.5's lr 3e-3 wins on the mean only through seed 0's lucky run: seed 0 is then tested at the rate
+    seeds 1 and 2 prefer (1e-2), not at its own lucky one."""
+    losses = {(0.5, 3e-3): [2.9, 3.5, 3.5], (0.5, 1e-2): [3.6, 3.2, 3.2], (1.0, 3e-3): [3.0] * 3, (1.0, 1e-2): [3.1] * 3}
+    runs = [make_run(tmp_path, gamma=g, seed=seed, arm=FIXED, lr=lr, final=v)
+            for (g, lr), vs in losses.items() for seed, v in enumerate(vs)]
+    c4 = claim_c4(Runs(runs).where({"train.lr": 3e-3}), all_lrs=Runs(runs), n_boot=10)
+    (best,) = [c for c in c4.comparisons if "best lr" in c.label]
+    assert best.seeds == [0, 1, 2] and best.samples == pytest.approx([0.6, 0.5, 0.5])
+    assert any("seed 0 0.01 / 0.003, seed 1 0.003 / 0.003" in note for note in c4.notes), c4.notes
+
+
 def test_table_shows_reasons_and_legend(tmp_path):
     runs = Runs(pair_runs(tmp_path, EMULATED, [0.10, 0.11, 0.12], tpp=5))
     text = verdict_table([claim_c1(runs).to_dict()])
