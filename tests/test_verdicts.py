@@ -21,6 +21,7 @@ from smallinit.experiments.claims import (
     claim_c4,
     claim_c6,
     claim_c7,
+    gaps_from_compares,
     loss_comparison,
     uniform_sink,
 )
@@ -373,6 +374,22 @@ def test_best_lr_is_chosen_on_the_other_seeds(tmp_path):
     (best,) = [c for c in c4.comparisons if "best lr" in c.label]
     assert best.seeds == [0, 1, 2] and best.samples == pytest.approx([0.6, 0.5, 0.5])
     assert any("seed 0 0.01 / 0.003, seed 1 0.003 / 0.003" in note for note in c4.notes), c4.notes
+
+
+def test_token_comparisons_of_several_sizes_are_not_pooled():
+    """compare.json files of d = 24 and d = 32 (a folder of hand-made comparisons): C7 takes the d = 32 seeds, and
+    a seed's d = 24 file does not overwrite its d = 32 one."""
+    def compare(d: int, seed: int) -> dict:
+        common = {**FIXED, "model.norm_eps_width": 0, "model.d_model": d, "model.n_layers": 4, "train.lr": 3e-3,
+                  "train.seed": seed}
+        return {"meta": {"settings_a": {**common, "model.gamma": 1.0}, "settings_b": {**common, "model.gamma": 0.5}},
+                "d": d}
+
+    gaps = gaps_from_compares([compare(32, 0), compare(32, 1), compare(24, 0), compare(24, 1), compare(24, 2)])
+    assert sorted(gaps) == [0, 1] and {g["d"] for g in gaps.values()} == {32}
+    unpaired = compare(32, 2)
+    unpaired["meta"]["settings_b"]["train.lr"] = 1e-2  # B at another rate is not the same comparison
+    assert sorted(gaps_from_compares([unpaired, compare(32, 0)])) == [0]
 
 
 def test_table_shows_reasons_and_legend(tmp_path):

@@ -162,7 +162,9 @@ def compare_checkpoints(
 
 
 ANALYSIS_FILE = "analysis.json"  # what `smallinit analyze` writes, and the HTML report reads back
-SETTINGS = ("model.gamma", "model.norm_eps", "model.gate", "train.seed")  # what a comparison's claim depends on
+# what a comparison's claim depends on, and what must match for comparisons to be pooled over seeds
+SETTINGS = ("model.gamma", "model.norm_eps", "model.norm_eps_width", "model.gate", "model.d_model", "model.n_layers",
+            "train.lr", "train.seed")
 
 
 def run_settings(flat_config: dict[str, Any]) -> dict[str, Any]:

@@ -748,12 +748,18 @@ def judge_all(runs: Runs, flow: dict[str, Any] | None = None, gaps: dict[int, di
 
 
 def gaps_from_compares(compares: Iterable[dict[str, Any]]) -> dict[int, dict[str, Any]] | None:
-    """C7's input from compare.json contents: γ = 1 (A) against γ = 0.5 (B), both with the fixes, same seed."""
-    gaps = {}
+    """C7's input from compare.json contents: γ = 1 (A) against γ = 0.5 (B), both with the fixes, the same seed and
+    otherwise the same settings. Comparisons of several sizes or rates are never pooled: the largest model's are
+    used, as the recipes judge C7 at the largest size."""
+    groups: dict[str, dict[int, dict[str, Any]]] = {}  # by the settings the seeds share
+    sizes: dict[str, tuple[int, int]] = {}
     for c in compares:
         a, b = c.get("meta", {}).get("settings_a") or {}, c.get("meta", {}).get("settings_b") or {}
         fixed = all(s.get(k) == v for s in (a, b) for k, v in FIXED.items())
-        seed = a.get("train.seed")
-        if fixed and a.get("model.gamma") == 1.0 and b.get("model.gamma") == 0.5 and seed == b.get("train.seed"):
-            gaps[int(seed or 0)] = c
-    return gaps or None
+        rest = {k: v for k, v in a.items() if k != "model.gamma"}
+        if fixed and a.get("model.gamma") == 1.0 and b.get("model.gamma") == 0.5 and rest == {
+                k: v for k, v in b.items() if k != "model.gamma"}:
+            key = repr(sorted((k, v) for k, v in rest.items() if k != "train.seed"))
+            groups.setdefault(key, {})[int(a.get("train.seed") or 0)] = c
+            sizes[key] = (a.get("model.d_model") or 0, a.get("model.n_layers") or 0)
+    return groups[max(groups, key=lambda k: (*sizes[k], len(groups[k])))] if groups else None
