@@ -331,6 +331,9 @@ def test_c7_needs_a_better_model_below_bigram():
     assert claim_c7(worse).verdict == NOT_TESTABLE and "not better on average" in claim_c7(worse).untestable
     untrained = {s: _gap(0.03 + 0.001 * s, profile, 3.0, 2.5) for s in range(3)}
     assert "bigram" in claim_c7(untrained).untestable
+    coarse = {**good, 3: _gap(-0.5, profile[:5], 9.0, 2.5)}  # a comparison binned in 5, not judged: left out of all
+    c7 = claim_c7(coarse)
+    assert c7.verdict == AGREE and c7.comparisons[0].seeds == [0, 1, 2], (c7.untestable, c7.notes)
 
 
 # -- effective size ---------------------------------------------------------------------------------------------

@@ -697,23 +697,21 @@ def claim_c7(gaps: dict[int, dict[str, Any]] | None) -> ClaimResult:
     if not gaps:
         res.comparisons.append(Comparison.missing("Δ_sym by difficulty", "needs γ 0.5 and 1 runs with the fixes"))
         return res
-    mid_easy, mid_noisy, overall = [], [], []
-    for gap in gaps.values():
+    used = {seed: gap for seed, gap in sorted(gaps.items()) if len(gap["bins"]) == 10}  # by difficulty decile
+    mid_easy, mid_noisy = {}, {}
+    for seed, gap in used.items():
         d = [b["mean_delta_sym"] for b in gap["bins"]]
-        if len(d) != 10:
-            continue
-        overall.append(float(gap["mean_delta_sym"]))
         mid = float(np.mean([d[i] for i in MID_BINS]))
-        mid_easy.append(mid - float(np.mean([d[i] for i in EASY_BINS])))
-        mid_noisy.append(mid - float(np.mean([d[i] for i in NOISY_BINS])))
-    res.comparisons += [Comparison("Δ_sym mid−easy deciles", mid_easy, "> 0"),
-                        Comparison("Δ_sym mid−noisiest decile", mid_noisy, "> 0")]
+        mid_easy[seed] = mid - float(np.mean([d[i] for i in EASY_BINS]))
+        mid_noisy[seed] = mid - float(np.mean([d[i] for i in NOISY_BINS]))
+    res.comparisons += [Comparison.by_seed("Δ_sym mid−easy deciles", mid_easy, "> 0"),
+                        Comparison.by_seed("Δ_sym mid−noisiest decile", mid_noisy, "> 0")]
     res.extra["token_gap"] = gaps
-    better = t_test(overall)
+    better = t_test([float(g["mean_delta_sym"]) for g in used.values()])
     res.notes.append("mean Δ_sym (γ1 vs γ.5): " + (f"{better.mean:+.4f} [{better.lo:+.4f}, {better.hi:+.4f}]"
                                                    if isinstance(better, TTest) else better))
-    bigram = [g["bigram_loss"] for g in gaps.values() if g.get("bigram_loss") is not None]
-    worst = max(max(g["mean_loss_a"], g["mean_loss_b"]) for g in gaps.values())
+    bigram = [g["bigram_loss"] for g in used.values() if g.get("bigram_loss") is not None]
+    worst = max((max(g["mean_loss_a"], g["mean_loss_b"]) for g in used.values()), default=math.inf)
     if bigram:
         res.notes.append(f"loss on these tokens: worst model {worst:.3f}, add-k bigram {np.mean(bigram):.3f}")
     if not isinstance(better, TTest) or better.lo <= 0:
