@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import TINY_MODEL
 from smallinit import ModelConfig, Transformer
 from smallinit.analysis import (
     check_norm_saturation,
@@ -274,9 +275,7 @@ def test_callback_writes_records_and_snapshots(tmp_path):
     run = tmp_path / "run"
     corpus = tmp_path / "c.txt"
     corpus.write_text("The quick brown fox jumps over the lazy dog. " * 200, encoding="utf-8")
-    overrides = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=2", "model.d_ff=64",
-                 "data.tokenizer=bytes", f"data.corpus={json.dumps(str(corpus))}", "data.seq_len=32",
-                 "train.batch_size=4", "train.steps=6", "train.eval_every=0", "train.log_every=3",
+    overrides = [*TINY_MODEL, f"data.corpus={json.dumps(str(corpus))}", "train.batch_size=4", "train.steps=6", "train.eval_every=0", "train.log_every=3",
                  "train.warmup_steps=1", "analysis.every=2", "analysis.snapshots=2", "analysis.heatmap_rows=16"]
     assert main(["train", "--out", str(run), *sum((["--set", o] for o in overrides), [])]) == 0
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import smallinit
-from helpers import TINY_MODEL
+from helpers import TINY_MODEL, snapshot
 from smallinit import AnalysisConfig, Config, DataConfig, ModelConfig, MoEConfig, TrainConfig, load_model
 from smallinit.cli import main
 from smallinit.data import load_tokenizer
@@ -122,7 +122,7 @@ def test_pickle_in_place_of_checkpoint_is_refused_unrun(fmt, fname, finished_run
     state = json.loads((ck / "state.json").read_text())  # checksums updated: only the format can refuse it
     state["files"][fname] = {"bytes": len(blobs[fmt]), "sha256": sha256_file(ck / fname)}
     (ck / "state.json").write_text(json.dumps(state))
-    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    before = snapshot(run)
 
     code, _, err = cli(["train", "--out", str(run), "--resume"])
     assert "not a readable safetensors file" in assert_one_line_error(code, err)
@@ -130,7 +130,7 @@ def test_pickle_in_place_of_checkpoint_is_refused_unrun(fmt, fname, finished_run
         with pytest.raises(SmallinitError, match="not a readable safetensors file"):
             load_model(run)
     assert not marker.exists()
-    assert before == {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert before == snapshot(run)
 
 
 @pytest.mark.parametrize("fmt", ["pickle", "torch.save"])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import TINY_MODEL
 from smallinit.cli import main
 from smallinit.config import Config
 from smallinit.train import Trainer
@@ -17,9 +18,7 @@ from smallinit.train.loggers import TensorBoardLogger, scalars
 
 
 def tiny(corpus: Path) -> list[str]:
-    return ["data.tokenizer=bytes", f"data.corpus={corpus}", "model.d_model=32", "model.n_layers=2",
-            "model.n_heads=2", "model.n_kv_heads=2", "model.d_ff=64", "model.max_seq_len=64", "data.seq_len=32",
-            "train.steps=4", "train.batch_size=4", "train.warmup_steps=1", "train.log_every=2",
+    return [*TINY_MODEL, f"data.corpus={corpus}", "model.max_seq_len=64", "train.steps=4", "train.batch_size=4", "train.warmup_steps=1", "train.log_every=2",
             "train.eval_every=2", "train.eval_batches=1"]
 
 

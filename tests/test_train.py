@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import TINY_MODEL, final_tensors
+from helpers import TINY_MODEL, final_tensors, snapshot
 from smallinit import Config, load_model
 from smallinit.errors import CheckpointError, ConfigError, TrainingError
 from smallinit.train import Callback, Trainer, lr_at
@@ -176,9 +176,9 @@ def test_nonfinite_skip_counts(tmp_path):
 def test_run_folder_is_never_overwritten(tmp_path):
     run = tmp_path / "run"
     Trainer(tiny("train.steps=2", "train.eval_every=0"), run, callbacks=[]).fit()
-    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    before = snapshot(run)
     with pytest.raises(ConfigError, match="already holds a run"):
         Trainer(tiny("train.steps=2"), run, callbacks=[])
     with pytest.raises(ConfigError, match="--resume"):
         Trainer(tiny("train.steps=2", "train.lr=1"), run, resume=True, callbacks=[])
-    assert before == {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert before == snapshot(run)

@@ -39,6 +39,7 @@ from smallinit.experiments.verdicts import (
 )
 
 PARAMS = 1000  # non-embedding parameters of every synthetic run; 1 × 10 tokens per step → 1 token/param per 100 steps
+NO_GATE = {"model.norm_eps": 1e-12, "model.gate": "none"}  # ε fixed, no gate (FIXED has both fixes)
 
 
 def make_run(root: Path, *, gamma: float, seed: int, arm: dict, d: int = 16, final: float, start: float = 5.0,
@@ -209,14 +210,13 @@ def _factor_record(value: float) -> list[dict]:
 
 def _c2_runs(folder: Path, width: int, factor: float | None, d: int = 16) -> tuple[list[Run], dict]:
     """C2's grid at one size: ε 1e-5 (emulated at ``width``) lowers the loss at γ = 1 by 0.05, not at γ = 0.5."""
-    eps_only = {"model.norm_eps": 1e-12, "model.gate": "none"}
     arm = {**EMULATED, "model.norm_eps_width": width}
     runs = []
     for seed in range(3):
         for g, gain in ((1.0, 0.05), (0.5, 0.0)):
             runs.append(make_run(folder, gamma=g, seed=seed, arm=arm, d=d, final=3.0 + gain + 0.001 * seed,
                                  analysis=None if factor is None else _factor_record(factor)))
-            runs.append(make_run(folder, gamma=g, seed=seed, arm=eps_only, d=d, final=3.0))
+            runs.append(make_run(folder, gamma=g, seed=seed, arm=NO_GATE, d=d, final=3.0))
     return runs, arm
 
 
@@ -246,21 +246,25 @@ def _sink_record(steps: int, per_layer: list[float]) -> list[dict]:
     return [{"step": steps, "sink": {str(i): v for i, v in enumerate(per_layer)}, "sink_mean": float(np.mean(per_layer))}]
 
 
+def _c3_runs(folder: Path, sink: float, d: int = 16, seq_len: int = 256, n_seq: int = 16) -> list[Run]:
+    """C3's grid at one size: γ {0.5, 1} × gate {none, elementwise} × 3 seeds. The no-gate γ = 1 runs' first layer
+    has sink score ``sink`` (uniform attention elsewhere); the gate lowers the loss by 0.05."""
+    steps, runs = int(40 * PARAMS / seq_len), []
+    for seed in range(3):
+        for g in (0.5, 1.0):
+            s = sink if g == 1.0 else 0.02
+            runs.append(make_run(folder, gamma=g, seed=seed, arm=NO_GATE, d=d, final=3.05, seq_len=seq_len,
+                                 n_seq=n_seq, analysis=_sink_record(steps, [s + 0.001 * seed * g, 0.02])))
+            runs.append(make_run(folder, gamma=g, seed=seed, arm=FIXED, d=d, final=3.0, seq_len=seq_len,
+                                 n_seq=n_seq, analysis=_sink_record(steps, [0.02 + 0.0003 * seed**2, 0.02])))
+    return runs
+
+
 def test_c3_needs_a_sink_and_enough_tokens(tmp_path):
     uniform = uniform_sink(256)
     assert uniform == pytest.approx(0.0201, abs=1e-4)  # (H_T − 1)/(T − 1); 0.059 at T = 64
-    eps12_none, eps12_gate = {"model.norm_eps": 1e-12, "model.gate": "none"}, FIXED
     for label, sink, seq_len, n_seq in (("none", 0.02, 256, 16), ("formed", 0.3, 256, 16), ("short", 0.3, 64, 4)):
-        folder, runs = tmp_path / label, []
-        steps = int(40 * PARAMS / seq_len)
-        for seed in range(3):
-            for g in (0.5, 1.0):
-                s = sink if g == 1.0 else 0.02
-                runs.append(make_run(folder, gamma=g, seed=seed, arm=eps12_none, final=3.05, seq_len=seq_len,
-                                     n_seq=n_seq, analysis=_sink_record(steps, [s + 0.001 * seed * g, 0.02])))
-                runs.append(make_run(folder, gamma=g, seed=seed, arm=eps12_gate, final=3.0, seq_len=seq_len,
-                                     n_seq=n_seq, analysis=_sink_record(steps, [0.02 + 0.0003 * seed**2, 0.02])))
-        c3 = claim_c3(Runs(runs))
+        c3 = claim_c3(Runs(_c3_runs(tmp_path / label, sink, seq_len=seq_len, n_seq=n_seq)))
         sinks = [c for c in c3.comparisons if c.label.startswith("sink")]
         assert len(sinks) == 2  # the γ contrast and Fig. 1g (gate vs no gate at γ = 1)
         if label == "formed":
@@ -278,17 +282,7 @@ def _srank_records(ranks: list[float], steps: int) -> list[dict]:
 
 def test_c3_judges_each_size_by_its_own_sink(tmp_path):
     """A sink at d = 32 and none at d = 16: d = 32's comparisons are judged, d = 16's are not testable."""
-    eps12_none, runs = {"model.norm_eps": 1e-12, "model.gate": "none"}, []
-    steps = int(40 * PARAMS / 256)
-    for d, sink in ((16, 0.02), (32, 0.3)):
-        for seed in range(3):
-            for g in (0.5, 1.0):
-                s = sink if g == 1.0 else 0.02
-                runs.append(make_run(tmp_path, gamma=g, seed=seed, arm=eps12_none, d=d, final=3.05, seq_len=256,
-                                     analysis=_sink_record(steps, [s + 0.001 * seed * g, 0.02])))
-                runs.append(make_run(tmp_path, gamma=g, seed=seed, arm=FIXED, d=d, final=3.0, seq_len=256,
-                                     analysis=_sink_record(steps, [0.02 + 0.0003 * seed**2, 0.02])))
-    c3 = claim_c3(Runs(runs))
+    c3 = claim_c3(Runs(_c3_runs(tmp_path, 0.02, d=16) + _c3_runs(tmp_path, 0.3, d=32)))
     for c in c3.comparisons:
         if "@d16" in c.label:
             assert c.verdict == NOT_TESTABLE and "no sink has formed" in c.reason, (c.label, c.reason)
@@ -404,13 +398,7 @@ def test_table_shows_reasons_and_legend(tmp_path):
 
 def test_table_says_a_shared_reason_once(tmp_path):
     """C3 at a size without a sink: its four comparisons share one reason, shown once under the first."""
-    runs = []
-    for seed in range(3):
-        for g in (0.5, 1.0):
-            for arm in ({"model.norm_eps": 1e-12, "model.gate": "none"}, FIXED):
-                runs.append(make_run(tmp_path, gamma=g, seed=seed, arm=arm, final=3.0 + 0.01 * seed, seq_len=256,
-                                     analysis=_sink_record(int(40 * PARAMS / 256), [0.02, 0.02])))
-    c3 = claim_c3(Runs(runs))
+    c3 = claim_c3(Runs(_c3_runs(tmp_path, 0.02)))
     assert len(c3.comparisons) == 4 and all("no sink has formed" in c.reason for c in c3.comparisons)
     lines = verdict_table([c3.to_dict()]).splitlines()
     reasons = [i for i, line in enumerate(lines) if "↳ no sink has formed" in line]
