@@ -20,7 +20,6 @@ A write that fails (disk full, read-only folder) raises StorageError and leaves 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -53,14 +52,14 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / CKPT_DIR / f"step_{step:07d}"
 
 
-def kept_note(run_dir: Path) -> str:
-    done = list_checkpoints(run_dir)
-    return f"the last checkpoint {done[-1]} is intact" if done else "no checkpoint was written yet"
-
-
 def kept(run_dir: Path) -> io.Kept:
     """For a failed write in ``run_dir``: the error line names the last intact checkpoint."""
-    return lambda: kept_note(run_dir)
+
+    def note() -> str:
+        done = list_checkpoints(run_dir)
+        return f"the last checkpoint {done[-1]} is intact" if done else "no checkpoint was written yet"
+
+    return note
 
 
 def save_checkpoint(
@@ -101,10 +100,9 @@ def read_checkpoint(path: Path, *, verify: bool = True) -> Checkpoint:
     state_file = path / "state.json"
     if not state_file.is_file():
         raise CheckpointError(f"{path} is not a complete checkpoint (no state.json); pick another or retrain")
-    try:
-        state = json.loads(state_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
-        raise CheckpointError(f"{state_file} is not valid JSON; the checkpoint is damaged") from None
+    state = io.read_json(state_file)
+    if state is None:
+        raise CheckpointError(f"{state_file} is not valid JSON; the checkpoint is damaged")
     if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("files"), dict):
         raise CheckpointError(f"{state_file} is not a smallinit checkpoint state ({FORMAT})")
     _check_state(state, path)

@@ -7,7 +7,6 @@ model and optimizer are restored bit for bit from safetensors, and nothing else 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import time
@@ -125,10 +124,9 @@ class Trainer:
         if resume:
             if not config_file.is_file():
                 raise CheckpointError(f"{self.run_dir} is not a run folder (no config.json); drop --resume")
-            try:
-                saved = json.loads(config_file.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-                raise CheckpointError(f"{config_file} is not valid JSON; the run folder is damaged") from None
+            saved = io.read_json(config_file)
+            if saved is None:
+                raise CheckpointError(f"{config_file} is not valid JSON; the run folder is damaged")
             saved = Config.from_dict(saved).to_dict()  # keys added since the run was made take their defaults
             diff = _first_difference(saved, _as_planned(self.cfg.to_dict(), saved))
             if diff:
