@@ -40,7 +40,7 @@ from ..data.tokenizer import run_tokenizer
 from ..errors import CheckpointError, ConfigError, SmallinitError
 from ..init import InitReport, InitRow, gamma_init_, is_norm, set_norm_eps_
 from ..model import Transformer
-from ..train.checkpoint import load_model_tensors, load_tensors, resolve_checkpoint
+from ..train.checkpoint import load_weights, resolve_checkpoint
 
 REMOTE_DIR = Path(__file__).resolve().parent / "remote"
 REMOTE_FILES = ("configuration_smallinit.py", "modeling_smallinit.py")
@@ -253,7 +253,7 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path) -> ExportResult:
     found = resolve_checkpoint(checkpoint)
     cfg = Config.from_dict(found.state["config"])
     model = Transformer(cfg.model, init=False)
-    load_model_tensors(model, load_tensors(found.path / "model.safetensors"), found.path, found.state.get("aliases"))
+    load_weights(model, found)
     tokenizer = run_tokenizer(cfg.data.tokenizer, cfg.model.vocab_size)
     architecture, reason = choose_architecture(cfg.model)
     config = hf_config(cfg.model, architecture, tokenizer.eos_id)

@@ -257,14 +257,13 @@ def load_optimizer_tensors(
             optimizer.state[p] = {k: t if k == "step" else t.to(p.device) for k, t in state[names[i]].items()}
 
 
-def load_model_tensors(
-    model: torch.nn.Module, tensors: dict[str, torch.Tensor], source: Path, aliases: dict[str, str] | None = None
-) -> None:
-    """Copy tensors into ``model`` after check_model_tensors."""
-    for alias, target in (aliases or {}).items():
+def load_weights(model: torch.nn.Module, found: Checkpoint) -> None:
+    """The checkpoint's model tensors into ``model``, after check_model_tensors (tied weights from its aliases)."""
+    tensors = load_tensors(found.path / "model.safetensors")
+    for alias, target in (found.state.get("aliases") or {}).items():
         if target in tensors:
             tensors[alias] = tensors[target]
-    check_model_tensors(tensors, tensor_spec(model.state_dict()), source)
+    check_model_tensors(tensors, tensor_spec(model.state_dict()), found.path)
     model.load_state_dict(tensors)
 
 
@@ -297,6 +296,5 @@ def load_model(path: str | Path | Checkpoint, *, device: str | torch.device = "c
         check_config(found, Config.from_json_file(run_config).to_dict(), run_config)
     cfg = Config.from_dict(found.state["config"])
     model = Transformer(cfg.model, init=False)
-    tensors = load_tensors(found.path / "model.safetensors")
-    load_model_tensors(model, tensors, found.path, found.state.get("aliases"))
+    load_weights(model, found)
     return model.to(device).eval()

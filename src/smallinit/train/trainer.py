@@ -159,8 +159,7 @@ class Trainer:
                 ckpt.load_tensors(found.path / "model.safetensors"),
                 ckpt.load_tensors(found.path / "optim.safetensors"), found.state.get("aliases") or {}))
         else:
-            tensors = ckpt.load_tensors(found.path / "model.safetensors")
-            ckpt.load_model_tensors(self.model, tensors, found.path, found.state.get("aliases"))
+            ckpt.load_weights(self.model, found)
             optim = ckpt.load_tensors(found.path / "optim.safetensors")
             ckpt.load_optimizer_tensors(self.optimizer, optim, self.names)
         self.step, self.skipped = found.step, int(found.state.get("skipped", 0))
@@ -207,8 +206,7 @@ class Trainer:
             raise ConfigError(f"train.init_from={source.path} was trained with data.tokenizer="
                               f"{theirs.data.tokenizer!r}, this run uses {self.cfg.data.tokenizer!r}; use the same one")
         try:
-            ckpt.load_model_tensors(self.model, ckpt.load_tensors(source.path / "model.safetensors"), source.path,
-                                    source.state.get("aliases"))
+            ckpt.load_weights(self.model, source)
         except CheckpointError as e:
             diff = _first_difference(theirs.to_dict()["model"], self.cfg.to_dict()["model"], "model")
             raise ConfigError(f"train.init_from: {diff or e}; a run starts from the weights of a model of the same "
