@@ -114,11 +114,11 @@ class Comparison:
         return Comparison(label, list(values.values()), paper, seeds=list(values), **kw)
 
     @staticmethod
-    def difference(label: str, x: Comparison, y: Comparison, paper: str = "", untestable: str = "") -> Comparison:
-        """x's per-seed values minus y's, for the seeds both have."""
+    def difference(label: str, x: Comparison, y: Comparison, paper: str = "") -> Comparison:
+        """x's per-seed values minus y's, for the seeds both have; not testable where either is not."""
         xs, ys = dict(zip(x.seeds or [], x.samples)), dict(zip(y.seeds or [], y.samples))
         return Comparison.by_seed(label, {s: xs[s] - ys[s] for s in sorted(xs.keys() & ys.keys())}, paper,
-                                  untestable=untestable)
+                                  untestable=x.untestable or y.untestable)
 
     @staticmethod
     def interval(label: str, estimate: float, lo: float, hi: float, level: float, paper: str = "") -> Comparison:
@@ -460,8 +460,7 @@ def claim_c2(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
         problem = _saturation_problem(analytic, m, size_label(n))
         fix1 = loss_comparison(f"ε-fix gain at γ1 @{size_label(n)}", b1, f1, "+0.038", min_tpp)
         fix05 = loss_comparison(f"ε-fix gain at γ.5 @{size_label(n)}", b05, f05, "+0.001", min_tpp)
-        diff = Comparison.difference(f"γ1 minus γ.5 ε-fix gain @{size_label(n)}", fix1, fix05, "+0.037",
-                                     fix1.untestable or fix05.untestable)
+        diff = Comparison.difference(f"γ1 minus γ.5 ε-fix gain @{size_label(n)}", fix1, fix05, "+0.037")
         for c in (fix1, diff):  # this size's precondition: another size may saturate
             c.untestable = problem or c.untestable
         res.comparisons += [fix1, diff]
@@ -512,8 +511,7 @@ def claim_c3(runs: Runs, *, min_tpp: float = MIN_TOKENS_PER_PARAM) -> ClaimResul
                                 "+0.047", min_tpp)
         gate05 = loss_comparison(f"gate gain at γ.5 @{size_label(n)}", cells[0.5, "none"],
                                  cells[0.5, "elementwise"], "+0.004", min_tpp)
-        at_size = [gate1, Comparison.difference(f"γ1 minus γ.5 gate gain @{size_label(n)}", gate1, gate05,
-                                                "+0.043", gate1.untestable or gate05.untestable)]
+        at_size = [gate1, Comparison.difference(f"γ1 minus γ.5 gate gain @{size_label(n)}", gate1, gate05, "+0.043")]
         problem, note = sink_formed(cells[1.0, "none"])
         if note:
             res.notes.append(f"@{size_label(n)}: {note}")
@@ -543,23 +541,23 @@ def best_lr_comparison(runs: Runs, size: tuple, min_tpp: float) -> tuple[Compari
         return None
     cells = {(g, lr): at.where({"model.gamma": g, "train.lr": lr}) for g in (0.5, 1.0) for lr in lrs}
     loss = {k: cell.by_seed(val_loss) for k, cell in cells.items()}
-    chosen: dict[float, list[Run]] = {0.5: [], 1.0: []}
-    picks: dict[float, dict[int, float]] = {0.5: {}, 1.0: {}}
+    by_seed = {k: cell.run_by_seed() for k, cell in cells.items()}
+    chosen: dict[float, dict[int, Run]] = {0.5: {}, 1.0: {}}  # each seed's run at the rate the other seeds chose
     for g in (0.5, 1.0):
         for seed in sorted({s for lr in lrs for s in loss[g, lr]}):
             others = {lr: [v for t, v in loss[g, lr].items() if t != seed] for lr in lrs}
             means = {lr: float(np.mean(v)) for lr, v in others.items() if v}
-            mine = cells[g, min(means, key=means.get)].run_by_seed() if means else {}
-            if seed in mine:
-                chosen[g].append(mine[seed])
-                picks[g][seed] = mine[seed].config["train.lr"]
-    seeds = sorted(picks[0.5].keys() & picks[1.0].keys())
+            runs_at_best = by_seed[g, min(means, key=means.get)] if means else {}
+            if seed in runs_at_best:
+                chosen[g][seed] = runs_at_best[seed]
+    seeds = sorted(chosen[0.5].keys() & chosen[1.0].keys())
     if not seeds:
         return None
+    lr = {g: {s: run.config["train.lr"] for s, run in chosen[g].items()} for g in chosen}
     note = (f"@{size_label(size)}: best lr per seed, chosen on the other seeds (γ.5 / γ1): "
-            + ", ".join(f"seed {s} {picks[0.5][s]:g} / {picks[1.0][s]:g}" for s in seeds))
-    return loss_comparison(f"L(γ.5)−L(γ1) fixed @{size_label(size)}, each γ at its best lr", Runs(chosen[0.5]),
-                           Runs(chosen[1.0]), "> 0", min_tpp), note
+            + ", ".join(f"seed {s} {lr[0.5][s]:g} / {lr[1.0][s]:g}" for s in seeds))
+    return loss_comparison(f"L(γ.5)−L(γ1) fixed @{size_label(size)}, each γ at its best lr",
+                           Runs(list(chosen[0.5].values())), Runs(list(chosen[1.0].values())), "> 0", min_tpp), note
 
 
 @_judged
@@ -750,7 +748,6 @@ def gaps_from_compares(compares: Iterable[dict[str, Any]]) -> dict[int, dict[str
     otherwise the same settings. Comparisons of several sizes or rates are never pooled: the largest model's are
     used, as the recipes judge C7 at the largest size."""
     groups: dict[str, dict[int, dict[str, Any]]] = {}  # by the settings the seeds share
-    sizes: dict[str, tuple[int, int]] = {}
     for c in compares:
         a, b = c.get("meta", {}).get("settings_a") or {}, c.get("meta", {}).get("settings_b") or {}
         fixed = all(s.get(k) == v for s in (a, b) for k, v in FIXED.items())
@@ -759,5 +756,9 @@ def gaps_from_compares(compares: Iterable[dict[str, Any]]) -> dict[int, dict[str
                 k: v for k, v in b.items() if k != "model.gamma"}:
             key = repr(sorted((k, v) for k, v in rest.items() if k != "train.seed"))
             groups.setdefault(key, {})[int(a.get("train.seed") or 0)] = c
-            sizes[key] = (a.get("model.d_model") or 0, a.get("model.n_layers") or 0)
-    return groups[max(groups, key=lambda k: (*sizes[k], len(groups[k])))] if groups else None
+
+    def size(key: str) -> tuple[int, int, int]:  # model size from any member's settings, then the seeds
+        a = next(iter(groups[key].values()))["meta"]["settings_a"]
+        return a.get("model.d_model") or 0, a.get("model.n_layers") or 0, len(groups[key])
+
+    return groups[max(groups, key=size)] if groups else None

@@ -70,8 +70,9 @@ def _group_key(run: Run) -> tuple:
             c["model.gate"], float(c["train.lr"]))
 
 
-def _arm_fields(key: tuple) -> dict[str, Any]:
-    return dict(zip(("gamma", "norm_eps", "norm_eps_width", "gate", "lr"), key[1:]))
+def _arm_fields(arm: tuple) -> dict[str, Any]:
+    """A group key without its size, as named fields."""
+    return dict(zip(("gamma", "norm_eps", "norm_eps_width", "gate", "lr"), arm))
 
 
 def _size_fields(size: tuple) -> dict[str, Any]:
@@ -84,7 +85,7 @@ def loss_table(runs: Runs) -> list[dict[str, Any]]:
     for r in runs:
         if r.val_loss is not None:
             groups.setdefault(_group_key(r), []).append(r.val_loss)
-    return [{**_size_fields(k[0]), **_arm_fields(k), "mean": float(np.mean(v)),
+    return [{**_size_fields(k[0]), **_arm_fields(k[1:]), "mean": float(np.mean(v)),
              "sd": float(np.std(v, ddof=1)) if len(v) > 1 else None, "n": len(v)} for k, v in sorted(groups.items())]
 
 
@@ -95,7 +96,7 @@ def sink_table(runs: Runs) -> list[dict[str, Any]]:
         measured = sink_layers(r)
         if measured is not None:
             groups.setdefault(_group_key(r), []).append(measured[0])
-    return [{**_size_fields(k[0]), **_arm_fields(k),
+    return [{**_size_fields(k[0]), **_arm_fields(k[1:]),
              "per_layer": np.mean(np.asarray(v, dtype=float), axis=0).tolist(), "n": len(v)}
             for k, v in sorted(groups.items())]
 
@@ -115,7 +116,7 @@ def norm_factor_table(runs: Runs) -> dict[str, Any]:
             m["start"].append(float(np.mean(list(recs[0]["norm_factor"].values()))))
             m["end"].append(float(np.mean(list(recs[-1]["norm_factor"].values()))))
     return {"gammas": gammas, "analytic": analytic,
-            "measured": [{**_size_fields(k[0]), **_arm_fields(k), "start": float(np.mean(v["start"])),
+            "measured": [{**_size_fields(k[0]), **_arm_fields(k[1:]), "start": float(np.mean(v["start"])),
                           "end": float(np.mean(v["end"])), "n": len(v["start"])} for k, v in sorted(measured.items())]}
 
 
@@ -199,7 +200,7 @@ def scaling_fits(runs: Runs) -> list[dict[str, Any]]:
             arms.setdefault(_group_key(r)[1:], []).append(r)
     fits = []
     for arm, rs in sorted(arms.items()):
-        entry: dict[str, Any] = {**_arm_fields((None, *arm)),
+        entry: dict[str, Any] = {**_arm_fields(arm),
                                  "points": [[r.params_nonembed, r.val_loss, r.seed] for r in rs]}
         if len({r.params_nonembed for r in rs}) >= 3:
             try:
