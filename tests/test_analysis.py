@@ -23,6 +23,7 @@ from smallinit.analysis import (
     residual_flow_sweep,
     rmsnorm_factor,
     row_cosine,
+    SinkScores,
     saturation_gamma,
     sink_scores,
     spectral_norm,
@@ -65,6 +66,14 @@ def test_sink_scores_match_brute_force_attention(kw):
         np.testing.assert_allclose(got.per_head[layer], heads, rtol=1e-5, atol=1e-7)
         assert got.per_layer[layer] == pytest.approx(heads.mean(), rel=1e-5)
     assert got.per_head.std() > 1e-3  # the weights differ between heads: the comparison is not trivial
+
+
+def test_sink_share_counts_heads_above_each_threshold():
+    per_head = np.array([[0.9, 0.31, 0.3, 0.0], [0.05, 0.81, 0.5, 0.29]])  # planted (layer, head) means
+    s = SinkScores(per_layer=per_head.mean(axis=1).tolist(), per_head=per_head)
+    assert s.share_above(0.3) == 4 / 8  # 0.9, 0.31, 0.81, 0.5; exactly 0.3 does not exceed it
+    assert s.share_above(0.8) == 2 / 8
+    assert s.to_dict()["share_above"] == {"0.3": 0.5, "0.8": 0.25}
 
 
 # -- condensation ----------------------------------------------------------------------------------------------
@@ -290,7 +299,9 @@ def test_callback_writes_records_and_snapshots(tmp_path):
     model = load_model(run)
     data = load_token_data(str(corpus), load_tokenizer("bytes"), val_fraction=0.05)
     x, _ = next(iter_eval_batches(data.val, 4, 32, 1))
-    assert [last["sink"][str(i)] for i in range(2)] == pytest.approx(sink_scores(model, x).per_layer, rel=1e-5)
+    sinks = sink_scores(model, x)
+    assert [last["sink"][str(i)] for i in range(2)] == pytest.approx(sinks.per_layer, rel=1e-5)
+    assert last["sink_share"] == {str(e): sinks.share_above(e) for e in (0.3, 0.8)}
     assert last["residual_flow"] == pytest.approx(residual_flow_ratio(model, x), rel=1e-5)
     W = model.blocks[1].attn.q_proj.weight
     assert last["stable_rank"]["blocks.1.attn.q_proj.weight"] == pytest.approx(stable_rank(W, exact=True), rel=1e-4)

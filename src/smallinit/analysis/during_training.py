@@ -87,6 +87,7 @@ class AnalysisCallback(Callback):
                 "event": "analysis", "step": trainer.step,
                 "sink": {str(i): v for i, v in enumerate(acts["sink"]["per_layer"])},
                 "sink_mean": acts["sink"]["mean"],
+                "sink_share": acts["sink"]["share_above"],
                 "residual_flow": acts["residual_flow"],
                 "norm_factor": acts["norm_factor"],
                 "stable_rank": {n: stable_rank(W) for n, W in mats.items()},

@@ -7,6 +7,9 @@ it can only attend to itself.
 From the post-RoPE queries and keys (capture "qk") the weight of query i on key 0 (0-based) is
 exp(s_i0 − logsumexp_{j≤i} s_ij), s = q·k/√head_dim. The log-sum-exp is computed over blocks of
 ``chunk`` queries, so memory is O(chunk × T) per head instead of O(T²).
+
+Beside it, the sink literature's metric (Gu et al., ICLR 2025): Sink_ε, the share of (layer, head) pairs
+whose mean attention on the first token exceeds ε (they report ε = 0.3), so numbers compare with theirs.
 """
 
 from __future__ import annotations
@@ -27,9 +30,20 @@ class SinkScores:
     def mean(self) -> float:
         return float(np.mean(self.per_layer))
 
-    def to_dict(self) -> dict:
-        return {"per_layer": self.per_layer, "per_head": self.per_head.tolist(), "mean": self.mean}
+    def share_above(self, eps: float) -> float:
+        """Sink_ε: the share of (layer, head) pairs whose mean attention on the first token exceeds ε."""
+        return float(np.mean(self.per_head > eps))
 
+    def to_dict(self) -> dict:
+        return {
+            "per_layer": self.per_layer,
+            "per_head": self.per_head.tolist(),
+            "mean": self.mean,
+            "share_above": {str(eps): self.share_above(eps) for eps in SINK_EPS},
+        }
+
+
+SINK_EPS = (0.3, 0.8)  # the thresholds Gu et al. report
 
 def key0_weights(q: torch.Tensor, k: torch.Tensor, *, chunk: int = 256) -> torch.Tensor:
     """Attention weight of every query on key 0 under causal softmax: (B, H, T) for q (B, H, T, hd).
