@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from ..config import AnalysisConfig
-from ..data import iter_eval_batches
 from ..errors import ConfigError
 from ..io import write_atomic
 from ..train.callbacks import Callback
@@ -61,7 +60,7 @@ class AnalysisCallback(Callback):
         if not self.active:
             return
         d = trainer.cfg.data
-        x, _ = next(iter_eval_batches(trainer.data.val, self.cfg.batch_size, d.seq_len, 1))
+        x, _ = next(iter(trainer.data.eval_batches(self.cfg.batch_size, d.seq_len, 1)))
         self.batch = x.to(trainer.runtime.device)
         total, every, n = trainer.cfg.train.steps, self.cfg.every, self.cfg.snapshots
         measured = list(range(0, total + 1, every))

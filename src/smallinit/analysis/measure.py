@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..config import Config, flatten
-from ..data import Tokenizer, iter_eval_batches, load_token_data, load_tokenizer
+from ..data import Tokenizer, load_data, load_tokenizer
 from ..errors import ConfigError, DataError
 from ..train.checkpoint import load_model as _load_model
 from ..train.checkpoint import resolve_checkpoint
@@ -70,9 +70,7 @@ def held_out_batches(
     """(x, y) batches: the run's validation split, or the first windows of ``data`` (streamed)."""
     seq_len = _check_seq_len(seq_len or cfg.data.seq_len, cfg.model.max_seq_len)
     if data is None:
-        val = load_token_data(cfg.data.corpus, tokenizer, val_fraction=cfg.data.val_fraction,
-                              text_field=cfg.data.text_field).val
-        yield from iter_eval_batches(val, batch_size, seq_len, batches)
+        yield from load_data(cfg.data, tokenizer).eval_batches(batch_size, seq_len, batches)
         return
     stream = text_batches(data, tokenizer, seq_len=seq_len, batch_size=batch_size, text_field=cfg.data.text_field)
     for i, xy in enumerate(stream):
@@ -144,10 +142,8 @@ def compare_checkpoints(
     seq_len = _check_seq_len(seq_len or min(a.config.data.seq_len, b.config.data.seq_len),
                              min(a.config.model.max_seq_len, b.config.model.max_seq_len))
     if data is None:
-        val = load_token_data(a.config.data.corpus, tok, val_fraction=a.config.data.val_fraction,
-                              text_field=a.config.data.text_field).val
         limit = None if max_tokens is None else -(-max_tokens // (batch_size * seq_len))
-        batches = iter_eval_batches(val, batch_size, seq_len, limit)
+        batches = load_data(a.config.data, tok).eval_batches(batch_size, seq_len, limit)
     else:
         batches = text_batches(data, tok, seq_len=seq_len, batch_size=batch_size,
                                text_field=a.config.data.text_field, max_tokens=max_tokens)

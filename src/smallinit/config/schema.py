@@ -208,11 +208,14 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    corpus: str = _key("default", "builtin name (default, shakespeare, zh-poems), file, directory or glob")
+    corpus: str = _key("default", "builtin name (default, shakespeare, zh-poems), builtin:anchor?…, builtin:sink?… "
+                       "(generated), file, directory or glob")
     tokenizer: str = _key("default", "default | bytes | path to a tokenizer.json")
     text_field: str = _key("text", "the field holding the text in .jsonl / .parquet documents")
     seq_len: int = _key(128, "tokens per training sequence")
     val_fraction: float = _key(0.05, "fraction of the corpus held out as the validation split")
+    bos: bool = _key(False, "every sequence starts at a document boundary with the end-of-text token as BOS (for "
+                     "sink studies); false → windows start anywhere")
 
     def validate(self) -> None:
         _positive(self, "seq_len")

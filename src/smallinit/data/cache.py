@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from smallinit import io
+from smallinit.data.batching import document_starts, fitting_starts, get_batch, iter_eval_batches
 from smallinit.data.corpus import corpus_fingerprint, iter_documents
 from smallinit.data.tokenizer import Tokenizer
 from smallinit.errors import DataError, StorageError
@@ -44,7 +46,10 @@ _PROGRESS_EVERY_S = 10.0
 
 @dataclass
 class TokenData:
-    """Train and val token streams (1-D, uint16 when vocab_size <= 65535 else uint32, usually memmaps)."""
+    """Train and val token streams (1-D, uint16 when vocab_size <= 65535 else uint32, usually memmaps).
+
+    ``bos`` (``data.bos``): windows begin at the end-of-text tokens between documents (``data.batching``).
+    """
 
     train: np.ndarray
     val: np.ndarray
@@ -53,10 +58,46 @@ class TokenData:
     path: Path | None = None
     meta: dict = field(default_factory=dict)
     from_cache: bool = False
+    bos: bool = False
+    _starts: dict = field(default_factory=dict, repr=False, compare=False)  # split → end-of-text positions
 
     @property
     def dtype(self) -> np.dtype:
         return self.train.dtype
+
+    def starts(self, split: str) -> np.ndarray | None:
+        """The document boundaries of ``split`` ("train" or "val") when windows are BOS-aligned, else None."""
+        if not self.bos:
+            return None
+        if split not in self._starts:
+            self._starts[split] = document_starts(self.train if split == "train" else self.val, self.eos_id)
+        return self._starts[split]
+
+    def batch(self, batch_size: int, seq_len: int, seed: int, step: int, *, rank: int = 0,
+              world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's rows of training batch ``step`` (``data.batching.get_batch``)."""
+        return get_batch(self.train, batch_size, seq_len, seed, step, rank=rank, world_size=world_size,
+                         starts=self.starts("train"))
+
+    def eval_batches(self, batch_size: int, seq_len: int,
+                     max_batches: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The validation windows in order (``data.batching.iter_eval_batches``)."""
+        return iter_eval_batches(self.val, batch_size, seq_len, max_batches, starts=self.starts("val"))
+
+    def check(self, seq_len: int) -> None:
+        """DataError unless each split holds a whole window (a BOS-aligned one with ``bos``)."""
+        for split, name, tokens in (("train", "train", self.train), ("val", "validation", self.val)):
+            if len(tokens) < seq_len + 1:
+                raise DataError(
+                    f"the {name} split has {len(tokens)} tokens, fewer than one sequence of {seq_len + 1}; "
+                    "use a larger corpus, another data.val_fraction or a smaller data.seq_len"
+                )
+            if self.bos:
+                fitting_starts(self.starts(split), len(tokens), seq_len, what=f"the {name} split")
+
+    def describe(self) -> str:
+        aligned = f", {len(self.starts('train')):,} documents to start from (data.bos)" if self.bos else ""
+        return f"{len(self.train):,} training, {len(self.val):,} validation tokens{aligned}"
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

@@ -76,8 +76,8 @@ def banner(trainer: Trainer) -> list[str]:
         + (f", {active:,} active per token)" if active != params else ")"),
         f"plan: {cfg.train.steps:,} steps × {cfg.train.batch_size} sequences × {cfg.data.seq_len} tokens = "
         f"{tokens:,} tokens, {tokens / params:.2f} per parameter, {tokens / nonembed:.2f} per non-embedding parameter",
-        f"data: corpus {cfg.data.corpus} ({len(trainer.data.train):,} training, {len(trainer.data.val):,} validation "
-        f"tokens), tokenizer {cfg.data.tokenizer} (vocab {trainer.tokenizer.vocab_size:,})",
+        f"data: corpus {cfg.data.corpus} ({trainer.data.describe()}), tokenizer {cfg.data.tokenizer} "
+        f"(vocab {trainer.tokenizer.vocab_size:,})",
         f"device: {trainer.runtime.device}, {precision}, {torch.get_num_threads()} threads, "
         f"{trainer.runtime.world_size} process{'es' if trainer.runtime.world_size > 1 else ''}{layout}",
     ]

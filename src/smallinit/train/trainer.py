@@ -17,7 +17,7 @@ import torch
 
 from .. import io
 from ..config import Config, TrainConfig
-from ..data import get_batch, iter_eval_batches, load_token_data, load_tokenizer
+from ..data import load_data, load_tokenizer
 from ..errors import CheckpointError, ConfigError, Preempted, TrainingError
 from ..model import Transformer
 from ..signals import stop_requests
@@ -87,16 +87,8 @@ class Trainer:
         if tc.init_from and not resume:  # config.json names the exact checkpoint, even if that run goes on
             self.init_source = on_main(self.runtime, lambda: ckpt.resolve_checkpoint(tc.init_from))
             tc.init_from = str(self.init_source.path.resolve())
-        self.data = load_token_data(
-            cfg.data.corpus, self.tokenizer, val_fraction=cfg.data.val_fraction, text_field=cfg.data.text_field
-        )
-        for split in ("train", "validation"):  # checked before anything is written to the run folder
-            n = len(self.data.train if split == "train" else self.data.val)
-            if n < cfg.data.seq_len + 1:
-                raise ConfigError(
-                    f"the {split} split has {n} tokens, fewer than one sequence of {cfg.data.seq_len + 1}; "
-                    "use a larger corpus, another data.val_fraction or a smaller data.seq_len"
-                )
+        self.data = load_data(cfg.data, self.tokenizer)
+        self.data.check(cfg.data.seq_len)  # before anything is written to the run folder
 
         self.model = Transformer(cfg.model, seed=tc.seed).to(self.runtime.device)
         if tc.init_from and not (resume and on_main(self.runtime, lambda: ckpt.list_checkpoints(self.run_dir))):
@@ -239,7 +231,7 @@ class Trainer:
         self.engine.eval()
         tc, rt = self.cfg.train, self.runtime
         sums, rows = [], []
-        for x, y in iter_eval_batches(self.data.val, tc.batch_size, self.cfg.data.seq_len, tc.eval_batches):
+        for x, y in self.data.eval_batches(tc.batch_size, self.cfg.data.seq_len, tc.eval_batches):
             total = torch.zeros((), device=rt.device)
             for xp, yp, n in eval_pieces(x, y, rt, tc.grad_accum):
                 with self.autocast():
@@ -258,8 +250,7 @@ class Trainer:
         lr = lr_at(self.step, tc)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        x, y = get_batch(self.data.train, tc.batch_size, d.seq_len, tc.seed, self.step,
-                         rank=rt.rank, world_size=rt.world_size)
+        x, y = self.data.batch(tc.batch_size, d.seq_len, tc.seed, self.step, rank=rt.rank, world_size=rt.world_size)
         x, y = x.to(rt.device), y.to(rt.device)
         loss_sum = torch.zeros((), device=rt.device)
         for i, (xm, ym) in enumerate(zip(x.chunk(tc.grad_accum), y.chunk(tc.grad_accum))):
