@@ -26,6 +26,7 @@ from ..analysis.tokens import bigram_loss, token_gap
 from ..config import Config, ModelConfig
 from ..data import load_token_data, load_tokenizer
 from ..data.anchor import AnchorTask
+from ..data.sink import SinkData, SinkTask, is_sink_spec
 from ..errors import ConfigError
 from ..train import load_model
 from .claims import (
@@ -90,15 +91,40 @@ def loss_table(runs: Runs) -> list[dict[str, Any]]:
 
 
 def sink_table(runs: Runs) -> list[dict[str, Any]]:
-    """Sink score per layer at the end of training, averaged over seeds, per size and arm."""
-    groups: dict[tuple, list[list[float]]] = {}
+    """Sink score per layer and Sink_ε (ε 0.3, 0.8) at the end of training, averaged over seeds, per size and arm."""
+    groups: dict[tuple, list[Run]] = {}
     for r in runs:
-        measured = sink_layers(r)
-        if measured is not None:
-            groups.setdefault(_group_key(r), []).append(measured[0])
+        if sink_layers(r) is not None:
+            groups.setdefault(_group_key(r), []).append(r)
     return [{**_size_fields(k[0]), **_arm_fields(k[1:]),
-             "per_layer": np.mean(np.asarray(v, dtype=float), axis=0).tolist(), "n": len(v)}
+             "per_layer": np.mean([sink_layers(r)[0] for r in v], axis=0).tolist(),
+             "share_above": _mean_shares([r.analysis[-1] for r in v]), "n": len(v)}
             for k, v in sorted(groups.items())]
+
+
+def _mean_shares(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Sink_ε per ε, averaged over analysis records (of several seeds)."""
+    shares = [rec["sink_share"] for rec in records if rec.get("sink_share")]
+    return {eps: float(np.mean([s[eps] for s in shares])) for eps in (shares[0] if shares else {})}
+
+
+def sink_along_training(runs: Runs) -> list[dict[str, Any]]:
+    """Per size and arm: at every analysis step all its seeds share, the sink per layer and Sink_ε (mean over
+    seeds), from init (step 0) to the end, so the moment a sink forms is visible."""
+    groups: dict[tuple, list[Run]] = {}
+    for r in runs:
+        if r.analysis and "sink" in r.analysis[0]:
+            groups.setdefault(_group_key(r), []).append(r)
+    rows = []
+    for k, group in sorted(groups.items()):
+        by_step = [{rec["step"]: rec for rec in r.analysis} for r in group]
+        steps = sorted(set.intersection(*[set(b) for b in by_step]))
+        per_layer = [np.mean([[b[t]["sink"][i] for i in sorted(b[t]["sink"], key=int)] for b in by_step], axis=0)
+                     for t in steps]
+        rows.append({**_size_fields(k[0]), **_arm_fields(k[1:]), "n": len(group), "steps": steps,
+                     "per_layer": [p.tolist() for p in per_layer], "max_layer": [float(p.max()) for p in per_layer],
+                     "share_above": [_mean_shares([b[t] for b in by_step]) for t in steps]})
+    return rows
 
 
 def norm_factor_table(runs: Runs) -> dict[str, Any]:
@@ -299,7 +325,24 @@ def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) ->
             "n_runs": len(runs)}
 
 
+def sink_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+    """C3 on the sink task: its comparisons and precondition as everywhere, with the sink of every arm (headwise
+    gate included) along training and the task's Bayes-optimal loss beside the losses."""
+    runs = _load(out, say)
+    optimal = {}
+    for r in runs:
+        corpus = str(r.config["data.corpus"])
+        if is_sink_spec(corpus) and corpus not in optimal:
+            cfg = Config.from_json_file(r.path / "config.json")
+            data = SinkData(SinkTask.from_params(corpus), load_tokenizer(cfg.data.tokenizer), bos=cfg.data.bos)
+            rows = cfg.train.eval_batches * cfg.train.batch_size  # the sequences the val loss is measured on
+            optimal[corpus] = data.task.optimal_loss(data.val_symbols(cfg.data.seq_len)[:rows])
+    return {"claims": _claims([claim_c3(runs)]), "losses": loss_table(runs), "sinks": sink_table(runs),
+            "sink_along_training": sink_along_training(runs), "optimal_loss": optimal, "n_runs": len(runs)}
+
+
 FINDINGS: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
     "claims": claims_findings, "fig1": fig1_findings, "fig2": fig2_findings, "fig3": fig3_findings,
     "condensation": condensation_findings, "tokens": tokens_findings, "reasoning": reasoning_findings,
+    "sink": sink_findings,
 }

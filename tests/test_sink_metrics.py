@@ -1,0 +1,56 @@
+"""Sink scores and Sink_ε are exact on planted attention: a real smallinit Transformer whose queries and keys are
+set so that each head puts a known weight on key 0, measured through the path training's analysis records use
+(measure_activations: the model's captured post-RoPE q/k), and the records' sink levels reach the findings."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from smallinit.analysis.measure import measure_activations
+from smallinit.config import ModelConfig
+from smallinit.model import Transformer
+
+T, HD = 32, 4  # head_dim 4: RoPE pairs (0, 2) at frequency 1 and (1, 3) at θ^(-1/2) ≈ 0, where the signal lives
+STRENGTH = {0: [0.0, 1.0, 2.5, 6.0], 1: [3.5, 0.0, 0.0, 8.0]}  # score S of every query on key 0, per layer and head
+
+
+def expected_head(s: float) -> float:
+    """Query i (0-based, i ≥ 1) scores S on key 0 and 0 on keys 1…i: weight e^S / (e^S + i), averaged over i."""
+    return float(np.mean([math.exp(s) / (math.exp(s) + i) for i in range(1, T)]))
+
+
+def planted_model() -> Transformer:
+    heads = len(STRENGTH[0])
+    d = heads * HD
+    cfg = ModelConfig(d_model=d, n_layers=2, n_heads=heads, n_kv_heads=heads, d_ff=8, vocab_size=3, max_seq_len=T,
+                      gamma=1.0, norm_eps=1e-12, gate="none", rope_theta=1e16)
+    model = Transformer(cfg, seed=0).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        for n in (model.norm, *[m for b in model.blocks for m in (b.attn_norm, b.mlp_norm)]):
+            n.weight.fill_(1.0)
+        model.embed.weight[0, 0] = math.sqrt(d)  # token 0 (the BOS) along e_0, every other token along e_1,
+        model.embed.weight[1:, 1] = math.sqrt(d)  # so each normed input is a unit basis vector × √d
+        for layer, block in enumerate(model.blocks):  # o_proj and the MLP stay 0: every block sees the embedding
+            for h, s in enumerate(STRENGTH[layer]):
+                block.attn.k_proj.weight[h * HD + 1, 0] = 1 / math.sqrt(d)  # k = 1 on the BOS, 0 elsewhere
+                block.attn.q_proj.weight[h * HD + 1, 1] = s * math.sqrt(HD) / math.sqrt(d)  # q·k/√hd = S
+    return model
+
+
+def test_sink_and_sink_eps_are_exact_on_planted_attention():
+    tokens = torch.ones(3, T, dtype=torch.long)
+    tokens[:, 0] = 0
+    sink = measure_activations(planted_model(), tokens)["sink"]
+    want = {layer: [expected_head(s) for s in strengths] for layer, strengths in STRENGTH.items()}
+    assert np.allclose(sink["per_head"], [want[0], want[1]], atol=1e-6)
+    assert sink["per_layer"] == pytest.approx([np.mean(want[0]), np.mean(want[1])], abs=1e-6)
+    heads = np.array([want[0], want[1]])
+    for eps in ("0.3", "0.8"):
+        assert sink["share_above"][eps] == pytest.approx(float(np.mean(heads > float(eps))))
+    assert 0 < sink["share_above"]["0.8"] < sink["share_above"]["0.3"] < 1  # the thresholds split the heads
