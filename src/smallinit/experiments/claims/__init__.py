@@ -31,6 +31,16 @@ with the elementwise gate. Runs at another learning rate than the most common on
 learning-rate check (each γ at its own best rate).
 """
 
+from ..power import (
+    MAX_SIZE_RATIO,
+    MIN_EVALS,
+    MIN_TOKENS_PER_PARAM,
+    SATURATED,
+    SINK_RATIO,
+    SINK_SEQS,
+    SINK_TOKENS,
+    uniform_sink,
+)
 from ..verdicts import combine
 from .c1 import claim_c1
 from .c2 import claim_c2
@@ -42,18 +52,7 @@ from .c7 import EASY_BINS, MID_BINS, NOISY_BINS, claim_c7, gaps_from_compares
 from .comparison import ClaimResult, Comparison
 from .judge import judge_all
 from .loss import gap_trajectory, loss_comparison
-from .preconditions import (
-    MAX_SIZE_RATIO,
-    MIN_EVALS,
-    MIN_TOKENS_PER_PARAM,
-    SATURATED,
-    SINK_RATIO,
-    SINK_SEQS,
-    SINK_TOKENS,
-    regime_problem,
-    sink_formed,
-    uniform_sink,
-)
+from .preconditions import regime_problem, sink_formed
 from .selection import (
     BASELINE,
     EMULATED,

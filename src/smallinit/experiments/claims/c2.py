@@ -8,9 +8,10 @@ from typing import Any
 import numpy as np
 
 from ...analysis.norm_factor import relative_factor
+from ..power import MIN_TOKENS_PER_PARAM
 from .comparison import ClaimResult, Comparison, judged
 from .loss import loss_comparison
-from .preconditions import MIN_TOKENS_PER_PARAM, saturation_problem
+from .preconditions import saturation_problem
 from .selection import EMULATED_WIDTH, Runs, baselines, effective_eps, measured_factor_at_init, size_label
 
 

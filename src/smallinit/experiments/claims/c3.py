@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from ..power import MIN_TOKENS_PER_PARAM
 from .comparison import ClaimResult, Comparison, judged
 from .loss import loss_comparison
-from .preconditions import MIN_TOKENS_PER_PARAM, sink_formed
+from .preconditions import sink_formed
 from .selection import Runs, paired, sink_mean, size_label
 
 

@@ -9,11 +9,10 @@ import numpy as np
 
 from ...analysis.scaling import effective_size_gain
 from ...errors import ConfigError
+from ..power import ALPHA, MAX_SIZE_RATIO, MIN_SIZES, MIN_TOKENS_PER_PARAM
 from ..runs import Run
-from ..verdicts import ALPHA
 from .comparison import ClaimResult, Comparison, judged
 from .loss import loss_comparison
-from .preconditions import MAX_SIZE_RATIO, MIN_TOKENS_PER_PARAM
 from .selection import FIXED, Runs, size_label, val_loss
 
 
@@ -74,8 +73,8 @@ def claim_c4(runs: Runs, *, arm: dict[str, Any] = FIXED, n_boot: int = 1000, all
 def _effective_size(res: ClaimResult, g05: Runs, g1: Runs, n_boot: int, min_tpp: float) -> Comparison:
     label, paper = "effective size gain", "+0.44"
     sizes = sorted(set(g05.values("size")) & set(g1.values("size")))
-    if len(sizes) < 3:
-        return Comparison.missing(label, f"needs ≥ 3 sizes with both γ, has {len(sizes)}", paper)
+    if len(sizes) < MIN_SIZES:
+        return Comparison.missing(label, f"needs ≥ {MIN_SIZES} sizes with both γ, has {len(sizes)}", paper)
     seeds = min(len(sel.where(size=n).by_seed(val_loss)) for sel in (g05, g1) for n in sizes)
     if seeds < 2:
         return Comparison.missing(label, f"{seeds} seed(s) at some size: needs ≥ 2 per arm and size", paper)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..power import MIN_TOKENS_PER_PARAM
 from .comparison import ClaimResult, Comparison, judged
 from .loss import loss_comparison
-from .preconditions import MIN_TOKENS_PER_PARAM
 from .selection import FIXED, Runs, size_label
 
 FLOW_TOLERANCE = 0.15  # |fitted exponent − (1 − γ)| allowed for C5 (as in the analysis acceptance)

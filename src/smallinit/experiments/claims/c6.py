@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ..power import LATE_MINIMUM
 from .comparison import ClaimResult, Comparison, judged
 from .selection import BASELINE, EMULATED, FIXED, Runs, size_label
 
@@ -36,7 +37,7 @@ def claim_c6(runs: Runs) -> ClaimResult:
             tag = f"@{size_label(n)}{' fixed' if arm is FIXED else ' baseline'}"
             expansion = Comparison(f"srank rebound γ1 after its minimum (step {steps[lowest]}) {tag}",
                                    [r1[s][k - 1] - r1[s][lowest] for s in seeds], "> 0")
-            if steps[lowest] > 2 / 3 * steps[k - 1]:
+            if steps[lowest] > LATE_MINIMUM * steps[k - 1]:
                 expansion.untestable = (f"γ=1's stable rank is lowest at step {steps[lowest]} of {steps[k - 1]}, in "
                                         "the last third of training: no minimum yet to rebound from")
             res.comparisons += [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..power import MIN_TOKENS_PER_PARAM
 from .c1 import claim_c1
 from .c2 import claim_c2
 from .c3 import claim_c3
@@ -12,7 +13,6 @@ from .c5 import claim_c5
 from .c6 import claim_c6
 from .c7 import claim_c7
 from .comparison import ClaimResult
-from .preconditions import MIN_TOKENS_PER_PARAM
 from .selection import Runs, baselines, reference_lr
 
 

@@ -11,20 +11,16 @@ from typing import Any
 
 import numpy as np
 
+from ..power import (
+    MIN_EVALS,
+    SATURATED,
+    SINK_RATIO,
+    SINK_SEQS,
+    SINK_TOKENS,
+    uniform_sink,
+)
 from ..runs import Run
 from .selection import Runs, sink_layers
-
-MIN_TOKENS_PER_PARAM = 20.0  # per non-embedding parameter, for every loss comparison
-MIN_EVALS = 4
-SATURATED = 0.5  # C2: the norm factor at init must be below this for ε to matter
-SINK_RATIO = 3.0  # C3: a sink has formed when some layer exceeds this multiple of uniform attention
-SINK_SEQS, SINK_TOKENS = 16, 256
-MAX_SIZE_RATIO = 10.0  # C4: an N_eff/N outside [1/10, 10] is an artefact of the fit, not an estimate
-
-
-def uniform_sink(seq_len: int) -> float:
-    """The sink score of uniform causal attention: mean over query positions i = 2..T of 1/i."""
-    return (sum(1.0 / i for i in range(1, seq_len + 1)) - 1.0) / (seq_len - 1)
 
 
 def regime_problem(runs: Iterable[Run], traj: dict[str, Any] | None, min_tpp: float) -> str:
