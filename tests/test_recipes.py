@@ -19,7 +19,7 @@ from smallinit.experiments.recipes import (
 from smallinit.experiments.sweep import resolve_config
 from smallinit.model import Transformer
 
-SHIPPED = ["condensation", "demo", "paper-fig1", "paper-fig2", "paper-fig3", "reasoning", "tokens"]
+SHIPPED = ["condensation", "demo", "paper-fig1", "paper-fig2", "paper-fig3", "reasoning", "sink", "tokens"]
 
 
 def test_every_shipped_scale_resolves():
@@ -34,7 +34,7 @@ def test_every_shipped_scale_resolves():
             for sweep in scale.sweeps.values():
                 for cell in sweep.cells():
                     resolve_config(cell, vocab)  # raises on any bad key, value or preset
-                if scale.name == "gpu" and name != "reasoning":  # anchor models are small: one GPU each
+                if scale.name == "gpu" and name not in ("reasoning", "sink"):  # small task models: one GPU each
                     assert sweep.launcher.startswith("torchrun")
 
 

@@ -4,6 +4,7 @@ set so that each head puts a known weight on key 0, measured through the path tr
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -12,6 +13,9 @@ import torch
 
 from smallinit.analysis.measure import measure_activations
 from smallinit.config import ModelConfig
+from smallinit.experiments.claims import Runs, sink_formed
+from smallinit.experiments.recipes import RECIPES_DIR, run_recipe
+from smallinit.experiments.runs import Run
 from smallinit.model import Transformer
 
 T, HD = 32, 4  # head_dim 4: RoPE pairs (0, 2) at frequency 1 and (1, 3) at θ^(-1/2) ≈ 0, where the signal lives
@@ -54,3 +58,28 @@ def test_sink_and_sink_eps_are_exact_on_planted_attention():
     for eps in ("0.3", "0.8"):
         assert sink["share_above"][eps] == pytest.approx(float(np.mean(heads > float(eps))))
     assert 0 < sink["share_above"]["0.8"] < sink["share_above"]["0.3"] < 1  # the thresholds split the heads
+
+
+def test_the_sink_recipe_reports_every_arm_along_training(tmp_path):
+    """Two micro runs of the sink recipe (γ = 1, gate none and headwise): the findings carry each arm's sink per
+    layer and Sink_ε at every analysis step from init, equal to the runs' own records, and C3's note gives Sink_ε."""
+    shipped = (RECIPES_DIR / "sink.toml").read_text()
+    recipe = tmp_path / "sink-two.toml"
+    recipe.write_text(shipped.replace('"model.gamma" = [0.5, 1.0]\n"model.gate" = ["none", "headwise", "elementwise"]\n'
+                                      '"train.seed" = [0]', '"model.gamma" = [1.0]\n"model.gate" = ["none", "headwise"]\n'
+                                      '"train.seed" = [0]'))
+    out = tmp_path / "out"
+    assert run_recipe(str(recipe), "micro", out, jobs=2, echo=None).exit_code == 0
+    findings = json.loads((out / "findings.json").read_text())
+    along = {row["gate"]: row for row in findings["sink_along_training"]}
+    assert set(along) == {"none", "headwise"}
+    for gate, row in along.items():
+        records = [r for r in Run.load(out / "grid" / "cells" / f"gamma-1.0_gate-{gate}_seed-0").analysis]
+        assert row["steps"] == [r["step"] for r in records] == [0, 3, 6]
+        assert row["per_layer"] == [[r["sink"]["0"]] for r in records]
+        assert row["share_above"] == [r["sink_share"] for r in records]
+    assert {row["gate"] for row in findings["sinks"]} == {"none", "headwise"}
+    assert all(set(row["share_above"]) == {"0.3", "0.8"} for row in findings["sinks"])
+    assert list(findings["optimal_loss"]) == ["builtin:sink?alpha=0.1"]
+    _, note = sink_formed(Runs.load(out).where({"model.gate": "none"}))  # C3's precondition note, as printed
+    assert f"Sink_0.3 {along['none']['share_above'][-1]['0.3']:.2f}" in note

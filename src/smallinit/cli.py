@@ -176,7 +176,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_output_dir(result["checkpoint"])
     paths = write_analysis(result, out)
     print(f"step {result['step']}: loss {result['loss']:.4f} on {result['tokens']:,} tokens; "
-          f"sink mean {result['sink']['mean']:.4f}; residual flow {result['residual_flow']:.4f}; "
+          f"sink mean {result['sink']['mean']:.4f} (Sink_0.3 {result['sink']['share_above']['0.3']:.2f}, Sink_0.8 "
+          f"{result['sink']['share_above']['0.8']:.2f}); residual flow {result['residual_flow']:.4f}; "
           f"min norm factor {min(result['norm_factor'].values()):.4f}")
     print(_analyze_loss_note(cfg, args))
     print("wrote " + ", ".join(str(p) for p in paths))

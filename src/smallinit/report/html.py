@@ -337,25 +337,34 @@ def _section_losses(doc: _Doc, runs: list[Run], groups: Groups) -> None:
 def _section_sink(doc: _Doc, groups: Groups, analyses: list[tuple[str, dict]]) -> None:
     panels: dict[str, dict[str, list[list[float]]]] = {}
     rows = []
+
+    def shares(found: list[dict]) -> list[Any]:  # Sink_0.3 and Sink_0.8, mean over seeds ("–" where not recorded)
+        return [statistics.fmean(f[eps] for f in found) if found and all(eps in f for f in found) else "–"
+                for eps in ("0.3", "0.8")]
+
     for panel, curve, group in groups.items():
         lasts = [r.analysis[-1] for r in group if r.analysis]
         if lasts:
             seeds = [[a["sink"][k] for k in sorted(a["sink"], key=int)] for a in lasts]
             panels.setdefault(panel, {})[curve] = seeds
-            rows.append([Groups.name(panel, curve), len(seeds), lasts[0]["step"], *np.mean(seeds, axis=0)])
+            found = [a["sink_share"] for a in lasts if a.get("sink_share")]
+            rows.append([Groups.name(panel, curve), len(seeds), lasts[0]["step"],
+                         *shares(found if len(found) == len(lasts) else []), *np.mean(seeds, axis=0)])
     for name, a in analyses:
         panels.setdefault("smallinit analyze", {})[name] = [a["sink"]["per_layer"]]
-        rows.append([name, 1, a.get("step", "–"), *a["sink"]["per_layer"]])
+        rows.append([name, 1, a.get("step", "–"), *shares([a["sink"]["share_above"]] if "share_above" in a["sink"]
+                                                          else []), *a["sink"]["per_layer"]])
     if not panels:
         return
     doc.h2("Attention sink per layer (Fig. 1f/g)")
     doc.p("Sink score: mean attention weight that queries 2…T put on token 1, over sequences and heads, at the "
           "last measurement during training (line: mean over seeds, band: their range), and from smallinit "
-          "analyze.", "note")
+          "analyze. Sink_ε (Gu et al.): the share of (layer, head) pairs whose mean weight on token 1 exceeds ε.",
+          "note")
     doc.raw(img(figures.sink_figure(panels, groups.legend_title), "sink scores per layer"))
-    layers = max(len(r) for r in rows) - 3
-    doc.raw(table(["model", "seeds", "step", "mean", *[f"L{i + 1}" for i in range(layers)]],
-                  [[*r[:3], statistics.fmean(r[3:]), *r[3:]] for r in rows]))
+    layers = max(len(r) for r in rows) - 5
+    doc.raw(table(["model", "seeds", "step", "Sink_0.3", "Sink_0.8", "mean", *[f"L{i + 1}" for i in range(layers)]],
+                  [[*r[:5], statistics.fmean(r[5:]), *r[5:]] for r in rows]))
 
 
 def _section_residual(doc: _Doc, runs: list[Run], sweeps: list[tuple[str, ResidualFlowSweep]]) -> None:
