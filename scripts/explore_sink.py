@@ -3,6 +3,7 @@
 JSON line to a log. The tries and their log are the record behind the ``sink`` recipe's regime (docs/findings-cpu.md).
 
     python scripts/explore_sink.py LOG.jsonl RUN_DIR --set model.gamma=1 --set train.lr=3e-3 ...
+    python scripts/explore_sink.py --table LOG.jsonl      # the log as a Markdown table
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import sys
 import time
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from smallinit.train.callbacks import Progress
 from smallinit.train.metrics import read_metrics
 
 BASE = {
-    "data.corpus": "builtin:sink", "data.tokenizer": "anchor", "data.bos": True, "data.seq_len": 256,
+    "data.corpus": "builtin:sink", "data.tokenizer": "anchor", "data.bos": True, "data.seq_len": 256, "model.gamma": 1.0,
     "model.d_model": 64, "model.n_layers": 2, "model.n_heads": 2, "model.n_kv_heads": 2, "model.d_ff": 256,
     "model.norm_eps": 1e-12, "model.gate": "none", "train.batch_size": 32, "train.steps": 1000,
     "train.warmup_steps": 50, "train.eval_every": 250, "train.eval_batches": 4, "train.checkpoint_every": 0,
@@ -31,7 +33,25 @@ BASE = {
 }
 
 
+def table(log: str) -> str:
+    """One row per try: what it changed from BASE, the largest layer sink and Sink_0.3 along training, the final
+    val loss against the task's optimum, and the CPU seconds it took."""
+    rows = ["| try | changed from the base | largest layer sink at each analysis step (uniform 0.020) | Sink_0.3 at the "
+            "end | val loss (optimum) | CPU s |", "|---|---|---|---|---|---|"]
+    for line in Path(log).read_text().splitlines():
+        r = json.loads(line)
+        changed = ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in r["settings"].items()
+                            if k not in ("train.eval_every", "analysis.every", "train.log_every"))
+        along = " → ".join(f"{max(a['sink']):.2f}" for a in r["along"])
+        rows.append(f"| {r['note'].split(':')[0]} | {changed} | {along} | {r['along'][-1]['sink_share']['0.3']:.2f} | "
+                    f"{r['val_loss'][-1][1]:.3f} ({r['optimal_loss']:.3f}) | {r['cpu_s']:.0f} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--table"]:
+        print(table(sys.argv[2]))
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("log")
     ap.add_argument("run")
