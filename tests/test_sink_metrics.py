@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from smallinit.analysis.measure import measure_activations
+from smallinit.analysis.sink import attention_roles
 from smallinit.config import ModelConfig
 from smallinit.experiments.claims import Runs, sink_formed
 from smallinit.experiments.recipes import RECIPES_DIR, run_recipe
@@ -60,6 +61,27 @@ def test_sink_and_sink_eps_are_exact_on_planted_attention():
     assert 0 < sink["share_above"]["0.8"] < sink["share_above"]["0.3"] < 1  # the thresholds split the heads
 
 
+def test_attention_roles_are_exact_on_planted_attention():
+    """Query i scores S on key 0 and 0 on keys 1…i: weight e^S/(e^S + i) on the first token, 1/(e^S + i) on itself
+    and on the previous token; split between marked and other queries."""
+    tokens = torch.ones(2, T, dtype=torch.long)
+    tokens[:, 0] = 0
+    marked = torch.zeros(2, T, dtype=torch.bool)
+    marked[:, 5::7] = True
+    roles = attention_roles(planted_model(), tokens, marked)
+    for kind, queries in (("marked", range(5, T, 7)), ("other", [i for i in range(2, T) if (i - 5) % 7])):
+        for layer, strengths in STRENGTH.items():
+            z = [[math.exp(s) + i for i in queries] for s in strengths]
+            assert roles[f"first/{kind}"][layer] == pytest.approx(
+                [np.mean([math.exp(s) / zi for zi in zs]) for s, zs in zip(strengths, z)], abs=1e-6)
+            for role in ("self", "previous"):
+                assert roles[f"{role}/{kind}"][layer] == pytest.approx([np.mean([1 / zi for zi in zs]) for zs in z],
+                                                                      abs=1e-6)
+            entropy = [np.mean([-(math.exp(s) / zi) * math.log(math.exp(s) / zi) + i / zi * math.log(zi)
+                                for i, zi in zip(queries, zs)]) for s, zs in zip(strengths, z)]
+            assert roles[f"entropy/{kind}"][layer] == pytest.approx(entropy, abs=1e-5)
+
+
 def test_the_sink_recipe_reports_every_arm_along_training(tmp_path):
     """Two micro runs of the sink recipe (γ = 1, gate none and headwise): the findings carry each arm's sink per
     layer and Sink_ε at every analysis step from init, equal to the runs' own records, and C3's note gives Sink_ε."""
@@ -81,5 +103,7 @@ def test_the_sink_recipe_reports_every_arm_along_training(tmp_path):
     assert {row["gate"] for row in findings["sinks"]} == {"none", "headwise"}
     assert all(set(row["share_above"]) == {"0.3", "0.8"} for row in findings["sinks"])
     assert list(findings["optimal_loss"]) == ["builtin:sink?alpha=0.1"]
+    assert {(row["gate"], row["seed"]) for row in findings["attention_roles"]} == {("none", 0), ("headwise", 0)}
+    assert all(len(row["roles"]["first/other"]) == 1 for row in findings["attention_roles"])  # one layer
     _, note = sink_formed(Runs.load(out).where({"model.gate": "none"}))  # C3's precondition note, as printed
     assert f"Sink_0.3 {along['none']['share_above'][-1]['0.3']:.2f}" in note

@@ -81,3 +81,30 @@ def sink_from_qk(qk: list[tuple[torch.Tensor, torch.Tensor]], *, chunk: int = 25
         per_head.append(w.mean(dim=(0, 2)).double().cpu().numpy())
     heads = np.stack(per_head)
     return SinkScores(per_layer=heads.mean(axis=1).tolist(), per_head=heads)
+
+
+@torch.no_grad()
+def attention_roles(model: nn.Module, tokens: torch.Tensor, marked: torch.Tensor) -> dict[str, list[list[float]]]:
+    """Where each head's attention goes, split by query: mean weight on the first token, on the query itself and
+    on the token before it, for the queries ``marked`` (B, T bool: e.g. the sink task's triggers) and for the
+    others, over queries i ≥ 2 (0-based), where those three keys differ. Keys "first/marked", "first/other",
+    "self/…", "previous/…", and "entropy/…" (mean entropy of the attention, nats: diffuse or parked); values
+    (layers, heads) as nested lists, NaN where no query is of that kind. Materialises T × T per head: for probes."""
+    out: dict[str, list[list[float]]] = {}
+    T = tokens.shape[1]
+    kinds = {"marked": marked[:, 2:].to(tokens.device)}
+    kinds["other"] = ~kinds["marked"]
+    causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
+    for q, k in model(tokens, capture=("qk",)).qk:
+        rep = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(rep, dim=1) if rep > 1 else k
+        s = (q.float() @ k.float().transpose(-2, -1)) * q.shape[-1] ** -0.5
+        a = s.masked_fill(~causal, float("-inf")).softmax(-1)[:, :, 2:]  # (B, H, T − 2, T): queries 2 … T − 1
+        roles = {"first": a[..., 0], "self": torch.diagonal(a[..., 2:], dim1=-2, dim2=-1),
+                 "previous": torch.diagonal(a[..., 1:], dim1=-2, dim2=-1),
+                 "entropy": -(a * torch.log(a.clamp_min(1e-30))).sum(-1)}
+        for name, w in roles.items():  # (B, H, T − 2)
+            for kind, sel in kinds.items():
+                out.setdefault(f"{name}/{kind}", []).append(
+                    [w[:, h][sel].mean().item() if sel.any() else float("nan") for h in range(w.shape[1])])
+    return out

@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..analysis.measure import held_out_batches, run_settings
 from ..analysis.norm_factor import relative_factor
 from ..analysis.residual_flow import residual_flow_sweep
 from ..analysis.scaling import fit_power_law
+from ..analysis.sink import attention_roles
 from ..analysis.tokens import bigram_loss, token_gap
 from ..config import Config, ModelConfig
 from ..data import load_token_data, load_tokenizer
@@ -327,18 +329,28 @@ def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) ->
 
 def sink_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     """C3 on the sink task: its comparisons and precondition as everywhere, with the sink of every arm (headwise
-    gate included) along training and the task's Bayes-optimal loss beside the losses."""
+    gate included) along training, where each final model's heads attend on trigger and other queries (first
+    token, self, previous token: which no-op a head found), and the task's Bayes-optimal loss beside the losses."""
     runs = _load(out, say)
-    optimal = {}
-    for r in runs:
+    optimal, roles = {}, []
+    for i, r in enumerate(runs, 1):
         corpus = str(r.config["data.corpus"])
-        if is_sink_spec(corpus) and corpus not in optimal:
-            cfg = Config.from_json_file(r.path / "config.json")
-            data = SinkData(SinkTask.from_params(corpus), load_tokenizer(cfg.data.tokenizer), bos=cfg.data.bos)
+        if not is_sink_spec(corpus):
+            continue
+        cfg = Config.from_json_file(r.path / "config.json")
+        data = SinkData(SinkTask.from_params(corpus), load_tokenizer(cfg.data.tokenizer), bos=cfg.data.bos)
+        if corpus not in optimal:
             rows = cfg.train.eval_batches * cfg.train.batch_size  # the sequences the val loss is measured on
             optimal[corpus] = data.task.optimal_loss(data.val_symbols(cfg.data.seq_len)[:rows])
+        say(f"where the heads attend, {r.name} ({i} of {len(runs)})")
+        symbols = data.val_symbols(cfg.data.seq_len)[: cfg.analysis.batch_size, :-1]  # the sink's probe sequences
+        trigger = torch.from_numpy(np.isin(symbols, data.task.trigger_set))
+        found = attention_roles(load_model(r.path), torch.from_numpy(data.tokens(symbols)), trigger)
+        roles.append({"cell": r.name, **_size_fields(r.size), **_arm_fields(_group_key(r)[1:]), "seed": r.seed,
+                      "roles": found})
     return {"claims": _claims([claim_c3(runs)]), "losses": loss_table(runs), "sinks": sink_table(runs),
-            "sink_along_training": sink_along_training(runs), "optimal_loss": optimal, "n_runs": len(runs)}
+            "sink_along_training": sink_along_training(runs), "attention_roles": roles, "optimal_loss": optimal,
+            "n_runs": len(runs)}
 
 
 FINDINGS: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
