@@ -11,7 +11,7 @@ import torch
 
 from helpers import final_tensors
 from smallinit import Config
-from smallinit.data import load_data, load_tokenizer
+from smallinit.data import iter_documents, load_data, load_tokenizer
 from smallinit.data.sink import BOS, SinkData, SinkTask
 from smallinit.errors import DataError
 from smallinit.train import Callback, Trainer
@@ -139,3 +139,8 @@ def test_a_resumed_run_on_the_sink_task_is_bit_exact(tmp_path):
     losses = [[json.loads(x).get("val_loss") for x in (run / "metrics.jsonl").read_text().splitlines()]
               for run in (tmp_path / "full", part)]
     assert losses[0] == losses[1]
+
+
+def test_the_sink_task_is_not_read_as_a_document_corpus():
+    with pytest.raises(DataError, match="generated batch by batch"):
+        next(iter_documents("builtin:sink?symbols=16"))

@@ -50,6 +50,9 @@ def _builtin_name(spec: str) -> str | None:
         or (spec.startswith("builtin:") and name.partition("?")[0] in SYNTHETIC_CORPORA)
     ):
         return name
+    if spec.startswith("builtin:") and name.partition("?")[0] == "sink":
+        raise DataError("builtin:sink is generated batch by batch (smallinit.data.sink), not a corpus of documents; "
+                        "train on it, or pass a document corpus here")
     if spec.startswith("builtin:"):
         names = ", ".join(BUILTIN_CORPORA + tuple(SYNTHETIC_CORPORA))
         raise DataError(f"unknown builtin corpus '{spec}'; use one of: {names}")
