@@ -485,3 +485,23 @@ def test_tables_keep_each_arm_apart(tmp_path):
     assert rows == {(2048, "none", 3e-3): (pytest.approx(3.0), 2), (0, "none", 3e-3): (pytest.approx(2.0), 2),
                     (0, "elementwise", 1e-2): (pytest.approx(2.5), 2), (0, "elementwise", 3e-3): (pytest.approx(2.7), 2)}
     assert len(scaling_fits(Runs(runs))) == 4
+
+
+def test_token_gap_keeps_its_halves_for_c7():
+    """token_gap's meta.split is the even batches' mean Δ_sym (C7's precondition) and the odd batches' deciles (its
+    profile), the same numbers as token_gap on each half alone."""
+    import torch
+
+    from smallinit.analysis import token_gap
+    from smallinit.config import ModelConfig
+    from smallinit.model import Transformer
+
+    cfg = dict(d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=32, vocab_size=64)
+    a, b = (Transformer(ModelConfig(**cfg, gamma=g), seed=0) for g in (0.5, 1.0))
+    gen = torch.Generator().manual_seed(0)
+    batches = [(x[:, :-1], x[:, 1:]) for x in (torch.randint(0, 64, (4, 33), generator=gen) for _ in range(4))]
+    split = token_gap(a, b, batches, top_k=0).meta["split"]
+    gate, profile = token_gap(a, b, batches[0::2], top_k=0), token_gap(a, b, batches[1::2], top_k=0)
+    assert split["gate_mean_delta_sym"] == pytest.approx(gate.mean_delta_sym)
+    assert split["profile_bins"] == pytest.approx([x.mean_delta_sym for x in profile.bins])
+    assert split["gate_tokens"] + split["profile_tokens"] == 4 * 4 * 32
