@@ -191,18 +191,14 @@ class ClaimResult:
         c.verdict = INCONCLUSIVE if self.held else t.outcome_at(self.alpha)
         lo, hi = t.interval(self.alpha)
         c.lo, c.hi = lo, hi
-        family = f"Holm over {self.family} primaries" if self.family > 1 else "judged alone"
-        c.reason = (f"{1 - self.alpha:.2%} t-interval [{lo:+.3g}, {hi:+.3g}]; p = {t.p:.2g} ({t.why}) against "
-                    f"α = {self.alpha:.3g} ({family}, α = {ALPHA:g} over the table)"
-                    + ("; not rejected: Holm stopped at a smaller p" if self.held else ""))
+        family = f"its level under Holm over {self.family} primaries" if self.family > 1 else "judged alone"
+        c.reason = (f"{100 * (1 - self.alpha):.4g}% t-interval [{lo:+.3g}, {hi:+.3g}]; p = {t.p:.2g} ({t.why}) against "
+                    f"α = {self.alpha:.3g} ({family})" + ("; not rejected: Holm stopped at a smaller p" if self.held else ""))
         c.magnitude = magnitude(lo, hi, c.paper_value)
         if c.verdict == INCONCLUSIVE:
             c.mde = minimum_detectable_effect(t.sd, t.n, self.alpha, POWER)
-            sees = (f"cannot see effects below {c.mde:.3g} ({POWER:.0%} power, n = {t.n}, seed sd {t.sd:.3g})"
-                    if c.expected == "positive" else
-                    f"cannot tell ±{c.tolerance:g} apart from deviations below {c.mde:.3g} ({POWER:.0%} power)")
-            paper = f"; the paper reports {c.paper_value:+.3g}" if c.paper_value is not None else ""
-            c.magnitude += f"; {sees}{paper}"
+            what = "effects below" if c.expected == "positive" else f"deviations beyond ±{c.tolerance:g} smaller than"
+            c.magnitude += f"; cannot see {what} {c.mde:.3g} ({POWER:.0%} power, n = {t.n}, seed sd {t.sd:.3g})"
 
     @property
     def verdict(self) -> str:
