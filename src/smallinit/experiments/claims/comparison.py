@@ -123,9 +123,9 @@ def magnitude(lo: float, hi: float, paper_value: float | None) -> str:
     """Where an interval lies against the paper's number, in the same units."""
     if paper_value is None:
         return "the paper gives no number to compare with"
-    where = "contains" if lo <= paper_value <= hi else "below" if hi < paper_value else "above"
-    return {"contains": f"contains the paper's {paper_value:+.3g}", "below": f"below the paper's {paper_value:+.3g}",
-            "above": f"above the paper's {paper_value:+.3g}"}[where]
+    if lo <= paper_value <= hi:
+        return f"contains the paper's {paper_value:+.3g}"
+    return f"{'below' if hi < paper_value else 'above'} the paper's {paper_value:+.3g}"
 
 
 @dataclass
@@ -227,7 +227,7 @@ def judge_table(claims: Sequence[ClaimResult], alpha: float = ALPHA) -> None:
         c.held = not rej and c.primary_test().p <= level  # Holm stopped at a smaller p before reaching it
         c.judge()
     for c in claims:
-        if c not in testable:
+        if all(c is not x for x in testable):
             c.family = len(testable)
             c.judge()
 
