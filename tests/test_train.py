@@ -182,3 +182,22 @@ def test_run_folder_is_never_overwritten(tmp_path):
     with pytest.raises(ConfigError, match="--resume"):
         Trainer(tiny("train.steps=2", "train.lr=1"), run, resume=True, callbacks=[])
     assert before == snapshot(run)
+
+
+def test_resume_before_the_first_checkpoint_says_so_and_keeps_the_earlier_log(tmp_path, caplog):
+    """Killed before its first checkpoint: --resume starts over at step 0, says so, and keeps the old log."""
+    class CrashAt3(Callback):
+        def on_step_end(self, trainer, record):
+            if trainer.step == 3:
+                raise KeyboardInterrupt
+
+    run, args = tmp_path / "run", ("train.steps=6", "train.checkpoint_every=0", "train.log_every=1")
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(tiny(*args), run, callbacks=[CrashAt3()]).fit()
+    earlier = (run / "metrics.jsonl").read_bytes()
+    assert earlier and not ckpt.list_checkpoints(run)
+    with caplog.at_level("WARNING", logger="smallinit"):
+        Trainer(tiny(*args), run, resume=True, callbacks=[]).fit()
+    assert f"{run} has no checkpoint yet, so training starts again from step 0" in caplog.text
+    assert (run / "metrics.attempt-1.jsonl").read_bytes() == earlier
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()][:2] == [0, 1]

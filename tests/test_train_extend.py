@@ -39,10 +39,12 @@ def test_resume_of_a_finished_run_keeps_everything(tmp_path, capsys):
     assert main(["train", "--out", str(run), *sets("train.steps=6")]) == 0
     before = snapshot(run)
     assert json.loads((run / "summary.json").read_text())["val_loss"] is not None
+    capsys.readouterr()
     assert main(["train", "--out", str(run), "--resume"]) == 0
     assert snapshot(run) == before  # summary.json's val_loss included
     out = capsys.readouterr()
-    assert "resumed from step 6" in out.err and "val loss" in out.out
+    assert out.out.startswith(f"nothing trained: {run} already reached train.steps=6") and out.out.count("\n") == 1
+    assert "done" not in out.out and "resumed" not in out.err  # not "resumed from step 6 ... done"
 
 
 def test_cosine_run_refuses_to_extend_and_says_the_way_out(tmp_path, capsys):

@@ -57,6 +57,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         cfg = _load_config(args)
     trainer = Trainer(cfg, out, resume=args.resume)
+    if trainer.finished:  # a resumed run that already reached train.steps: say so, write nothing
+        trainer.close()
+        shutdown()
+        if trainer.runtime.is_main:
+            print(f"nothing trained: {out} already reached train.steps={trainer.step}; to train longer: smallinit "
+                  f"train --out {out} --resume --set train.steps=N (N > {trainer.step})")
+        return 0
     if trainer.runtime.is_main:
         check_norm_saturation(trainer.cfg.model)
     if trainer.cfg.analysis.every:

@@ -27,7 +27,7 @@ from typing import Any, TextIO
 
 from ...config.files import toml_literal
 from ...errors import ExperimentError, Preempted
-from ...io import read_json, write_json_atomic
+from ...io import lock_exclusive, read_json, write_json_atomic
 from ...model import Transformer
 from ...signals import stop_requests
 from ...train.metrics import read_metrics
@@ -59,19 +59,12 @@ class SweepOutcome:
 
 @contextlib.contextmanager
 def _folder_lock(sweep_dir: Path) -> Iterator[None]:
+    fd = lock_exclusive(sweep_dir / ".lock")
+    if fd is None:
+        raise ExperimentError(
+            f"sweep folder {sweep_dir} is being run by another process; wait for it or choose another --out"
+        )
     try:
-        import fcntl
-    except ImportError:  # no advisory locks on this platform: the user keeps runners apart
-        yield
-        return
-    fd = os.open(sweep_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ExperimentError(
-                f"sweep folder {sweep_dir} is being run by another process; wait for it or choose another --out"
-            ) from None
         yield
     finally:
         os.close(fd)  # releases the lock
