@@ -284,3 +284,44 @@ def test_loss_gaps_along_training_are_drawn_from_the_findings(tmp_path):
     (tmp_path / "findings.json").write_text(json.dumps({"recipe": "demo", "title": "t", "claims": claims}))
     assert main(["report", str(tmp_path)]) == 0
     assert "loss gaps along training" in (tmp_path / "report.html").read_text()
+
+
+# -- what the figures pool ---------------------------------------------------------------------------------------
+
+
+def _fake_run(folder, loss: float, *sets: str, finished: bool = True) -> None:
+    """A run folder as training leaves it (config, a validation curve, the summary once finished), with a
+    planted final loss."""
+    from smallinit import Config
+
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(Config.load(overrides=[*TINY_MODEL, "train.steps=4", *sets]).to_dict()))
+    last = 4 if finished else 2
+    (folder / "metrics.jsonl").write_text(f'{{"step": 0, "val_loss": 5.5}}\n{{"step": {last}, "val_loss": {loss}}}\n')
+    if finished:
+        (folder / "summary.json").write_text(json.dumps({"step": 4, "val_loss": loss}))
+
+
+def _loss_rows(page: str, section: str) -> list[list[float]]:
+    """The losses (numbers > 1.5: γ and ε are smaller) of each row of the tables in one section of the page."""
+    part = page.split(f"<h2>{section}", 1)[1].split("<h2>", 1)[0]
+    rows = re.findall(r"<tr>(.*?)</tr>", part.split("<tbody>", 1)[1] if "<tbody>" in part else "")
+    cells = [[float(c) for c in re.findall(r"<td>([-0-9.e]+)</td>", row)] for row in rows]
+    return [[c for c in row if c > 1.5] for row in cells]
+
+
+def test_a_width_effect_is_not_shown_as_an_epsilon_effect(tmp_path):
+    """ε = 1e-12 at d = 16 and d = 24, ε = 1e-5 at d = 16 only; the loss depends on the width alone. A γ × ε
+    grid that pooled the widths would show a 0.2-nat "ε effect"; and an unfinished run stays out of it."""
+    for gamma in (0.5, 1.0):
+        for seed in (0, 1):
+            for d, eps in ((16, 1e-5), (16, 1e-12), (24, 1e-12)):
+                _fake_run(tmp_path / f"d{d}-eps{eps:g}-g{gamma}-s{seed}", 3.0 if d == 16 else 2.6,
+                          f"model.d_model={d}", f"model.gamma={gamma}", f"model.norm_eps={eps}", f"train.seed={seed}")
+    _fake_run(tmp_path / "stopped", 9.0, "model.d_model=16", "model.gamma=1.0", "model.norm_eps=1e-5",
+              "train.seed=2", finished=False)
+    assert main(["report", str(tmp_path)]) == 0
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    rows = _loss_rows(page, "Final validation loss, γ × ε")
+    assert rows and all(row == [3.0, 3.0] for row in rows), rows  # each width alone: no ε effect
+    assert "<td>stopped</td><td>9</td><td>unfinished: step 2 of 4</td>" in page

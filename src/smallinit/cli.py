@@ -174,7 +174,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from .analysis import analyze_checkpoint, check_norm_saturation
     from .analysis.measure import default_output_dir
     from .config import Config
-    from .report import write_analysis
+    from .report import analysis_lines, write_analysis
 
     result = analyze_checkpoint(args.checkpoint, data=args.data, batches=args.batches, batch_size=args.batch_size,
                                 seq_len=args.seq_len, device=args.device)
@@ -182,9 +182,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     check_norm_saturation(cfg.model)
     out = Path(args.out) if args.out else default_output_dir(result["checkpoint"])
     paths = write_analysis(result, out)
-    print(f"step {result['step']}: loss {result['loss']:.4f} on {result['tokens']:,} tokens; "
-          f"sink mean {result['sink']['mean']:.4f}; residual flow {result['residual_flow']:.4f}; "
-          f"min norm factor {min(result['norm_factor'].values()):.4f}")
+    print("\n".join(analysis_lines(result, args.seq_len or cfg.data.seq_len)))
     print(_analyze_loss_note(cfg, args))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
@@ -236,7 +234,7 @@ def cmd_coordcheck(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import build_report
 
-    print(f"wrote {build_report(args.dirs, args.out)}")
+    print(f"wrote {build_report(args.dirs, args.out, include_unfinished=args.include_unfinished)}")
     return 0
 
 
@@ -450,6 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "read")
     p.add_argument("--out", metavar="FILE.html", help="where to write it (default DIR/report.html; needed for "
                    "several folders)")
+    p.add_argument("--include-unfinished", action="store_true", help="draw runs that have not finished in the "
+                   "figures too (they are always listed, marked, in the runs table)")
     p.set_defaults(func=cmd_report)
     return parser
 

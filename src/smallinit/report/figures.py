@@ -151,25 +151,37 @@ def loss_curves_figure(panels: Mapping[str, Mapping[str, Mapping[str, Sequence[S
     return fig
 
 
-def grid_figure(values: np.ndarray, rows: Sequence[str], cols: Sequence[str], *, row_label: str, col_label: str,
-                title: str) -> Figure:
-    """A heatmap of final losses (mean over seeds) with the numbers written in the cells."""
-    values = np.asarray(values, dtype=float)
-    fig, ax = _fig(w=1.2 * len(cols) + 2.5, h=0.7 * len(rows) + 1.8)
-    ax = ax[0, 0]
-    im = ax.imshow(values, cmap="viridis_r", aspect="auto")
-    ax.set_xticks(range(len(cols)), labels=list(cols))
-    ax.set_yticks(range(len(rows)), labels=list(rows))
-    ax.set_xlabel(col_label)
-    ax.set_ylabel(row_label)
-    for i in range(values.shape[0]):
-        for j in range(values.shape[1]):
-            if math.isfinite(values[i, j]):
-                r, g, b, _ = im.cmap(im.norm(values[i, j]))
-                ink = "k" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "w"  # readable on light and dark cells
-                ax.text(j, i, f"{values[i, j]:.4f}", ha="center", va="center", color=ink, fontsize=9)
-    ax.set_title(title)
-    fig.colorbar(im, ax=ax, shrink=0.8)
+def grid_figure(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[str]]], *, row_label: str,
+                col_label: str, title: str) -> Figure:
+    """Heatmaps of final losses (mean over seeds) with the numbers written in the cells, one panel per
+    ``{panel title: (values, row labels, column labels)}``, on one colour scale."""
+    shapes = [np.asarray(v, dtype=float).shape for v, _, _ in panels.values()]
+    n_rows, n_cols = max(s[0] for s in shapes), max(s[1] for s in shapes)
+    per_row = min(len(panels), 3)
+    fig, axes = _fig(ncols=per_row, nrows=math.ceil(len(panels) / per_row), w=1.3 * n_cols + 1.6,
+                     h=0.6 * n_rows + 1.6)
+    finite = np.concatenate([np.asarray(v, dtype=float).ravel() for v, _, _ in panels.values()])
+    finite = finite[np.isfinite(finite)]
+    norm = matplotlib.colors.Normalize(*(finite.min(), finite.max()) if len(finite) else (0, 1))
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (panel, (values, rows, cols)) in zip(axes.flat, panels.items()):
+        values = np.asarray(values, dtype=float)
+        im = ax.imshow(values, cmap="viridis_r", norm=norm, aspect="auto")
+        ax.set_xticks(range(len(cols)), labels=list(cols))
+        ax.set_yticks(range(len(rows)), labels=list(rows))
+        ax.set_xlabel(col_label)
+        ax.set_ylabel(row_label)
+        for i in range(values.shape[0]):
+            for j in range(values.shape[1]):
+                if math.isfinite(values[i, j]):
+                    r, g, b, _ = im.cmap(norm(values[i, j]))
+                    ink = "k" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "w"  # readable on light and dark cells
+                    ax.text(j, i, f"{values[i, j]:.4f}", ha="center", va="center", color=ink)
+        ax.set_title(panel or title)
+    if any(panels):
+        fig.suptitle(title)
+    fig.colorbar(im, ax=list(axes.flat[:len(panels)]), shrink=0.8)
     return fig
 
 
@@ -190,24 +202,45 @@ def sink_figure(panels: Mapping[str, Mapping[str, Sequence[Sequence[float]]]],
     return fig
 
 
-def residual_flow_figure(points: Sequence[tuple[float, float]], d: int) -> Figure:
-    """Fig. 3a: residual-flow ratio at init against γ, with the predicted d^(1−γ) line (its constant set by
-    the geometric mean of the measured points at the γ nearest 1)."""
-    fig, ax = _fig()
-    ax = ax[0, 0]
+def residual_fit(points: Sequence[tuple[float, float]], d: int) -> tuple[float, float]:
+    """Least-squares line through (γ, ln ratio): the ratio ≈ c·d^(−k·γ), returned as (c, k). The paper's
+    d^(1−γ) is k = 1."""
+    g = np.asarray([p[0] for p in points], dtype=float)
+    log_r = np.log(np.asarray([p[1] for p in points], dtype=float))
+    slope, intercept = np.polyfit(g, log_r, 1)
+    return float(np.exp(intercept)), float(-slope / math.log(d))
+
+
+def residual_prediction(points: Sequence[tuple[float, float]], d: int) -> float:
+    """c of the paper's c·d^(1−γ) through the measured points at the γ nearest 1 (their geometric mean)."""
     g = np.asarray([p[0] for p in points], dtype=float)
     r = np.asarray([p[1] for p in points], dtype=float)
-    ax.scatter(g, r, color="C0", zorder=3, label="measured, step 0")
-    if len(g):
-        near = np.isclose(g, g[np.argmin(np.abs(g - 1.0))])
-        c = float(np.exp(np.mean(np.log(r[near] / float(d) ** (1 - g[near])))))
+    near = np.isclose(g, g[np.argmin(np.abs(g - 1.0))])
+    return float(np.exp(np.mean(np.log(r[near] / float(d) ** (1 - g[near])))))
+
+
+def residual_flow_figure(series: Mapping[str, tuple[int, Sequence[tuple[float, float]]]]) -> Figure:
+    """Fig. 3a: residual-flow ratio at init against γ, one colour per ``{label: (width d, [(γ, ratio)])}``:
+    the measured points, the least-squares fit through them (dotted) and the paper's d^(1−γ) through the
+    points at the γ nearest 1 (dashed)."""
+    fig, ax = _fig()
+    ax = ax[0, 0]
+    for i, (label, (d, points)) in enumerate(series.items()):
+        g = np.asarray([p[0] for p in points], dtype=float)
+        ax.scatter(g, [p[1] for p in points], color=f"C{i % 10}", zorder=3, label=f"{label}: measured")
         line = np.linspace(g.min() - 0.05, g.max() + 0.05, 100)
-        ax.plot(line, c * np.power(float(d), 1 - line), "k--", label=f"c·d^(1−γ), d = {d}")
+        if len(set(g)) > 1:
+            c, k = residual_fit(points, d)
+            ax.plot(line, c * np.power(float(d), -k * line), ":", color=f"C{i % 10}",
+                    label=f"{label}: fit ∝ d^(−{k:.2f}γ)")
+        c = residual_prediction(points, d)
+        ax.plot(line, c * np.power(float(d), 1 - line), "--", color=f"C{i % 10}", lw=1,
+                label=f"{label}: paper d^(1−γ), d = {d}")
     ax.set_yscale("log")
     ax.set_xlabel("γ")
     ax.set_ylabel("‖h_L − e‖ / ‖e‖")
     ax.set_title("residual flow at init")
-    _legend_right(ax)
+    _legend_right(ax, title="dashed: through the γ = 1 points", title_fontsize=10)
     ax.grid(alpha=0.3)
     return fig
 
