@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
 from helpers import TINY_MODEL
@@ -23,7 +24,7 @@ from smallinit.cli import main
 from smallinit.data import load_tokenizer
 from smallinit.experiments.runs import find_runs
 from smallinit.report import figures
-from smallinit.report.html import HEATMAPS_SHOWN, Groups, num, token_text, varying_keys
+from smallinit.report.html import HEATMAPS_SHOWN, PAGE_WIDTH_PX, Groups, num, token_text, varying_keys
 
 # -- the report --------------------------------------------------------------------------------------------------
 
@@ -180,6 +181,32 @@ def test_every_report_figure_reads(drawn):
     for fig in drawn.figures:
         assert layout_problems(fig) == [], (fig.get_suptitle(), [ax.get_title() for ax in fig.axes][:2])
     assert drawn.warnings == []  # e.g. "constrained_layout not applied" would be one
+
+
+def smallest_text_px(fig: Figure) -> float:
+    """The smallest text of a figure as a reader of the report sees it at 1400 px: its size at the PNG's dpi,
+    times the scale the page shows the PNG at (a figure wider than the text column is shrunk to it)."""
+    FigureCanvasAgg(fig).draw()
+    shown = min(1.0, PAGE_WIDTH_PX / (fig.get_figwidth() * figures.DPI))
+    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    return min(sizes) * figures.DPI / 72 * shown
+
+
+def test_no_figure_text_is_under_10_px_on_the_page(drawn):
+    sizes = {next((ax.get_title() for ax in fig.axes if ax.get_title()), "?"): smallest_text_px(fig)
+             for fig in drawn.figures}
+    assert min(sizes.values()) >= 10.0, {t: round(px, 1) for t, px in sizes.items() if px < 10}
+
+
+def test_table_headers_say_what_they_are(drawn):
+    """No header twice in one table (two "stable rank", two "SE", "steps" beside train.steps), and the runs'
+    config keys keep their section (train.steps, not steps; analysis.every, not every)."""
+    for head in re.findall(r"<thead><tr>(.*?)</tr></thead>", drawn.page):
+        headers = re.findall(r"<th>(.*?)</th>", head)
+        assert len(headers) == len(set(headers)), headers
+    runs_head = re.findall(r"<th>(.*?)</th>", drawn.page.split("<h2>Runs", 1)[1].split("</thead>", 1)[0])
+    assert runs_head[:3] == ["run", "final val loss", "status"]  # the key columns first: never scrolled away
+    assert all("." in h for h in runs_head[3:]), runs_head
 
 
 def test_figure_labels_name_only_what_differs(report_dir):

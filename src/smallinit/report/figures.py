@@ -24,13 +24,19 @@ from ..analysis.tokens import TokenGapResult
 from ..io import write_atomic
 
 
-def png(fig: Figure, dpi: int = 90) -> bytes:
+DPI = 90
+# The smallest text a figure draws, in points: 11.25 px at DPI, so still ≥ 10 px when a figure up to
+# 1.125 × the report's 1150 px column is shown scaled to it. Figures are sized to fit that column.
+SMALL = 9
+
+
+def png(fig: Figure, dpi: int = DPI) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)  # constrained layout keeps every label and legend on the canvas
     return buf.getvalue()
 
 
-def save(fig: Figure, path: str | Path, dpi: int = 90) -> Path:
+def save(fig: Figure, path: str | Path, dpi: int = DPI) -> Path:
     path = Path(path)
     data = png(fig, dpi)
     write_atomic(path, lambda f: f.write(data))
@@ -52,7 +58,7 @@ def _widen_for(legend) -> None:
 def _legend_right(ax, **kw) -> None:
     """The legend beside the axes, never over the data (constrained layout makes room for it)."""
     if ax.get_legend_handles_labels()[0]:
-        _widen_for(ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8, **kw))
+        _widen_for(ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=SMALL, **kw))
 
 
 Series = Sequence[tuple[float, float]]  # (x, y) points of one seed
@@ -90,7 +96,7 @@ def _panels(panels: Mapping[str, Mapping[str, Any]], ncols_per_panel: int = 1, w
     """One row of axes per panel title (several panels side by side when each is one axes), and one colour
     per curve label, the same in every panel."""
     n = max(1, len(panels))
-    per_row = min(n, 3) if ncols_per_panel == 1 else 1
+    per_row = min(n, 2) if ncols_per_panel == 1 else 1  # two panels and a legend fit the page's column
     rows = math.ceil(n / per_row)
     fig, axes = _fig(ncols=per_row * ncols_per_panel, nrows=rows, w=w, h=h)
     flat = [axes[i // per_row, (i % per_row) * ncols_per_panel:(i % per_row + 1) * ncols_per_panel]
@@ -108,8 +114,8 @@ def _shared_legend(fig: Figure, title: str | None) -> None:
         for h, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, h)
     if handles:
-        _widen_for(fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8,
-                              title=title, title_fontsize=8))
+        _widen_for(fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=SMALL,
+                              title=title, title_fontsize=SMALL))
 
 
 def norm_factor_figure(d: int = 2048, eps: Sequence[float] = (1e-5, 1e-12),
@@ -135,7 +141,7 @@ def loss_curves_figure(panels: Mapping[str, Mapping[str, Mapping[str, Sequence[S
     """Loss curves, one panel per title: ``{panel: {curve: {"train": [per-seed [(step, loss)]], "val": [...]}}}``.
     Each curve is the mean over its seeds (train thin, validation thick with markers), its band the range
     over the seeds; one legend beside the panels."""
-    fig, axes, colors = _panels(panels, w=5.2, h=3.6)
+    fig, axes, colors = _panels(panels, w=4.6, h=3.4)
     for (title, curves), (ax,) in zip(panels.items(), axes):
         for label, c in curves.items():
             if c.get("train"):
@@ -240,14 +246,14 @@ def residual_flow_figure(series: Mapping[str, tuple[int, Sequence[tuple[float, f
     ax.set_xlabel("γ")
     ax.set_ylabel("‖h_L − e‖ / ‖e‖")
     ax.set_title("residual flow at init")
-    _legend_right(ax, title="dashed: through the γ = 1 points", title_fontsize=10)
+    _legend_right(ax, title="dashed: through the γ = 1 points", title_fontsize=SMALL)
     ax.grid(alpha=0.3)
     return fig
 
 
 def residual_sweep_figure(sweep: ResidualFlowSweep) -> Figure:
     """Residual-flow ratio against width per γ (log-log) with fitted and predicted exponents."""
-    fig, axes = _fig(ncols=2, w=5.2)
+    fig, axes = _fig(ncols=2, w=4.4)
     ax, ax2 = axes[0]
     d = np.asarray(sweep.widths, dtype=float)
     for gi, gamma in enumerate(sweep.gammas):
@@ -308,9 +314,9 @@ def heatmaps_figure(snapshots: Sequence[Mapping]) -> Figure:
             if name in snap["matrices"]:
                 ax.imshow(snap["matrices"][name], vmin=0, vmax=1, cmap="magma", interpolation="nearest")
                 cos = snap.get("mean_abs_cos", {}).get(name, float("nan"))
-                ax.set_title(f"step {snap['step']}, mean|cos| {cos:.2f}", fontsize=8)
+                ax.set_title(f"step {snap['step']}, mean|cos| {cos:.2f}", fontsize=SMALL)
             if j == 0:
-                ax.set_ylabel(name.replace(".weight", ""), fontsize=7)
+                ax.set_ylabel(name.replace(".weight", ""), fontsize=SMALL)
     return fig
 
 
@@ -329,7 +335,7 @@ def token_gap_figure(result: TokenGapResult, label_a: str = "A", label_b: str = 
         ax.grid(alpha=0.3, axis="y")
     axes[0, 0].set_title("symmetric probability gap")
     axes[0, 1].set_title("loss difference")
-    fig.suptitle(f"A = {label_a}, B = {label_b}; bars ± 2 SE", fontsize=9)
+    fig.suptitle(f"A = {label_a}, B = {label_b}; bars ± 2 SE", fontsize=SMALL)
     return fig
 
 
@@ -338,7 +344,7 @@ def coordcheck_figure(cc: CoordCheck) -> Figure:
     update RMS(ΔW)/RMS(W) of each matrix kind after step 1."""
     g = np.asarray(cc.gammas)
     acts = cc.names("activation")
-    fig, axes = _fig(ncols=3, w=4.6)
+    fig, axes = _fig(ncols=3, w=3.6)
     for ax, step in zip(axes[0, :2], (0, cc.steps)):
         for i, name in enumerate(acts):
             ax.plot(g, cc.series("activation", name, step), marker="o",
@@ -348,7 +354,7 @@ def coordcheck_figure(cc: CoordCheck) -> Figure:
         ax.set_ylabel("activation RMS")
         ax.set_title(f"activations, step {step}")
         ax.grid(alpha=0.3)
-    _legend_right(axes[0, 1], title="layer", title_fontsize=8)  # one colour per layer in both panels
+    _legend_right(axes[0, 1], title="layer", title_fontsize=SMALL)  # one colour per layer in both panels
     ax = axes[0, 2]
     kinds: dict[str, list[str]] = {}
     for name in cc.names("relative_update"):
@@ -361,7 +367,7 @@ def coordcheck_figure(cc: CoordCheck) -> Figure:
     ax.set_xlabel("γ")
     ax.set_ylabel("RMS(ΔW) / RMS(W) after step 1")
     ax.set_title("relative updates")
-    _legend_right(ax, title="matrix", title_fontsize=8)
+    _legend_right(ax, title="matrix", title_fontsize=SMALL)
     ax.grid(alpha=0.3)
     return fig
 
@@ -374,7 +380,7 @@ def analysis_figures(result: Mapping, out_dir: str | Path) -> list[Path]:
     fig, axes = _fig(ncols=2, w=5.2)
     nf = result["norm_factor"]
     axes[0, 0].plot(range(len(nf)), list(nf.values()), marker="o")
-    axes[0, 0].set_xticks(range(len(nf)), labels=list(nf), rotation=90, fontsize=6)
+    axes[0, 0].set_xticks(range(len(nf)), labels=list(nf), rotation=90, fontsize=SMALL)
     axes[0, 0].set_ylim(0, 1.05)
     axes[0, 0].set_ylabel("measured factor / ideal 1/σ(h)")
     axes[0, 0].set_title("RMSNorm sensitivity per norm")

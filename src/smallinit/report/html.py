@@ -111,8 +111,9 @@ def verdict_badge(label: str) -> str:
     return f'<span class="v v-{esc("-".join(label.split()))}">{esc(label)}</span>'
 
 
+PAGE_WIDTH_PX = 1150  # the text column; a figure wider than this is shown scaled down to it (figures.SMALL)
 CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1150px;margin:24px auto;
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:PAGE_WIDTHpx;margin:24px auto;
 padding:0 16px;color:#222;line-height:1.4}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:2em}
 table{border-collapse:collapse;margin:8px 0;font-size:.88em}td,th{border:1px solid #ddd;padding:3px 7px;
@@ -123,7 +124,7 @@ text-align:left;vertical-align:top}th{background:#f3f3f3}img{max-width:100%;disp
 pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:.8em}details{margin:8px 0}
 summary{cursor:pointer;color:#245}.note{color:#555;font-size:.9em}
 code.tok{background:#fff3c4;padding:0 2px;white-space:pre-wrap}
-"""
+""".replace("PAGE_WIDTH", str(PAGE_WIDTH_PX))
 
 
 class _Doc:
@@ -482,8 +483,8 @@ def _section_condensation(doc: _Doc, groups: Groups) -> None:
           "slowly.", "note")
     if panels:
         doc.raw(img(figures.condensation_figure(panels, groups.legend_title), "stable rank and mean cos over training"))
-        doc.raw(table(["run", "first step", "stable rank", "mean |cos|", "last step", "stable rank", "mean |cos|"],
-                      rows))
+        doc.raw(table(["setting", "first step", "stable rank (first)", "mean |cos| (first)", "last step",
+                       "stable rank (last)", "mean |cos| (last)"], rows))
     heatmaps = []
     for label, sn in snaps:  # early, one in between, late; the first seed of each setting
         chosen = [sn[0], sn[len(sn) // 2], sn[-1]] if len(sn) > 2 else sn
@@ -501,10 +502,10 @@ def _section_tokens(doc: _Doc, compares: list[tuple[str, TokenGapResult]]) -> No
         la, lb = res.meta.get("label_a", "A"), res.meta.get("label_b", "B")
         doc.h2(f"Token level: {la} vs {lb}")
         doc.p(f"{res.tokens:,} tokens; mean Δ_sym {res.mean_delta_sym:+.4f}; mean loss {la} {res.mean_loss_a:.4f}, "
-              f"{lb} {res.mean_loss_b:.4f}. Δ_sym = (p_A − p_B)/(p_A + p_B) on the true next token, A = {la}; "
+              f"{lb} {res.mean_loss_b:.4f}. Δ_sym = (p_A − p_B)/(p_A + p_B) on the true next token, A = {la}, B = {lb}; "
               f"difficulty = mean of the two losses, quantile bins. ({name})", "note")
         doc.raw(img(figures.token_gap_figure(res, la, lb), "token gap by difficulty"))
-        doc.raw(table(["bin", "difficulty from", "to", "tokens", "mean Δ_sym", "SE", f"loss {lb} − {la}", "SE"],
+        doc.raw(table(["bin", "difficulty from", "to", "tokens", "mean Δ_sym", "Δ_sym SE", "loss B − A", "loss SE"],
                       [[i + 1, b.lo, b.hi, b.count, b.mean_delta_sym, b.se_delta_sym, b.mean_loss_diff, b.se_loss_diff]
                        for i, b in enumerate(res.bins)]))
         for title, items in ((f"largest gaps where {la} is better", res.top_a),
