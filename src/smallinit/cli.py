@@ -27,11 +27,19 @@ class _Parser(argparse.ArgumentParser):
         return 0
 
 
+def _key_value(text: str) -> str:
+    """--set takes one word KEY=VALUE; "--set train.steps 10" would otherwise end as "unrecognized arguments: 10"."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE; write key and value as one word, e.g. --set "
+                                         f"{text if '.' in text else 'train.steps'}=VALUE")
+    return text
+
+
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE.toml", help="a TOML config (sections model, train, data, analysis), "
                    "or a run folder or its config.json to take that run's config")
     p.add_argument("--preset", metavar="NAME", help="model preset, e.g. cpu-1m, cpu-5m, 0.1b, 1.5b")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", type=_key_value,
                    help="override a config key, e.g. --set train.steps=200 --set model.gate=headwise")
 
 
@@ -347,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="recipe folder (default runs/<name>-<scale>); re-run to continue")
     p.add_argument("--jobs", type=int, metavar="N", help="cells side by side (default: the sweep packing rule)")
     p.add_argument("--presets", metavar="P1,P2", help="replace the recipe's sizes by these presets (e.g. MoE ones)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", type=_key_value,
                    help="override a config key in every run (not the keys the recipe sweeps)")
     p.add_argument("--launcher", metavar="CMD", help=LAUNCHER_HELP)
     p.set_defaults(func=cmd_recipe)
@@ -464,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except SmallinitError as e:
         one_line = str(e).replace("\r", "\\r").replace("\n", "\\n")  # a file name may hold a newline
-        sys.stderr.write(f"smallinit: error: {one_line}\n")  # one write: lines of several ranks do not interleave
+        kind = "" if isinstance(e, Preempted) else "error: "  # a stop that was asked for is not an error
+        sys.stderr.write(f"smallinit: {kind}{one_line}\n")  # one write: lines of several ranks do not interleave
         return e.exit_code
     except OSError as e:  # a read or write no library call turned into a SmallinitError (disk full, read-only)
         where = f" {e.filename}" if e.filename else ""

@@ -27,7 +27,7 @@ class RunLock:
         """Lock ``run_dir`` (made if absent), or one line if another process holds it."""
         if run_dir.exists() and not run_dir.is_dir():
             raise ConfigError(f"--out {run_dir} is a file, not a folder; choose another --out")
-        made = [p for p in (run_dir / LOCK_FILE, run_dir) if not p.exists()]
+        made = [p for p in (run_dir / LOCK_FILE, run_dir, *run_dir.parents) if not p.exists()]  # innermost first
         io.make_folder(run_dir)
         fd = io.lock_exclusive(run_dir / LOCK_FILE)
         if fd is None:
@@ -43,10 +43,10 @@ class RunLock:
         if failed:
             with contextlib.suppress(OSError):
                 for path in self._made:
-                    if path == self.run_dir:
-                        path.rmdir()  # only if nothing else was written
-                    else:
+                    if path == self.run_dir / LOCK_FILE:
                         path.unlink()
+                    else:
+                        path.rmdir()  # only if nothing else was written
         os.close(self._fd)
         self._fd = None
 

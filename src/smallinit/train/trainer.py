@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,9 @@ from .moe_log import RouterLog, has_moe
 from .optim import build_optimizer, lr_at, wsd_decay_start
 
 log = logging.getLogger("smallinit")
+# How to continue a stopped run, when a sweep, recipe or demo started it (their runner sets it for each cell):
+# the user continues the whole command, not the cell.
+CONTINUE_ENV = "SMALLINIT_CONTINUE"
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -362,9 +366,9 @@ class Trainer:
                 elif self.stop_requested(stop):
                     self.save()
                     path = ckpt.checkpoint_dir(self.run_dir, self.step)
+                    how = os.environ.get(CONTINUE_ENV) or f"smallinit train --out {self.run_dir} --resume"
                     raise Preempted(f"stopped by {stop[0] if stop else 'a signal to another rank'} at step "
-                                    f"{self.step}, checkpoint {path}; "
-                                    f"continue with: smallinit train --out {self.run_dir} --resume")
+                                    f"{self.step}, checkpoint {path}; to continue: {how}")
         for cb in self.callbacks:
             cb.on_train_end(self)
         summary = {"step": self.step, "val_loss": val_loss, "skipped": self.skipped,

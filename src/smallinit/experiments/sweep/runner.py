@@ -31,6 +31,7 @@ from ...io import lock_exclusive, read_json, write_json_atomic
 from ...model import Transformer
 from ...signals import stop_requests
 from ...train.metrics import read_metrics
+from ...train.trainer import CONTINUE_ENV
 from .packing import available_cores, compile_cache_env, compile_choices, default_jobs
 from .progress import Progress, cell_work
 from .results import cell_row, error_line, write_results
@@ -219,6 +220,7 @@ class SweepRunner:
         elif cell.id in self.compile:  # a resumed cell keeps the choice its config.json recorded
             cmd += ["--set", f"train.compile={toml_literal(self.compile[cell.id])}"]
         env = dict(os.environ)
+        env.setdefault(CONTINUE_ENV, f"run the same smallinit command again (it continues {self.dir})")
         if self.jobs > 1 and not self.configs[cell.id].train.threads:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.threads)
         env.setdefault("PYTHONUNBUFFERED", "1")
