@@ -115,6 +115,21 @@ def test_report_numbers_come_from_the_files(report_dir):
     assert f"<td>{num(analysis['sink']['mean'])}</td>" in page
 
 
+def test_analyze_says_what_each_number_is(report_dir, tmp_path, capsys):
+    """No number alone: each line names what it measures and what to compare it with."""
+    capsys.readouterr()
+    assert main(["analyze", str(report_dir / "runs" / "g1.0"), "--batches", "1", "--batch-size", "2",
+                 "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("step 4: loss ") and "nats/token" in lines[0]
+    assert lines[1].startswith("sink score ") and "attention spread evenly gives" in lines[1]
+    assert lines[2].startswith("residual flow ") and "‖h_L − e‖/‖e‖" in lines[2] and "d^(1−γ), here 1 for d = 32" in lines[2]
+    assert lines[3].startswith("min norm factor ") and "at initialisation this config gives" in lines[3]
+    assert lines[4] == ("this loss is on 2 windows of 32 tokens from the start of the validation split, training's val "
+                        "loss on 32 windows of 32 tokens, so the two differ a little; to measure on training's windows "
+                        "add --batches 8 --batch-size 4 --seq-len 32")
+
+
 def test_report_refuses_an_empty_folder(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()

@@ -197,15 +197,16 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _analyze_loss_note(cfg, args: argparse.Namespace) -> str:
-    """Which text the loss above is measured on, beside the batches of training's validation loss."""
+    """Which text the loss above is measured on, beside the windows of training's validation loss."""
     if args.data:
-        return "loss on --data text; training's val loss is measured on its validation split"
+        return "this loss is on the --data text; training's val loss is on its validation split, so they do not compare"
     train = (cfg.train.eval_batches, cfg.train.batch_size, cfg.data.seq_len)
-    if (args.batches, args.batch_size, args.seq_len or cfg.data.seq_len) == train:
-        return "loss on the validation batches training measures its val loss on"
-    return (f"loss on the first {args.batches * args.batch_size} validation windows; training's val loss uses the "
-            f"first {train[0] * train[1]} (of {train[2]} tokens): --batches {train[0]} --batch-size {train[1]} "
-            f"--seq-len {train[2]} measure on the same ones")
+    here = (args.batches, args.batch_size, args.seq_len or cfg.data.seq_len)
+    if here == train:
+        return "this loss is on the validation windows training's val loss is measured on, so the two compare directly"
+    return (f"this loss is on {here[0] * here[1]} windows of {here[2]} tokens from the start of the validation split, "
+            f"training's val loss on {train[0] * train[1]} windows of {train[2]} tokens, so the two differ a little; "
+            f"to measure on training's windows add --batches {train[0]} --batch-size {train[1]} --seq-len {train[2]}")
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
