@@ -113,6 +113,17 @@ def test_cli_errors_are_one_line_exit_2(argv, tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "runs").exists()
 
 
+def test_info_summarises_the_init_table_and_layers_lists_it(capsys):
+    assert main(["info", "--preset", "1.5b"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) < 25 and "--layers lists each" in lines[1]
+    q = next(line for line in lines if line.startswith("blocks.*.attn.q_proj.weight"))
+    assert q.split()[1] == "24" and q.split()[-1] == f"{2048 ** -1.0:.4g}"  # one row for the 24 layers' q_proj
+    assert main(["info", "--preset", "1.5b", "--layers"]) == 0
+    full = capsys.readouterr().out
+    assert "blocks.23.attn.q_proj.weight" in full and len(full.splitlines()) > 240
+
+
 def test_cli_info_and_module_entry(capsys):
     assert main(["info", "--preset", "cpu-5m"]) == 0
     out = capsys.readouterr().out
@@ -120,7 +131,7 @@ def test_cli_info_and_module_entry(capsys):
     total = sum(p.numel() for p in model.parameters())  # a dense model: every parameter is active
     non_embedding = total - model.embed.weight.numel()
     assert out.splitlines()[0] == f"parameters: {total:,} total, {total:,} active, {non_embedding:,} without embeddings"
-    assert "blocks.7.mlp.down_proj.weight" in out
+    assert "blocks.*.mlp.down_proj.weight" in out
     r = subprocess.run([sys.executable, "-m", "smallinit", "info", "--set", "model.n_heads=3"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1

@@ -143,7 +143,7 @@ def test_analyze_says_which_batches_its_loss_is_on(tmp_path, capsys):
     val = json.loads((run / "summary.json").read_text())["val_loss"]
     assert main(["analyze", str(run), "--batches", "2", "--batch-size", "8", "--out", str(tmp_path / "x")]) == 0
     out = capsys.readouterr().out
-    assert "the validation batches training measures its val loss on" in out
+    assert "the validation windows training's val loss is measured on" in out
     assert float(out.split("loss ")[1].split()[0]) == pytest.approx(val, abs=1e-4)
     assert main(["analyze", str(run), "--batches", "1", "--out", str(tmp_path / "y")]) == 0
-    assert "--batches 2 --batch-size 8 --seq-len 32 measure on the same ones" in capsys.readouterr().out
+    assert "to measure on training's windows add --batches 2 --batch-size 8 --seq-len 32" in capsys.readouterr().out

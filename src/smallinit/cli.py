@@ -107,7 +107,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         print(describe_memory(cfg, args.gpus))
         return 0
-    print(model.init_report)
+    print(model.init_report if args.layers else model.init_report.summary())
     return 0
 
 
@@ -120,15 +120,16 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from .experiments import format_table, run_sweep, sweep_rows
+    from .experiments import Sweep, format_table, run_sweep, sweep_rows
 
     if args.status:
         print(format_table(sweep_rows(args.status)))
         return 0
     if not args.file:
         raise SmallinitError("pass a sweep file (smallinit sweep SWEEP.toml) or --status SWEEP_DIR")
-    out = args.out or str(Path("runs") / Path(args.file).stem)
-    outcome = run_sweep(args.file, out, jobs=args.jobs, retry_failed=args.retry_failed, echo=sys.stderr,
+    sweep = Sweep.load(args.file)
+    out = args.out or str(Path("runs") / sweep.folder_name)
+    outcome = run_sweep(sweep, out, jobs=args.jobs, retry_failed=args.retry_failed, echo=sys.stderr,
                         launcher=args.launcher)
     if outcome.interrupted:
         print(f"smallinit: sweep stopped by a signal; run the same command again to continue {out}", file=sys.stderr)
@@ -155,7 +156,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ConfigError("no prompt: pass --prompt TEXT or pipe the prompt on stdin")
     prompt = sys.stdin.read() if args.prompt is None else args.prompt
     model, tokenizer = load_pretrained(args.checkpoint, device=args.device)
-    print(generate(model, tokenizer, prompt, args.max_new_tokens, sampling))
+    continuation = generate(model, tokenizer, prompt, args.max_new_tokens, sampling)
+    print(continuation if args.no_prompt else prompt + continuation)
     return 0
 
 
@@ -337,11 +339,14 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--memory", action="store_true", help="estimate training memory per GPU instead of the init table")
     p.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs for --memory (the global batch is split)")
+    p.add_argument("--layers", action="store_true", help="the init table with one row per parameter of every layer "
+                   "(default: one row per parameter of a block, with its count)")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("sweep", help="run a grid of training runs, one process per cell (exit 1 if a cell failed)")
     p.add_argument("file", nargs="?", metavar="SWEEP.toml", help="sweep file: [base], [grid], optional [arms.NAME]")
-    p.add_argument("--out", metavar="DIR", help="sweep folder (default runs/<file name>); re-run to continue it")
+    p.add_argument("--out", metavar="DIR", help="sweep folder (default runs/<the sweep's name>, else the file's); "
+                   "re-run to continue it")
     p.add_argument("--jobs", type=int, metavar="N", help="cells side by side (default: one per core for small "
                    "CPU models, else 1)")
     p.add_argument("--retry-failed", action="store_true", help="run failed cells again (resuming where they can)")
@@ -393,6 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0,
                    help="sample only from the most likely tokens holding this probability, in (0, 1] (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
+    p.add_argument("--no-prompt", action="store_true", help="print only the continuation (default: the prompt, then "
+                   "its continuation)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.set_defaults(func=cmd_generate)
 
