@@ -471,7 +471,7 @@ def _section_condensation(doc: _Doc, groups: Groups) -> None:
         panels.setdefault(panel, {})[curve] = c
         (steps, rank, _, _), (_, cos, _, _) = (figures.seed_mean(c[k]) for k in ("stable_rank", "mean_abs_cos"))
         if len(steps):
-            rows.append([Groups.name(panel, curve), steps[0], rank[0], cos[0], steps[-1], rank[-1], cos[-1]])
+            rows += [[Groups.name(panel, curve), steps[i], rank[i], cos[i]] for i in (0, -1)]  # first, last
     snaps = [(Groups.name(panel, curve), load_snapshots(group[0].path)) for panel, curve, group in groups.items()]
     snaps = [(label, sn) for label, sn in snaps if sn]
     if not panels and not snaps:
@@ -483,8 +483,7 @@ def _section_condensation(doc: _Doc, groups: Groups) -> None:
           "slowly.", "note")
     if panels:
         doc.raw(img(figures.condensation_figure(panels, groups.legend_title), "stable rank and mean cos over training"))
-        doc.raw(table(["setting", "first step", "stable rank (first)", "mean |cos| (first)", "last step",
-                       "stable rank (last)", "mean |cos| (last)"], rows))
+        doc.raw(table(["setting", "step (first, last)", "stable rank", "mean |cos|"], rows))
     heatmaps = []
     for label, sn in snaps:  # early, one in between, late; the first seed of each setting
         chosen = [sn[0], sn[len(sn) // 2], sn[-1]] if len(sn) > 2 else sn
