@@ -91,7 +91,7 @@ def test_a_second_writer_is_refused_and_changes_nothing(tmp_path, capsys):
     proc = _start(run, "train.checkpoint_every=60")
     try:
         for checkpointed in (False, True):
-            _wait_for(proc, lambda: _steps_logged(run) >= 2 and (run / "checkpoints").is_dir() == checkpointed)
+            _wait_for(proc, lambda c=checkpointed: _steps_logged(run) >= 2 and (run / "checkpoints").is_dir() == c)
             os.kill(proc.pid, signal.SIGSTOP)
             try:
                 assert (run / "checkpoints").is_dir() == checkpointed

@@ -23,7 +23,6 @@ from ..analysis.residual_flow import ResidualFlowSweep
 from ..analysis.tokens import TokenGapResult
 from ..io import write_atomic
 
-
 DPI = 90
 # The smallest text a figure draws, in points: 11.25 px at DPI, so still ≥ 10 px when a figure up to
 # 1.125 × the report's 1150 px column is shown scaled to it. Figures are sized to fit that column.

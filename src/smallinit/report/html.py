@@ -386,7 +386,7 @@ def _section_losses(doc: _Doc, runs: list[Run], vary: list[str], groups: Groups)
                   + ", so a loss difference between its values here would not be its own.", "note")
             continue
         doc.p("One grid per combination of the other settings that vary; a cell is the mean over the seeds of one "
-              f"setting, so no cell mixes runs that differ in a setting the grid does not show.", "note")
+              "setting, so no cell mixes runs that differ in a setting the grid does not show.", "note")
         doc.raw(img(figures.grid_figure(
             {t: (vals, [_value(x) for x in rows], [_value(x) for x in cols]) for t, (vals, rows, cols) in found.items()},
             row_label=short_key(row_key), col_label=short_key(col_key), title=f"final val loss, {title}"),

@@ -41,9 +41,9 @@ from .distributed import (
     tied_aliases,
     with_layout_of,
 )
+from .lock import RunLock
 from .loggers import metric_loggers
 from .memory import check_fits
-from .lock import RunLock
 from .metrics import append_record, read_metrics, set_aside_metrics, truncate_metrics
 from .moe_log import RouterLog, has_moe
 from .optim import build_optimizer, lr_at, wsd_decay_start
