@@ -1,0 +1,98 @@
+"""How long the RMSNorms stay saturated: the measured share, the formula, and the paper-scale reference."""
+
+import json
+import math
+
+import pytest
+
+from helpers import TINY_MODEL
+from smallinit import Config
+from smallinit.analysis.norm_factor import relative_factor
+from smallinit.analysis.saturation import (
+    MEAN,
+    growth_rate,
+    run_saturation,
+    saturated_share,
+    steps_to_unsaturate,
+)
+from smallinit.cli import main
+from smallinit.experiments.emulation import emulation, paper_scale_config, paper_scale_share
+
+
+def test_share_is_bracketed_by_the_measurement_spacing():
+    # below 0.5 at steps 0 and 10, above from 20 on: saturated for certain [0, 10), possibly [10, 20)
+    share = saturated_share([0, 10, 20, 30], [0.2, 0.4, 0.6, 0.9], total_steps=100)
+    assert (share.lo, share.hi, share.spacing) == (0.10, 0.20, 70)
+    assert share.describe() == "10.0–20.0 %"
+    # order does not matter; never below → 0; always below → the whole run (the last value holds to the end)
+    assert saturated_share([20, 0, 10], [0.6, 0.2, 0.4], 20) == saturated_share([0, 10, 20], [0.2, 0.4, 0.6], 20)
+    assert saturated_share([0, 50], [0.9, 0.8], 100).hi == 0.0
+    assert saturated_share([0, 50], [0.1, 0.2], 100).lo == 1.0
+    with pytest.raises(ValueError):
+        saturated_share([5, 10], [0.2, 0.6], 100)  # nothing measured at step 0
+
+
+def test_each_norm_and_their_mean():
+    recs = [{"event": "norm_factor", "step": s, "norm_factor": {"a": fa, "b": fb}}
+            for s, fa, fb in [(0, 0.1, 0.1), (10, 0.3, 0.9), (20, 0.6, 1.0)]]
+    shares = run_saturation(recs, 20)
+    assert list(shares) == [MEAN, "a", "b"]
+    assert (shares["a"].lo, shares["a"].hi) == (0.5, 1.0)
+    assert (shares["b"].lo, shares["b"].hi) == (0.0, 0.5)
+    assert (shares[MEAN].lo, shares[MEAN].hi) == (0.0, 0.5)  # mean 0.6 at step 10
+
+
+def _cfg(**train):
+    return Config.load(overrides=["model.d_model=24", "model.gamma=1.0", "model.norm_eps=1e-5",
+                                  "model.norm_eps_width=2048", *[f"train.{k}={v}" for k, v in train.items()]])
+
+
+def test_formula_matches_the_closed_form():
+    # σ² = d^(−2γ) + (rate·Σ lr)² reaches ε'/3 (factor 0.5): with a constant lr, Σ lr = lr·t
+    cfg = _cfg(lr=3e-3, warmup_steps=0, schedule="constant", steps=100_000)
+    eps = cfg.model.effective_norm_eps
+    travel = math.sqrt(eps / 3 - 24.0**-2)
+    assert steps_to_unsaturate(cfg) == pytest.approx(travel / 3e-3, rel=1e-9)
+    assert steps_to_unsaturate(cfg, rate=0.25) == pytest.approx(4 * travel / 3e-3, rel=1e-9)
+    # within warmup lr_s = lr·(s+1)/w: Σ_{s<t} = lr·t(t+1)/(2w)
+    cfg = _cfg(lr=3e-3, warmup_steps=10_000, steps=100_000)
+    t = steps_to_unsaturate(cfg)
+    assert 3e-3 * math.floor(t) * math.floor(t + 1) / 2e4 <= travel <= 3e-3 * math.ceil(t) * math.ceil(t + 1) / 2e4
+    # the rate a measured run implies gives back its steps
+    assert growth_rate(cfg, steps_to_unsaturate(cfg, rate=0.3)) == pytest.approx(0.3, rel=1e-3)
+    # a norm that is not saturated at init needs no steps; one that cannot get there in the run needs forever
+    assert steps_to_unsaturate(_cfg(lr=3e-3).__class__.load(overrides=["model.gamma=0.5"])) == 0.0
+    assert steps_to_unsaturate(_cfg(lr=1e-9, steps=10)) == math.inf
+
+
+def test_paper_scale_reads_the_gpu_recipe():
+    cfg = paper_scale_config()
+    assert (cfg.model.d_model, cfg.model.gamma, cfg.model.effective_norm_eps) == (2048, 1.0, 1e-5)
+    assert (cfg.train.lr, cfg.train.steps, cfg.train.warmup_steps) == (6e-4, 55000, 2000)
+    # inside warmup: lr·t(t+1)/(2w) = √(ε/3 − 2048⁻²)
+    t = steps_to_unsaturate(cfg)
+    assert 6e-4 * t * (t + 1) / 4000 == pytest.approx(math.sqrt(1e-5 / 3 - 2048.0**-2), rel=0.02)
+    assert paper_scale_share() == pytest.approx(t / 55000)
+    assert paper_scale_share(gamma=0.5) == 0.0  # σ² = 1/2048 ≫ ε at γ = 0.5
+
+
+def test_a_short_emulated_run_is_saturated_far_longer_than_the_paper_scale(tmp_path):
+    """A real run of the emulated arm, measured every step: its embedding's norm starts at the d = 2048 factor
+    and is still saturated after a share of training far above the paper scale's."""
+    run = tmp_path / "run"
+    sets = [*TINY_MODEL, "model.d_model=16", "model.n_heads=2", "model.n_kv_heads=2", "model.gamma=1.0",
+            "model.norm_eps=1e-5", "model.norm_eps_width=2048", "model.gate=none", "data.corpus=shakespeare",
+            "train.batch_size=4", "train.steps=12", "train.warmup_steps=2", "train.eval_every=0",
+            "train.log_every=6", "analysis.norm_every=1", "analysis.batch_size=2"]
+    assert main(["train", "--out", str(run), *sum((["--set", s] for s in sets), [])]) == 0
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    recs = [r for r in recs if r.get("event") == "norm_factor"]
+    assert [r["step"] for r in recs] == list(range(13))
+    cfg = Config.from_json_file(run / "config.json")
+    first = next(iter(recs[0]["norm_factor"]))
+    assert first == "blocks.0.attn_norm"
+    assert recs[0]["norm_factor"][first] == pytest.approx(relative_factor(1.0, 1e-5, 2048), rel=0.15)  # d = 2048 at init
+    e = emulation(cfg, recs)
+    assert e.first.lo == 1.0 and e.rate is None  # never left saturation in 12 steps
+    assert e.far and "d = 2048" in e.describe()
+    assert e.paper == (paper_scale_share(), paper_scale_share())
