@@ -16,7 +16,10 @@ from smallinit.analysis.saturation import (
     steps_to_unsaturate,
 )
 from smallinit.cli import main
+from smallinit.experiments.claims import Runs, claim_c1
 from smallinit.experiments.emulation import emulation, paper_scale_config, paper_scale_share
+from smallinit.experiments.runs import Run
+from smallinit.experiments.verdicts import AGREE, NOT_TESTABLE
 
 
 def test_share_is_bracketed_by_the_measurement_spacing():
@@ -96,3 +99,41 @@ def test_a_short_emulated_run_is_saturated_far_longer_than_the_paper_scale(tmp_p
     assert e.first.lo == 1.0 and e.rate is None  # never left saturation in 12 steps
     assert e.far and "d = 2048" in e.describe()
     assert e.paper == (paper_scale_share(), paper_scale_share())
+
+
+def _emulated_runs(root, first_norm: dict[int, float], gaps=(0.10, 0.12, 0.11)) -> Runs:
+    """γ .5 and γ 1 runs of the emulated-ε arm at d = 16, 3 seeds, γ = 1 ahead by ``gaps``; γ = 1's first norm
+    follows ``first_norm`` (step → factor), the other norms are unsaturated."""
+    runs, steps = [], 4000  # 40 tokens per non-embedding parameter
+    for seed, gap in enumerate(gaps):
+        for gamma, final in ((0.5, 3.0 + gap), (1.0, 3.0)):
+            path = root / f"g{gamma}_s{seed}"
+            path.mkdir(parents=True)
+            cfg = {"model": {"d_model": 16, "n_layers": 4, "n_heads": 2, "n_kv_heads": 2, "d_ff": 48, "gamma": gamma,
+                             "norm_eps": 1e-5, "norm_eps_width": 2048, "gate": "none"},
+                   "train": {"seed": seed, "steps": steps, "batch_size": 1, "lr": 3e-3, "warmup_steps": 200},
+                   "data": {"seq_len": 10}}
+            (path / "config.json").write_text(json.dumps(cfg))
+            lines = [{"step": s, "val_loss": final + 2 * math.exp(-5 * s / steps)} for s in range(0, steps + 1, 500)]
+            factors = first_norm if gamma == 1.0 else {0: 0.99}
+            lines += [{"event": "norm_factor", "step": s, "norm_factor": {"blocks.0.attn_norm": f, "norm": 0.99}}
+                      for s, f in factors.items()]
+            (path / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+            (path / "summary.json").write_text(json.dumps({"step": steps, "val_loss": final, "params_nonembed": 1000}))
+            runs.append(Run.load(path))
+    return Runs(runs)
+
+
+def test_c1_is_not_judged_on_an_emulation_saturated_far_longer_than_the_paper_scale(tmp_path):
+    held = _emulated_runs(tmp_path / "held", {0: 0.15, 2000: 0.3, 3600: 0.45, 4000: 0.6})  # ≈ 90 % of training
+    c1 = claim_c1(held)
+    gain = c1.comparisons[0]
+    assert gain.label.startswith("L(γ.5)−L(γ1)") and gain.verdict == NOT_TESTABLE
+    assert "90.0–100.0 %" in gain.reason and "d = 2048" in gain.reason and "%" in gain.reason.split("d = 2048")[1]
+    assert any("emulated ε" in n for n in c1.notes)
+    # the same gap with a norm that leaves saturation as fast as at the paper scale is judged
+    brief = _emulated_runs(tmp_path / "brief", {0: 0.15, 8: 0.9, 4000: 0.95})
+    assert claim_c1(brief).comparisons[0].verdict == AGREE
+    # runs without norm-factor records are judged as before, with no note
+    unmeasured = claim_c1(_emulated_runs(tmp_path / "none", {}))
+    assert unmeasured.comparisons[0].verdict == AGREE and not any("emulated ε" in n for n in unmeasured.notes)

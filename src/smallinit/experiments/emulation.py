@@ -26,6 +26,7 @@ from ..analysis.saturation import (
 )
 from ..config import Config, flatten, read_toml
 from ..config.overrides import set_dotted
+from .runs import Run
 
 PAPER_RECIPE = Path(__file__).resolve().parent / "recipes" / "paper-fig1.toml"
 PAPER_SCALE = "gpu"
@@ -72,8 +73,25 @@ class Emulation:
     def describe(self) -> str:
         lo, hi = self.paper
         paper = f"{100 * lo:.2f} %" if math.isclose(lo, hi, rel_tol=0.05) else f"{100 * lo:.2f}–{100 * hi:.2f} %"
-        return (f"the norm that reads the embedding is saturated for {self.first.describe()} of training (measured; "
-                f"the mean over the norms {self.measured.describe()}), a d = 2048 model's for {paper} (formula)")
+        return (f"the embedding's norm was saturated for {self.first.describe()} of training (mean over all norms: "
+                f"{self.measured.describe()}), at d = 2048 for {paper} (formula)")
+
+
+def pooled(found: list[Emulation]) -> Emulation:
+    """Several runs' (seeds') emulations as one: the union of their brackets and paper-scale ranges."""
+    def union(shares: list[SaturatedShare]) -> SaturatedShare:
+        return SaturatedShare(min(x.lo for x in shares), max(x.hi for x in shares), shares[0].total_steps,
+                              max(x.spacing for x in shares))
+    rates = [e.rate for e in found if e.rate is not None]
+    return Emulation(union([e.measured for e in found]), union([e.first for e in found]),
+                     min(rates) if rates else None,
+                     (min(e.paper[0] for e in found), max(e.paper[1] for e in found)))
+
+
+def run_emulation(run: Run) -> Emulation | None:
+    """``emulation`` of a run folder, from its norm-factor records (else its coarser analysis records)."""
+    records = run.records("norm_factor") or run.analysis
+    return emulation(Config.from_json_file(run.path / "config.json"), records) if records else None
 
 
 def emulation(config: Config, records: list[dict[str, Any]]) -> Emulation | None:

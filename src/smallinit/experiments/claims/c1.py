@@ -7,6 +7,7 @@ from typing import Any
 from ..power import MIN_TOKENS_PER_PARAM
 from .comparison import ClaimResult, Comparison, judged
 from .loss import loss_comparison
+from .preconditions import emulation_problem
 from .selection import Runs, baselines, size_label
 
 
@@ -20,6 +21,9 @@ def claim_c1(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
     for n in base.values("size"):
         c = loss_comparison(f"L(γ.5)−L(γ1) @{size_label(n)}", base.where({"model.gamma": 0.5, "size": n}),
                             base.where({"model.gamma": 1.0, "size": n}), "≈ +0.05 … +0.003", min_tpp)
+        problem, note = emulation_problem(base.where({"model.gamma": 1.0, "size": n}), size_label(n))
+        res.notes += [note] if note else []
+        c.untestable = problem or c.untestable
         if c.samples:
             gains[n] = c
             res.comparisons.append(c)

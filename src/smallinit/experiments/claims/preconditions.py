@@ -1,5 +1,6 @@
 """The preconditions a comparison must meet to be judged, computed from the runs themselves: the
-training regime of a loss comparison, ε's saturation (C2), a formed sink (C3). A failed one gives
+training regime of a loss comparison, ε's saturation (C2), an emulated ε saturated about as long as at the
+paper's scale (C1), a formed sink (C3). A failed one gives
 "not testable here" with the number.
 """
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..emulation import pooled, run_emulation
 from ..power import (
     MIN_EVALS,
     SATURATED,
@@ -60,6 +62,18 @@ def saturation_problem(analytic: float, measured: float, size: str) -> str:
         return ""
     return (f"norm factor at init {factor:.2f} ≥ {SATURATED} ({how}) at {size}: ε cannot saturate (emulate it with "
             "model.norm_eps_width)")
+
+
+def emulation_problem(runs: Runs, size: str) -> tuple[str, str]:
+    """(problem or "", note) for comparisons on the emulated-ε arm at one size: how long its runs' embedding norm
+    stayed saturated (measured) beside a d = 2048 model's (formula); far apart, the arm does not stand for the
+    paper's scale and is not judged."""
+    found = [e for e in (run_emulation(r) for r in runs if r.config.get("model.norm_eps_width")) if e is not None]
+    if not found:
+        return "", ""
+    e = pooled(found)
+    problem = f"{e.describe()}: the emulated ε does not stand for the paper's scale" if e.far else ""
+    return problem, f"emulated ε, γ=1 @{size}: {e.describe()}"
 
 
 def sink_formed(runs: Runs) -> tuple[str, str]:
