@@ -16,7 +16,8 @@ from smallinit.analysis.saturation import (
     steps_to_unsaturate,
 )
 from smallinit.cli import main
-from smallinit.experiments.claims import Runs, claim_c1
+from smallinit.experiments.claims import Runs, claim_c1, claim_c4
+from smallinit.experiments.claims.preconditions import lr_bracket_problem
 from smallinit.experiments.emulation import emulation, paper_scale_config, paper_scale_share
 from smallinit.experiments.runs import Run
 from smallinit.experiments.verdicts import AGREE, NOT_TESTABLE
@@ -101,27 +102,34 @@ def test_a_short_emulated_run_is_saturated_far_longer_than_the_paper_scale(tmp_p
     assert e.paper == (paper_scale_share(), paper_scale_share())
 
 
+def _run(root, *, gamma: float, seed: int, final: float, model: dict, lr: float = 3e-3, factors=None) -> Run:
+    """A finished d = 16 run of 4,000 steps (40 tokens per non-embedding parameter) whose loss falls to ``final``;
+    ``factors`` (step → factor of the first norm) become norm-factor records."""
+    steps = 4000
+    path = root / f"g{gamma}_s{seed}_lr{lr}"
+    path.mkdir(parents=True)
+    cfg = {"model": {"d_model": 16, "n_layers": 4, "n_heads": 2, "n_kv_heads": 2, "d_ff": 48, "gamma": gamma, **model},
+           "train": {"seed": seed, "steps": steps, "batch_size": 1, "lr": lr, "warmup_steps": 200},
+           "data": {"seq_len": 10}}
+    (path / "config.json").write_text(json.dumps(cfg))
+    lines = [{"step": s, "val_loss": final + 2 * math.exp(-5 * s / steps)} for s in range(0, steps + 1, 500)]
+    lines += [{"event": "norm_factor", "step": s, "norm_factor": {"blocks.0.attn_norm": f, "norm": 0.99}}
+              for s, f in (factors or {}).items()]
+    (path / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+    (path / "summary.json").write_text(json.dumps({"step": steps, "val_loss": final, "params_nonembed": 1000}))
+    return Run.load(path)
+
+
+EMULATED_ARM = {"norm_eps": 1e-5, "norm_eps_width": 2048, "gate": "none"}
+FIXED_ARM = {"norm_eps": 1e-12, "norm_eps_width": 0, "gate": "elementwise"}
+
+
 def _emulated_runs(root, first_norm: dict[int, float], gaps=(0.10, 0.12, 0.11)) -> Runs:
-    """γ .5 and γ 1 runs of the emulated-ε arm at d = 16, 3 seeds, γ = 1 ahead by ``gaps``; γ = 1's first norm
-    follows ``first_norm`` (step → factor), the other norms are unsaturated."""
-    runs, steps = [], 4000  # 40 tokens per non-embedding parameter
-    for seed, gap in enumerate(gaps):
-        for gamma, final in ((0.5, 3.0 + gap), (1.0, 3.0)):
-            path = root / f"g{gamma}_s{seed}"
-            path.mkdir(parents=True)
-            cfg = {"model": {"d_model": 16, "n_layers": 4, "n_heads": 2, "n_kv_heads": 2, "d_ff": 48, "gamma": gamma,
-                             "norm_eps": 1e-5, "norm_eps_width": 2048, "gate": "none"},
-                   "train": {"seed": seed, "steps": steps, "batch_size": 1, "lr": 3e-3, "warmup_steps": 200},
-                   "data": {"seq_len": 10}}
-            (path / "config.json").write_text(json.dumps(cfg))
-            lines = [{"step": s, "val_loss": final + 2 * math.exp(-5 * s / steps)} for s in range(0, steps + 1, 500)]
-            factors = first_norm if gamma == 1.0 else {0: 0.99}
-            lines += [{"event": "norm_factor", "step": s, "norm_factor": {"blocks.0.attn_norm": f, "norm": 0.99}}
-                      for s, f in factors.items()]
-            (path / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
-            (path / "summary.json").write_text(json.dumps({"step": steps, "val_loss": final, "params_nonembed": 1000}))
-            runs.append(Run.load(path))
-    return Runs(runs)
+    """γ .5 and γ 1 runs of the emulated-ε arm, 3 seeds, γ = 1 ahead by ``gaps``; γ = 1's first norm follows
+    ``first_norm`` (step → factor), the other norms are unsaturated."""
+    return Runs([_run(root, gamma=g, seed=seed, final=3.0 + (gap if g == 0.5 else 0.0), model=EMULATED_ARM,
+                      factors=first_norm if g == 1.0 else {0: 0.99})
+                 for seed, gap in enumerate(gaps) for g in (0.5, 1.0)])
 
 
 def test_c1_is_not_judged_on_an_emulation_saturated_far_longer_than_the_paper_scale(tmp_path):
@@ -137,3 +145,22 @@ def test_c1_is_not_judged_on_an_emulation_saturated_far_longer_than_the_paper_sc
     # runs without norm-factor records are judged as before, with no note
     unmeasured = claim_c1(_emulated_runs(tmp_path / "none", {}))
     assert unmeasured.comparisons[0].verdict == AGREE and not any("emulated ε" in n for n in unmeasured.notes)
+
+
+def test_a_best_lr_at_the_edge_of_the_grid_is_not_judged(tmp_path):
+    assert lr_bracket_problem({0.5: {0: 3e-3}, 1.0: {0: 3e-3}}, [1e-3, 3e-3, 1e-2]) == ""
+    why = lr_bracket_problem({0.5: {0: 3e-3, 1: 1e-2}, 1.0: {0: 3e-3}}, [1e-3, 3e-3, 1e-2])
+    assert why.startswith("the best lr for γ 0.5 (seed 1) is 0.01, the largest of the grid 0.001, 0.003, 0.01")
+
+    def c4(root, loss_at):  # loss by (γ, lr); γ = 1 ahead by 0.1 at every rate
+        runs = [_run(root, gamma=g, seed=s, lr=lr, final=loss_at(lr) + (0.1 + 0.01 * s if g == 0.5 else 0.0),
+                     model=FIXED_ARM) for g in (0.5, 1.0) for lr in (1e-3, 3e-3, 1e-2) for s in range(3)]
+        (best,) = [c for c in claim_c4(Runs(runs).where({"train.lr": 3e-3}), all_lrs=Runs(runs), n_boot=10).comparisons
+                   if "best lr" in c.label]
+        return best
+
+    inside = c4(tmp_path / "inside", lambda lr: 3.0 + abs(math.log(lr / 3e-3)))
+    assert inside.verdict == AGREE
+    top = c4(tmp_path / "top", lambda lr: 3.0 - math.log(lr / 3e-3))  # the larger the better
+    assert top.verdict == NOT_TESTABLE and "not bracketed" in top.reason and "0.01, the largest" in top.reason
+    assert top.samples == pytest.approx([0.1, 0.11, 0.12])  # the numbers are still shown

@@ -1,6 +1,6 @@
 """The preconditions a comparison must meet to be judged, computed from the runs themselves: the
 training regime of a loss comparison, ε's saturation (C2), an emulated ε saturated about as long as at the
-paper's scale (C1), a formed sink (C3). A failed one gives
+paper's scale (C1), a best learning rate inside its grid (C4), a formed sink (C3). A failed one gives
 "not testable here" with the number.
 """
 
@@ -74,6 +74,19 @@ def emulation_problem(runs: Runs, size: str) -> tuple[str, str]:
     e = pooled(found)
     problem = f"{e.describe()}: the emulated ε does not stand for the paper's scale" if e.far else ""
     return problem, f"emulated ε, γ=1 @{size}: {e.describe()}"
+
+
+def lr_bracket_problem(chosen: dict[float, dict[int, float]], grid: Iterable[float]) -> str:
+    """Why a best-learning-rate comparison is not judged ("" when it can be): a rate chosen as best (per γ and seed)
+    is the grid's smallest or largest, so the optimum may lie beyond it."""
+    lrs = sorted(set(grid))
+    for gamma, by_seed in sorted(chosen.items()):
+        for seed, lr in sorted(by_seed.items()):
+            if lr in (lrs[0], lrs[-1]):
+                edge = "largest" if lr == lrs[-1] else "smallest"
+                return (f"the best lr for γ {gamma:g} (seed {seed}) is {lr:g}, the {edge} of the grid "
+                        f"{', '.join(f'{x:g}' for x in lrs)}: the optimum is not bracketed (extend the lr grid)")
+    return ""
 
 
 def sink_formed(runs: Runs) -> tuple[str, str]:
