@@ -31,6 +31,8 @@ from ..train import load_model
 from .claims import (
     BASELINE,
     FIXED,
+    PRIMARY,
+    SECONDARY,
     ClaimResult,
     Comparison,
     Run,
@@ -43,6 +45,7 @@ from .claims import (
     claim_c6,
     claim_c7,
     judge_all,
+    judge_table,
     paired,
     reference_lr,
     sink_layers,
@@ -172,6 +175,8 @@ def token_gaps(runs: Runs, options: dict[str, Any], out: Path, say: Say = _quiet
 
 
 def _claims(results: list[ClaimResult]) -> list[dict[str, Any]]:
+    """The claims of one table, their primaries judged together (Holm over the table)."""
+    judge_table(results)
     return [c.to_dict() for c in results]
 
 
@@ -288,10 +293,13 @@ def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) ->
         tag = f" @{size_label(size)}" if len(sizes) > 1 else ""
         claim.comparisons += [
             Comparison.by_seed(f"reasoning γ{gammas[-1]:g}−γ{gammas[0]:g}{tag}",
-                               paired(small, large, metric("heldout_reasoning"))),
+                               paired(small, large, metric("heldout_reasoning")),
+                               role=SECONDARY if claim.comparisons else PRIMARY),  # primary: the smallest size
             Comparison.by_seed(f"memorising γ{gammas[0]:g}−γ{gammas[-1]:g}{tag}",
                                paired(large, small, metric("heldout_memorising"))),
         ]
+    if not claim.comparisons:
+        claim.comparisons.append(Comparison.missing("reasoning", "needs ≥ 2 γ at one size", role=PRIMARY))
     if per_run:
         acc = [row["in_distribution"] for row in per_run]
         claim.notes.append(f"in-distribution accuracy {min(acc):.2f}–{max(acc):.2f}")
