@@ -3,9 +3,9 @@
 
 Trains the first part of runs of the `demo` recipe's `scaling` sweep, arm `baseline` (ε emulated for
 d = 2048 with model.norm_eps_width), with the recipe's own settings and schedule for the chosen scale,
-measuring the RMSNorm factors every --norm-every steps; stops at --prefix of the run's steps (the norms
-have long left saturation by then; the remaining steps are taken to stay unsaturated, which the line
-`min factor after` lets one check). Prints, per width, γ and seed, the share of training with the factor
+measuring the RMSNorm factors every --norm-every steps, for --prefix of the run's steps (default: all;
+after a shorter prefix every norm is taken to stay as its last measurement says, which the printed
+`min factor after half the prefix` lets one check). Prints, per width, γ and seed, the share of training with the factor
 below 0.5 (mean over the norms, and the norm that reads the embedding), the formula's steps at Adam
 growth rate 1, the run's own rate, and the paper-scale share (smallinit.experiments.emulation).
 
@@ -59,7 +59,7 @@ def main() -> int:
     ap.add_argument("--sizes", nargs="+", default=["d16", "d24", "d32"])
     ap.add_argument("--gammas", nargs="+", type=float, default=[0.5, 1.0])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
-    ap.add_argument("--prefix", type=float, default=0.25, help="share of each run's steps to train")
+    ap.add_argument("--prefix", type=float, default=1.0, help="share of each run's steps to train")
     ap.add_argument("--norm-every", type=int, default=5)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -72,16 +72,17 @@ def main() -> int:
           f"{paper.train.steps} steps, warmup {paper.train.warmup_steps}: the embedding's norm leaves saturation "
           f"(factor {SATURATED}) after {steps_to_unsaturate(paper):.0f} steps at Adam growth rate 1 "
           f"({100 * paper_scale_share(1.0):.2f} % of training)", flush=True)
-    rows = []
+    table = args.out / "emulation.json"
+    rows = {r["cell"]: r for r in (json.loads(table.read_text()) if table.is_file() else [])}  # earlier calls' too
     for cell in cells:
         row = measure(cell, args.out, args.prefix, args.norm_every)
-        rows.append(row)
+        rows[row["cell"]] = row
         print(f"{row['cell']}: T {row['steps']}, trained {row['trained']} in {row['wall_s']:.0f} s; saturated share "
               f"mean [{100 * row['mean']['lo']:.2f}, {100 * row['mean']['hi']:.2f}] %, first norm "
               f"[{100 * row['first']['lo']:.2f}, {100 * row['first']['hi']:.2f}] %; formula (rate 1) "
               f"{row['formula_steps']:.1f} steps; rate {row['rate']}; paper scale {[round(100 * p, 3) for p in row['paper']]} %;"
               f" far {row['far']}; min factor after half the prefix {row['min_factor_after_half']:.3f}", flush=True)
-        (args.out / "emulation.json").write_text(json.dumps(rows, indent=1))
+        table.write_text(json.dumps(list(rows.values()), indent=1))
     return 0
 
 
