@@ -19,6 +19,7 @@ from smallinit.cli import main
 from smallinit.experiments.claims import Runs, claim_c1, claim_c4
 from smallinit.experiments.claims.preconditions import lr_bracket_problem
 from smallinit.experiments.emulation import emulation, paper_scale_config, paper_scale_share
+from smallinit.experiments.findings import norm_factor_table
 from smallinit.experiments.runs import Run
 from smallinit.experiments.verdicts import AGREE, NOT_TESTABLE
 
@@ -164,3 +165,12 @@ def test_a_best_lr_at_the_edge_of_the_grid_is_not_judged(tmp_path):
     top = c4(tmp_path / "top", lambda lr: 3.0 - math.log(lr / 3e-3))  # the larger the better
     assert top.verdict == NOT_TESTABLE and "not bracketed" in top.reason and "0.01, the largest" in top.reason
     assert top.samples == pytest.approx([0.1, 0.11, 0.12])  # the numbers are still shown
+
+
+def test_findings_give_the_saturated_share_per_size_and_arm(tmp_path):
+    rows = norm_factor_table(_emulated_runs(tmp_path, {0: 0.15, 2000: 0.3, 3600: 0.45, 4000: 0.6}))["measured"]
+    by_gamma = {row["gamma"]: row for row in rows}
+    assert sorted(by_gamma) == [0.5, 1.0]
+    assert by_gamma[1.0]["saturated_embedding"] == pytest.approx([0.9, 1.0])
+    assert by_gamma[0.5]["saturated_embedding"] == [0.0, 0.0]
+    assert by_gamma[1.0]["saturated_paper_scale"][0] == pytest.approx(paper_scale_share())

@@ -10,6 +10,7 @@ Adam growth rates from the one the run itself showed up to 1 (fully coherent ste
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ def paper_scale_config(gamma: float = 1.0, eps: float = 1e-5) -> Config:
     return Config.from_dict(raw)
 
 
+@functools.lru_cache(maxsize=64)  # a pure function of its arguments and the shipped recipe; asked once per run
 def paper_scale_share(rate: float = 1.0, gamma: float = 1.0, eps: float = 1e-5) -> float:
     """The share of the paper-scale run its embedding's norm spends saturated, by the formula at ``rate``."""
     cfg = paper_scale_config(gamma, eps)
