@@ -105,5 +105,6 @@ def emulation(config: Config, records: list[dict[str, Any]]) -> Emulation | None
     first = shares[name]
     left = norm_series(records)[name][-1][1] >= SATURATED  # it left saturation within the measured steps
     rate = growth_rate(config, first.mid * config.train.steps) if left and first.mid > 0 else None
-    at = sorted({paper_scale_share(1.0, config.model.gamma), paper_scale_share(rate or 1.0, config.model.gamma)})
+    g, eps = config.model.gamma, config.model.norm_eps  # the ε a d = 2048 model of this arm would have
+    at = sorted({paper_scale_share(1.0, g, eps), paper_scale_share(rate or 1.0, g, eps)})
     return Emulation(shares[MEAN], first, rate, (at[0], at[-1]))
