@@ -7,6 +7,7 @@ import pytest
 
 from smallinit.cli import main
 from smallinit.errors import ExperimentError
+from smallinit.experiments.power import ALPHA, seeds_for_power
 from smallinit.experiments.recipes import (
     RECIPES_DIR,
     apply_budget,
@@ -15,7 +16,6 @@ from smallinit.experiments.recipes import (
     recipe_names,
     run_recipe,
 )
-from smallinit.experiments.power import ALPHA, seeds_for_power
 from smallinit.experiments.sweep import resolve_config
 from smallinit.model import Transformer
 

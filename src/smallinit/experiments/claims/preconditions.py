@@ -20,6 +20,7 @@ from ..power import (
     SINK_RATIO,
     SINK_SEQS,
     SINK_TOKENS,
+    sink_threshold,
     uniform_sink,
 )
 from ..runs import Run
@@ -94,7 +95,7 @@ def sink_formed(runs: Runs) -> tuple[str, str]:
             + ", ".join(f"{v:.3f}" for v in per_layer) + f"; uniform attention {uniform:.3f}")
     if seqs < SINK_SEQS or tokens < SINK_TOKENS:
         return f"sink measured on {seqs} sequences of {tokens} tokens, needs ≥ {SINK_SEQS} of ≥ {SINK_TOKENS}", note
-    if per_layer.max() <= SINK_RATIO * uniform:
+    if per_layer.max() <= sink_threshold(tokens):
         return (f"no sink has formed: largest layer sink {per_layer.max():.3f} ≤ {SINK_RATIO:g} × {uniform:.3f} "
                 "(uniform attention)"), note
     return "", note
