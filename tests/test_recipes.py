@@ -146,3 +146,21 @@ def test_demo_micro_end_to_end(tmp_path, capsys):
         assert c["verdict"] == primary["verdict"]
         assert any(line.startswith(c["claim"]) and c["verdict"] in line for line in printed.splitlines())
     assert (out / "verdicts.txt").read_text().strip() in printed
+
+
+def test_no_demo_run_reads_its_corpus_twice():
+    """Every demo run's tokens fit in 80 % of its corpus (the train split holds ≈ 95 % of the documents; the byte
+    tokenizer gives one token per UTF-8 byte): the cpu-long study at d32 needs the large builtin corpus."""
+    from smallinit.data import iter_documents
+
+    size: dict[str, int] = {}
+    for scale in ("quick", "full", "cpu-long"):
+        for sweep in apply_budget(load_recipe("demo").scale(scale)).sweeps.values():
+            for cell in sweep.cells():
+                cfg = resolve_config(cell)
+                assert cfg.data.tokenizer == "bytes"
+                corpus = cfg.data.corpus
+                if corpus not in size:
+                    size[corpus] = sum(len(d.encode("utf-8")) + 1 for d in iter_documents(corpus))
+                tokens = cfg.train.steps * cfg.train.batch_size * cfg.data.seq_len
+                assert tokens < 0.8 * size[corpus], (scale, cell.id, corpus, tokens, size[corpus])

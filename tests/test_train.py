@@ -1,6 +1,7 @@
 """Training: loss falls, checkpoints are atomic and verified, kill-and-resume is bit-exact, NaN stops."""
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -214,3 +215,16 @@ def test_a_stop_says_how_to_continue_the_command_that_started_it(tmp_path, monke
     monkeypatch.setenv("SMALLINIT_CONTINUE", "run the same smallinit command again")
     with pytest.raises(Preempted, match=r"at step 2, .*; to continue: run the same smallinit command again$"):
         Trainer(tiny("train.steps=6", "train.eval_every=0"), tmp_path / "run", callbacks=[StopAt2()]).fit()
+
+
+def test_a_run_longer_than_its_corpus_says_so_once_at_the_start(tmp_path, caplog):
+    corpus = tmp_path / "small.txt"
+    corpus.write_text("The quick brown fox jumps over the lazy dog. " * 60, encoding="utf-8")  # ≈ 2,600 tokens
+    sets = [*TINY_MODEL, f"data.corpus={json.dumps(str(corpus))}", "train.batch_size=8", "train.warmup_steps=1"]
+    with caplog.at_level(logging.WARNING, logger="smallinit"):
+        Trainer(Config.load(overrides=[*sets, "train.steps=8"]), tmp_path / "short")  # 2,048 tokens
+    assert not [r for r in caplog.records if "repeats" in r.getMessage()]
+    with caplog.at_level(logging.WARNING, logger="smallinit"):
+        Trainer(Config.load(overrides=[*sets, "train.steps=40"]), tmp_path / "long")  # 10,240 tokens
+    (line,) = [r.getMessage() for r in caplog.records if "repeats" in r.getMessage()]
+    assert "10,240 training tokens" in line and "epochs" in line and "data.corpus=large" in line

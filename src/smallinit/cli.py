@@ -74,7 +74,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     if trainer.runtime.is_main:
         check_norm_saturation(trainer.cfg.model)
-    if trainer.cfg.analysis.every:
+    if trainer.cfg.analysis.every or trainer.cfg.analysis.norm_every:
         trainer.callbacks.append(AnalysisCallback(trainer.cfg.analysis))
     summary = trainer.fit()
     shutdown()  # under torchrun: leave the process group cleanly once every rank is done

@@ -51,6 +51,7 @@ from .claims import (
     sink_layers,
     size_label,
 )
+from .emulation import Emulation, pooled, run_emulation
 from .reasoning import anchor_scores
 
 FINDINGS_FILE = "findings.json"  # a recipe's claims with their verdicts and the numbers behind the figures
@@ -112,15 +113,30 @@ def norm_factor_table(runs: Runs) -> dict[str, Any]:
     analytic = {f"d{d}_eps{eps:g}": [float(relative_factor(g, eps, d)) for g in gammas]
                 for d in widths for eps in (1e-5, 1e-12)}
     measured: dict[tuple, dict[str, list[float]]] = {}
+    saturated: dict[tuple, list[Emulation]] = {}
     for r in runs:
         recs = r.analysis
         if recs and "norm_factor" in recs[0]:
             m = measured.setdefault(_group_key(r), {"start": [], "end": []})
             m["start"].append(float(np.mean(list(recs[0]["norm_factor"].values()))))
             m["end"].append(float(np.mean(list(recs[-1]["norm_factor"].values()))))
-    return {"gammas": gammas, "analytic": analytic,
-            "measured": [{**_size_fields(k[0]), **_arm_fields(k[1:]), "start": float(np.mean(v["start"])),
-                          "end": float(np.mean(v["end"])), "n": len(v["start"])} for k, v in sorted(measured.items())]}
+        e = run_emulation(r)
+        if e is not None:
+            saturated.setdefault(_group_key(r), []).append(e)
+    rows = []
+    for k in sorted(measured.keys() | saturated.keys()):
+        v = measured.get(k)
+        at = {"start": float(np.mean(v["start"])), "end": float(np.mean(v["end"])), "n": len(v["start"])} if v else {}
+        rows.append({**_size_fields(k[0]), **_arm_fields(k[1:]), **at,
+                     **(_saturated(pooled(saturated[k])) if k in saturated else {})})
+    return {"gammas": gammas, "analytic": analytic, "measured": rows}
+
+
+def _saturated(e: Emulation) -> dict[str, Any]:
+    """Shares of training below factor 0.5 (brackets over the seeds): the embedding's norm, the mean over the
+    norms, and the d = 2048 formula's range."""
+    return {"saturated_embedding": [e.first.lo, e.first.hi], "saturated_mean": [e.measured.lo, e.measured.hi],
+            "saturated_paper_scale": list(e.paper)}
 
 
 def flow_sweep(options: dict[str, Any], out: Path, say: Say = _quiet) -> dict[str, Any]:

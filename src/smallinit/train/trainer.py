@@ -18,7 +18,7 @@ import torch
 
 from .. import io
 from ..config import Config, TrainConfig
-from ..data import get_batch, iter_eval_batches, load_token_data, load_tokenizer
+from ..data import get_batch, iter_eval_batches, load_token_data, load_tokenizer, repeat_message
 from ..errors import CheckpointError, ConfigError, Preempted, TrainingError
 from ..model import Transformer
 from ..signals import stop_requests
@@ -111,6 +111,9 @@ class Trainer:
                     f"the {split} split has {n} tokens, fewer than one sequence of {cfg.data.seq_len + 1}; "
                     "use a larger corpus, another data.val_fraction or a smaller data.seq_len"
                 )
+        repeats = repeat_message(tc.steps, tc.batch_size, cfg.data.seq_len, len(self.data.train), cfg.data.corpus)
+        if repeats and self.runtime.is_main:
+            log.warning(repeats)
 
         self.model = Transformer(cfg.model, seed=tc.seed).to(self.runtime.device)
         if tc.init_from and not (resume and on_main(self.runtime, lambda: ckpt.list_checkpoints(self.run_dir))):
