@@ -34,11 +34,11 @@ from typing import Any
 
 from scipy import stats
 
+from .power import ALPHA, MIN_SEEDS
+
 AGREE, DISAGREE, INCONCLUSIVE, NOT_TESTABLE = "agree", "disagree", "inconclusive", "not testable here"
 EXPECTED = ("positive", "zero")
-ALPHA = 0.05  # family-wise error rate within one claim
 LEVEL = 0.95  # of the intervals shown
-MIN_SEEDS = 2
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,80 @@
+"""The paper's claims C1–C7, measured on a set of finished runs, each with a computed verdict.
+
+A claim is tested by one or more comparisons. Each comparison yields one number per seed, signed so that a
+positive value is the paper's direction (for example L(γ=0.5) − L(γ=1): γ = 1 better), and is judged by the
+project's one rule (:mod:`smallinit.experiments.verdicts`): Student-t over seeds, Holm–Bonferroni within the
+claim, and **not testable here** where a precondition fails. The comparisons and their signs come from the
+paper's statements; none was chosen or changed to make a verdict agree.
+
+Preconditions are computed from the runs themselves, never from their configuration alone:
+
+* every loss comparison: each run trained to ≥ ``min_tokens_per_param`` tokens per non-embedding
+  parameter (20 by default), evaluated at ≥ 4 points, and the gap **settled**: the same sign at half and
+  full budget (unless either is within its seed sd of 0: that is noise about no effect, and the t-test
+  judges it), and not still moving toward the other sign by more than its seed spread. The gap along
+  training is kept with the comparison (``trajectory``), since that curve is the finding.
+* C2: the γ = 1 baseline's RMSNorm factor at init, analytic and measured, is below 0.5 (ε can saturate).
+* C3: a sink has formed in the no-gate γ = 1 runs: some layer's sink score exceeds 3× the uniform-attention
+  value (H_T − 1)/(T − 1), measured on ≥ 16 sequences of ≥ 256 tokens. Without a sink the gate has nothing
+  to remove, so the whole claim, its loss gains included, is not testable.
+* C6: the γ = 1 stable-rank minimum falls before the last third of training.
+* C7: γ = 1 is better on average (its mean Δ_sym's interval above 0) and both models beat a bigram model.
+* C1's shrink: γ = 1 ahead (a positive gain) at the smallest and the largest size. C4's effective size: ≥ 3 sizes, ≥ 2 seeds per arm and
+  size, matched tokens per parameter, a finite N_eff within 10× of N.
+
+Runs are selected by their resolved configs (γ, ε, gate, size), not by folder names, so any sweep that
+holds the right cells can be judged. A "size" is a model shape (width, depth, heads, d_ff, experts), so
+runs with and without the gate count as the same size; the scaling fits use the number of parameters
+without embeddings. "Baseline" means ε = 1e-5 with no gate — with ε scaled to emulate a d = 2048 model's
+saturation at init (``model.norm_eps_width``) where such runs exist, else as given — and "fixed" ε = 1e-12
+with the elementwise gate. Runs at another learning rate than the most common one are only used by the
+learning-rate check (each γ at its own best rate).
+"""
+
+from ..power import (
+    MAX_SIZE_RATIO,
+    MIN_EVALS,
+    MIN_TOKENS_PER_PARAM,
+    SATURATED,
+    SINK_RATIO,
+    SINK_SEQS,
+    SINK_TOKENS,
+    uniform_sink,
+)
+from ..verdicts import combine
+from .c1 import claim_c1
+from .c2 import claim_c2
+from .c3 import claim_c3
+from .c4 import best_lr_comparison, claim_c4
+from .c5 import FLOW_TOLERANCE, claim_c5
+from .c6 import claim_c6
+from .c7 import EASY_BINS, MID_BINS, NOISY_BINS, claim_c7, gaps_from_compares
+from .comparison import ClaimResult, Comparison
+from .judge import judge_all
+from .loss import gap_trajectory, loss_comparison
+from .preconditions import regime_problem, sink_formed
+from .selection import (
+    BASELINE,
+    EMULATED,
+    EMULATED_WIDTH,
+    FIXED,
+    Run,
+    Runs,
+    effective_eps,
+    measured_factor_at_init,
+    paired,
+    reference_lr,
+    sink_layers,
+    sink_mean,
+    size_label,
+    val_loss,
+)
+
+__all__ = [
+    "BASELINE", "EASY_BINS", "EMULATED", "EMULATED_WIDTH", "FIXED", "FLOW_TOLERANCE", "MAX_SIZE_RATIO", "MID_BINS",
+    "MIN_EVALS", "MIN_TOKENS_PER_PARAM", "NOISY_BINS", "SATURATED", "SINK_RATIO", "SINK_SEQS", "SINK_TOKENS",
+    "ClaimResult", "Comparison", "Run", "Runs", "best_lr_comparison", "claim_c1", "claim_c2", "claim_c3", "claim_c4",
+    "claim_c5", "claim_c6", "claim_c7", "combine", "effective_eps", "gap_trajectory", "gaps_from_compares",
+    "judge_all", "loss_comparison", "measured_factor_at_init", "paired", "reference_lr", "regime_problem",
+    "sink_formed", "sink_layers", "sink_mean", "size_label", "uniform_sink", "val_loss",
+]

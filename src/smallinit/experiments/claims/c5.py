@@ -1,0 +1,40 @@
+"""C5: the residual flow ‖h_L−e‖/‖e‖ scales as d^(1−γ); the loss is best at γ = 1 and worse above it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..power import MIN_TOKENS_PER_PARAM
+from .comparison import ClaimResult, Comparison, judged
+from .loss import loss_comparison
+from .selection import FIXED, Runs, size_label
+
+FLOW_TOLERANCE = 0.15  # |fitted exponent − (1 − γ)| allowed for C5 (as in the analysis acceptance)
+
+
+@judged
+def claim_c5(runs: Runs, flow: dict[str, Any] | None, *, min_tpp: float = MIN_TOKENS_PER_PARAM) -> ClaimResult:
+    res = ClaimResult("C5", "Residual flow ‖h_L−e‖/‖e‖ ≍ d^(1−γ); loss is best at γ = 1 and worse above it",
+                      "exponent 1−γ; best loss at γ = 1")
+    if flow:
+        for gamma, seed_slopes in zip(flow["gammas"], flow["seed_slopes"]):
+            res.comparisons.append(Comparison(f"flow exponent − (1−γ) at γ{gamma:g}", [s - (1 - gamma) for s in seed_slopes],
+                                              f"0 ± {FLOW_TOLERANCE}", expected="zero", tolerance=FLOW_TOLERANCE))
+        res.extra["residual_flow"] = flow
+    else:
+        res.comparisons.append(Comparison.missing("flow exponent", "residual-flow sweep not run"))
+    fixed = runs.where(FIXED)
+    n_loss = len(res.comparisons)
+    for n in fixed.values("size"):
+        at = fixed.where(size=n)
+        gammas = at.values("model.gamma")
+        if len(gammas) < 3 or 1.0 not in gammas:
+            continue
+        ref = at.where({"model.gamma": 1.0})
+        for g in gammas:
+            if g != 1.0:
+                res.comparisons.append(loss_comparison(f"L(γ{g:g})−L(γ1) @{size_label(n)}",
+                                                       at.where({"model.gamma": g}), ref, "> 0", min_tpp))
+    if len(res.comparisons) == n_loss:
+        res.comparisons.append(Comparison.missing("loss best at γ = 1", "needs ≥ 3 γ values with the fixes"))
+    return res

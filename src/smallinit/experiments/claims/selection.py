@@ -1,0 +1,141 @@
+"""Runs selected by their resolved configs (γ, ε, gate, size), paired by seed, and the per-run numbers the
+claims compare. A "size" is a model shape (width, depth, heads, d_ff, experts), so runs with and without the
+gate count as the same size.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...config import emulated_eps
+from ..runs import Run
+from ..sweep import cell_dir, cell_states, load_cells
+
+EMULATED_WIDTH = 2048  # the paper's width at 1.5B, whose saturation the emulated baseline reproduces
+BASELINE = {"model.norm_eps": 1e-5, "model.gate": "none", "model.norm_eps_width": 0}
+EMULATED = {"model.norm_eps": 1e-5, "model.gate": "none", "model.norm_eps_width": EMULATED_WIDTH}
+FIXED = {"model.norm_eps": 1e-12, "model.gate": "elementwise"}
+
+
+class Runs:
+    """The finished runs of one or more sweep folders, selectable by config values."""
+
+    def __init__(self, runs: list[Run]):
+        self.runs = runs
+
+    @staticmethod
+    def load(*folders: str | os.PathLike) -> Runs:
+        """Every done cell of the given sweep folders (folders with a sweep.json below them are searched)."""
+        runs = []
+        for folder in folders:
+            for spec in sorted(Path(folder).rglob("sweep.json")):
+                states = cell_states(spec.parent)
+                for cell in load_cells(spec.parent):
+                    run = Run.load(cell_dir(spec.parent, cell.id), cell.id) \
+                        if states.get(cell.id, {}).get("status") == "done" else None
+                    if run is not None:
+                        runs.append(run)
+        return Runs(runs)
+
+    @staticmethod
+    def finished(runs: Iterable[Run]) -> Runs:
+        """The runs that wrote their summary (a run still training, or killed, is not judged)."""
+        return Runs([r for r in runs if r.summary])
+
+    def where(self, conditions: dict[str, Any] | None = None, **more: Any) -> Runs:
+        cond = {**(conditions or {}), **more}
+        return Runs([r for r in self.runs if r.matches(cond)])
+
+    def values(self, key: str) -> list[Any]:
+        vals = {r.size if key == "size" else r.config.get(key) for r in self.runs}
+        return sorted(v for v in vals if v is not None)
+
+    def by_seed(self, metric: Callable[[Run], float | None]) -> dict[int, float]:
+        """metric per seed; a seed with several runs (should not happen within one selection) is averaged."""
+        acc: dict[int, list[float]] = {}
+        for r in self.runs:
+            v = metric(r)
+            if v is not None and math.isfinite(v):
+                acc.setdefault(r.seed, []).append(v)
+        return {s: float(np.mean(v)) for s, v in acc.items()}
+
+    def run_by_seed(self) -> dict[int, Run]:
+        """The run of each seed (the last one if a seed has several, which one selection should not)."""
+        return {r.seed: r for r in self.runs}
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    def __iter__(self):
+        return iter(self.runs)
+
+
+def val_loss(run: Run) -> float | None:
+    return run.val_loss
+
+
+def paired(a: Runs, b: Runs, metric: Callable[[Run], float | None] = val_loss) -> dict[int, float]:
+    """metric(a) − metric(b) by seed, for every seed both selections finished."""
+    ma, mb = a.by_seed(metric), b.by_seed(metric)
+    return {s: ma[s] - mb[s] for s in sorted(set(ma) & set(mb))}
+
+
+def size_label(size: tuple) -> str:
+    """d_model × layers (× experts), as comparisons name a size: "d32×4"."""
+    return f"d{size[0]}×{size[1]}" + (f"×{size[4]}e" if size[4] else "")
+
+
+def reference_lr(runs: Runs) -> Runs:
+    """The runs at the most common learning rate (the others belong to a learning-rate check)."""
+    lrs = Counter(float(r.config.get("train.lr", 0.0)) for r in runs)
+    return runs.where({"train.lr": lrs.most_common(1)[0][0]}) if lrs else runs
+
+
+def baselines(runs: Runs) -> list[tuple[str, dict[str, Any]]]:
+    """(claim suffix, selection) of the baseline arms present: emulated saturation first, plain ε beside it."""
+    found = [("", EMULATED)] if len(runs.where(EMULATED)) else []
+    if len(runs.where(BASELINE)):
+        found.append((" (plain ε)" if found else "", BASELINE))
+    return found or [("", BASELINE)]
+
+
+def last_analysis(run: Run) -> dict[str, Any] | None:
+    """The run's last analysis record, if it was taken in the last sixth of training (the end state)."""
+    recs = run.analysis
+    steps = int(run.config.get("train.steps") or 0)
+    return recs[-1] if recs and recs[-1].get("step", 0) >= 5 / 6 * steps else None
+
+
+def sink_mean(run: Run) -> float | None:
+    """Mean sink score over layers at the end of training (the analysis record of the last step)."""
+    rec = last_analysis(run)
+    return float(rec["sink_mean"]) if rec and "sink_mean" in rec else None
+
+
+def effective_eps(run: Run) -> float:
+    """The ε the run's norms used (``model.norm_eps_width`` scales it)."""
+    c = run.config
+    return emulated_eps(float(c["model.norm_eps"]), int(c.get("model.norm_eps_width") or 0), int(c["model.d_model"]),
+                        float(c["model.gamma"]))
+
+
+def measured_factor_at_init(run: Run) -> float | None:
+    """The mean measured RMSNorm factor over the model's norms at step 0 (the analysis callback's)."""
+    recs = [r for r in run.analysis if r.get("step") == 0 and r.get("norm_factor")]
+    return float(np.mean(list(recs[0]["norm_factor"].values()))) if recs else None
+
+
+def sink_layers(run: Run) -> tuple[list[float], int, int] | None:
+    """Per-layer sink scores at the end of training, with the sequences and tokens they were measured on."""
+    rec = last_analysis(run)
+    if not rec or "sink" not in rec:
+        return None
+    layers = [float(rec["sink"][k]) for k in sorted(rec["sink"], key=int)]
+    return layers, int(run.config.get("analysis.batch_size", 0)), int(run.config.get("data.seq_len", 0))

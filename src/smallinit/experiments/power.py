@@ -1,0 +1,76 @@
+"""What a study needs before it runs: the power of the paired test, and the thresholds the claims'
+preconditions apply (one source of truth: the claims import them from here).
+
+The verdict of a claim is a two-sided paired t-test over seeds (:mod:`smallinit.experiments.verdicts`). With
+n seeds, seed spread sd and a true mean δ, the statistic is noncentral t with n − 1 degrees of freedom and
+noncentrality δ√n/sd; the minimum detectable effect is the δ at which the test rejects with probability
+``power``. Nothing here reads a run: a planner can size a study from a pilot's sd alone.
+"""
+
+from __future__ import annotations
+
+import math
+
+from scipy import optimize, stats
+
+ALPHA = 0.05  # the table-level error rate: Holm over the claims' primary estimates
+POWER = 0.8
+N_CLAIMS = 7  # C1–C7: the size of the table's family
+CLAIM_ALPHA = ALPHA / N_CLAIMS  # the level each primary is guaranteed under Holm over the table (its first step)
+
+MIN_TOKENS_PER_PARAM = 20.0  # every loss comparison: tokens seen per non-embedding parameter
+MIN_EVALS = 4  # evaluations along training, for the gap's trend
+MIN_SEEDS = 2  # paired seeds, for a spread to judge against
+SATURATED = 0.5  # C2: the γ = 1 baseline's RMSNorm factor at init must be below this for ε to matter
+SINK_RATIO = 3.0  # C3: a sink has formed when some layer exceeds this multiple of uniform attention
+SINK_SEQS, SINK_TOKENS = 16, 256  # C3: the sink is measured on at least this many sequences of this length
+MAX_SIZE_RATIO = 10.0  # C4: an N_eff/N outside [1/10, 10] is an artefact of the fit, not an estimate
+MIN_SIZES = 3  # C4: sizes for the effective-size fit
+LATE_MINIMUM = 2 / 3  # C6: a stable-rank minimum after this fraction of training has nothing to rebound from
+
+
+def tokens_needed(params_nonembed: int, tokens_per_param: float = MIN_TOKENS_PER_PARAM) -> float:
+    """Training tokens a run of ``params_nonembed`` non-embedding parameters needs for a loss comparison."""
+    return tokens_per_param * params_nonembed
+
+
+def uniform_sink(seq_len: int) -> float:
+    """The sink score of uniform causal attention: mean over query positions i = 2..T of 1/i."""
+    return (sum(1.0 / i for i in range(1, seq_len + 1)) - 1.0) / (seq_len - 1)
+
+
+def sink_threshold(seq_len: int) -> float:
+    """The sink score some layer must exceed for a sink to count as formed (C3)."""
+    return SINK_RATIO * uniform_sink(seq_len)
+
+
+def power_of_test(effect: float, sd: float, n: int, alpha: float = CLAIM_ALPHA) -> float:
+    """P(the two-sided paired t-test at level ``alpha`` rejects) with n seeds, true mean ``effect``."""
+    if n < MIN_SEEDS:
+        return 0.0
+    df, nc = n - 1, abs(effect) * math.sqrt(n) / sd
+    crit = stats.t.ppf(1 - alpha / 2, df)
+    upper, lower = stats.nct.sf(crit, df, nc), stats.nct.cdf(-crit, df, nc)
+    return float(upper + (lower if math.isfinite(lower) else 0.0))  # scipy gives NaN for a vanishing far tail
+
+
+def minimum_detectable_effect(sd: float, n: int, alpha: float = CLAIM_ALPHA, power: float = POWER) -> float:
+    """The smallest true mean the two-sided paired t-test over n seeds detects with probability ``power``
+    (exact, with the noncentral t), in the units of ``sd``; infinite below 2 seeds."""
+    if n < MIN_SEEDS or not math.isfinite(sd):
+        return math.inf
+    if sd == 0:
+        return 0.0
+    hi = sd
+    while power_of_test(hi, sd, n, alpha) < power:
+        hi *= 2
+    return float(optimize.brentq(lambda d: power_of_test(d, sd, n, alpha) - power, 0.0, hi, xtol=sd * 1e-6))
+
+
+def seeds_for_power(effect: float, sd: float, alpha: float = CLAIM_ALPHA, power: float = POWER, max_seeds: int = 1000) -> int:
+    """The fewest seeds (≥ 2) whose paired t-test detects ``effect`` with probability ``power``; ``max_seeds``
+    + 1 when even that many do not."""
+    for n in range(MIN_SEEDS, max_seeds + 1):
+        if power_of_test(effect, sd, n, alpha) >= power:
+            return n
+    return max_seeds + 1
