@@ -175,20 +175,32 @@ def _claims(results: list[ClaimResult]) -> list[dict[str, Any]]:
     return [c.to_dict() for c in results]
 
 
+Judge = Callable[[Runs, "dict[str, Any] | None", "dict[int, dict[str, Any]] | None", dict[str, Any]], list[ClaimResult]]
+# The claims each analysis judges, from its runs, residual flow and token gaps: what findings.json holds, and
+# what smallinit.experiments.plan judges on the planned runs before anything trains.
+JUDGES: dict[str, Judge] = {
+    "claims": lambda runs, flow, gaps, o: judge_all(runs, flow, gaps, n_boot=int(o.get("n_boot", 1000))),
+    "fig1": lambda runs, flow, gaps, o: [claim_c2(runs), claim_c3(runs)],
+    "fig2": lambda runs, flow, gaps, o: [claim_c1(runs), claim_c4(runs, n_boot=int(o.get("n_boot", 1000)))],
+    "fig3": lambda runs, flow, gaps, o: [claim_c5(runs, flow)],
+    "condensation": lambda runs, flow, gaps, o: [claim_c6(runs)],
+    "tokens": lambda runs, flow, gaps, o: [claim_c7(gaps)],
+}
+
+
 def claims_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     """All of C1–C7 (the demo)."""
     runs = _load(out, say)
     flow = flow_sweep(options, out, say)
     gaps = token_gaps(runs, options, out, say)
     say(f"judging the claims ({int(options.get('n_boot', 1000))} bootstrap resamples for C4)")
-    results = judge_all(runs, flow, gaps, n_boot=int(options.get("n_boot", 1000)))
-    return {"claims": _claims(results), "losses": loss_table(runs), "sinks": sink_table(runs),
+    return {"claims": _claims(JUDGES["claims"](runs, flow, gaps, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
             "norm_factors": norm_factor_table(runs), "n_runs": len(runs)}
 
 
 def fig1_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
-    return {"claims": _claims([claim_c2(runs), claim_c3(runs)]), "losses": loss_table(runs), "sinks": sink_table(runs),
+    return {"claims": _claims(JUDGES["fig1"](runs, None, None, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
             "norm_factors": norm_factor_table(runs), "n_runs": len(runs)}
 
 
@@ -213,16 +225,15 @@ def scaling_fits(runs: Runs) -> list[dict[str, Any]]:
 
 def fig2_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
-    c4 = claim_c4(runs, n_boot=int(options.get("n_boot", 1000)))
     c4_base = claim_c4(runs, arm=BASELINE, n_boot=int(options.get("n_boot", 1000)))  # contrast: no fixes
-    return {"claims": _claims([claim_c1(runs), c4]), "fits": scaling_fits(runs), "losses": loss_table(runs),
+    return {"claims": _claims(JUDGES["fig2"](runs, None, None, options)), "fits": scaling_fits(runs), "losses": loss_table(runs),
             "effective_size_without_fixes": c4_base.extra.get("effective_size_gain"), "n_runs": len(runs)}
 
 
 def fig3_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     flow = flow_sweep(options, out, say)
-    return {"claims": _claims([claim_c5(runs, flow)]), "residual_flow": flow, "losses": loss_table(runs),
+    return {"claims": _claims(JUDGES["fig3"](runs, flow, None, options)), "residual_flow": flow, "losses": loss_table(runs),
             "n_runs": len(runs)}
 
 
@@ -242,14 +253,14 @@ def trajectories(runs: Runs) -> list[dict[str, Any]]:
 
 def condensation_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
-    return {"claims": _claims([claim_c6(runs)]), "trajectories": trajectories(runs), "losses": loss_table(runs),
+    return {"claims": _claims(JUDGES["condensation"](runs, None, None, options)), "trajectories": trajectories(runs), "losses": loss_table(runs),
             "n_runs": len(runs)}
 
 
 def tokens_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     gaps = token_gaps(runs, options, out, say)
-    return {"claims": _claims([claim_c7(gaps)]), "losses": loss_table(runs), "n_runs": len(runs)}
+    return {"claims": _claims(JUDGES["tokens"](runs, None, gaps, options)), "losses": loss_table(runs), "n_runs": len(runs)}
 
 
 def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
