@@ -8,6 +8,7 @@ import pytest
 from smallinit.cli import main
 from smallinit.errors import ExperimentError
 from smallinit.experiments.claims import combine
+from smallinit.experiments.plan import Hardware, plan_recipe
 from smallinit.experiments.recipes import (
     RECIPES_DIR,
     apply_budget,
@@ -95,6 +96,11 @@ def test_micro_recipe_end_to_end(tmp_path):
     flows = [c for c in c5["comparisons"] if c["label"].startswith("flow")]
     assert [x for c in flows for x in c["samples"]] == pytest.approx(
         [s - (1 - g) for g, seeds in zip(flow["gammas"], flow["seed_slopes"]) for s in seeds])
+    # the plan, made before anything ran, finds the same comparisons untestable, for the same reasons
+    (planned,) = plan_recipe("paper-fig3", "micro", Hardware.make("cpu", 2)).claims
+    real = {c["label"]: c["reason"] for c in c5["comparisons"] if c["verdict"] == "not testable here"}
+    assert real and planned.failing == real
+    assert set(planned.testable) == {c["label"] for c in c5["comparisons"]} - set(real)
 
 
 def test_reasoning_pairs_seeds_within_each_depth(tmp_path):
@@ -131,3 +137,11 @@ def test_demo_micro_end_to_end(tmp_path, capsys):
         assert c["verdict"] == combine(x["verdict"] for x in c["comparisons"])
         assert any(line.startswith(c["claim"]) and c["verdict"] in line for line in printed.splitlines())
     assert (out / "verdicts.txt").read_text().strip() in printed
+    # the plan finds what the runs found untestable, for the same reasons, but for the preconditions that only the
+    # runs can decide (it assumes they hold)
+    planned = {c.claim: c for c in plan_recipe("demo", "micro", Hardware.make("cpu", 2)).claims}
+    outcome = ("no minimum yet to rebound from", "not better on average", "bigram baseline")
+    for c in findings["claims"]:
+        real = {x["label"]: x["reason"] for x in c["comparisons"] if x["verdict"] == "not testable here"
+                and not any(o in x["reason"] for o in outcome)}
+        assert planned[c["claim"]].failing == real, c["claim"]

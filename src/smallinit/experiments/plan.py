@@ -23,6 +23,7 @@ seeds (smallinit.experiments.power), given a seed sd: ``--seed-sd``, or the CPU 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import zlib
@@ -38,9 +39,9 @@ from ..train.memory import GIB, device_memory, estimate_memory
 from .claims import FIXED, ClaimResult, Runs, effective_eps
 from .findings import JUDGES
 from .power import CLAIM_ALPHA, MIN_SEEDS, POWER, minimum_detectable_effect
-from .recipes import Recipe, apply_budget, customise, load_recipe
+from .recipes import Recipe, Scale, apply_budget, customise, load_recipe
 from .runs import Run, model_shape
-from .sweep import resolve_config
+from .sweep import Sweep, resolve_config
 
 # Dense bf16 peak per GPU (FLOP/s, without sparsity) and memory (GiB), from the vendors' data sheets.
 GPUS: dict[str, tuple[float, float]] = {
@@ -145,11 +146,16 @@ class CellPlan:
 class ClaimPlan:
     claim: str
     statement: str
-    decides: bool  # some comparison passes every design-level precondition
+    decides: bool  # every comparison passes the design-level preconditions
     seeds: int  # paired seeds of its testable comparisons (the fewest)
     mde: float  # at 80 % power, in the seed sd's units (nats for loss gaps); inf when nothing is testable
-    failing: list[str] = field(default_factory=list)  # "comparison: reason", for those that cannot be judged
+    failing: dict[str, str] = field(default_factory=dict)  # comparison → why it cannot be judged, by design
     testable: list[str] = field(default_factory=list)
+
+    @property
+    def partly(self) -> bool:
+        """Some comparisons can be judged, not all."""
+        return bool(self.testable) and not self.decides
 
 
 @dataclass
@@ -176,12 +182,15 @@ class Plan:
         return self.wall_s * self.hardware.devices / 3600
 
     def headline(self) -> str:
-        decided = [c.claim for c in self.claims if c.decides]
+        """One line: the wall time and device-hours, and which claims it decides (wholly, partly, not)."""
+        kinds = {"decides": [c.claim for c in self.claims if c.decides],
+                 "partly": [f"{c.claim} ({len(c.testable)} of {len(c.testable) + len(c.failing)})"
+                            for c in self.claims if c.partly],
+                 "not": [c.claim for c in self.claims if not c.testable]}
         unit = "core" if self.hardware.kind == "cpu" else "GPU"
-        return (f"plan on {self.hardware.devices} × {self.hardware.kind.upper() if unit == 'GPU' else 'CPU core'}: "
-                f"{_hours(self.wall_s)} wall, {self.device_hours:,.1f} {unit}-hours; decides "
-                + (", ".join(decided) if decided else "nothing") + (f" (not: {', '.join(c.claim for c in self.claims if not c.decides)})"
-                                                                     if len(decided) < len(self.claims) else ""))
+        where = f"{self.hardware.devices} CPU cores" if unit == "core" else f"{self.hardware.devices} × {self.hardware.kind.upper()}"
+        said = "; ".join(f"{k} {', '.join(v)}" for k, v in kinds.items() if v)
+        return f"plan on {where}: {_hours(self.wall_s)} wall, {self.device_hours:,.1f} {unit}-hours; {said}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"recipe": self.recipe, "scale": self.scale, "hardware": asdict(self.hardware),
@@ -218,9 +227,21 @@ def _ranks(launcher: str, hardware: Hardware) -> int:
     return hardware.devices if hardware.kind != "cpu" and "torchrun" in launcher else 1
 
 
+_NUMBERS: dict[tuple[str, int], tuple[int, int, float]] = {}
+
+
+def _numbers(cfg: Config) -> tuple[int, int, float]:
+    """(parameters, non-embedding parameters, training FLOPs per token) of the cell's model, remembered: the many
+    cells of a sweep share a few shapes, and each count builds a meta model."""
+    key = (repr(dataclasses.replace(cfg.model, gamma=1.0, norm_eps=1e-12, norm_eps_width=0)), cfg.data.seq_len)
+    if key not in _NUMBERS:
+        _NUMBERS[key] = (*Transformer.count_params(cfg.model), config_flops_per_token(cfg.model, cfg.data.seq_len))
+    return _NUMBERS[key]
+
+
 def plan_cell(sweep: str, cell_id: str, size: str, cfg: Config, ranks: int, hardware: Hardware) -> CellPlan:
     tc, seq = cfg.train, cfg.data.seq_len
-    total, nonembed = Transformer.count_params(cfg.model)
+    total, nonembed, flops_per_token = _numbers(cfg)
     tokens = float(tc.steps * tc.batch_size * seq)
     micro = max(1, tc.batch_size // (ranks * tc.grad_accum))
     parallel = tc.parallel if ranks > 1 else "none"
@@ -229,24 +250,24 @@ def plan_cell(sweep: str, cell_id: str, size: str, cfg: Config, ranks: int, hard
                           precision=precision, activation_checkpointing=tc.activation_checkpointing)
     return CellPlan(sweep, cell_id, size, total, nonembed, tc.steps, tokens, tokens / max(1, nonembed),
                     len(_evaluations(tc.steps, tc.eval_every)), len(_analysis_steps(cfg, ranks)),
-                    tokens * config_flops_per_token(cfg.model, seq), ranks, mem.total / GIB)
+                    tokens * flops_per_token, ranks, mem.total / GIB)
 
 
 # -- decidability: the planned runs, judged by the recipe's own analysis -------------------------------------------
 
 
-def _planned_run(cell_id: str, cfg: Config, ranks: int) -> Run:
+def _planned_run(sweep: str, cell_id: str, cfg: Config, ranks: int) -> Run:
     """A run holding what this cell will record, with outcomes that meet every outcome-dependent precondition:
     losses on one power law in N with γ = 1 ahead (more with the fixes), a gap that does not move along
     training, a formed sink, the analytic RMSNorm factor, γ = 1's stable rank lowest a third of the way in."""
     flat = flatten(cfg.to_dict())
     flat.setdefault("model.norm_eps_width", 0)
-    g, seed, d = float(cfg.model.gamma), int(cfg.train.seed), cfg.model.d_model
-    nonembed = Transformer.count_params(cfg.model)[1]
+    g, d = float(cfg.model.gamma), cfg.model.d_model
+    nonembed = _numbers(cfg)[1]
     fixes = (cfg.model.norm_eps < 1e-6) + (cfg.model.gate != "none")
     # the paper's ordering: γ = 1 best (C5), its gain larger with each fix (C2, C3), and shrinking with size (C1)
     n_eff = nonembed * (1.44 if g == 1.0 else 1.0) * (1 + 0.1 * fixes * (g == 1.0))
-    noise = _noise(cell_id)  # differs between runs, so paired differences have a spread
+    noise = _noise(f"{sweep}/{cell_id}")  # differs between runs, so paired differences have a spread
     loss = 2.0 + 40.0 * n_eff ** -0.3 + 0.2 * (g - 1.0) ** 2 + 0.003 * noise
     evals = _evaluations(cfg.train.steps, cfg.train.eval_every)
     metrics: list[dict[str, Any]] = [{"step": s, "val_loss": loss + 1.0 / (1 + s)} for s in evals]
@@ -260,7 +281,7 @@ def _planned_run(cell_id: str, cfg: Config, ranks: int) -> Run:
                         "sink": {str(i): sink for i in range(cfg.model.n_layers)}, "sink_mean": sink,
                         "stable_rank": {"q": rank}})
     metrics[len(evals) - 1]["val_loss"] = loss + 1.0 / (1 + steps)
-    run = Run(Path(cell_id), cell_id, flat, {"step": steps, "val_loss": loss + 1.0 / (1 + steps),
+    run = Run(Path(sweep) / cell_id, cell_id, flat, {"step": steps, "val_loss": loss + 1.0 / (1 + steps),
                                               "params_nonembed": nonembed})
     run.__dict__["metrics"] = metrics  # what metrics.jsonl will hold
     return run
@@ -306,27 +327,33 @@ def _planned_gaps(runs: Runs, options: dict[str, Any]) -> dict[int, dict[str, An
 
 def _claim_plan(res: ClaimResult, seed_sd: float) -> ClaimPlan:
     res.judge()
-    failing = [f"{c.label}: {c.reason}" for c in res.comparisons if c.verdict == "not testable here"]
+    failing = {c.label: c.reason for c in res.comparisons if c.verdict == "not testable here"}
     testable = [c for c in res.comparisons if c.verdict != "not testable here"]
     seeds = min((len(c.samples) for c in testable if c.samples), default=0)
     mde = minimum_detectable_effect(seed_sd, seeds, CLAIM_ALPHA, POWER) if seeds >= MIN_SEEDS else math.inf
-    return ClaimPlan(res.claim, res.statement, bool(testable), seeds, mde, failing, [c.label for c in testable])
+    return ClaimPlan(res.claim, res.statement, bool(testable) and not failing, seeds, mde, failing,
+                     [c.label for c in testable])
 
 
 def _reasoning_plan(runs: Runs, seed_sd: float) -> ClaimPlan:
     """R pairs seeds within one depth between the smallest and largest γ (its probe needs the trained models)."""
-    failing, seeds = [], []
+    failing: dict[str, str] = {}
+    seeds = []
     for size in runs.values("size"):
         at = runs.where(size=size)
         gammas = at.values("model.gamma")
         if len(gammas) < 2:
-            failing.append(f"@{size}: one γ only")
+            failing[f"@{size}"] = "one γ only"
             continue
         n = len(set(at.where({"model.gamma": gammas[0]}).run_by_seed()) & set(at.where({"model.gamma": gammas[-1]}).run_by_seed()))
-        (seeds.append(n) if n >= MIN_SEEDS else failing.append(f"@{size}: {n} paired seed(s) < {MIN_SEEDS}"))
+        if n >= MIN_SEEDS:
+            seeds.append(n)
+        else:
+            failing[f"@{size}"] = f"{n} paired seed(s) < {MIN_SEEDS}"
     n = min(seeds, default=0)
     mde = minimum_detectable_effect(seed_sd, n, CLAIM_ALPHA, POWER) if n >= MIN_SEEDS else math.inf
-    return ClaimPlan("R", "Small init favours the reasoning solution over memorising", bool(seeds), n, mde, failing,
+    return ClaimPlan("R", "Small init favours the reasoning solution over memorising", bool(seeds) and not failing, n,
+                     mde, failing,
                      [f"{len(seeds)} depth(s)"] if seeds else [])
 
 
@@ -341,10 +368,19 @@ def default_hardware(recipe: Recipe, scale: str) -> Hardware:
     return Hardware.make("cpu", os.cpu_count() or 1)
 
 
+def plan_sweep(path: str | os.PathLike, hardware: Hardware | None = None, *, seed_sd: float | None = None) -> Plan:
+    """The plan of a sweep file: its cost, and which of C1–C7 its runs could decide (judged as the demo judges)."""
+    sweep = Sweep.load(path)
+    recipe = Recipe(Path(path).stem, sweep.name or Path(path).stem, [], "claims",
+                    {"sweep": Scale("sweep", sweep.description, {"sweep": sweep})}, Path(path))
+    return plan_recipe(recipe, "sweep", hardware, seed_sd=seed_sd)
+
+
 def plan_recipe(recipe: Recipe | str, scale: str, hardware: Hardware | None = None, *, presets: list[str] | None = None,
                 overrides: list[str] = (), seed_sd: float | None = None) -> Plan:
     """The cost and decidability of ``recipe --scale scale`` on ``hardware``; trains nothing."""
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+    recipe.scale(scale)  # an unknown scale: one clear line
     hardware = hardware or default_hardware(recipe, scale)
     if seed_sd is not None and not seed_sd > 0:
         raise ExperimentError(f"--seed-sd must be > 0, got {seed_sd}")
@@ -358,7 +394,7 @@ def plan_recipe(recipe: Recipe | str, scale: str, hardware: Hardware | None = No
             shape = model_shape(flatten(cfg.to_dict()))
             size = cell.size or f"d{shape[0]}×{shape[1]}"
             cells.append(plan_cell(name, cell.id, size, cfg, ranks, hardware))
-            runs.append(_planned_run(f"{name}/{cell.id}", cfg, ranks))
+            runs.append(_planned_run(name, cell.id, cfg, ranks))
     all_runs = Runs(runs)
     sd, source = (seed_sd, "--seed-sd") if seed_sd else (CPU_STUDY_SEED_SD, "the CPU study's median paired loss-gap sd "
                                                           "(docs/findings-cpu.md); pass --seed-sd from a pilot")
@@ -402,14 +438,15 @@ def format_plan(plan: Plan) -> str:
     lines.append(f"claims (minimum detectable effect at {POWER:.0%} power, two-sided α = {CLAIM_ALPHA:.3g}, seed sd "
                  f"{plan.seed_sd:g} from {plan.seed_sd_source}):")
     for c in plan.claims:
-        if c.decides:
-            lines.append(f"  {c.claim:<12} can decide: {len(c.testable)} comparison(s) pass the design's preconditions; "
-                         f"{c.seeds} seeds, MDE {c.mde / plan.seed_sd:.2f} sd (a loss gap of {c.mde:.3g} nats)")
+        if c.testable:
+            lines.append(f"  {c.claim:<12} {'decides' if c.decides else 'partly'}: {len(c.testable)} of "
+                         f"{len(c.testable) + len(c.failing)} comparison(s) pass the design's preconditions; {c.seeds} "
+                         f"seeds, MDE {c.mde / plan.seed_sd:.2f} sd (a loss gap of {c.mde:.3g} nats)")
         else:
             lines.append(f"  {c.claim:<12} cannot decide: every comparison fails a precondition by design")
         for reason in _distinct(c.failing):
             lines.append(f"      ↳ {reason}")
-    outcome = sorted({c.claim.split()[0] for c in plan.claims if c.decides} & set(DECIDED_BY_THE_RUNS))
+    outcome = sorted({c.claim.split()[0] for c in plan.claims if c.testable} & set(DECIDED_BY_THE_RUNS))
     if outcome:
         lines.append("still decided by the runs themselves (the plan cannot know them): "
                      + "; ".join(f"{k} {DECIDED_BY_THE_RUNS[k]}" for k in outcome))
@@ -417,12 +454,11 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def _distinct(items: list[str], limit: int = 6) -> list[str]:
+def _distinct(failing: dict[str, str], limit: int = 6) -> list[str]:
     """Each reason once (comparisons of several sizes often share one), at most ``limit`` of them."""
     seen: dict[str, str] = {}
-    for item in items:
-        label, _, reason = item.partition(": ")
-        seen.setdefault(reason, item)
+    for label, reason in failing.items():
+        seen.setdefault(reason, f"{label}: {reason}")
     out = list(seen.values())
     return out[:limit] + ([f"… and {len(out) - limit} more"] if len(out) > limit else [])
 
