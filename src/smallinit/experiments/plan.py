@@ -31,6 +31,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from ..analysis.norm_factor import relative_factor
 from ..config import Config, flatten
 from ..errors import ExperimentError
 from ..model import Transformer
@@ -99,7 +102,7 @@ class Hardware:
         if kind == "cpu":
             return Hardware("cpu", devices, CPU_CORE_FLOPS, mfu or CPU_MFU,
                             given or "measured at the demo's shapes (benchmarks/README.md)",
-                            device_memory(_cpu()) / GIB, tokens_per_s)
+                            device_memory(torch.device("cpu")) / GIB, tokens_per_s)
         if kind not in GPUS:
             raise ExperimentError(f"unknown GPU {kind!r}; choose one of {', '.join(GPUS)} or cpu, or pass --mfu with "
                                   "the closest one")
@@ -117,12 +120,6 @@ class Hardware:
         rate = (f"{self.tokens_per_s:,.0f} tokens/s" if self.tokens_per_s
                 else f"MFU {self.mfu:.0%} of {self.peak_flops / 1e12:g} TFLOP/s")
         return f"{what}, {rate} ({self.source})"
-
-
-def _cpu():
-    import torch
-
-    return torch.device("cpu")
 
 
 @dataclass
@@ -293,8 +290,6 @@ def _noise(key: str) -> float:
 
 
 def _relative_factor(gamma: float, flat: dict[str, Any], d: int) -> float:
-    from ..analysis.norm_factor import relative_factor
-
     probe = Run(Path("."), "", flat)
     return relative_factor(gamma, effective_eps(probe), d)
 
