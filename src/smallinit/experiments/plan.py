@@ -37,7 +37,7 @@ from ..analysis.norm_factor import relative_factor
 from ..config import Config, flatten
 from ..errors import ExperimentError
 from ..model import Transformer
-from ..train.flops import config_flops_per_token
+from ..train.flops import train_flops_per_token
 from ..train.memory import GIB, device_memory, estimate_memory
 from .claims import FIXED, ClaimResult, Runs, effective_eps
 from .findings import JUDGES
@@ -144,8 +144,10 @@ class ClaimPlan:
     claim: str
     statement: str
     decides: bool  # every comparison passes the design-level preconditions
-    seeds: int  # paired seeds of its testable comparisons (the fewest)
-    mde: float  # at 80 % power, in the seed sd's units (nats for loss gaps); inf when nothing is testable
+    seeds: int  # paired seeds of its testable comparisons: the fewest …
+    mde: float  # … and the minimum detectable effect there, at 80 % power, in the seed sd's units; inf: none
+    most_seeds: int = 0  # the most paired seeds of a testable comparison
+    best_mde: float = math.inf  # and the minimum detectable effect there
     failing: dict[str, str] = field(default_factory=dict)  # comparison → why it cannot be judged, by design
     testable: list[str] = field(default_factory=list)
 
@@ -194,8 +196,12 @@ class Plan:
                 "seed_sd": self.seed_sd, "seed_sd_source": self.seed_sd_source, "flops": self.flops,
                 "wall_s": self.wall_s, "device_hours": self.device_hours,
                 "cells": [asdict(c) for c in self.cells],
-                "claims": [{**asdict(c), "mde": c.mde if math.isfinite(c.mde) else None} for c in self.claims],
+                "claims": [{**asdict(c), "mde": _finite(c.mde), "best_mde": _finite(c.best_mde)} for c in self.claims],
                 "notes": self.notes}
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def _hours(seconds: float) -> str:
@@ -224,48 +230,64 @@ def _ranks(launcher: str, hardware: Hardware) -> int:
     return hardware.devices if hardware.kind != "cpu" and "torchrun" in launcher else 1
 
 
-_NUMBERS: dict[tuple[str, int], tuple[int, int, float]] = {}
+class _Shapes:
+    """What the plan needs of each model shape, computed once: the many cells of a recipe share a few shapes (γ and
+    ε change no count), and each count builds a meta model."""
+
+    def __init__(self) -> None:
+        self.numbers: dict[tuple[str, int], tuple[int, int, float]] = {}
+        self.memory: dict[tuple, float] = {}
+
+    @staticmethod
+    def key(cfg: Config) -> str:
+        return repr(dataclasses.replace(cfg.model, gamma=1.0, norm_eps=1e-12, norm_eps_width=0))
+
+    def counts(self, cfg: Config) -> tuple[int, int, float]:
+        """(parameters, non-embedding parameters, training FLOPs per token)."""
+        key = (self.key(cfg), cfg.data.seq_len)
+        if key not in self.numbers:
+            with torch.device("meta"):
+                model = Transformer(cfg.model, init=False)
+            self.numbers[key] = (model.num_params(), model.num_params(embeddings=False),
+                                 train_flops_per_token(model, cfg.data.seq_len))
+        return self.numbers[key]
+
+    def memory_gib(self, cfg: Config, **layout: Any) -> float:
+        key = (self.key(cfg), tuple(sorted(layout.items())))
+        if key not in self.memory:
+            self.memory[key] = estimate_memory(cfg.model, **layout).total / GIB
+        return self.memory[key]
 
 
-def _numbers(cfg: Config) -> tuple[int, int, float]:
-    """(parameters, non-embedding parameters, training FLOPs per token) of the cell's model, remembered: the many
-    cells of a sweep share a few shapes, and each count builds a meta model."""
-    key = (repr(dataclasses.replace(cfg.model, gamma=1.0, norm_eps=1e-12, norm_eps_width=0)), cfg.data.seq_len)
-    if key not in _NUMBERS:
-        _NUMBERS[key] = (*Transformer.count_params(cfg.model), config_flops_per_token(cfg.model, cfg.data.seq_len))
-    return _NUMBERS[key]
-
-
-def plan_cell(sweep: str, cell_id: str, size: str, cfg: Config, ranks: int, hardware: Hardware) -> CellPlan:
+def plan_cell(sweep: str, cell_id: str, size: str, cfg: Config, ranks: int, hardware: Hardware,
+              shapes: _Shapes) -> CellPlan:
     tc, seq = cfg.train, cfg.data.seq_len
-    total, nonembed, flops_per_token = _numbers(cfg)
+    total, nonembed, flops_per_token = shapes.counts(cfg)
     tokens = float(tc.steps * tc.batch_size * seq)
-    micro = max(1, tc.batch_size // (ranks * tc.grad_accum))
-    parallel = tc.parallel if ranks > 1 else "none"
-    precision = "fp32" if hardware.kind == "cpu" or tc.precision == "fp32" else "bf16"
-    mem = estimate_memory(cfg.model, micro_batch=micro, seq_len=seq, world_size=ranks, parallel=parallel,
-                          precision=precision, activation_checkpointing=tc.activation_checkpointing)
+    mem = shapes.memory_gib(cfg, micro_batch=max(1, tc.batch_size // (ranks * tc.grad_accum)), seq_len=seq,
+                            world_size=ranks, parallel=tc.parallel if ranks > 1 else "none",
+                            precision="fp32" if hardware.kind == "cpu" or tc.precision == "fp32" else "bf16",
+                            activation_checkpointing=tc.activation_checkpointing)
     return CellPlan(sweep, cell_id, size, total, nonembed, tc.steps, tokens, tokens / max(1, nonembed),
                     len(_evaluations(tc.steps, tc.eval_every)), len(_analysis_steps(cfg, ranks)),
-                    tokens * flops_per_token, ranks, mem.total / GIB)
+                    tokens * flops_per_token, ranks, mem)
 
 
 # -- decidability: the planned runs, judged by the recipe's own analysis -------------------------------------------
 
 
-def _planned_run(sweep: str, cell_id: str, cfg: Config, ranks: int) -> Run:
+def _planned_run(sweep: str, cell_id: str, cfg: Config, ranks: int, nonembed: int) -> Run:
     """A run holding what this cell will record, with outcomes that meet every outcome-dependent precondition:
     losses on one power law in N with γ = 1 ahead (more with the fixes), a gap that does not move along
     training, a formed sink, the analytic RMSNorm factor, γ = 1's stable rank lowest a third of the way in."""
     flat = flatten(cfg.to_dict())
     flat.setdefault("model.norm_eps_width", 0)
     g, d = float(cfg.model.gamma), cfg.model.d_model
-    nonembed = _numbers(cfg)[1]
     fixes = (cfg.model.norm_eps < 1e-6) + (cfg.model.gate != "none")
     # the paper's ordering: γ = 1 best (C5), its gain larger with each fix (C2, C3), and shrinking with size (C1)
     n_eff = nonembed * (1.44 if g == 1.0 else 1.0) * (1 + 0.1 * fixes * (g == 1.0))
     noise = _noise(f"{sweep}/{cell_id}")  # differs between runs, so paired differences have a spread
-    loss = 2.0 + 40.0 * n_eff ** -0.3 + 0.2 * (g - 1.0) ** 2 + 0.003 * noise
+    loss = 2.0 + 400.0 * n_eff ** -0.3 + 0.2 * (g - 1.0) ** 2 + 0.003 * noise
     evals = _evaluations(cfg.train.steps, cfg.train.eval_every)
     metrics: list[dict[str, Any]] = [{"step": s, "val_loss": loss + 1.0 / (1 + s)} for s in evals]
     steps = cfg.train.steps
@@ -324,10 +346,13 @@ def _claim_plan(res: ClaimResult, seed_sd: float) -> ClaimPlan:
     res.judge()
     failing = {c.label: c.reason for c in res.comparisons if c.verdict == "not testable here"}
     testable = [c for c in res.comparisons if c.verdict != "not testable here"]
-    seeds = min((len(c.samples) for c in testable if c.samples), default=0)
-    mde = minimum_detectable_effect(seed_sd, seeds, CLAIM_ALPHA, POWER) if seeds >= MIN_SEEDS else math.inf
-    return ClaimPlan(res.claim, res.statement, bool(testable) and not failing, seeds, mde, failing,
-                     [c.label for c in testable])
+    counts = [len(c.samples) for c in testable if c.samples] or [0]
+    return ClaimPlan(res.claim, res.statement, bool(testable) and not failing, min(counts), _mde(seed_sd, min(counts)),
+                     max(counts), _mde(seed_sd, max(counts)), failing, [c.label for c in testable])
+
+
+def _mde(seed_sd: float, seeds: int) -> float:
+    return minimum_detectable_effect(seed_sd, seeds, CLAIM_ALPHA, POWER) if seeds >= MIN_SEEDS else math.inf
 
 
 def _reasoning_plan(runs: Runs, seed_sd: float) -> ClaimPlan:
@@ -345,11 +370,9 @@ def _reasoning_plan(runs: Runs, seed_sd: float) -> ClaimPlan:
             seeds.append(n)
         else:
             failing[f"@{size}"] = f"{n} paired seed(s) < {MIN_SEEDS}"
-    n = min(seeds, default=0)
-    mde = minimum_detectable_effect(seed_sd, n, CLAIM_ALPHA, POWER) if n >= MIN_SEEDS else math.inf
+    n, most = min(seeds, default=0), max(seeds, default=0)
     return ClaimPlan("R", "Small init favours the reasoning solution over memorising", bool(seeds) and not failing, n,
-                     mde, failing,
-                     [f"{len(seeds)} depth(s)"] if seeds else [])
+                     _mde(seed_sd, n), most, _mde(seed_sd, most), failing, [f"{len(seeds)} depth(s)"] if seeds else [])
 
 
 # -- the plan ------------------------------------------------------------------------------------------------------
@@ -381,15 +404,15 @@ def plan_recipe(recipe: Recipe | str, scale: str, hardware: Hardware | None = No
         raise ExperimentError(f"--seed-sd must be > 0, got {seed_sd}")
     vocab: dict[str, int] = {}
     sc = apply_budget(customise(recipe.scale(scale), presets=presets, overrides=list(overrides)), vocab)
-    cells, runs = [], []
+    cells, runs, shapes = [], [], _Shapes()
     for name, sw in sc.sweeps.items():
         ranks = _ranks(sw.launcher or "", hardware)
         for cell in sw.cells():
             cfg = resolve_config(cell, vocab)
             shape = model_shape(flatten(cfg.to_dict()))
             size = cell.size or f"d{shape[0]}×{shape[1]}"
-            cells.append(plan_cell(name, cell.id, size, cfg, ranks, hardware))
-            runs.append(_planned_run(name, cell.id, cfg, ranks))
+            cells.append(plan_cell(name, cell.id, size, cfg, ranks, hardware, shapes))
+            runs.append(_planned_run(name, cell.id, cfg, ranks, cells[-1].params_nonembed))
     all_runs = Runs(runs)
     sd, source = (seed_sd, "--seed-sd") if seed_sd else (CPU_STUDY_SEED_SD, "the CPU study's median paired loss-gap sd "
                                                           "(docs/findings-cpu.md); pass --seed-sd from a pilot")
@@ -430,13 +453,18 @@ def format_plan(plan: Plan) -> str:
     unit = "CPU-core" if hw.kind == "cpu" else "GPU"
     lines.append(f"  total: {len(plan.cells)} runs, {plan.flops:.3g} FLOPs, {_hours(plan.wall_s)} wall, "
                  f"{plan.device_hours:,.1f} {unit}-hours")
-    lines.append(f"claims (minimum detectable effect at {POWER:.0%} power, two-sided α = {CLAIM_ALPHA:.3g}, seed sd "
-                 f"{plan.seed_sd:g} from {plan.seed_sd_source}):")
+    lines.append(f"claims (minimum detectable effect of a paired comparison at {POWER:.0%} power, two-sided "
+                 f"α = {CLAIM_ALPHA:.3g}, in seed sds; seed sd {plan.seed_sd:g} nats of final loss from "
+                 f"{plan.seed_sd_source}):")
     for c in plan.claims:
         if c.testable:
+            seeds = f"{c.seeds}" if c.seeds == c.most_seeds else f"{c.seeds}–{c.most_seeds}"
+            mde = (f"{c.mde / plan.seed_sd:.2f} sd" if c.seeds == c.most_seeds
+                   else f"{c.mde / plan.seed_sd:.2f}–{c.best_mde / plan.seed_sd:.2f} sd")
+            nats = f"{c.mde:.3g}" if c.seeds == c.most_seeds else f"{c.mde:.3g}–{c.best_mde:.3g}"
             lines.append(f"  {c.claim:<12} {'decides' if c.decides else 'partly'}: {len(c.testable)} of "
-                         f"{len(c.testable) + len(c.failing)} comparison(s) pass the design's preconditions; {c.seeds} "
-                         f"seeds, MDE {c.mde / plan.seed_sd:.2f} sd (a loss gap of {c.mde:.3g} nats)")
+                         f"{len(c.testable) + len(c.failing)} comparison(s) pass the design's preconditions; {seeds} "
+                         f"seeds, MDE {mde} ({nats} at sd {plan.seed_sd:g})")
         else:
             lines.append(f"  {c.claim:<12} cannot decide: every comparison fails a precondition by design")
         for reason in _distinct(c.failing):

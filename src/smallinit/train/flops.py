@@ -3,13 +3,7 @@
 
 from __future__ import annotations
 
-import dataclasses
-
-import torch
 from torch import nn
-
-from ..config import ModelConfig
-from ..model import Transformer
 
 
 def matmul_params(model: nn.Module) -> int:
@@ -48,9 +42,3 @@ def train_flops_per_token(model: nn.Module, seq_len: int, *, causal: bool = True
     attention = 12.0 * cfg.n_layers * seq_len * d_attn * (0.5 if causal else 1.0)
     return 6.0 * matmul_params(model) + attention
 
-
-def config_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """``train_flops_per_token`` of a config, from a model on the meta device (nothing is allocated)."""
-    with torch.device("meta"):
-        model = Transformer(dataclasses.replace(cfg), init=False)
-    return train_flops_per_token(model, seq_len)
