@@ -28,7 +28,7 @@ def test_every_shipped_scale_resolves():
     vocab: dict[str, int] = {}
     for name in SHIPPED:
         recipe = load_recipe(name)
-        expected = {"micro", "quick", "full", "cpu-long"} if name == "demo" else {"micro", "cpu", "gpu"}
+        expected = {"micro", "quick", "full", "cpu-long", "gpu"} if name == "demo" else {"micro", "cpu", "gpu"}
         assert set(recipe.scales) == expected, name
         for scale in recipe.scales.values():
             assert scale.description
