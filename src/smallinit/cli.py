@@ -283,11 +283,21 @@ def cmd_recipe(args: argparse.Namespace) -> int:
     from .experiments.verdicts import verdict_table
 
     if args.list or not args.name:
-        print("\n".join(describe(load_recipe(n)) for n in recipe_names()))
+        from .experiments.plan import scale_headline
+
+        for name in recipe_names():
+            recipe = load_recipe(name)
+            print(describe(recipe, lambda scale, r=recipe: scale_headline(r, scale)), flush=True)
         return 0
     if args.plan:
         return cmd_plan(args)
     presets = [p.strip() for p in args.presets.split(",") if p.strip()] if args.presets else None
+    from .experiments.plan import plan_recipe
+
+    plan = plan_recipe(args.name, args.scale, _hardware(args), presets=presets, overrides=args.overrides)
+    print(f"[plan] {plan.headline()}" + ("" if any(c.testable for c in plan.claims) else
+          f"; this scale illustrates and judges nothing by design (smallinit plan {args.name} --scale {args.scale} "
+          "shows why)"), file=sys.stderr, flush=True)
     result = run_recipe(args.name, args.scale, args.out, jobs=args.jobs, presets=presets, overrides=args.overrides,
                         launcher=args.launcher)
     if result.exit_code == Preempted.exit_code:

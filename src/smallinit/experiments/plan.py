@@ -35,7 +35,7 @@ import torch
 
 from ..analysis.norm_factor import relative_factor
 from ..config import Config, flatten
-from ..errors import ExperimentError
+from ..errors import ExperimentError, SmallinitError
 from ..model import Transformer
 from ..train.flops import train_flops_per_token
 from ..train.memory import GIB, device_memory, estimate_memory
@@ -430,6 +430,15 @@ def plan_recipe(recipe: Recipe | str, scale: str, hardware: Hardware | None = No
                          f"> {hardware.memory_gib:g} GiB: set train.parallel=fsdp, raise train.grad_accum or set "
                          "train.activation_checkpointing=true")
     return Plan(recipe.name, sc.name, hardware, sd, source, cells, claims, notes)
+
+
+def scale_headline(recipe: Recipe, scale: str) -> str:
+    """The plan's headline on the scale's default hardware, or why there is none (a file the scale needs is missing)."""
+    try:
+        plan = plan_recipe(recipe, scale)
+    except SmallinitError as e:
+        return f"plan: not available ({e})"
+    return plan.headline() + ("" if any(c.testable for c in plan.claims) else ": an illustration, it judges nothing")
 
 
 # -- what a user sees ------------------------------------------------------------------------------------------

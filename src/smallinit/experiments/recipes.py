@@ -296,9 +296,12 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
-def describe(recipe: Recipe) -> str:
+def describe(recipe: Recipe, headline: Callable[[str], str] | None = None) -> str:
+    """The recipe and its scales; ``headline(scale)`` adds a line under each (``smallinit recipe --list`` adds its plan)."""
     lines = [f"{recipe.name}: {recipe.title}" + (f" [{', '.join(recipe.claims)}]" if recipe.claims else "")]
     for sc in recipe.scales.values():
         n = sum(len(sw.cells()) for sw in sc.sweeps.values())
         lines.append(f"  --scale {sc.name}: {n} runs. {sc.description}")
+        if headline is not None:
+            lines.append(f"      {headline(sc.name)}")
     return "\n".join(lines)
