@@ -12,6 +12,7 @@ import pytest
 from smallinit.experiments.claims import (
     EMULATED,
     FIXED,
+    PRIMARY,
     ClaimResult,
     Comparison,
     Runs,
@@ -22,6 +23,7 @@ from smallinit.experiments.claims import (
     claim_c6,
     claim_c7,
     gaps_from_compares,
+    judge_table,
     loss_comparison,
     uniform_sink,
 )
@@ -32,7 +34,6 @@ from smallinit.experiments.verdicts import (
     DISAGREE,
     INCONCLUSIVE,
     NOT_TESTABLE,
-    combine,
     holm,
     t_test,
     verdict_table,
@@ -76,16 +77,23 @@ def pair_runs(root: Path, arm: dict, gaps: list[float], d: int = 16, **kw) -> li
 # -- the rule ------------------------------------------------------------------------------------------------------
 
 
+def claim_of(*comparisons: Comparison) -> ClaimResult:
+    """A claim judged alone whose first comparison is its primary."""
+    comparisons[0].role = PRIMARY
+    res = ClaimResult("X", "", "", list(comparisons))
+    res.judge()
+    return res
+
+
 def test_t_rule_is_stricter_than_two_standard_errors():
     diffs = [0.10, 0.02, 0.06]  # mean 0.06, se 0.023: beyond 2·SE = 0.046, inside t(2)·SE = 0.099
     mean, se = np.mean(diffs), np.std(diffs, ddof=1) / math.sqrt(3)
     assert abs(mean) > 2 * se
     t = t_test(diffs)
     assert t.p > 0.05 and t.lo < 0 < t.hi
-    claim = ClaimResult("X", "", "", [Comparison("gap", diffs)])
-    assert claim.verdict == INCONCLUSIVE
-    assert ClaimResult("X", "", "", [Comparison("gap", [0.10, 0.08, 0.09])]).verdict == AGREE
-    assert ClaimResult("X", "", "", [Comparison("gap", [-0.10, -0.08, -0.09])]).verdict == DISAGREE
+    assert claim_of(Comparison("gap", diffs)).verdict == INCONCLUSIVE
+    assert claim_of(Comparison("gap", [0.10, 0.08, 0.09])).verdict == AGREE
+    assert claim_of(Comparison("gap", [-0.10, -0.08, -0.09])).verdict == DISAGREE
 
 
 def test_a_difference_pairs_the_same_seeds():
@@ -116,7 +124,7 @@ def test_holm_controls_the_family():
 
 
 def test_one_seed_gives_no_verdict_and_the_numbers_stay():
-    claim = ClaimResult("X", "", "", [Comparison("gap", [0.3])])
+    claim = claim_of(Comparison("gap", [0.3]))
     assert claim.verdict == NOT_TESTABLE
     c = claim.comparisons[0]
     assert "1 seed" in c.reason and c.mean == pytest.approx(0.3)
@@ -124,17 +132,45 @@ def test_one_seed_gives_no_verdict_and_the_numbers_stay():
 
 
 def test_equivalence_within_a_tolerance():
-    tight = ClaimResult("X", "", "", [Comparison("exp", [0.01, -0.01, 0.0, 0.02], expected="zero", tolerance=0.15)])
-    far = ClaimResult("X", "", "", [Comparison("exp", [0.5, 0.52, 0.49], expected="zero", tolerance=0.15)])
-    edge = ClaimResult("X", "", "", [Comparison("exp", [0.1, 0.2, 0.15], expected="zero", tolerance=0.15)])
+    tight = claim_of(Comparison("exp", [0.01, -0.01, 0.0, 0.02], expected="zero", tolerance=0.15))
+    far = claim_of(Comparison("exp", [0.5, 0.52, 0.49], expected="zero", tolerance=0.15))
+    edge = claim_of(Comparison("exp", [0.1, 0.2, 0.15], expected="zero", tolerance=0.15))
     assert (tight.verdict, far.verdict, edge.verdict) == (AGREE, DISAGREE, INCONCLUSIVE)
 
 
-def test_claim_combines_with_not_testable():
-    assert combine([AGREE, NOT_TESTABLE]) == INCONCLUSIVE
-    assert combine([NOT_TESTABLE, NOT_TESTABLE]) == NOT_TESTABLE
-    assert combine([DISAGREE, NOT_TESTABLE]) == DISAGREE
-    assert combine([AGREE, AGREE]) == AGREE
+def test_the_primary_decides_and_secondaries_do_not_veto():
+    strong, against = [0.10, 0.08, 0.09], [-0.10, -0.08, -0.09]
+    claim = claim_of(Comparison("primary", strong), Comparison("other", against), Comparison.missing("x", "why"))
+    assert claim.verdict == AGREE and [c.verdict for c in claim.comparisons] == [AGREE, DISAGREE, NOT_TESTABLE]
+    assert claim_of(Comparison.missing("primary", "no runs"), Comparison("other", strong)).verdict == NOT_TESTABLE
+    with pytest.raises(ValueError, match="primary"):
+        ClaimResult("X", "", "", [Comparison("a", strong)]).judge()
+
+
+def test_the_table_corrects_over_its_primaries():
+    """p ≈ 0.004, 0.029, 0.042: alone each agrees at 0.05; over the table Holm keeps the first (0.004 ≤ 0.05/3) and
+    stops at the second (0.029 > 0.05/2), so the third is inconclusive too though 0.042 < its level 0.05."""
+    samples = ([0.10, 0.08, 0.09], [0.05, 0.01, 0.07, 0.02, 0.03], [0.05, 0.02, 0.08, 0.03])
+    claims = [claim_of(Comparison("gap", list(s))) for s in samples]
+    ps = [c.primary_test().p for c in claims]
+    assert ps[0] < 0.05 / 3 and 0.05 / 2 < ps[1] < ps[2] < 0.05, ps
+    assert all(c.verdict == AGREE for c in claims)  # judged alone
+    judge_table(claims)
+    assert [c.verdict for c in claims] == [AGREE, INCONCLUSIVE, INCONCLUSIVE]
+    assert [c.alpha for c in claims] == pytest.approx([0.05 / 3, 0.05 / 2, 0.05])
+    assert "Holm stopped" in claims[2].primary.reason and claims[0].family == 3
+
+
+def test_an_inconclusive_primary_says_what_it_could_see_and_a_decided_one_its_magnitude():
+    c = claim_of(Comparison("gap", [0.10, 0.02, 0.06], paper_value=0.05)).primary
+    assert c.verdict == INCONCLUSIVE and c.mde == pytest.approx(0.1305, rel=0.01)  # 3.26 sd at n = 3, α = 0.05
+    assert c.magnitude == "contains the paper's +0.05; cannot see effects below 0.131 (80% power, n = 3, seed sd 0.04)"
+    big = claim_of(Comparison("gap", [0.20, 0.19, 0.21], paper_value=0.05)).primary
+    assert big.verdict == AGREE and big.magnitude == "above the paper's +0.05" and big.mde is None
+    small = claim_of(Comparison("gap", [0.010, 0.011, 0.012], paper_value=0.05)).primary
+    assert small.verdict == AGREE and small.magnitude == "below the paper's +0.05"
+    none = claim_of(Comparison("gap", [0.010, 0.011, 0.012])).primary
+    assert none.magnitude == "the paper gives no number to compare with"
 
 
 # -- the loss regime ----------------------------------------------------------------------------------------------
@@ -159,24 +195,26 @@ def test_too_few_evaluations(tmp_path):
     assert c.verdict == NOT_TESTABLE and "evaluated at 3 points" in c.reason
 
 
-def test_gap_that_changes_sign_or_still_closes_is_not_a_verdict(tmp_path):
-    runs = []
-    for seed in range(3):  # γ = 0.5 better at half budget, γ = 1 better at the end
-        runs.append(make_run(tmp_path, gamma=0.5, seed=seed, arm=EMULATED, final=0,
-                             curve=lambda f, s=seed: 4.0 - f + 0.001 * s))
-        runs.append(make_run(tmp_path, gamma=1.0, seed=seed, arm=EMULATED, final=0,
-                             curve=lambda f: 4.3 - 1.5 * f))
-    c = claim_c1(Runs(runs)).comparisons[0]
-    assert c.verdict == NOT_TESTABLE and "changed sign" in c.reason
+def test_a_moving_gap_is_judged_at_its_budget_with_its_trend(tmp_path):
     closing = []
     for seed in range(3):  # γ = 1 ahead throughout, but the lead halves over the last half
-        closing.append(make_run(tmp_path / "b", gamma=0.5, seed=seed, arm=EMULATED, final=0,
-                                curve=lambda f, s=seed: 4.0 - f + 0.001 * s))
-        closing.append(make_run(tmp_path / "b", gamma=1.0, seed=seed, arm=EMULATED, final=0,
+        closing.append(make_run(tmp_path, gamma=0.5, seed=seed, arm=EMULATED, final=0,
+                                curve=lambda f, s=seed: 4.0 - f + 0.001 * s + 0.002 * s * f))
+        closing.append(make_run(tmp_path, gamma=1.0, seed=seed, arm=EMULATED, final=0,
                                 curve=lambda f: 4.0 - f - 0.4 * (1 - f) - 0.2))
     c = claim_c1(Runs(closing)).comparisons[0]
-    assert c.samples and min(c.samples) > 0  # a 2-SE rule would call this agree
-    assert c.verdict == NOT_TESTABLE and "still closing" in c.reason
+    assert c.verdict == AGREE and c.text().endswith("at 40 tokens/param")  # the verdict is at the budget
+    assert c.trend["state"] == "moving" and c.trend["direction"] == "closing"
+    est, lo, hi = c.trend["crossing_tokens_per_param"]
+    assert 40 < lo < est < hi  # the lead falls 0.4 per half budget: it reaches 0 soon after the budget
+    assert "crossing extrapolated at ≈" in c.trend["summary"]
+    flat = []
+    for seed, g in enumerate([0.10, 0.11, 0.12]):  # the same gap at every evaluation, give or take 1e-4
+        flat.append(make_run(tmp_path / "flat", gamma=0.5, seed=seed, arm=EMULATED, final=0,
+                             curve=lambda f, g=g, s=seed: 3.0 + g + (1 - f) + 1e-4 * math.sin(37 * f + s)))
+        flat.append(make_run(tmp_path / "flat", gamma=1.0, seed=seed, arm=EMULATED, final=0, curve=lambda f: 3.0 + (1 - f)))
+    c = claim_c1(Runs(flat)).comparisons[0]
+    assert c.trend["state"] == "settled" and "crossing_tokens_per_param" not in c.trend, c.trend
 
 
 def test_shrink_across_a_sign_change_is_not_testable(tmp_path):
@@ -185,7 +223,8 @@ def test_shrink_across_a_sign_change_is_not_testable(tmp_path):
     shrink = c1.comparisons[-1]
     assert shrink.label.startswith("gain shrink")
     assert shrink.verdict == NOT_TESTABLE and "no gain to shrink" in shrink.reason
-    assert c1.verdict == DISAGREE  # γ = 1 worse at d32: the part that is testable decides
+    assert c1.verdict == AGREE  # the primary (the smallest size) decides; γ = 1 worse at d32 does not veto
+    assert [c.verdict for c in c1.comparisons[:2]] == [AGREE, DISAGREE]
     behind = claim_c1(Runs(pair_runs(tmp_path / "b", EMULATED, [-0.2, -0.21, -0.22], d=16)
                            + pair_runs(tmp_path / "b", EMULATED, [-0.5, -0.6, -0.55], d=32))).comparisons[-1]
     assert behind.verdict == NOT_TESTABLE  # a "shrink" of +0.3 between two losses is not the paper's claim
@@ -308,8 +347,10 @@ def test_c6_judges_the_rebound_only_after_a_minimum(tmp_path):
 
 
 def _gap(mean_ds: float, bins: list[float], loss: float, bigram: float) -> dict:
+    """A token comparison whose precondition half has mean Δ_sym ``mean_ds`` and profile half ``bins``."""
     return {"mean_delta_sym": mean_ds, "bins": [{"mean_delta_sym": b} for b in bins], "mean_loss_a": loss,
-            "mean_loss_b": loss + 0.05, "bigram_loss": bigram}
+            "mean_loss_b": loss + 0.05, "bigram_loss": bigram,
+            "meta": {"split": {"gate_mean_delta_sym": mean_ds, "profile_bins": bins}}}
 
 
 def test_c7_needs_a_better_model_below_bigram():
@@ -443,3 +484,23 @@ def test_tables_keep_each_arm_apart(tmp_path):
     assert rows == {(2048, "none", 3e-3): (pytest.approx(3.0), 2), (0, "none", 3e-3): (pytest.approx(2.0), 2),
                     (0, "elementwise", 1e-2): (pytest.approx(2.5), 2), (0, "elementwise", 3e-3): (pytest.approx(2.7), 2)}
     assert len(scaling_fits(Runs(runs))) == 4
+
+
+def test_token_gap_keeps_its_halves_for_c7():
+    """token_gap's meta.split is the even batches' mean Δ_sym (C7's precondition) and the odd batches' deciles (its
+    profile), the same numbers as token_gap on each half alone."""
+    import torch
+
+    from smallinit.analysis import token_gap
+    from smallinit.config import ModelConfig
+    from smallinit.model import Transformer
+
+    cfg = dict(d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=32, vocab_size=64)
+    a, b = (Transformer(ModelConfig(**cfg, gamma=g), seed=0) for g in (0.5, 1.0))
+    gen = torch.Generator().manual_seed(0)
+    batches = [(x[:, :-1], x[:, 1:]) for x in (torch.randint(0, 64, (4, 33), generator=gen) for _ in range(4))]
+    split = token_gap(a, b, batches, top_k=0).meta["split"]
+    gate, profile = token_gap(a, b, batches[0::2], top_k=0), token_gap(a, b, batches[1::2], top_k=0)
+    assert split["gate_mean_delta_sym"] == pytest.approx(gate.mean_delta_sym)
+    assert split["profile_bins"] == pytest.approx([x.mean_delta_sym for x in profile.bins])
+    assert split["gate_tokens"] + split["profile_tokens"] == 4 * 4 * 32

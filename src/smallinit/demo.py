@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from .experiments.recipes import RecipeResult, run_recipe
+from .experiments.recipes import RecipeResult, load_recipe, run_recipe
 from .experiments.verdicts import verdict_table
 from .io import write_json_atomic, write_text_atomic
 from .report import build_report
@@ -30,6 +30,8 @@ def run_demo(
     """Run (or continue) the demo at ``scale`` ("full", "quick" or "micro"), report and judge it."""
     t0 = time.monotonic()
     out = Path(out) if out is not None else Path("runs") / f"demo-{scale}"
+    if echo is not None:  # what this scale tests and cannot test, before anything runs
+        print(f"[demo] {scale}: {load_recipe('demo').scale(scale).description}", file=echo, flush=True)
     result = run_recipe("demo", scale, out, jobs=jobs, echo=echo)
     if result.analysis is None:
         return DemoResult(result, None, "", time.monotonic() - t0)

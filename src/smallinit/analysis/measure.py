@@ -153,7 +153,7 @@ def compare_checkpoints(
                                text_field=a.config.data.text_field, max_tokens=max_tokens)
     result = token_gap(a.model, b.model, batches, tokenizer=tok, bins=bins, top_k=top_k)
     la, lb = labels or (_run_name(a.path), _run_name(b.path))
-    result.meta = {"label_a": la, "label_b": lb, "checkpoint_a": str(a.path), "checkpoint_b": str(b.path),
+    result.meta = {**result.meta, "label_a": la, "label_b": lb, "checkpoint_a": str(a.path), "checkpoint_b": str(b.path),
                    "step_a": a.step, "step_b": b.step, "seq_len": seq_len,
                    "settings_a": run_settings(flatten(a.config.to_dict())),
                    "settings_b": run_settings(flatten(b.config.to_dict())),

@@ -291,10 +291,20 @@ def token_gap(
         raise DataError(f"need bins ≥ 1, top_k ≥ 0 and context ≥ 0, got {bins}, {top_k}, {context}")
     device = next(model_a.parameters()).device
     acc = TokenGapAccumulator(top_k=top_k, context=context)
-    for x, y in batches:
+    halves = (TokenGapAccumulator(top_k=0), TokenGapAccumulator(top_k=0))  # even and odd batches
+    for i, (x, y) in enumerate(batches):
         x, y = x.to(device), y.to(device)
-        acc.add(x.cpu(), y.cpu(), token_gap_batch(model_a, model_b, x, y))
-    return acc.result(bins, tokenizer)
+        gap = token_gap_batch(model_a, model_b, x, y)
+        acc.add(x.cpu(), y.cpu(), gap)
+        halves[i % 2].add(x.cpu(), y.cpu(), gap)
+    result = acc.result(bins, tokenizer)
+    if all(h.count.sum() for h in halves):
+        # a claim's precondition judged on one half of the tokens and its profile on the other (smallinit C7)
+        gate, profile = (h.result(bins) for h in halves)
+        result.meta["split"] = {"gate_mean_delta_sym": gate.mean_delta_sym, "gate_tokens": gate.tokens,
+                                "profile_bins": [b.mean_delta_sym for b in profile.bins],
+                                "profile_tokens": profile.tokens}
+    return result
 
 
 def bigram_loss(train: np.ndarray, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], vocab_size: int,

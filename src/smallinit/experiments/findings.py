@@ -31,6 +31,8 @@ from ..train import load_model
 from .claims import (
     BASELINE,
     FIXED,
+    PRIMARY,
+    SECONDARY,
     ClaimResult,
     Comparison,
     Run,
@@ -43,6 +45,7 @@ from .claims import (
     claim_c6,
     claim_c7,
     judge_all,
+    judge_table,
     paired,
     reference_lr,
     sink_layers,
@@ -172,19 +175,23 @@ def token_gaps(runs: Runs, options: dict[str, Any], out: Path, say: Say = _quiet
 
 
 def _claims(results: list[ClaimResult]) -> list[dict[str, Any]]:
+    """The claims of one table, their primaries judged together (Holm over the table)."""
+    judge_table(results)
     return [c.to_dict() for c in results]
 
 
-Judge = Callable[[Runs, "dict[str, Any] | None", "dict[int, dict[str, Any]] | None", dict[str, Any]], list[ClaimResult]]
-# The claims each analysis judges, from its runs, residual flow and token gaps: what findings.json holds, and
-# what smallinit.experiments.plan judges on the planned runs before anything trains.
+Judge = Callable[[Runs, dict[str, Any], dict[str, Any]], list[ClaimResult]]
+# The claims each analysis judges, from its runs and what it measured beside them ("flow": the residual-flow
+# sweep, "gaps": the token comparisons, "anchor": the anchor probe's scores per run folder), with its options:
+# what findings.json holds, and what smallinit.experiments.plan judges on the planned runs before anything trains.
 JUDGES: dict[str, Judge] = {
-    "claims": lambda runs, flow, gaps, o: judge_all(runs, flow, gaps, n_boot=int(o.get("n_boot", 1000))),
-    "fig1": lambda runs, flow, gaps, o: [claim_c2(runs), claim_c3(runs)],
-    "fig2": lambda runs, flow, gaps, o: [claim_c1(runs), claim_c4(runs, n_boot=int(o.get("n_boot", 1000)))],
-    "fig3": lambda runs, flow, gaps, o: [claim_c5(runs, flow)],
-    "condensation": lambda runs, flow, gaps, o: [claim_c6(runs)],
-    "tokens": lambda runs, flow, gaps, o: [claim_c7(gaps)],
+    "claims": lambda runs, m, o: judge_all(runs, m.get("flow"), m.get("gaps"), n_boot=int(o.get("n_boot", 1000))),
+    "fig1": lambda runs, m, o: [claim_c2(runs), claim_c3(runs)],
+    "fig2": lambda runs, m, o: [claim_c1(runs), claim_c4(runs, n_boot=int(o.get("n_boot", 1000)))],
+    "fig3": lambda runs, m, o: [claim_c5(runs, m.get("flow"))],
+    "condensation": lambda runs, m, o: [claim_c6(runs)],
+    "tokens": lambda runs, m, o: [claim_c7(m.get("gaps"))],
+    "reasoning": lambda runs, m, o: [reasoning_claim(runs, m.get("anchor") or {})],
 }
 
 
@@ -194,13 +201,13 @@ def claims_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> di
     flow = flow_sweep(options, out, say)
     gaps = token_gaps(runs, options, out, say)
     say(f"judging the claims ({int(options.get('n_boot', 1000))} bootstrap resamples for C4)")
-    return {"claims": _claims(JUDGES["claims"](runs, flow, gaps, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
+    return {"claims": _claims(JUDGES["claims"](runs, {"flow": flow, "gaps": gaps}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
             "norm_factors": norm_factor_table(runs), "n_runs": len(runs)}
 
 
 def fig1_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
-    return {"claims": _claims(JUDGES["fig1"](runs, None, None, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
+    return {"claims": _claims(JUDGES["fig1"](runs, {}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
             "norm_factors": norm_factor_table(runs), "n_runs": len(runs)}
 
 
@@ -226,14 +233,14 @@ def scaling_fits(runs: Runs) -> list[dict[str, Any]]:
 def fig2_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     c4_base = claim_c4(runs, arm=BASELINE, n_boot=int(options.get("n_boot", 1000)))  # contrast: no fixes
-    return {"claims": _claims(JUDGES["fig2"](runs, None, None, options)), "fits": scaling_fits(runs), "losses": loss_table(runs),
+    return {"claims": _claims(JUDGES["fig2"](runs, {}, options)), "fits": scaling_fits(runs), "losses": loss_table(runs),
             "effective_size_without_fixes": c4_base.extra.get("effective_size_gain"), "n_runs": len(runs)}
 
 
 def fig3_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     flow = flow_sweep(options, out, say)
-    return {"claims": _claims(JUDGES["fig3"](runs, flow, None, options)), "residual_flow": flow, "losses": loss_table(runs),
+    return {"claims": _claims(JUDGES["fig3"](runs, {"flow": flow}, options)), "residual_flow": flow, "losses": loss_table(runs),
             "n_runs": len(runs)}
 
 
@@ -253,14 +260,14 @@ def trajectories(runs: Runs) -> list[dict[str, Any]]:
 
 def condensation_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
-    return {"claims": _claims(JUDGES["condensation"](runs, None, None, options)), "trajectories": trajectories(runs), "losses": loss_table(runs),
+    return {"claims": _claims(JUDGES["condensation"](runs, {}, options)), "trajectories": trajectories(runs), "losses": loss_table(runs),
             "n_runs": len(runs)}
 
 
 def tokens_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     gaps = token_gaps(runs, options, out, say)
-    return {"claims": _claims(JUDGES["tokens"](runs, None, gaps, options)), "losses": loss_table(runs), "n_runs": len(runs)}
+    return {"claims": _claims(JUDGES["tokens"](runs, {"gaps": gaps}, options)), "losses": loss_table(runs), "n_runs": len(runs)}
 
 
 def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
@@ -283,31 +290,43 @@ def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) ->
     summary = [{**_size_fields(size), "gamma": g, "n": len(rows), **{k: float(np.mean([x[k] for x in rows]))
                for k in ("in_distribution", "heldout_reasoning", "heldout_memorising", "heldout_other")}}
                for (size, g), rows in sorted(by_arm.items())]
+    claim = JUDGES["reasoning"](runs, {"anchor": scores}, options)[0]
+    if per_run:
+        acc = [row["in_distribution"] for row in per_run]
+        claim.notes.append(f"in-distribution accuracy {min(acc):.2f}–{max(acc):.2f}")
+    return {"claims": _claims([claim]), "anchor": per_run, "anchor_by_gamma": summary, "losses": loss_table(runs),
+            "n_runs": len(runs)}
+
+
+def reasoning_claim(runs: Runs, scores: dict[Path, dict[str, Any]]) -> ClaimResult:
+    """R from the anchor probe's scores per run folder: held-out reasoning and memorising, the largest γ against
+    the smallest, seeds paired within one size (the smallest size is the primary)."""
     claim = ClaimResult("R", "Small init favours the reasoning (compositional) solution over memorising the mirror pair",
                         "Zhang et al. 2024: small γ → inferential, large init → symmetric")
 
     def metric(key: str) -> Callable[[Run], float | None]:
         return lambda run: scores[run.path][key] if run.path in scores else None
 
-    sizes = sorted({size for size, _ in by_arm})
+    probed = Runs([r for r in runs if r.path in scores])
+    sizes = probed.values("size")
     for size in sizes:  # seeds are paired within one size
-        at = runs.where(size=size)
-        gammas = sorted({g for s, g in by_arm if s == size})
+        at = probed.where(size=size)
+        gammas = at.values("model.gamma")
         if len(gammas) < 2:
             continue
         small, large = at.where({"model.gamma": gammas[-1]}), at.where({"model.gamma": gammas[0]})
         tag = f" @{size_label(size)}" if len(sizes) > 1 else ""
         claim.comparisons += [
             Comparison.by_seed(f"reasoning γ{gammas[-1]:g}−γ{gammas[0]:g}{tag}",
-                               paired(small, large, metric("heldout_reasoning"))),
+                               paired(small, large, metric("heldout_reasoning")),
+                               role=SECONDARY if claim.comparisons else PRIMARY),  # primary: the smallest size
             Comparison.by_seed(f"memorising γ{gammas[0]:g}−γ{gammas[-1]:g}{tag}",
                                paired(large, small, metric("heldout_memorising"))),
         ]
-    if per_run:
-        acc = [row["in_distribution"] for row in per_run]
-        claim.notes.append(f"in-distribution accuracy {min(acc):.2f}–{max(acc):.2f}")
-    return {"claims": _claims([claim]), "anchor": per_run, "anchor_by_gamma": summary, "losses": loss_table(runs),
-            "n_runs": len(runs)}
+    if not claim.comparisons:
+        claim.comparisons.append(Comparison.missing("reasoning", "needs ≥ 2 γ at one size", role=PRIMARY))
+    claim.judge()
+    return claim
 
 
 FINDINGS: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {

@@ -45,6 +45,7 @@ from .power import CLAIM_ALPHA, MIN_SEEDS, POWER, minimum_detectable_effect
 from .recipes import Recipe, Scale, apply_budget, customise, load_recipe
 from .runs import Run, model_shape
 from .sweep import Sweep, resolve_config
+from .verdicts import NOT_TESTABLE
 
 # Dense bf16 peak per GPU (FLOP/s, without sparsity) and memory (GiB), from the vendors' data sheets.
 GPUS: dict[str, tuple[float, float]] = {
@@ -141,20 +142,24 @@ class CellPlan:
 
 @dataclass
 class ClaimPlan:
+    """What the design lets a claim's analysis judge. The verdict is its primary comparison's, so the claim is
+    decided when the primary passes every design-level precondition."""
+
     claim: str
     statement: str
-    decides: bool  # every comparison passes the design-level preconditions
-    seeds: int  # paired seeds of its testable comparisons: the fewest …
-    mde: float  # … and the minimum detectable effect there, at 80 % power, in the seed sd's units; inf: none
-    most_seeds: int = 0  # the most paired seeds of a testable comparison
-    best_mde: float = math.inf  # and the minimum detectable effect there
+    primary: str  # the primary comparison's label
+    decides: bool  # the primary passes the design-level preconditions
+    seeds: int  # the primary's paired seeds …
+    mde: float  # … and its minimum detectable effect at 80 % power, in the seed sd's units (inf: none)
+    fewest_seeds: int = 0  # over every testable comparison, primary and secondary
+    most_seeds: int = 0
     failing: dict[str, str] = field(default_factory=dict)  # comparison → why it cannot be judged, by design
     testable: list[str] = field(default_factory=list)
 
     @property
     def partly(self) -> bool:
         """Some comparisons can be judged, not all."""
-        return bool(self.testable) and not self.decides
+        return bool(self.testable) and bool(self.failing)
 
 
 @dataclass
@@ -181,14 +186,14 @@ class Plan:
         return self.wall_s * self.hardware.devices / 3600
 
     def headline(self) -> str:
-        """One line: the wall time and device-hours, and which claims it decides (wholly, partly, not)."""
-        kinds = {"decides": [c.claim for c in self.claims if c.decides],
-                 "partly": [f"{c.claim} ({len(c.testable)} of {len(c.testable) + len(c.failing)})"
-                            for c in self.claims if c.partly],
-                 "not": [c.claim for c in self.claims if not c.testable]}
+        """One line: the wall time and device-hours, and which claims it decides (its primary can be judged)."""
+        decided = [c.claim + (f" ({len(c.testable)} of {len(c.testable) + len(c.failing)} comparisons)" if c.partly
+                              else "") for c in self.claims if c.decides]
+        undecided = [c.claim for c in self.claims if not c.decides]
         unit = "core" if self.hardware.kind == "cpu" else "GPU"
-        where = f"{self.hardware.devices} CPU cores" if unit == "core" else f"{self.hardware.devices} × {self.hardware.kind.upper()}"
-        said = "; ".join(f"{k} {', '.join(v)}" for k, v in kinds.items() if v)
+        where = (f"{self.hardware.devices} CPU cores" if unit == "core"
+                 else f"{self.hardware.devices} × {self.hardware.kind.upper()}")
+        said = "; ".join(f"{k} {', '.join(v)}" for k, v in (("decides", decided), ("not", undecided)) if v)
         return f"plan on {where}: {_hours(self.wall_s)} wall, {self.device_hours:,.1f} {unit}-hours; {said}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -196,7 +201,7 @@ class Plan:
                 "seed_sd": self.seed_sd, "seed_sd_source": self.seed_sd_source, "flops": self.flops,
                 "wall_s": self.wall_s, "device_hours": self.device_hours,
                 "cells": [asdict(c) for c in self.cells],
-                "claims": [{**asdict(c), "mde": _finite(c.mde), "best_mde": _finite(c.best_mde)} for c in self.claims],
+                "claims": [{**asdict(c), "mde": _finite(c.mde)} for c in self.claims],
                 "notes": self.notes}
 
 
@@ -337,42 +342,31 @@ def _planned_gaps(runs: Runs, options: dict[str, Any]) -> dict[int, dict[str, An
     at = fixed.where(size=sizes[-1])
     seeds = sorted(set(at.where({"model.gamma": 0.5}).run_by_seed()) & set(at.where({"model.gamma": 1.0}).run_by_seed()))
     profile = [0.0, 0.001, 0.002, 0.004, 0.02, 0.03, 0.03, 0.02, 0.015, 0.002]
-    return {s: {"bins": [{"mean_delta_sym": v + 0.001 * _noise(f"{s}/{i}")} for i, v in enumerate(profile)],
-                "mean_delta_sym": 0.012 + 0.001 * _noise(str(s)), "bigram_loss": 9.0, "mean_loss_a": 3.0,
-                "mean_loss_b": 3.1} for s in seeds}
+    return {s: {"meta": {"split": {"profile_bins": [v + 0.001 * _noise(f"{s}/{i}") for i, v in enumerate(profile)],
+                                   "gate_mean_delta_sym": 0.012 + 0.001 * _noise(str(s))}},
+                "bigram_loss": 9.0, "mean_loss_a": 3.0, "mean_loss_b": 3.1} for s in seeds}
+
+
+def _planned_anchor(runs: Runs) -> dict[Path, dict[str, float]]:
+    """What the anchor probe yields per run of the anchor task: held-out reasoning falling with γ, memorising rising."""
+    return {r.path: {"heldout_reasoning": 0.8 - 0.3 * float(r.config["model.gamma"]) + 0.01 * _noise(r.name),
+                     "heldout_memorising": 0.1 + 0.3 * float(r.config["model.gamma"]) + 0.01 * _noise(r.name)}
+            for r in runs if str(r.config.get("data.corpus", "")).startswith("builtin:anchor")}
 
 
 def _claim_plan(res: ClaimResult, seed_sd: float) -> ClaimPlan:
     res.judge()
-    failing = {c.label: c.reason for c in res.comparisons if c.verdict == "not testable here"}
-    testable = [c for c in res.comparisons if c.verdict != "not testable here"]
+    failing = {c.label: c.reason for c in res.comparisons if c.verdict == NOT_TESTABLE}
+    testable = [c for c in res.comparisons if c.verdict != NOT_TESTABLE]
     counts = [len(c.samples) for c in testable if c.samples] or [0]
-    return ClaimPlan(res.claim, res.statement, bool(testable) and not failing, min(counts), _mde(seed_sd, min(counts)),
-                     max(counts), _mde(seed_sd, max(counts)), failing, [c.label for c in testable])
+    primary = res.primary
+    n = len(primary.samples) if primary.verdict != NOT_TESTABLE else 0
+    return ClaimPlan(res.claim, res.statement, primary.label, primary.verdict != NOT_TESTABLE, n, _mde(seed_sd, n),
+                     min(counts), max(counts), failing, [c.label for c in testable])
 
 
 def _mde(seed_sd: float, seeds: int) -> float:
     return minimum_detectable_effect(seed_sd, seeds, CLAIM_ALPHA, POWER) if seeds >= MIN_SEEDS else math.inf
-
-
-def _reasoning_plan(runs: Runs, seed_sd: float) -> ClaimPlan:
-    """R pairs seeds within one depth between the smallest and largest γ (its probe needs the trained models)."""
-    failing: dict[str, str] = {}
-    seeds = []
-    for size in runs.values("size"):
-        at = runs.where(size=size)
-        gammas = at.values("model.gamma")
-        if len(gammas) < 2:
-            failing[f"@{size}"] = "one γ only"
-            continue
-        n = len(set(at.where({"model.gamma": gammas[0]}).run_by_seed()) & set(at.where({"model.gamma": gammas[-1]}).run_by_seed()))
-        if n >= MIN_SEEDS:
-            seeds.append(n)
-        else:
-            failing[f"@{size}"] = f"{n} paired seed(s) < {MIN_SEEDS}"
-    n, most = min(seeds, default=0), max(seeds, default=0)
-    return ClaimPlan("R", "Small init favours the reasoning solution over memorising", bool(seeds) and not failing, n,
-                     _mde(seed_sd, n), most, _mde(seed_sd, most), failing, [f"{len(seeds)} depth(s)"] if seeds else [])
 
 
 # -- the plan ------------------------------------------------------------------------------------------------------
@@ -416,12 +410,10 @@ def plan_recipe(recipe: Recipe | str, scale: str, hardware: Hardware | None = No
     all_runs = Runs(runs)
     sd, source = (seed_sd, "--seed-sd") if seed_sd else (CPU_STUDY_SEED_SD, "the CPU study's median paired loss-gap sd "
                                                           "(docs/findings-cpu.md); pass --seed-sd from a pilot")
-    if recipe.analysis == "reasoning":
-        claims = [_reasoning_plan(all_runs, sd)]
-    else:
-        judged = JUDGES[recipe.analysis](all_runs, _planned_flow(sc.options), _planned_gaps(all_runs, sc.options),
-                                        {**sc.options, "n_boot": 20})
-        claims = [_claim_plan(r, sd) for r in judged]
+    measured = {"flow": _planned_flow(sc.options), "gaps": _planned_gaps(all_runs, sc.options),
+                "anchor": _planned_anchor(all_runs)}
+    judged = JUDGES[recipe.analysis](all_runs, measured, {**sc.options, "n_boot": 20})
+    claims = [_claim_plan(r, sd) for r in judged]
     notes = []
     if hardware.kind != "cpu":
         too_big = [c for c in cells if c.memory_gib > hardware.memory_gib]
@@ -438,7 +430,7 @@ def scale_headline(recipe: Recipe, scale: str) -> str:
         plan = plan_recipe(recipe, scale)
     except SmallinitError as e:
         return f"plan: not available ({e})"
-    return plan.headline() + ("" if any(c.testable for c in plan.claims) else ": an illustration, it judges nothing")
+    return plan.headline() + ("" if any(c.decides for c in plan.claims) else ": an illustration, it judges nothing")
 
 
 # -- what a user sees ------------------------------------------------------------------------------------------
@@ -466,19 +458,16 @@ def format_plan(plan: Plan) -> str:
                  f"α = {CLAIM_ALPHA:.3g}, in seed sds; seed sd {plan.seed_sd:g} nats of final loss from "
                  f"{plan.seed_sd_source}):")
     for c in plan.claims:
-        if c.testable:
-            seeds = f"{c.seeds}" if c.seeds == c.most_seeds else f"{c.seeds}–{c.most_seeds}"
-            mde = (f"{c.mde / plan.seed_sd:.2f} sd" if c.seeds == c.most_seeds
-                   else f"{c.mde / plan.seed_sd:.2f}–{c.best_mde / plan.seed_sd:.2f} sd")
-            nats = f"{c.mde:.3g}" if c.seeds == c.most_seeds else f"{c.mde:.3g}–{c.best_mde:.3g}"
-            lines.append(f"  {c.claim:<12} {'decides' if c.decides else 'partly'}: {len(c.testable)} of "
-                         f"{len(c.testable) + len(c.failing)} comparison(s) pass the design's preconditions; {seeds} "
-                         f"seeds, MDE {mde} ({nats} at sd {plan.seed_sd:g})")
+        if c.decides:
+            lines.append(f"  {c.claim:<12} decides: primary {c.primary} on {c.seeds} seeds, MDE "
+                         f"{c.mde / plan.seed_sd:.2f} sd ({c.mde:.3g} at sd {plan.seed_sd:g}); {len(c.testable)} of "
+                         f"{len(c.testable) + len(c.failing)} comparisons testable, {c.fewest_seeds}–{c.most_seeds} seeds")
         else:
-            lines.append(f"  {c.claim:<12} cannot decide: every comparison fails a precondition by design")
+            lines.append(f"  {c.claim:<12} cannot decide: its primary ({c.primary}) fails a precondition by design"
+                         + (f"; {len(c.testable)} secondary comparison(s) testable" if c.testable else ""))
         for reason in _distinct(c.failing):
             lines.append(f"      ↳ {reason}")
-    outcome = sorted({c.claim.split()[0] for c in plan.claims if c.testable} & set(DECIDED_BY_THE_RUNS))
+    outcome = sorted({c.claim.split()[0] for c in plan.claims if c.decides} & set(DECIDED_BY_THE_RUNS))
     if outcome:
         lines.append("still decided by the runs themselves (the plan cannot know them): "
                      + "; ".join(f"{k} {DECIDED_BY_THE_RUNS[k]}" for k in outcome))

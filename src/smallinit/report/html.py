@@ -237,12 +237,15 @@ def _section_findings(doc: _Doc, findings: list[tuple[str, dict]]) -> None:
             "Runs are paired by seed and selected by their configs (γ, ε, gate, size); parts a claim needs that "
             "the folder lacks are marked not measured.")
         doc.p(f"{origin} Each comparison is judged from its per-seed numbers by one rule for every claim "
-              "(smallinit.experiments.verdicts: Student-t over seeds, Holm within a claim, and not testable here where a "
+              "(smallinit.experiments.verdicts: Student-t over seeds; each claim's verdict is its pre-declared primary "
+              "comparison's, Holm over the table's primaries; the others are secondary; not testable here where a "
               "precondition fails; described in docs/experiments.md).", "note")
         rows = []
         for c in f.get("claims", []):
             label = str(c.get("verdict", "inconclusive"))
-            why = "".join(f"<li>{esc(x.get('text', ''))}: {esc(x.get('verdict', ''))}"
+            why = "".join(f"<li>{'primary: ' if x.get('role') == 'primary' else ''}{esc(x.get('text', ''))}: "
+                          f"{esc(x.get('verdict', ''))}"
+                          + (f"; {esc(x['magnitude'])}" if x.get("magnitude") else "")
                           + (f" ({esc(x['reason'])})" if x.get("reason") and x["reason"] not in x.get("text", "") else "")
                           + "</li>" for x in c.get("comparisons", []))
             rows.append(f"<tr><td>{esc(c.get('claim', ''))}</td><td>{esc(c.get('statement', ''))}</td>"

@@ -41,7 +41,6 @@ from ..power import (
     SINK_TOKENS,
     uniform_sink,
 )
-from ..verdicts import combine
 from .c1 import claim_c1
 from .c2 import claim_c2
 from .c3 import claim_c3
@@ -49,7 +48,7 @@ from .c4 import best_lr_comparison, claim_c4
 from .c5 import FLOW_TOLERANCE, claim_c5
 from .c6 import claim_c6
 from .c7 import EASY_BINS, MID_BINS, NOISY_BINS, claim_c7, gaps_from_compares
-from .comparison import ClaimResult, Comparison
+from .comparison import PRIMARY, SECONDARY, ClaimResult, Comparison, judge_table
 from .judge import judge_all
 from .loss import gap_trajectory, loss_comparison
 from .preconditions import regime_problem, sink_formed
@@ -73,8 +72,8 @@ from .selection import (
 __all__ = [
     "BASELINE", "EASY_BINS", "EMULATED", "EMULATED_WIDTH", "FIXED", "FLOW_TOLERANCE", "MAX_SIZE_RATIO", "MID_BINS",
     "MIN_EVALS", "MIN_TOKENS_PER_PARAM", "NOISY_BINS", "SATURATED", "SINK_RATIO", "SINK_SEQS", "SINK_TOKENS",
-    "ClaimResult", "Comparison", "Run", "Runs", "best_lr_comparison", "claim_c1", "claim_c2", "claim_c3", "claim_c4",
-    "claim_c5", "claim_c6", "claim_c7", "combine", "effective_eps", "gap_trajectory", "gaps_from_compares",
-    "judge_all", "loss_comparison", "measured_factor_at_init", "paired", "reference_lr", "regime_problem",
+    "PRIMARY", "SECONDARY", "ClaimResult", "Comparison", "Run", "Runs", "best_lr_comparison", "claim_c1", "claim_c2", "claim_c3", "claim_c4",
+    "claim_c5", "claim_c6", "claim_c7", "effective_eps", "gap_trajectory", "gaps_from_compares",
+    "judge_all", "judge_table", "loss_comparison", "measured_factor_at_init", "paired", "reference_lr", "regime_problem",
     "sink_formed", "sink_layers", "sink_mean", "size_label", "uniform_sink", "val_loss",
 ]
