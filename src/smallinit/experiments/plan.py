@@ -11,8 +11,8 @@ non-embedding parameter, the configured tokenizer's vocabulary, ``--presets`` an
 
 Decidability. The claims code itself decides: every planned cell becomes a run that holds exactly what the
 real one will record (its config, evaluations at the planned steps, analysis records where the analysis
-callback will run), with outcomes chosen so that every outcome-dependent precondition holds (a settled gap,
-a formed sink, a stable-rank minimum mid-training, γ = 1 ahead on tokens). The recipe's own analysis judges
+callback will run), with outcomes chosen so that every outcome-dependent precondition holds (a formed sink, the
+analytic RMSNorm factor, a stable-rank minimum mid-training, a sane scaling fit, γ = 1 ahead on tokens). The recipe's own analysis judges
 these runs; whatever it still calls "not testable here" fails by design — seeds, tokens per parameter,
 evaluations, the sink sample, ε's saturation, sizes — and will fail whatever the runs show. The outcomes
 themselves mean nothing and are never shown.
@@ -65,13 +65,12 @@ CPU_MFU = 0.20
 CPU_STUDY_SEED_SD = 0.017
 
 
-# The preconditions that depend on what the runs show; the plan assumes they hold (claims/*.py checks them).
+# The preconditions that depend on what the runs show (claims/*.py checks them); the plan assumes they hold.
 DECIDED_BY_THE_RUNS = {
-    "C1": "γ = 1 ahead at the smallest and largest size (for the shrink), a settled gap",
-    "C2": "the measured RMSNorm factor at init < 0.5, a settled gap",
-    "C3": "a sink formed (some layer > 3× uniform attention), a settled gap",
-    "C4": "a sane effective-size fit (N_eff/N within 10×), a settled gap",
-    "C5": "a settled gap",
+    "C1": "γ = 1 ahead at the smallest and the largest size (for the shrink)",
+    "C2": "the measured RMSNorm factor at init < 0.5",
+    "C3": "a sink formed (some layer > 3× uniform attention)",
+    "C4": "a sane effective-size fit (N_eff/N within 10×)",
     "C6": "γ = 1's stable-rank minimum before the last third of training",
     "C7": "γ = 1 better on average and both models below a bigram model",
 }
@@ -283,8 +282,8 @@ def plan_cell(sweep: str, cell_id: str, size: str, cfg: Config, ranks: int, hard
 
 def _planned_run(sweep: str, cell_id: str, cfg: Config, ranks: int, nonembed: int) -> Run:
     """A run holding what this cell will record, with outcomes that meet every outcome-dependent precondition:
-    losses on one power law in N with γ = 1 ahead (more with the fixes), a gap that does not move along
-    training, a formed sink, the analytic RMSNorm factor, γ = 1's stable rank lowest a third of the way in."""
+    losses on one power law in N with γ = 1 ahead (more with the fixes), a formed sink, the analytic RMSNorm
+    factor, γ = 1's stable rank lowest a third of the way in."""
     flat = flatten(cfg.to_dict())
     flat.setdefault("model.norm_eps_width", 0)
     g, d = float(cfg.model.gamma), cfg.model.d_model
