@@ -141,7 +141,10 @@ def test_demo_micro_end_to_end(tmp_path, capsys):
     """The demo pipeline at micro scale: runs, findings, the HTML report and the printed verdict table."""
     out = tmp_path / "demo"
     assert main(["demo", "--scale", "micro", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
+    # what the scale can and cannot test comes first, before anything runs
+    assert captured.err.startswith(f"[demo] micro: {load_recipe('demo').scale('micro').description}")
     assert "report: " in printed and (out / "report.html").is_file()
     findings = json.loads((out / "findings.json").read_text())
     assert [c["claim"] for c in findings["claims"]] == ["C1", "C2", "C3", "C4", "C5", "C6", "C7"]

@@ -418,9 +418,11 @@ def build_parser() -> argparse.ArgumentParser:
     _plan_args(p)
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("demo", help="the paper's claims C1–C7 at CPU scale in ≈ 19 min (--quick ≈ 2 min), "
-                       "with an HTML report and a verdict table")
-    p.add_argument("--quick", action="store_true", help="the ≈ 2 minute version")
+    p = sub.add_parser("demo", help="the paper's claims C1–C7 at CPU scale: ≈ 1,900 CPU-seconds of training, ≈ 16 min "
+                       "on 2 free cores (--quick: 275 CPU-s, ≈ 3 min; 16 min on a loaded machine), with an HTML report "
+                       "and a verdict table")
+    p.add_argument("--quick", action="store_true", help="a first look at d = 16 (≈ 3 min on 2 free cores); it says "
+                   "first what it cannot test")
     p.add_argument("--scale", choices=("full", "quick", "micro"), help=argparse.SUPPRESS)
     p.add_argument("--out", metavar="DIR", help="demo folder (default runs/demo-full or runs/demo-quick)")
     p.add_argument("--jobs", type=int, metavar="N", help="runs side by side (default: one per core)")

@@ -359,7 +359,7 @@ def analysis_figures(result: Mapping, out_dir: str | Path) -> list[Path]:
 def gap_figure(panels: Mapping[str, Mapping[str, Sequence[Series]]]) -> Figure:
     """Loss gaps along training, one panel per claim: ``{claim: {comparison: [per-seed [(tokens per
     non-embedding parameter, gap)]]}}``, > 0 the paper's direction; the mean over seeds with their range.
-    A verdict is only drawn where the curve has settled, so the curve itself is the finding."""
+    A verdict is stated at the budget the runs reached; the curve shows how the gap got there."""
     fig, axes, colors = _panels(panels, w=4.6, h=3.4)
     for (title, curves), (ax,) in zip(panels.items(), axes):
         ax.axhline(0.0, color="k", lw=0.8)
