@@ -193,6 +193,8 @@ class Plan:
         where = (f"{self.hardware.devices} CPU cores" if unit == "core"
                  else f"{self.hardware.devices} × {self.hardware.kind.upper()}")
         said = "; ".join(f"{k} {', '.join(v)}" for k, v in (("decides", decided), ("not", undecided)) if v)
+        if not decided:
+            said += ": an illustration, its design decides no claim (smallinit plan shows why)"
         return f"plan on {where}: {_hours(self.wall_s)} wall, {self.device_hours:,.1f} {unit}-hours; {said}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -429,7 +431,7 @@ def scale_headline(recipe: Recipe, scale: str) -> str:
         plan = plan_recipe(recipe, scale)
     except SmallinitError as e:
         return f"plan: not available ({e})"
-    return plan.headline() + ("" if any(c.decides for c in plan.claims) else ": an illustration, it judges nothing")
+    return plan.headline()
 
 
 # -- what a user sees ------------------------------------------------------------------------------------------
