@@ -6,7 +6,7 @@ import math
 import pytest
 
 from helpers import TINY_MODEL
-from smallinit import Config
+from smallinit import Config, Transformer
 from smallinit.analysis.norm_factor import relative_factor
 from smallinit.analysis.saturation import (
     MEAN,
@@ -73,11 +73,13 @@ def test_formula_matches_the_closed_form():
 def test_paper_scale_reads_the_gpu_recipe():
     cfg = paper_scale_config()
     assert (cfg.model.d_model, cfg.model.gamma, cfg.model.effective_norm_eps) == (2048, 1.0, 1e-5)
-    assert (cfg.train.lr, cfg.train.steps, cfg.train.warmup_steps) == (6e-4, 55000, 2000)
+    # the recipe's budget: 20 tokens per non-embedding parameter in 256 × 2048-token batches, 5 % warmup
+    steps = math.ceil(20 * Transformer.count_params(cfg.model)[1] / (256 * 2048))
+    assert (cfg.train.lr, cfg.train.steps, cfg.train.warmup_steps) == (6e-4, steps, round(0.05 * steps))
     # inside warmup: lr·t(t+1)/(2w) = √(ε/3 − 2048⁻²)
     t = steps_to_unsaturate(cfg)
-    assert 6e-4 * t * (t + 1) / 4000 == pytest.approx(math.sqrt(1e-5 / 3 - 2048.0**-2), rel=0.02)
-    assert paper_scale_share() == pytest.approx(t / 55000)
+    assert 6e-4 * t * (t + 1) / (2 * cfg.train.warmup_steps) == pytest.approx(math.sqrt(1e-5 / 3 - 2048.0**-2), rel=0.02)
+    assert paper_scale_share() == pytest.approx(t / steps)
     assert paper_scale_share(gamma=0.5) == 0.0  # σ² = 1/2048 ≫ ε at γ = 0.5
 
 

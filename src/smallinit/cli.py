@@ -119,9 +119,40 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hardware(args: argparse.Namespace):
+    from .experiments.plan import Hardware
+
+    if args.gpu is None and args.gpus is None and args.mfu is None and args.tokens_per_s is None:
+        return None  # the plan's default for the scale
+    devices = args.gpus if args.gpus is not None else (os.cpu_count() or 1) if args.gpu == "cpu" else 8
+    return Hardware.make(args.gpu or "h100", devices, mfu=args.mfu,
+                         tokens_per_s=args.tokens_per_s)
+
+
+def _print_plan(plan, as_json: bool) -> int:
+    from .experiments.plan import format_plan
+
+    print(json.dumps(plan.to_dict(), indent=1) if as_json else format_plan(plan))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .experiments.plan import plan_recipe
+
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()] if args.presets else None
+    return _print_plan(plan_recipe(args.name, args.scale, _hardware(args), presets=presets, overrides=args.overrides,
+                                   seed_sd=args.seed_sd), args.json)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from .experiments import Sweep, format_table, run_sweep, sweep_rows
 
+    if args.plan:
+        if not args.file:
+            raise SmallinitError("pass a sweep file to plan: smallinit sweep SWEEP.toml --plan")
+        from .experiments.plan import plan_sweep
+
+        return _print_plan(plan_sweep(args.file, _hardware(args), seed_sd=args.seed_sd), args.json)
     if args.status:
         print(format_table(sweep_rows(args.status)))
         return 0
@@ -268,9 +299,19 @@ def cmd_recipe(args: argparse.Namespace) -> int:
     from .experiments.verdicts import verdict_table
 
     if args.list or not args.name:
-        print("\n".join(describe(load_recipe(n)) for n in recipe_names()))
+        from .experiments.plan import scale_headline
+
+        for name in recipe_names():
+            recipe = load_recipe(name)
+            print(describe(recipe, lambda scale, r=recipe: scale_headline(r, scale)), flush=True)
         return 0
+    if args.plan:
+        return cmd_plan(args)
     presets = [p.strip() for p in args.presets.split(",") if p.strip()] if args.presets else None
+    from .experiments.plan import plan_recipe
+
+    plan = plan_recipe(args.name, args.scale, _hardware(args), presets=presets, overrides=args.overrides)
+    print(f"[plan] {plan.headline()}", file=sys.stderr, flush=True)
     result = run_recipe(args.name, args.scale, args.out, jobs=args.jobs, presets=presets, overrides=args.overrides,
                         launcher=args.launcher)
     if result.exit_code == Preempted.exit_code:
@@ -307,6 +348,19 @@ def _version() -> str:
     from .version import __version__
 
     return f"smallinit {__version__} (torch {torch.__version__}, Python {platform.python_version()})"
+
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", type=int, metavar="N", help="devices to plan for (default 8 GPUs for scales that run "
+                   "under torchrun, else this machine's CPU cores)")
+    p.add_argument("--gpu", metavar="KIND", help="h100, h200, h800, a100, a100-40gb, l40s, b200, mi300x, or cpu")
+    p.add_argument("--mfu", type=float, metavar="X", help="model FLOPs utilisation to assume (default: the measured or "
+                   "stated one the plan prints)")
+    p.add_argument("--tokens-per-s", type=float, metavar="X", help="training tokens/s of all devices together, "
+                   "instead of an MFU")
+    p.add_argument("--seed-sd", type=float, metavar="X", help="sd over seeds of a paired final-loss gap, for the "
+                   "minimum detectable effects (default: the CPU study's)")
+    p.add_argument("--json", action="store_true", help="the plan as JSON")
 
 
 LAUNCHER_HELP = ("command that starts each cell's '-m smallinit train' instead of this Python, e.g. "
@@ -352,6 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-failed", action="store_true", help="run failed cells again (resuming where they can)")
     p.add_argument("--status", metavar="DIR", help="print the cells of a sweep folder and stop")
     p.add_argument("--launcher", metavar="CMD", help=LAUNCHER_HELP)
+    p.add_argument("--plan", action="store_true", help="print what the sweep costs and which claims it can decide; "
+                   "run nothing")
+    _plan_args(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("recipe", help="run a named experiment of the paper (see --list), then judge its claims")
@@ -364,7 +421,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", type=_key_value,
                    help="override a config key in every run (not the keys the recipe sweeps)")
     p.add_argument("--launcher", metavar="CMD", help=LAUNCHER_HELP)
+    p.add_argument("--plan", action="store_true", help="print the plan (as smallinit plan does) and run nothing")
+    _plan_args(p)
     p.set_defaults(func=cmd_recipe)
+
+    p = sub.add_parser("plan", help="what a recipe scale costs (tokens, FLOPs, GPU-hours, memory) and which claims it "
+                       "can decide, with minimum detectable effects; trains nothing")
+    p.add_argument("name", metavar="RECIPE", help="recipe name or a recipe .toml file")
+    p.add_argument("--scale", default="cpu", help="the recipe's scale (see smallinit recipe --list)")
+    p.add_argument("--presets", metavar="P1,P2", help="replace the recipe's sizes by these presets")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key in every run, as smallinit recipe does")
+    _plan_args(p)
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("demo", help="the paper's claims C1–C7 at CPU scale: ≈ 1,900 CPU-seconds of training, ≈ 16 min "
                        "on 2 free cores (--quick: 275 CPU-s, ≈ 3 min; 16 min on a loaded machine), with an HTML report "

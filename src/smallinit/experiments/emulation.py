@@ -27,10 +27,12 @@ from ..analysis.saturation import (
 )
 from ..config import Config, flatten, read_toml
 from ..config.overrides import set_dotted
+from .budget import budget_schedule, budget_steps
 from .runs import Run
 
 PAPER_RECIPE = Path(__file__).resolve().parent / "recipes" / "paper-fig1.toml"
 PAPER_SCALE = "gpu"
+PAPER_SIZE = "1.5b"  # d = 2048
 FAR = 3.0  # shares more than this many times apart ...
 FAR_ABS = 0.01  # ... and more than this much of training apart are "far"
 
@@ -38,8 +40,17 @@ FAR_ABS = 0.01  # ... and more than this much of training apart are "far"
 def paper_scale_config(gamma: float = 1.0, eps: float = 1e-5) -> Config:
     """The paper's d = 2048 setting as the paper-fig1 recipe trains it (its gpu scale), without the fixes."""
     recipe = read_toml(PAPER_RECIPE)
-    keys = {**flatten(recipe.get("base", {})), **flatten(recipe["scales"][PAPER_SCALE].get("base", {})),
+    scale = recipe["scales"][PAPER_SCALE]
+    keys = {**flatten(recipe.get("base", {})), **flatten(scale.get("base", {})),
+            **flatten(scale["sweeps"]["grid"]["sizes"][PAPER_SIZE]),
             "model.gamma": gamma, "model.norm_eps": eps, "model.gate": "none", "model.norm_eps_width": 0}
+    cfg = _config(keys)
+    if "budget" in scale:  # the length follows from the model's size, as the recipe resolves it
+        cfg = _config({**keys, **budget_schedule(budget_steps(cfg, scale["budget"]), scale["budget"])})
+    return cfg
+
+
+def _config(keys: dict[str, Any]) -> Config:
     raw: dict[str, Any] = {}
     for key, value in keys.items():
         set_dotted(raw, key, value)

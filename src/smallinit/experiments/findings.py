@@ -196,20 +196,34 @@ def _claims(results: list[ClaimResult]) -> list[dict[str, Any]]:
     return [c.to_dict() for c in results]
 
 
+Judge = Callable[[Runs, dict[str, Any], dict[str, Any]], list[ClaimResult]]
+# The claims each analysis judges, from its runs and what it measured beside them ("flow": the residual-flow
+# sweep, "gaps": the token comparisons, "anchor": the anchor probe's scores per run folder), with its options:
+# what findings.json holds, and what smallinit.experiments.plan judges on the planned runs before anything trains.
+JUDGES: dict[str, Judge] = {
+    "claims": lambda runs, m, o: judge_all(runs, m.get("flow"), m.get("gaps"), n_boot=int(o.get("n_boot", 1000))),
+    "fig1": lambda runs, m, o: [claim_c2(runs), claim_c3(runs)],
+    "fig2": lambda runs, m, o: [claim_c1(runs), claim_c4(runs, n_boot=int(o.get("n_boot", 1000)))],
+    "fig3": lambda runs, m, o: [claim_c5(runs, m.get("flow"))],
+    "condensation": lambda runs, m, o: [claim_c6(runs)],
+    "tokens": lambda runs, m, o: [claim_c7(m.get("gaps"))],
+    "reasoning": lambda runs, m, o: [reasoning_claim(runs, m.get("anchor") or {})],
+}
+
+
 def claims_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     """All of C1–C7 (the demo)."""
     runs = _load(out, say)
     flow = flow_sweep(options, out, say)
     gaps = token_gaps(runs, options, out, say)
     say(f"judging the claims ({int(options.get('n_boot', 1000))} bootstrap resamples for C4)")
-    results = judge_all(runs, flow, gaps, n_boot=int(options.get("n_boot", 1000)))
-    return {"claims": _claims(results), "losses": loss_table(runs), "sinks": sink_table(runs),
+    return {"claims": _claims(JUDGES["claims"](runs, {"flow": flow, "gaps": gaps}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
             "norm_factors": norm_factor_table(runs), "n_runs": len(runs)}
 
 
 def fig1_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
-    return {"claims": _claims([claim_c2(runs), claim_c3(runs)]), "losses": loss_table(runs), "sinks": sink_table(runs),
+    return {"claims": _claims(JUDGES["fig1"](runs, {}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
             "norm_factors": norm_factor_table(runs), "n_runs": len(runs)}
 
 
@@ -234,16 +248,15 @@ def scaling_fits(runs: Runs) -> list[dict[str, Any]]:
 
 def fig2_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
-    c4 = claim_c4(runs, n_boot=int(options.get("n_boot", 1000)))
     c4_base = claim_c4(runs, arm=BASELINE, n_boot=int(options.get("n_boot", 1000)))  # contrast: no fixes
-    return {"claims": _claims([claim_c1(runs), c4]), "fits": scaling_fits(runs), "losses": loss_table(runs),
+    return {"claims": _claims(JUDGES["fig2"](runs, {}, options)), "fits": scaling_fits(runs), "losses": loss_table(runs),
             "effective_size_without_fixes": c4_base.extra.get("effective_size_gain"), "n_runs": len(runs)}
 
 
 def fig3_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     flow = flow_sweep(options, out, say)
-    return {"claims": _claims([claim_c5(runs, flow)]), "residual_flow": flow, "losses": loss_table(runs),
+    return {"claims": _claims(JUDGES["fig3"](runs, {"flow": flow}, options)), "residual_flow": flow, "losses": loss_table(runs),
             "n_runs": len(runs)}
 
 
@@ -263,14 +276,14 @@ def trajectories(runs: Runs) -> list[dict[str, Any]]:
 
 def condensation_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
-    return {"claims": _claims([claim_c6(runs)]), "trajectories": trajectories(runs), "losses": loss_table(runs),
+    return {"claims": _claims(JUDGES["condensation"](runs, {}, options)), "trajectories": trajectories(runs), "losses": loss_table(runs),
             "n_runs": len(runs)}
 
 
 def tokens_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     gaps = token_gaps(runs, options, out, say)
-    return {"claims": _claims([claim_c7(gaps)]), "losses": loss_table(runs), "n_runs": len(runs)}
+    return {"claims": _claims(JUDGES["tokens"](runs, {"gaps": gaps}, options)), "losses": loss_table(runs), "n_runs": len(runs)}
 
 
 def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
@@ -293,16 +306,28 @@ def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) ->
     summary = [{**_size_fields(size), "gamma": g, "n": len(rows), **{k: float(np.mean([x[k] for x in rows]))
                for k in ("in_distribution", "heldout_reasoning", "heldout_memorising", "heldout_other")}}
                for (size, g), rows in sorted(by_arm.items())]
+    claim = JUDGES["reasoning"](runs, {"anchor": scores}, options)[0]
+    if per_run:
+        acc = [row["in_distribution"] for row in per_run]
+        claim.notes.append(f"in-distribution accuracy {min(acc):.2f}–{max(acc):.2f}")
+    return {"claims": _claims([claim]), "anchor": per_run, "anchor_by_gamma": summary, "losses": loss_table(runs),
+            "n_runs": len(runs)}
+
+
+def reasoning_claim(runs: Runs, scores: dict[Path, dict[str, Any]]) -> ClaimResult:
+    """R from the anchor probe's scores per run folder: held-out reasoning and memorising, the largest γ against
+    the smallest, seeds paired within one size (the smallest size is the primary)."""
     claim = ClaimResult("R", "Small init favours the reasoning (compositional) solution over memorising the mirror pair",
                         "Zhang et al. 2024: small γ → inferential, large init → symmetric")
 
     def metric(key: str) -> Callable[[Run], float | None]:
         return lambda run: scores[run.path][key] if run.path in scores else None
 
-    sizes = sorted({size for size, _ in by_arm})
+    probed = Runs([r for r in runs if r.path in scores])
+    sizes = probed.values("size")
     for size in sizes:  # seeds are paired within one size
-        at = runs.where(size=size)
-        gammas = sorted({g for s, g in by_arm if s == size})
+        at = probed.where(size=size)
+        gammas = at.values("model.gamma")
         if len(gammas) < 2:
             continue
         small, large = at.where({"model.gamma": gammas[-1]}), at.where({"model.gamma": gammas[0]})
@@ -316,11 +341,8 @@ def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) ->
         ]
     if not claim.comparisons:
         claim.comparisons.append(Comparison.missing("reasoning", "needs ≥ 2 γ at one size", role=PRIMARY))
-    if per_run:
-        acc = [row["in_distribution"] for row in per_run]
-        claim.notes.append(f"in-distribution accuracy {min(acc):.2f}–{max(acc):.2f}")
-    return {"claims": _claims([claim]), "anchor": per_run, "anchor_by_gamma": summary, "losses": loss_table(runs),
-            "n_runs": len(runs)}
+    claim.judge()
+    return claim
 
 
 FINDINGS: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {

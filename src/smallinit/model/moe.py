@@ -126,7 +126,10 @@ class MoE(nn.Module):
         # dispatch: (token, slot) pairs sorted by expert, so each expert's tokens are one contiguous block
         flat = experts.flatten()
         order = flat.argsort(stable=True)
-        counts = torch.bincount(flat, minlength=self.num_experts)
+        # a scatter, not bincount: the same counts with a static shape, so fake-tensor traces (a memory plan on
+        # fake ranks) can run the forward
+        counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device).scatter_add_(
+            0, flat, torch.ones_like(flat))
         grouped = self._grouped(x)
         xs = x[order // k]
         hs = F.silu(expert_matmul(xs, self.gate_proj, counts, grouped=grouped))
