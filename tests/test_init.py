@@ -72,21 +72,27 @@ def test_report_is_a_table():
     assert "γ = 1" in text and "blocks.0.attn.q_proj.weight" in text and "0.01562" in text
 
 
-def test_biases_zero_and_module_override():
+def test_biases_zero_declared_fan_in_and_forward_roles():
     class Custom(nn.Module):
         def __init__(self):
             super().__init__()
             self.proj = nn.Linear(300, 200, bias=True)
-            self.experts = nn.Parameter(torch.empty(4, 128, 64))  # (experts, out, in)
+            self.experts = nn.Parameter(torch.empty(4, 64, 128))  # (experts, in, out), applied as x @ w[e]
             self.odd = nn.Parameter(torch.empty(100, 50))
             self.gamma_fan_in = {"odd": 100}
             self.ln = nn.LayerNorm(200)
 
+        def forward(self, x):  # x: (tokens, 64)
+            return torch.einsum("ti,eio->teo", x, self.experts)
+
     m = Custom()
     rows = gamma_init_(m, 1.0, generator=torch.Generator().manual_seed(0)).by_name()
     assert torch.all(m.proj.bias == 0) and torch.all(m.ln.weight == 1) and torch.all(m.ln.bias == 0)
-    assert rows["experts"].fan_in == 64 and m.experts.std().item() == pytest.approx(1 / 64, rel=0.03)
     assert rows["odd"].fan_in == 100 and m.odd.std().item() == pytest.approx(1 / 100, rel=0.05)
+    # no forward to read the experts' input axis from: kept and said so, not guessed from the layout
+    assert rows["experts"].rule == "kept" and "example_inputs" in rows["experts"].reason
+    rows = gamma_init_(m, 1.0, example_inputs=torch.zeros(3, 64)).by_name()
+    assert rows["experts"].fan_in == 64 and m.experts.std().item() == pytest.approx(1 / 64, rel=0.03)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -110,3 +116,39 @@ def test_transformers_models(arch, gamma):
     norms = [m for m in model.modules() if "norm" in type(m).__name__.lower()]
     assert len(touched) == len(norms) > 0
     assert all(m.variance_epsilon == 1e-12 for m in norms)
+
+
+def _old_rule_init(model: nn.Module, gamma: float, seed: int) -> dict[str, torch.Tensor]:
+    """The rule our Transformer was always initialised with, written out independently: in named_modules
+    order, each parameter once, every ≥ 2-d one from N(0, fan^(−2γ)) in fp32 (fan: in_features of a Linear,
+    embedding_dim of an Embedding, else the last dim), norm weights 1, other 1-d parameters 0."""
+    g, out, seen = torch.Generator().manual_seed(seed), {}, set()
+    for mname, mod in model.named_modules():
+        for pname, p in mod.named_parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if p.dim() >= 2:
+                fan = (mod.in_features if isinstance(mod, nn.Linear) else
+                       mod.embedding_dim if isinstance(mod, nn.Embedding) else p.shape[-1])
+                value = torch.empty(p.shape).normal_(0.0, fan ** -gamma, generator=g)
+            else:
+                value = torch.ones(p.shape) if "norm" in type(mod).__name__.lower() else torch.zeros(p.shape)
+            out[f"{mname}.{pname}".lstrip(".")] = value
+    return out
+
+
+@pytest.mark.parametrize("preset,overrides", [
+    ("cpu-1m", {}), ("cpu-1m", dict(gate="elementwise", qk_norm=True, tie_embeddings=False, gamma=0.5)),
+    ("cpu-moe-1m", dict(gate="headwise")),
+])
+def test_our_model_init_unchanged(preset, overrides):
+    """Exact resume and the CPU study's reproducibility rest on the same seed giving the same weights."""
+    cfg = ModelConfig.preset(preset, **overrides)
+    model = Transformer(cfg, seed=5)
+    want = _old_rule_init(Transformer(cfg, init=False), cfg.gamma, 5)
+    got = dict(model.named_parameters())
+    assert set(got) == set(want)
+    for name, value in want.items():
+        assert torch.equal(got[name], value), name
+    assert all(r.rule != "kept" for r in model.init_report.rows)

@@ -79,12 +79,13 @@ def cmd_info(args: argparse.Namespace) -> int:
     import torch
 
     from .analysis import check_norm_saturation
+    from .init import init_plan
     from .model import Transformer
 
     cfg = _load_config(args)
     check_norm_saturation(cfg.model)
     with torch.device("meta"):  # shapes only: counts and the init table without allocating the weights
-        model = Transformer(cfg.model, seed=cfg.train.seed)
+        model = Transformer(cfg.model, init=False)
     total, active = model.num_params(), model.num_params(active=True)
     print(f"parameters: {total:,} total, {active:,} active, {model.num_params(embeddings=False):,} without embeddings")
     if args.memory:
@@ -92,7 +93,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         print(describe_memory(cfg, args.gpus))
         return 0
-    print(model.init_report)
+    print(init_plan(model, cfg.model.gamma))
     return 0
 
 
