@@ -148,7 +148,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_init_hf(args: argparse.Namespace) -> int:
     from .export.hf import init_hf
 
-    print(init_hf(args.config, args.out_dir, gamma=args.gamma, norm_eps=args.norm_eps, seed=args.seed))
+    norm_eps = None if args.keep_norm_eps else args.norm_eps
+    print(init_hf(args.config, args.out_dir, gamma=args.gamma, norm_eps=norm_eps, seed=args.seed))
     return 0
 
 
@@ -388,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out_dir", metavar="OUT_DIR", help="new folder for the initialised model")
     p.add_argument("--gamma", type=float, default=1.0, help="σ = d_in^(−γ) (default 1, the paper's choice)")
     p.add_argument("--norm-eps", type=float, default=1e-12, help="ε of every norm (default 1e-12)")
+    p.add_argument("--keep-norm-eps", action="store_true",
+                   help="keep the architecture's ε (for norms that hard-code it or configs that cannot save it)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_init_hf)
 

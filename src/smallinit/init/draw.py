@@ -78,6 +78,7 @@ class InitRow:
     fan_in: int | None
     std: float | None
     reason: str = ""  # what the parameter is (kept: why it is kept)
+    kind: str = ""  # its ParamRole kind
 
 
 @dataclass
@@ -161,7 +162,7 @@ def init_plan(
     for name, _, _, p in named_parameters_once(module):
         role = roles.get(name) or ParamRole("unknown", reason="no role given")
         rule, fan, std = _rule(role, gamma)
-        rows.append(InitRow(name, tuple(p.shape), rule, fan, std, _describe(role)))
+        rows.append(InitRow(name, tuple(p.shape), rule, fan, std, _describe(role), role.kind))
     unknown = [r for r in rows if r.rule == "kept" and roles.get(r.name, ParamRole("unknown")).kind == "unknown"]
     if unknown:
         notes.append(f"warning: {len(unknown)} parameters kept because their role is not established "
