@@ -5,8 +5,8 @@ element-wise (a parameter of its own kind), recorded op by op at the ATen level.
 A tensor is followed back to its parameter by its storage: a view (transpose, reshape, select, expand,
 a slice of a fused tensor) shares it, and its strides say which parameter axis each of its dimensions
 is. Copies (casts, clone, gathers of experts) are followed explicitly. The forward runs on the meta
-device when it can (nothing is computed, so its cost does not grow with the model); a forward whose
-control flow depends on values (token routing to experts) runs for real on a few tokens.
+device for a model on meta; a materialised model runs its real forward on a few tokens with every
+matmul and conv replaced by zeros of its output's shape, so the cost does not grow with the weights.
 """
 
 from __future__ import annotations
@@ -63,8 +63,9 @@ class _Recorder(TorchDispatchMode):
     BIAS_ARG = {aten.addmm.default: 0, aten.baddbmm.default: 0}
     COPIES = {aten.clone.default, aten._to_copy.default, aten.lift_fresh_copy.default}
 
-    def __init__(self, params: dict[str, torch.Tensor]):
+    def __init__(self, params: dict[str, torch.Tensor], skip_products: bool = False):
         super().__init__()
+        self.skip_products = skip_products
         # storage → (name, the tensor whose strides define the axes, its parameter axes)
         self.bases: dict[int, tuple[str, torch.Tensor, list[int | None]]] = {
             _key(t): (name, t, list(range(t.dim()))) for name, t in params.items()}
@@ -80,6 +81,18 @@ class _Recorder(TorchDispatchMode):
         name, base, base_axes = found
         return name, _map_axes(t, base, base_axes)
 
+    def _product(self, func, args, kwargs):
+        """Zeros shaped like a matmul's or conv's output: the record needs which axes are contracted, not
+        the values, so a real forward on a large model costs no more than its elementwise ops."""
+        if func not in self.CONTRACT and func not in (aten.linear.default, aten.convolution.default):
+            return None
+        try:
+            shape = func(*_to_meta(args), **_to_meta(kwargs))
+        except Exception:  # no meta kernel: compute it
+            return None
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        return torch.zeros(shape.shape, dtype=shape.dtype, device=device)
+
     def _contract(self, t, dim: int) -> None:
         got = self.axes(t)
         if got is not None and t.dim() >= 2:
@@ -89,7 +102,9 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        out = self._product(func, args, kwargs) if self.skip_products else None
+        if out is None:
+            out = func(*args, **kwargs)
         tracked = [(i, a) for i, a in enumerate(tree_leaves((args, kwargs))) if self.axes(a) is not None]
         if func in self.CONTRACT or func in (aten.linear.default, aten.convolution.default):
             for o in tree_leaves(out):
@@ -165,20 +180,26 @@ def trace_uses(
     """One forward of ``module(*args, **kwargs)``; for each parameter (``names()``: name → parameter,
     ties once) what it did. Runs on meta, or for real when values steer the forward."""
     params = names()
+    if not any(p.is_meta for p in params.values()):
+        return _run(module, _Recorder(params, skip_products=True), args, kwargs)
     meta = {id(p): torch.empty_like(p, device="meta") for p in params.values()}
     state = {n: meta[id(p)] for n, p in module.named_parameters(remove_duplicate=False)}
     state.update({n: _to_meta(b) for n, b in module.named_buffers(remove_duplicate=False)})
     recorder = _Recorder({n: meta[id(p)] for n, p in params.items()})
-    errors = []
     try:
         with torch.no_grad(), recorder:
             functional_call(module, state, _to_meta(args), _to_meta(kwargs), tie_weights=False, strict=False)
-        return recorder.uses
-    except Exception as e:  # data-dependent control flow cannot run on meta
-        errors.append(f"on meta: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}")
-    if any(p.is_meta for p in params.values()):
-        raise TraceError(errors[0])
-    recorder = _Recorder(params)
+    except Exception as e:  # control flow that needs values (a mask check, token routing)
+        raise TraceError(f"the forward cannot run on the meta device ({_line(e)})") from None
+    return recorder.uses
+
+
+def _line(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:100]}" if str(e) else type(e).__name__
+
+
+def _run(module: nn.Module, recorder: _Recorder, args: tuple, kwargs: dict) -> dict[str, Use]:
+    """The real forward, in eval mode (restored after), matmuls replaced by zeros of their shape."""
     modes = {m: m.training for m in module.modules()}
     try:
         module.eval()
@@ -186,8 +207,7 @@ def trace_uses(
             module(*args, **kwargs)
         return recorder.uses
     except Exception as e:
-        errors.append(f"run: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}")
-        raise TraceError("; ".join(errors)) from None
+        raise TraceError(f"the forward failed ({_line(e)})") from None
     finally:
         for m, training in modes.items():
             m.training = training
