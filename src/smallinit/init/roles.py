@@ -276,7 +276,11 @@ def resolve_roles(
         use = uses.get(name) if uses is not None else None
         role = _checked(fast[name], p, use) if fast[name] is not None else _from_use(p, use, why_not)
         how = declared.get(name)
-        if how is not None and role.kind not in ("norm", "own"):
+        if not p.requires_grad and role.kind != "own":
+            role = kept("own", "frozen (requires_grad=False): a fixed table or constant of the architecture",
+                        role.source)
+        elif how is not None and role.kind in ("bias", "embedding"):
+            # a matrix is drawn whatever its architecture's init; a bias or table it computes is its own
             role = kept("own", f"its architecture initialises it with {how}", "architecture init")
         roles[name] = role
     return roles, notes
