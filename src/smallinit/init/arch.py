@@ -2,8 +2,9 @@
 
 A Hugging Face model says how each of its parameters starts in ``_init_weights``. Run with every
 initialiser replaced by a recorder (and every in-place write to a parameter blocked), it tells which
-parameters get something other than a random draw, 0 or 1 — a copy of computed values (Mamba's A_log
-and dt bias), a constant of its own, an identity — and so keep that start under γ-init.
+parameters get something other than a random draw or 0 — a copy of computed values (Mamba's A_log and
+dt bias), ones, a constant, an identity. For a bias or a lookup table that is a start of its own, kept
+under γ-init (a norm weight at 1 or a matrix's own scheme is not).
 """
 
 from __future__ import annotations
@@ -55,11 +56,10 @@ def architecture_inits(model: nn.Module) -> dict[str, str]:
             if name is None:
                 return tensor
             value = args[0] if args else kwargs.get("val")
-            if fname == "constant_" and isinstance(value, (int, float)) and value in (0, 1):
+            if fname in DRAWS or fname == "zeros_" or (fname == "constant_" and value == 0):
                 return tensor
-            if fname not in DRAWS | {"zeros_", "ones_"}:
-                shown = f"constant_({value:g})" if fname == "constant_" and isinstance(value, (int, float)) else fname
-                seen.setdefault(name, shown)
+            seen.setdefault(name, f"constant_({value:g})" if fname == "constant_" and isinstance(value, (int, float))
+                            else fname)
             return tensor
         return record
 
