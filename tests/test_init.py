@@ -268,3 +268,24 @@ def test_set_norm_eps_refuses_hard_coded_eps():
     with pytest.raises(SmallinitError) as e:
         set_norm_eps_(olmo, 1e-12)
     assert "OlmoLayerNorm" in str(e.value) and "hard-codes" in str(e.value)
+
+
+@pytest.mark.parametrize("raw", [
+    {"model_type": "olmo", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+     "num_attention_heads": 4, "vocab_size": 128, "pad_token_id": 0, "eos_token_id": 0},  # ε hard-coded in OlmoLayerNorm
+    {"model_type": "opt", "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+     "vocab_size": 128, "word_embed_proj_dim": 64, "pad_token_id": 1},  # no config field to keep ε
+])
+def test_init_hf_eps_it_cannot_keep_exits_2(raw, tmp_path, capsys):
+    import json
+
+    from smallinit.cli import main
+
+    pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert main(["init-hf", str(tmp_path / "config.json"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ε" in err[0] and "--keep-norm-eps" in err[0]
+    assert not (tmp_path / "out").exists()
+    assert main(["init-hf", str(tmp_path / "config.json"), str(tmp_path / "out"), "--keep-norm-eps"]) == 0
+    assert "the architecture's, kept" in capsys.readouterr().out

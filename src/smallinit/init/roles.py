@@ -231,6 +231,7 @@ def _checked(fast: ParamRole, p: torch.Tensor, use: Use | None) -> ParamRole:
     """A module-type role checked against the forward."""
     if use is None or fast.kind != "matrix" or not use.contracted:
         return fast
+
     def real(axes):  # size-1 axes (a depthwise conv's input channel) are not seen by strides
         return tuple(a for a in axes if p.shape[a] > 1)
 
@@ -270,13 +271,14 @@ def resolve_roles(
         except TraceError as e:
             why_not = f"d_in not established: not a parameter of a known module type, and the forward failed ({e})"
             notes.append(f"forward check failed: {e}")
-    declared = architecture_inits(module)
+    declared = {} if sharded else architecture_inits(module)
+    some_trained = any(p.requires_grad for *_, p in entries)  # a wholly frozen model says nothing
     roles: dict[str, ParamRole] = {}
     for name, _, _, p in entries:
         use = uses.get(name) if uses is not None else None
         role = _checked(fast[name], p, use) if fast[name] is not None else _from_use(p, use, why_not)
         how = declared.get(name)
-        if not p.requires_grad and role.kind != "own":
+        if some_trained and not p.requires_grad and role.kind != "own":
             role = kept("own", "frozen (requires_grad=False): a fixed table or constant of the architecture",
                         role.source)
         elif how is not None and role.kind in ("bias", "embedding"):
