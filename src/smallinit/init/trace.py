@@ -18,7 +18,6 @@ import torch
 from torch import nn
 from torch.func import functional_call
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 aten = torch.ops.aten
 
@@ -105,11 +104,12 @@ class _Recorder(TorchDispatchMode):
         out = self._product(func, args, kwargs) if self.skip_products else None
         if out is None:
             out = func(*args, **kwargs)
-        tracked = [(i, a) for i, a in enumerate(tree_leaves((args, kwargs))) if self.axes(a) is not None]
+        # tensors sit at the top level of an op's arguments or in one list (cat, stack, index)
+        flat = [b for a in (*args, *kwargs.values()) for b in (a if isinstance(a, (list, tuple)) else (a,))]
+        tracked = [(i, a) for i, a in enumerate(flat) if isinstance(a, torch.Tensor) and self.axes(a) is not None]
         if func in self.CONTRACT or func in (aten.linear.default, aten.convolution.default):
-            for o in tree_leaves(out):
-                if isinstance(o, torch.Tensor):
-                    self.products.add(_key(o))
+            if isinstance(out, torch.Tensor):
+                self.products.add(_key(out))
         if not tracked:
             return out
         if func in self.CONTRACT:
