@@ -106,7 +106,7 @@ class _Recorder(TorchDispatchMode):
             out = func(*args, **kwargs)
         # tensors sit at the top level of an op's arguments or in one list (cat, stack, index)
         flat = [b for a in (*args, *kwargs.values()) for b in (a if isinstance(a, (list, tuple)) else (a,))]
-        tracked = [(i, a) for i, a in enumerate(flat) if isinstance(a, torch.Tensor) and self.axes(a) is not None]
+        tracked = [a for a in flat if isinstance(a, torch.Tensor) and self.axes(a) is not None]
         if func in self.CONTRACT or func in (aten.linear.default, aten.convolution.default):
             if isinstance(out, torch.Tensor):
                 self.products.add(_key(out))
@@ -124,12 +124,10 @@ class _Recorder(TorchDispatchMode):
                 self.uses[self.axes(args[2])[0]].added = True
         elif func is aten.convolution.default:
             w = self.axes(args[1])
-            if w is not None:
+            if w is not None:  # (out, in / groups, *kernel); transposed: no one input axis
                 name, axes = w
-                transposed = args[6]
-                ins = (0,) if transposed else (1, *range(2, args[1].dim()))
-                self.uses[name].contracted.add(tuple(a for a in (axes[d] for d in ins) if a is not None)
-                                               if not transposed else ())
+                ins = () if args[6] else tuple(a for a in axes[1:] if a is not None)
+                self.uses[name].contracted.add(ins)
             if args[2] is not None and self.axes(args[2]) is not None:
                 self.uses[self.axes(args[2])[0]].added = True
         elif func is aten.embedding.default:
@@ -149,9 +147,9 @@ class _Recorder(TorchDispatchMode):
                 self.bases[_key(out)] = (name, out, axes if len(axes) == out.dim() else [None] * out.dim())
         elif func in (aten.add.Tensor, aten.add_.Tensor) and len(tracked) == 1 and any(
                 isinstance(a, torch.Tensor) and _key(a) in self.products for a in args):
-            self.uses[self.axes(tracked[0][1])[0]].added = True  # a bias added to a matmul's output
+            self.uses[self.axes(tracked[0])[0]].added = True  # a bias added to a matmul's output
         elif not func._schema.is_mutable and not _is_view(func):
-            for _, a in tracked:
+            for a in tracked:
                 self.uses[self.axes(a)[0]].ops.add(func.__name__.split(".")[0])
         return out
 
