@@ -27,11 +27,19 @@ class _Parser(argparse.ArgumentParser):
         return 0
 
 
+def _key_value(text: str) -> str:
+    """--set takes one word KEY=VALUE; "--set train.steps 10" would otherwise end as "unrecognized arguments: 10"."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE; write key and value as one word, e.g. --set "
+                                         f"{text if '.' in text else 'train.steps'}=VALUE")
+    return text
+
+
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE.toml", help="a TOML config (sections model, train, data, analysis), "
                    "or a run folder or its config.json to take that run's config")
     p.add_argument("--preset", metavar="NAME", help="model preset, e.g. cpu-1m, cpu-5m, 0.1b, 1.5b")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", type=_key_value,
                    help="override a config key, e.g. --set train.steps=200 --set model.gate=headwise")
 
 
@@ -57,6 +65,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         cfg = _load_config(args)
     trainer = Trainer(cfg, out, resume=args.resume)
+    if trainer.finished:  # a resumed run that already reached train.steps: say so, write nothing
+        trainer.close()
+        shutdown()
+        if trainer.runtime.is_main:
+            print(f"nothing trained: {out} already reached train.steps={trainer.step}; to train longer: smallinit "
+                  f"train --out {out} --resume --set train.steps=N (N > {trainer.step})")
+        return 0
     if trainer.runtime.is_main:
         check_norm_saturation(trainer.cfg.model)
     if trainer.cfg.analysis.every:
@@ -93,7 +108,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         print(describe_memory(cfg, args.gpus))
         return 0
-    print(init_plan(model, cfg.model.gamma))
+    plan = init_plan(model, cfg.model.gamma)
+    print(plan if args.layers else plan.summary())
     return 0
 
 
@@ -106,15 +122,16 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from .experiments import format_table, run_sweep, sweep_rows
+    from .experiments import Sweep, format_table, run_sweep, sweep_rows
 
     if args.status:
         print(format_table(sweep_rows(args.status)))
         return 0
     if not args.file:
         raise SmallinitError("pass a sweep file (smallinit sweep SWEEP.toml) or --status SWEEP_DIR")
-    out = args.out or str(Path("runs") / Path(args.file).stem)
-    outcome = run_sweep(args.file, out, jobs=args.jobs, retry_failed=args.retry_failed, echo=sys.stderr,
+    sweep = Sweep.load(args.file)
+    out = args.out or str(Path("runs") / sweep.folder_name)
+    outcome = run_sweep(sweep, out, jobs=args.jobs, retry_failed=args.retry_failed, echo=sys.stderr,
                         launcher=args.launcher)
     if outcome.interrupted:
         print(f"smallinit: sweep stopped by a signal; run the same command again to continue {out}", file=sys.stderr)
@@ -141,7 +158,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ConfigError("no prompt: pass --prompt TEXT or pipe the prompt on stdin")
     prompt = sys.stdin.read() if args.prompt is None else args.prompt
     model, tokenizer = load_pretrained(args.checkpoint, device=args.device)
-    print(generate(model, tokenizer, prompt, args.max_new_tokens, sampling))
+    continuation = generate(model, tokenizer, prompt, args.max_new_tokens, sampling)
+    print(continuation if args.no_prompt else prompt + continuation)
     return 0
 
 
@@ -169,7 +187,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from .analysis import analyze_checkpoint, check_norm_saturation
     from .analysis.measure import default_output_dir
     from .config import Config
-    from .report import write_analysis
+    from .report import analysis_lines, write_analysis
 
     result = analyze_checkpoint(args.checkpoint, data=args.data, batches=args.batches, batch_size=args.batch_size,
                                 seq_len=args.seq_len, device=args.device)
@@ -177,24 +195,23 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     check_norm_saturation(cfg.model)
     out = Path(args.out) if args.out else default_output_dir(result["checkpoint"])
     paths = write_analysis(result, out)
-    print(f"step {result['step']}: loss {result['loss']:.4f} on {result['tokens']:,} tokens; "
-          f"sink mean {result['sink']['mean']:.4f}; residual flow {result['residual_flow']:.4f}; "
-          f"min norm factor {min(result['norm_factor'].values()):.4f}")
+    print("\n".join(analysis_lines(result, args.seq_len or cfg.data.seq_len)))
     print(_analyze_loss_note(cfg, args))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
 
 def _analyze_loss_note(cfg, args: argparse.Namespace) -> str:
-    """Which text the loss above is measured on, beside the batches of training's validation loss."""
+    """Which text the loss above is measured on, beside the windows of training's validation loss."""
     if args.data:
-        return "loss on --data text; training's val loss is measured on its validation split"
+        return "this loss is on the --data text; training's val loss is on its validation split, so they do not compare"
     train = (cfg.train.eval_batches, cfg.train.batch_size, cfg.data.seq_len)
-    if (args.batches, args.batch_size, args.seq_len or cfg.data.seq_len) == train:
-        return "loss on the validation batches training measures its val loss on"
-    return (f"loss on the first {args.batches * args.batch_size} validation windows; training's val loss uses the "
-            f"first {train[0] * train[1]} (of {train[2]} tokens): --batches {train[0]} --batch-size {train[1]} "
-            f"--seq-len {train[2]} measure on the same ones")
+    here = (args.batches, args.batch_size, args.seq_len or cfg.data.seq_len)
+    if here == train:
+        return "this loss is on the validation windows training's val loss is measured on, so the two compare directly"
+    return (f"this loss is on {here[0] * here[1]} windows of {here[2]} tokens from the start of the validation split, "
+            f"training's val loss on {train[0] * train[1]} windows of {train[2]} tokens, so the two differ a little; "
+            f"to measure on training's windows add --batches {train[0]} --batch-size {train[1]} --seq-len {train[2]}")
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -231,7 +248,7 @@ def cmd_coordcheck(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import build_report
 
-    print(f"wrote {build_report(args.dirs, args.out)}")
+    print(f"wrote {build_report(args.dirs, args.out, include_unfinished=args.include_unfinished)}")
     return 0
 
 
@@ -325,11 +342,14 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--memory", action="store_true", help="estimate training memory per GPU instead of the init table")
     p.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs for --memory (the global batch is split)")
+    p.add_argument("--layers", action="store_true", help="the init table with one row per parameter of every layer "
+                   "(default: one row per parameter of a block, with its count)")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("sweep", help="run a grid of training runs, one process per cell (exit 1 if a cell failed)")
     p.add_argument("file", nargs="?", metavar="SWEEP.toml", help="sweep file: [base], [grid], optional [arms.NAME]")
-    p.add_argument("--out", metavar="DIR", help="sweep folder (default runs/<file name>); re-run to continue it")
+    p.add_argument("--out", metavar="DIR", help="sweep folder (default runs/<the sweep's name>, else the file's); "
+                   "re-run to continue it")
     p.add_argument("--jobs", type=int, metavar="N", help="cells side by side (default: one per core for small "
                    "CPU models, else 1)")
     p.add_argument("--retry-failed", action="store_true", help="run failed cells again (resuming where they can)")
@@ -344,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="recipe folder (default runs/<name>-<scale>); re-run to continue")
     p.add_argument("--jobs", type=int, metavar="N", help="cells side by side (default: the sweep packing rule)")
     p.add_argument("--presets", metavar="P1,P2", help="replace the recipe's sizes by these presets (e.g. MoE ones)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", type=_key_value,
                    help="override a config key in every run (not the keys the recipe sweeps)")
     p.add_argument("--launcher", metavar="CMD", help=LAUNCHER_HELP)
     p.set_defaults(func=cmd_recipe)
@@ -381,6 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0,
                    help="sample only from the most likely tokens holding this probability, in (0, 1] (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
+    p.add_argument("--no-prompt", action="store_true", help="print only the continuation (default: the prompt, then "
+                   "its continuation)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.set_defaults(func=cmd_generate)
 
@@ -447,6 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "read")
     p.add_argument("--out", metavar="FILE.html", help="where to write it (default DIR/report.html; needed for "
                    "several folders)")
+    p.add_argument("--include-unfinished", action="store_true", help="draw runs that have not finished in the "
+                   "figures too (they are always listed, marked, in the runs table)")
     p.set_defaults(func=cmd_report)
     return parser
 
@@ -461,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except SmallinitError as e:
         one_line = str(e).replace("\r", "\\r").replace("\n", "\\n")  # a file name may hold a newline
-        sys.stderr.write(f"smallinit: error: {one_line}\n")  # one write: lines of several ranks do not interleave
+        kind = "" if isinstance(e, Preempted) else "error: "  # a stop that was asked for is not an error
+        sys.stderr.write(f"smallinit: {kind}{one_line}\n")  # one write: lines of several ranks do not interleave
         return e.exit_code
     except OSError as e:  # a read or write no library call turned into a SmallinitError (disk full, read-only)
         where = f" {e.filename}" if e.filename else ""

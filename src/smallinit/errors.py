@@ -1,5 +1,14 @@
 """User-facing errors: one line that says what is wrong and what to do. The CLI exits 2 on them."""
 
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
+    """" (did you mean PREFIX+CHOICE?)" for the choice closest to a misspelled ``word``, or "" if none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {prefix}{close[0]}?)" if close else ""
+
 
 class SmallinitError(Exception):
     """A problem with the user's input (config, file, checkpoint, corpus), not a bug in smallinit."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import ConfigError
+from ..errors import ConfigError, did_you_mean
 from .coerce import check_choices, from_dict
 from .files import commented_toml, read_config_file, read_config_json
 from .overrides import parse_override, set_dotted
@@ -91,7 +91,8 @@ class ModelConfig:
     def preset(name: str, **overrides: Any) -> ModelConfig:
         name = PRESET_ALIASES.get(name, name)
         if name not in PRESETS:
-            raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(ModelConfig.presets())}")
+            raise ConfigError(f"unknown preset {name!r}{did_you_mean(name, ModelConfig.presets())}; choose one of: "
+                              f"{', '.join(ModelConfig.presets())}")
         raw = dict(PRESETS[name])
         for key, value in overrides.items():  # a nested section (moe) is merged key by key, not replaced
             both = isinstance(value, dict) and isinstance(raw.get(key), dict)

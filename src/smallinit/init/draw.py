@@ -9,6 +9,7 @@ dtype, device or parallel layout; a sharded (DTensor) parameter gets its shard o
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -104,6 +105,20 @@ class InitReport:
 
     def by_name(self) -> dict[str, InitRow]:
         return {r.name: r for r in self.rows}
+
+    def summary(self) -> str:
+        """The table with the layers folded: one row per parameter of a block (blocks.*.), with its count."""
+        groups: dict[tuple, int] = {}
+        for r in self.rows:
+            key = (re.sub(r"\.\d+\.", ".*.", r.name), tuple(r.shape), r.rule, r.fan_in, r.std, r.reason)
+            groups[key] = groups.get(key, 0) + 1
+        header = f"{'parameter':<40} {'count':>5} {'shape':<18} {'rule':<6} {'d_in':>6} {'std':>10}  note"
+        lines = [f"γ-init, γ = {self.gamma:g} ({len(self.rows)} parameters; --layers lists each)", header,
+                 "-" * len(header)]
+        for (name, shape, rule, fan, std, reason), n in groups.items():
+            lines.append(f"{name:<40} {n:>5} {str(shape):<18} {rule:<6} {'' if fan is None else fan:>6} "
+                         f"{'' if std is None else f'{std:.4g}':>10}  {reason}".rstrip())
+        return "\n".join(lines + self.notes)
 
 
 def _check_materialised(module: nn.Module) -> None:
