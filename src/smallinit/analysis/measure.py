@@ -17,29 +17,32 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..adapters import as_adapter
 from ..config import Config, flatten
 from ..data import Tokenizer, iter_eval_batches, load_token_data, load_tokenizer
 from ..errors import ConfigError, DataError
+from ..model import Transformer
 from ..train.checkpoint import load_model as _load_model
 from ..train.checkpoint import resolve_checkpoint
 from .condensation import matrix_stats
 from .norm_factor import norm_factors_from_inputs, relative_factor
 from .residual_flow import flow_from_hidden
-from .sink import sink_from_qk
+from .sink import sink_from_attention
 from .tokens import TokenGapResult, text_batches, token_gap
 
 
 @torch.no_grad()
 def measure_activations(
-    model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, chunk: int = 256
+    model, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, chunk: int = 256
 ) -> dict:
-    """Sink scores, residual flow and measured norm factors of ``model`` on ``tokens`` (one forward; with
-    ``targets`` also the loss)."""
-    out = model(tokens, targets, capture=("hidden", "norms", "qk"))
+    """Sink scores, residual flow and measured norm factors of ``model`` (any model an adapter reads) on
+    ``tokens`` (one forward; with ``targets`` also the loss)."""
+    adapter = as_adapter(model)
+    out = adapter.observe(tokens, targets, kinds=("residual", "norms", "attention"))
     result = {
-        "sink": sink_from_qk(out.qk, chunk=chunk).to_dict(),
-        "residual_flow": flow_from_hidden(out.hidden_states),
-        "norm_factor": norm_factors_from_inputs(model, out.norm_inputs),
+        "sink": sink_from_attention(out.attention, chunk=chunk).to_dict(),
+        "residual_flow": flow_from_hidden(out.residual),
+        "norm_factor": norm_factors_from_inputs(adapter.norms(), out.norm_inputs),
     }
     if out.loss is not None:
         result["loss"] = out.loss.item()
@@ -93,26 +96,32 @@ def _mean_dicts(items: list[dict]) -> dict:
     first = items[0]
     if isinstance(first, dict):
         return {k: _mean_dicts([it[k] for it in items]) for k in first}
+    if isinstance(first, list) and first and isinstance(first[0], str):
+        return first  # names, the same in every batch
     return np.mean(np.asarray(items, dtype=float), axis=0).tolist()
 
 
 @torch.no_grad()
 def analyze_model(
-    model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *, cosine_rows: int = 1024
+    model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *, cosine_rows: int = 1024
 ) -> dict:
-    """Every single-model measurement, averaged over ``batches`` (equal-sized batches weigh equally)."""
-    device = next(model.parameters()).device
+    """Every single-model measurement, averaged over ``batches`` (equal-sized batches weigh equally), for any
+    model an adapter reads; smallinit's own models also get the analytic norm factor of their config."""
+    adapter = as_adapter(model)
+    module = adapter.module
+    device = next(module.parameters()).device
     per_batch, n_tokens = [], 0
     for x, y in batches:
-        per_batch.append(measure_activations(model, x.to(device), y.to(device)))
+        per_batch.append(measure_activations(adapter, x.to(device), y.to(device)))
         n_tokens += y.numel()
     if not per_batch:
         raise DataError("no complete sequence to analyse; pass more text with --data or a smaller --seq-len")
-    cfg = model.config
     result = _mean_dicts(per_batch)
     result["tokens"] = n_tokens
-    result["norm_factor_analytic"] = relative_factor(cfg.gamma, cfg.norm_eps, cfg.d_model)
-    result["matrices"] = [s.to_dict() for s in matrix_stats(model, max_rows=cosine_rows)]
+    if isinstance(module, Transformer):
+        cfg = module.config
+        result["norm_factor_analytic"] = relative_factor(cfg.gamma, cfg.norm_eps, cfg.d_model)
+    result["matrices"] = [s.to_dict() for s in matrix_stats(module, max_rows=cosine_rows)]
     return result
 
 

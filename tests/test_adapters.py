@@ -1,0 +1,178 @@
+"""The measurements on Hugging Face causal LMs, against references nobody here wrote: the sink by hand from
+eager ``output_attentions``, the residual flow from our own hook at the final norm's input and HF's own first
+hidden state, the norm factor from what each norm module itself outputs. Tiny configs, fp32, CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from smallinit.adapters import as_adapter  # noqa: E402
+from smallinit.analysis import measured_norm_factors, residual_flow_ratio, sink_scores  # noqa: E402
+from smallinit.analysis.measure import measure_activations  # noqa: E402
+from smallinit.errors import ModelError  # noqa: E402
+
+T, WINDOW = 16, 6  # a sliding window shorter than the sequence: queries 7… cannot see token 1
+
+
+@dataclasses.dataclass
+class Arch:
+    name: str
+    build: object  # () -> config
+    model_class: str
+    final_norm: str
+    offset_norms: bool = False  # norms scale by (1 + w) (the modeling source says so)
+    sliding: tuple[int, ...] = ()  # which layers use the sliding window
+    implementation: str = "sdpa"  # the backend it is loaded with (Gemma-2's soft-cap has no sdpa path)
+
+
+def _common(**kw):
+    return dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                max_position_embeddings=64, **kw)
+
+
+ARCHS = [
+    Arch("llama", lambda: transformers.LlamaConfig(**_common(num_key_value_heads=4, rms_norm_eps=1e-3)),
+         "LlamaForCausalLM", "model.norm"),
+    Arch("mistral-gqa-sliding", lambda: transformers.MistralConfig(**_common(
+        num_key_value_heads=2, rms_norm_eps=1e-3, sliding_window=WINDOW)), "MistralForCausalLM", "model.norm",
+         sliding=(0, 1)),
+    Arch("gemma3-sliding-1+w", lambda: transformers.Gemma3TextConfig(**_common(
+        num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-3, sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=16)),
+         "Gemma3ForCausalLM", "model.norm", offset_norms=True, sliding=(0,)),
+    Arch("gemma2-softcap", lambda: transformers.Gemma2Config(**_common(
+        num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-3, sliding_window=WINDOW, attn_logit_softcapping=2.0,
+        layer_types=["sliding_attention", "full_attention"])), "Gemma2ForCausalLM", "model.norm",
+         offset_norms=True, sliding=(0,), implementation="eager"),
+    Arch("qwen3-moe", lambda: transformers.Qwen3MoeConfig(**_common(
+        num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-3, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32)), "Qwen3MoeForCausalLM", "model.norm"),
+    Arch("mixtral", lambda: transformers.MixtralConfig(**_common(
+        num_key_value_heads=2, rms_norm_eps=1e-3, num_local_experts=4, num_experts_per_tok=2)),
+         "MixtralForCausalLM", "model.norm"),
+    Arch("qwen3-next-gated", lambda: transformers.Qwen3NextConfig(**_common(
+        num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-3, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=32, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+        layer_types=["linear_attention", "full_attention"])), "Qwen3NextForCausalLM", "model.norm",
+         offset_norms=True),
+    Arch("gpt2", lambda: transformers.GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                                 layer_norm_epsilon=1e-3), "GPT2LMHeadModel", "transformer.ln_f"),
+]
+
+
+def _model(arch: Arch):
+    torch.manual_seed(0)
+    config = arch.build()
+    config._attn_implementation = arch.implementation
+    model = getattr(transformers, arch.model_class)(config).eval()
+    with torch.no_grad():  # norm weights away from their neutral value, so the (1 + w) form matters
+        for m in as_adapter(model).norms():
+            w = model.get_submodule(m).weight
+            w.copy_(torch.rand(w.shape, generator=torch.Generator().manual_seed(1)) + 0.5)
+    return model
+
+
+def _ids(batch: int = 2):
+    return torch.randint(1, 96, (batch, T), generator=torch.Generator().manual_seed(0))  # 0 pads: a zero embedding
+
+
+def _sink_by_hand(arch: Arch, model, ids) -> np.ndarray:
+    """Per (softmax layer, head) sink from eager attention probabilities, over the queries i ≥ 2 that may see
+    token 1 (all of them, or those within the window on sliding layers)."""
+    model.config._attn_implementation = "eager"
+    try:
+        with torch.no_grad():
+            attentions = model(ids, output_attentions=True).attentions
+    finally:
+        model.config._attn_implementation = arch.implementation
+    rows, layer = [], 0
+    for a in attentions:
+        if a is None:  # a linear-attention layer has no probabilities
+            layer += 1
+            continue
+        last = WINDOW if layer in arch.sliding else T  # query 1-based index i sees token 1 iff i ≤ window
+        rows.append(a[:, :, 1:last, 0].double().mean(dim=(0, 2)).numpy())
+        layer += 1
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("arch", ARCHS, ids=lambda a: a.name)
+def test_sink_flow_and_norm_factor_match_independent_references(arch):
+    model, ids = _model(arch), _ids()
+    with torch.no_grad():
+        plain = model(ids).logits
+
+    # observing changes nothing the model computes, and leaves nothing behind
+    out = as_adapter(model).observe(ids, kinds=("residual", "norms", "attention"))
+    assert torch.equal(out.logits, plain)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, plain)
+    assert not any(m._forward_pre_hooks for m in model.modules())
+
+    # sink: the model as loaded (sdpa where it has it) through the adapter equals eager probabilities by hand
+    reference = _sink_by_hand(arch, model, ids)
+    scores = sink_scores(model, ids)
+    np.testing.assert_allclose(scores.per_head, reference, atol=2e-6, rtol=0)
+    if arch.sliding:  # the window matters: counting unseen queries as zero would give a smaller score
+        assert scores.per_head.min() > 0.05
+
+    # residual flow: e = HF's first hidden state, h_L = our own hook at the final norm's input
+    seen = {}
+    handle = model.get_submodule(arch.final_norm).register_forward_pre_hook(
+        lambda _m, args: seen.__setitem__("h", args[0]))
+    with torch.no_grad():
+        hidden = model(ids, output_hidden_states=True).hidden_states
+    handle.remove()
+    e, h = hidden[0].double(), seen["h"].double()
+    by_hand = ((h - e).norm(dim=-1) / e.norm(dim=-1)).mean().item()
+    assert residual_flow_ratio(model, ids) == pytest.approx(by_hand, rel=1e-12)
+    assert not torch.equal(hidden[-1], seen["h"])  # HF's last hidden state is the normed one
+
+    # norm factor: the realised 1/√(σ² + ε) read off each norm's own output, times the ideal σ
+    factors = measured_norm_factors(model, ids)
+    assert set(factors) == set(out.norm_inputs) and arch.final_norm in factors
+    for name, x in out.norm_inputs.items():
+        norm = model.get_submodule(name)
+        if "Gated" in type(norm).__name__:  # Qwen3-Next's gated norm also takes the gate: out of this check
+            continue
+        with torch.no_grad():
+            y = norm(x).double()
+        x = x.double()
+        w = norm.weight.double() + (1.0 if arch.offset_norms else 0.0)
+        if isinstance(norm, torch.nn.LayerNorm):
+            x, y = x - x.mean(-1, keepdim=True), y - norm.bias.double()
+        realised = (y / (x * w)).mean(-1)
+        reference = (realised * x.pow(2).mean(-1).sqrt()).mean().item()
+        assert factors[name] == pytest.approx(reference, abs=1e-5), name
+    assert min(factors.values()) < 0.9  # ε = 1e-3 is felt, so a wrong ε could not pass
+
+
+def test_one_measurement_forward_on_hf_equals_the_separate_ones():
+    model, ids = _model(ARCHS[1]), _ids()
+    both = measure_activations(model, ids, ids)
+    assert both["sink"]["per_layer"] == pytest.approx(sink_scores(model, ids).per_layer, abs=1e-12)
+    assert both["residual_flow"] == pytest.approx(residual_flow_ratio(model, ids), abs=1e-12)
+    assert both["sink"]["layers"] == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+    assert set(both["sink"]["share_above"]) == {"0.3", "0.8"}
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert both["loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten()).item())
+
+
+def test_eager_backend_gives_the_same_sink_as_sdpa():
+    model, ids = _model(ARCHS[2]), _ids()
+    sdpa = sink_scores(model, ids).per_head
+    model.config._attn_implementation = "eager"
+    np.testing.assert_allclose(sink_scores(model, ids).per_head, sdpa, atol=1e-6)
+
+
+def test_what_cannot_be_observed_is_said():
+    with pytest.raises(ModelError, match="cannot observe a Linear"):
+        sink_scores(torch.nn.Linear(3, 3), _ids())
