@@ -21,7 +21,7 @@ from ..errors import ModelError
 from ..io import read_json
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
-WHAT_IT_HOLDS = "a config.json with a model_type and model.safetensors (what save_pretrained writes)"
+WHAT_IT_HOLDS = "config.json with a model_type, and model.safetensors, as save_pretrained writes them"
 
 
 def hf_folder_problem(path: str | os.PathLike) -> str | None:
@@ -38,6 +38,18 @@ def hf_folder_problem(path: str | os.PathLike) -> str | None:
     return None
 
 
+# The parts of a tokenizers JSON that decide how text is encoded without special tokens and decoded (the
+# post-processor only adds special tokens; padding and truncation are per-call settings).
+ENCODING_PARTS = ("added_tokens", "normalizer", "pre_tokenizer", "model", "decoder")
+
+
+def encoding_fingerprint(backend: Any) -> str:
+    """A hash of how a ``tokenizers.Tokenizer`` encodes and decodes text: equal for the same tokenizer saved by
+    smallinit and by transformers."""
+    spec = json.loads(backend.to_str())
+    return hashlib.sha256(json.dumps({k: spec.get(k) for k in ENCODING_PARTS}, sort_keys=True).encode()).hexdigest()
+
+
 class HFTokenizer:
     """A transformers tokenizer with the members smallinit's text streaming and comparison use: ``encode``
     (no special tokens added), ``decode``, ``eos_id`` (between documents), ``fingerprint`` (same tokenizer?)."""
@@ -49,11 +61,13 @@ class HFTokenizer:
         self.tokenizer, self.name = tokenizer, name
         self.eos_id = int(tokenizer.eos_token_id)
         self.vocab_size = len(tokenizer)
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        spec = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
-        self.fingerprint = hashlib.sha256(spec.encode("utf-8")).hexdigest()
+        self.backend = getattr(tokenizer, "backend_tokenizer", None)  # fast tokenizers: encode without length checks
+        self.fingerprint = (encoding_fingerprint(self.backend) if self.backend is not None else
+                            hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest())
 
     def encode(self, text: str) -> list[int]:
+        if self.backend is not None:
+            return self.backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -78,12 +92,19 @@ def load_hf_folder(path: str | os.PathLike, *, device: str = "cpu") -> HFModel:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError:
         raise ModelError("reading a Hugging Face folder needs transformers: pip install 'smallinit[hf]'") from None
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one line per command, not a weight-loading bar
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"transformers cannot load {path} as a causal LM with its tokenizer: {first}") from None
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     tok = HFTokenizer(tokenizer, str(path))
     config = model.config.get_text_config()
     if tok.vocab_size > config.vocab_size:
