@@ -176,3 +176,75 @@ def test_eager_backend_gives_the_same_sink_as_sdpa():
 def test_what_cannot_be_observed_is_said():
     with pytest.raises(ModelError, match="cannot observe a Linear"):
         sink_scores(torch.nn.Linear(3, 3), _ids())
+
+
+# --- the command line on Hugging Face folders ------------------------------------------------------------------
+
+def _hf_folder(path, tokenizer: str = "bytes"):
+    """A tiny GPT-2 saved with save_pretrained, with a tokenizer built offline from smallinit's own."""
+    from smallinit.data import EOS_TOKEN, load_tokenizer
+
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=load_tokenizer(tokenizer).hf, eos_token=EOS_TOKEN)
+    config = transformers.GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_analyze_and_compare_read_an_exported_run_as_they_read_the_run(corpus, tmp_path, capsys):
+    """The same trained model as a smallinit run and as the Hugging Face folder export-hf writes
+    (Qwen3-Next: gated attention, (1 + w) norms): the two adapters give the same measurements."""
+    import json
+
+    from helpers import TINY_GQA
+    from smallinit.cli import main
+    from smallinit.config import Config
+    from smallinit.train import Trainer
+
+    cfg = Config.load(overrides=[*TINY_GQA, "model.gate=elementwise", "model.qk_norm=true", "train.steps=2",
+                                 "train.batch_size=2", "train.warmup_steps=1", "train.eval_every=0",
+                                 "train.eval_batches=1", "train.checkpoint_every=0", f"data.corpus={corpus}"])
+    Trainer(cfg, tmp_path / "run", callbacks=[]).fit()
+    assert main(["export-hf", str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "qwen3_next"
+    common = ["--data", str(corpus), "--batches", "1", "--batch-size", "2", "--seq-len", "32"]
+    for name in ("run", "hf"):
+        assert main(["analyze", str(tmp_path / name), *common, "--out", str(tmp_path / f"a-{name}")]) == 0
+    ours, theirs = (json.loads((tmp_path / f"a-{n}" / "analysis.json").read_text()) for n in ("run", "hf"))
+    assert "hf_config" in theirs and "config" in ours and (tmp_path / "a-hf" / "sink.png").is_file()
+    np.testing.assert_allclose(theirs["sink"]["per_head"], ours["sink"]["per_head"], atol=1e-6, rtol=0)
+    assert theirs["sink"]["share_above"] == ours["sink"]["share_above"]
+    assert theirs["residual_flow"] == pytest.approx(ours["residual_flow"], rel=1e-6)
+    assert theirs["loss"] == pytest.approx(ours["loss"], rel=1e-6)
+    assert list(theirs["norm_factor"].values()) == pytest.approx(list(ours["norm_factor"].values()), abs=1e-7)
+    assert "Sink_0.3" in capsys.readouterr().out
+
+    assert main(["compare", str(tmp_path / "run"), str(tmp_path / "hf"), "--data", str(corpus), "--max-tokens",
+                 "128", "--seq-len", "32", "--out", str(tmp_path / "cmp")]) == 0
+    gap = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert abs(gap["mean_delta_sym"]) < 1e-5 and gap["tokens"] >= 128
+
+
+def test_cli_on_hf_folders_and_on_a_folder_that_is_neither(corpus, tmp_path, capsys):
+    from smallinit.cli import main
+
+    a, b = _hf_folder(tmp_path / "a"), _hf_folder(tmp_path / "b", tokenizer="default")
+    assert main(["analyze", str(a), "--data", str(corpus), "--batches", "1", "--batch-size", "2",
+                 "--seq-len", "16"]) == 0
+    assert (a / "analysis" / "analysis.json").is_file() and (a / "analysis" / "norms_matrices.png").is_file()
+    capsys.readouterr()
+
+    assert main(["compare", str(a), str(b), "--data", str(corpus)]) == 2
+    err = capsys.readouterr().err
+    assert "different tokenizers" in err and err.count("\n") == 1
+
+    (tmp_path / "neither").mkdir()
+    (tmp_path / "neither" / "notes.txt").write_text("hello")
+    for argv in (["analyze", str(tmp_path / "neither")], ["compare", str(a), str(tmp_path / "neither")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "run folder" in err and "Hugging Face model folder" in err, err
+    (a / "model.safetensors").unlink()  # a Hugging Face config without its weights says what is missing
+    assert main(["analyze", str(a)]) == 2
+    assert "it has no model.safetensors" in capsys.readouterr().err
