@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from .roles import is_norm
 
 
 def gamma_std(fan_in: int, gamma: float) -> float:
@@ -73,11 +74,6 @@ class InitReport:
         return {r.name: r for r in self.rows}
 
 
-def is_norm(module: nn.Module) -> bool:
-    """Norm layers of any library (ours, torch, Hugging Face) by class name: RMSNorm, LayerNorm, ..."""
-    return "norm" in type(module).__name__.lower()
-
-
 def _fan_in(module: nn.Module, pname: str, p: torch.Tensor) -> int:
     override = getattr(module, "gamma_fan_in", None)
     if isinstance(override, dict) and pname in override:
@@ -120,19 +116,3 @@ def gamma_init_(module: nn.Module, gamma: float = 1.0, *, generator: torch.Gener
             else:
                 rows.append(InitRow(name, shape, "kept", None, None))
     return InitReport(gamma=gamma, rows=rows)
-
-
-def set_norm_eps_(module: nn.Module, eps: float) -> list[str]:
-    """Set ε of every norm layer (ours, torch's, Hugging Face's naming); returns the names touched."""
-    if not eps > 0:
-        raise ConfigError(f"norm eps must be positive, got {eps}")
-    touched = []
-    for name, mod in module.named_modules():
-        if not is_norm(mod):
-            continue
-        for attr in ("eps", "variance_epsilon", "epsilon"):
-            if isinstance(getattr(mod, attr, None), float):
-                setattr(mod, attr, float(eps))
-                touched.append(name)
-                break
-    return touched

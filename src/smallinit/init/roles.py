@@ -1,0 +1,188 @@
+"""What each parameter is to the γ rule, and which of its axes the forward contracts with the input.
+
+A weight matrix ("matrix") is drawn from N(0, d_in^(−2γ)) with d_in the size of the axis the forward
+contracts with the input (times the kernel for convolutions); an embedding table ("embedding") uses its
+embedding dimension. A norm weight ("norm") is set to what means scale 1 in its form: 1 for x̂·w, 0 for
+x̂·(1 + w) (``norm_offset``); a bias ("bias") to 0. Everything else is kept as the architecture made it:
+parameters with an initialisation of their own ("own": state-space, recurrence, sink logits) and
+parameters whose role could not be established ("unknown"), each with its reason.
+
+Known module types answer at once (nn.Linear, nn.Embedding, convolutions, GPT-2's Conv1D, norms); a
+module may also declare the input axis of its own parameters in a ``gamma_in_dim`` dict attribute
+(name → axis) or their fan-in in ``gamma_fan_in`` (name → d_in, the input axis being the last).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+KINDS = ("matrix", "embedding", "norm", "bias", "own", "unknown")
+NORM_WEIGHTS = ("weight", "scale", "gamma", "g")
+NORM_BIASES = ("bias", "beta", "b")
+
+
+@dataclass(frozen=True)
+class ParamRole:
+    """What a parameter is to the γ rule.
+
+    ``in_dim`` is the axis contracted with the input (leading axes, such as experts, are batch axes);
+    ``kernel_dims`` are further axes contracted with it (a convolution's kernel), so that
+    d_in = ``fan_in`` = the product of their sizes. ``norm_offset`` is True for norms of the (1 + w) form,
+    whose scale-1 value is 0. ``reason`` says why a parameter is kept ("own", "unknown") and ``source``
+    where the role came from ("module type", "declared", "forward", "architecture init").
+    """
+
+    kind: str
+    fan_in: int | None = None
+    in_dim: int | None = None
+    norm_offset: bool = False
+    reason: str = ""
+    kernel_dims: tuple[int, ...] = ()
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"ParamRole kind must be one of {KINDS}, got {self.kind!r}")
+
+    @property
+    def drawn(self) -> bool:
+        return self.kind in ("matrix", "embedding")
+
+
+def matrix(p: torch.Tensor, in_dim: int, source: str, kernel_dims: tuple[int, ...] = ()) -> ParamRole:
+    in_dim = in_dim % p.dim()
+    fan_in = p.shape[in_dim] * math.prod(p.shape[d] for d in kernel_dims)
+    return ParamRole("matrix", int(fan_in), in_dim, kernel_dims=kernel_dims, source=source)
+
+
+def kept(kind: str, reason: str, source: str) -> ParamRole:
+    return ParamRole(kind, reason=reason, source=source)
+
+
+def as_out_in(tensor: torch.Tensor, role: ParamRole) -> torch.Tensor:
+    """The matrix in (..., out, in) orientation: batch axes first, then the output axis, then the input
+    axis (with a convolution's kernel axes flattened into it, so its size is d_in). A view where possible."""
+    if role.in_dim is None or role.kind not in ("matrix", "embedding"):
+        raise ValueError(f"as_out_in needs a matrix or embedding role with an input axis, got {role.kind!r}")
+    ins = (role.in_dim, *role.kernel_dims)
+    rest = [d for d in range(tensor.dim()) if d not in ins]
+    if not rest:
+        raise ValueError(f"a {tensor.dim()}-d tensor has no output axis besides its input axes {ins}")
+    moved = tensor.permute(*rest, *ins)
+    return moved.flatten(len(rest)) if role.kernel_dims else moved
+
+
+def is_norm(module: nn.Module) -> bool:
+    """Norm layers of any library (ours, torch, Hugging Face) by class name: RMSNorm, LayerNorm, ..."""
+    return "norm" in type(module).__name__.lower()
+
+
+def _first_tensor(out) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    return None
+
+
+@torch.no_grad()
+def norm_role(module: nn.Module, wname: str, w: torch.Tensor) -> ParamRole:
+    """The form of a norm's weight, probed on its own forward rather than guessed from the class name:
+    with bias 0, x̂·w gives 0 at w = 0 and x̂·(1 + w) gives 0 at w = −1. Works on any weight shape (2-D
+    per-head norms too) and on meta or sharded models (the probe runs on plain CPU copies)."""
+    x = torch.randn(4, *w.shape, generator=torch.Generator().manual_seed(0))
+
+    def out(value: float) -> torch.Tensor:
+        state = {n: torch.zeros(p.shape) for n, p in module.named_parameters()}
+        state[wname] = torch.full(w.shape, value)
+        y = _first_tensor(functional_call(module, state, (x,), strict=False))
+        if y is None:
+            raise TypeError("its forward returns no tensor")
+        return y.float()
+
+    try:
+        at0, at1, atm1 = out(0.0), out(1.0), out(-1.0)
+    except Exception as e:  # a norm whose forward wants other inputs: its form stays unknown
+        return kept("unknown", f"norm form not probed ({type(e).__name__}: {str(e).splitlines()[0][:80]})",
+                    "module type")
+    scale = at1.abs().max()
+    if not torch.isfinite(scale) or scale == 0:
+        return kept("unknown", "norm form not probed (its output at w = 1 is 0 or not finite)", "module type")
+    if at0.abs().max() <= 1e-6 * scale:
+        return ParamRole("norm", source="module type")
+    if atm1.abs().max() <= 1e-6 * scale:
+        return ParamRole("norm", norm_offset=True, source="module type")
+    return kept("unknown", "norm weight is neither x̂·w nor x̂·(1 + w) (probed at w = 0 and w = −1)", "module type")
+
+
+def _is_hf_conv1d(module: nn.Module) -> bool:
+    """GPT-2's Conv1D: weight stored (in, out), applied as x @ W."""
+    w = getattr(module, "weight", None)
+    return (type(module).__name__ == "Conv1D" and isinstance(w, torch.Tensor) and w.dim() == 2
+            and tuple(w.shape) == (getattr(module, "nx", None), getattr(module, "nf", None)))
+
+
+def module_roles(module: nn.Module) -> dict[str, ParamRole]:
+    """Roles of ``module``'s own parameters that its type (or its declaration) establishes."""
+    own = dict(module.named_parameters(recurse=False))
+    roles: dict[str, ParamRole] = {}
+    in_dims = getattr(module, "gamma_in_dim", None)
+    fans = getattr(module, "gamma_fan_in", None)
+    for name, p in own.items():
+        if isinstance(in_dims, dict) and name in in_dims:
+            roles[name] = matrix(p, int(in_dims[name]), "declared")
+        elif isinstance(fans, dict) and name in fans:
+            roles[name] = ParamRole("matrix", int(fans[name]), p.dim() - 1, source="declared")
+    w, b = own.get("weight"), own.get("bias")
+    if isinstance(module, nn.Linear) and w is not None:
+        roles.setdefault("weight", matrix(w, 1, "module type"))
+    elif isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and w is not None:
+        roles.setdefault("weight", ParamRole("embedding", module.embedding_dim, 1, source="module type"))
+    elif isinstance(module, nn.modules.conv._ConvNd) and w is not None:
+        if module.transposed:
+            roles.setdefault("weight", kept("unknown", "transposed convolution: each output sums a stride-"
+                                            "dependent share of the kernel, so d_in is not one axis", "module type"))
+        else:  # (out, in / groups, *kernel): d_in = in_channels / groups × kernel
+            roles.setdefault("weight", matrix(w, 1, "module type", tuple(range(2, w.dim()))))
+    elif _is_hf_conv1d(module) and w is not None:
+        roles.setdefault("weight", matrix(w, 0, "module type"))
+    elif is_norm(module):
+        for name, p in own.items():
+            if name in NORM_WEIGHTS:
+                roles.setdefault(name, norm_role(module, name, p))
+            elif name in NORM_BIASES:
+                roles.setdefault(name, ParamRole("bias", source="module type"))
+        return roles
+    if b is not None and (isinstance(module, (nn.Linear, nn.modules.conv._ConvNd)) or _is_hf_conv1d(module)):
+        roles.setdefault("bias", ParamRole("bias", source="module type"))
+    return roles
+
+
+def named_parameters_once(module: nn.Module):
+    """(name, module, attribute name, parameter) in ``named_modules`` order, each parameter once (ties
+    under the first name): the order in which a seeded generator draws them."""
+    seen: set[int] = set()
+    for mname, mod in module.named_modules():
+        for pname, p in mod.named_parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            yield (f"{mname}.{pname}" if mname else pname), mod, pname, p
+
+
+def param_roles(module: nn.Module) -> dict[str, ParamRole]:
+    """The role of every parameter of ``module``, keyed by name (tied parameters once, under the first)."""
+    roles: dict[str, ParamRole] = {}
+    known: dict[int, dict[str, ParamRole]] = {}
+    for name, mod, pname, _ in named_parameters_once(module):
+        if id(mod) not in known:
+            known[id(mod)] = module_roles(mod)
+        role = known[id(mod)].get(pname)
+        roles[name] = role or kept("unknown", f"d_in not established: {type(mod).__name__}.{pname} is not a "
+                                   "parameter of a known module type", "module type")
+    return roles
