@@ -248,3 +248,42 @@ def test_cli_on_hf_folders_and_on_a_folder_that_is_neither(corpus, tmp_path, cap
     (a / "model.safetensors").unlink()  # a Hugging Face config without its weights says what is missing
     assert main(["analyze", str(a)]) == 2
     assert "it has no model.safetensors" in capsys.readouterr().err
+
+
+# --- matrices in out × in orientation, from the d_in knowledge γ-init uses -------------------------------------
+
+def test_matrix_stats_read_conv1d_and_experts_out_by_in():
+    from smallinit.analysis import matrix_stats, row_cosine
+    from smallinit.analysis.condensation import named_matrices, unoriented_matrices
+    from smallinit.analysis.measure import analyze_model
+
+    gpt2 = _model(ARCHS[-1])
+    fc = gpt2.transformer.h[0].mlp.c_fc  # Conv1D: stored (in = 32, out = 128), applied as x @ W
+    mats = named_matrices(gpt2)
+    assert torch.equal(mats["transformer.h.0.mlp.c_fc.weight"], fc.weight.T)
+    stat = {s.name: s for s in matrix_stats(gpt2)}["transformer.h.0.mlp.c_fc.weight"]
+    assert stat.shape == (128, 32)  # one row per output neuron
+    rows = row_cosine(fc.weight.detach().T.contiguous()).mean_abs
+    assert stat.mean_abs_cos == pytest.approx(rows, rel=1e-9)
+    assert stat.mean_abs_cos != pytest.approx(row_cosine(fc.weight.detach()).mean_abs, rel=1e-3)
+
+    # a parameter whose input axis is not established gets no statistic, and analyze says which
+    gpt2.transformer.h[0].mlp.extra = torch.nn.Module()
+    gpt2.transformer.h[0].mlp.extra.mixing = torch.nn.Parameter(torch.randn(4, 6))  # no known module type
+    left = unoriented_matrices(gpt2)
+    assert "transformer.h.0.mlp.extra.mixing" in left and not any(n.startswith(tuple(left)) for n in named_matrices(gpt2))
+    result = analyze_model(gpt2, [(_ids(), _ids())])
+    assert result["matrices_left_out"] == left and "d_in not established" in left["transformer.h.0.mlp.extra.mixing"]
+    assert "transformer.h.0.mlp.c_fc.weight" in {m["name"] for m in result["matrices"]}
+
+
+def test_our_moe_experts_are_matrices_of_their_own():
+    from smallinit import ModelConfig, MoEConfig, Transformer
+    from smallinit.analysis.condensation import named_matrices
+
+    cfg = dataclasses.replace(ModelConfig.preset("cpu-1m"), vocab_size=64, n_layers=1,
+                              moe=MoEConfig(num_experts=4, top_k=2, d_expert=16))
+    model = Transformer(cfg)
+    mats = named_matrices(model)
+    assert torch.equal(mats["blocks.0.mlp.down_proj.3"], model.blocks[0].mlp.down_proj[3])
+    assert mats["blocks.0.mlp.up_proj.0"].shape == (16, cfg.d_model)

@@ -28,7 +28,7 @@ from ..io import read_json
 from ..model import Transformer
 from ..train.checkpoint import load_model as _load_model
 from ..train.checkpoint import resolve_checkpoint
-from .condensation import matrix_stats
+from .condensation import matrix_stats, unoriented_matrices
 from .norm_factor import norm_factors_from_inputs, relative_factor
 from .residual_flow import flow_from_hidden
 from .sink import sink_from_attention
@@ -147,6 +147,7 @@ def analyze_model(
         cfg = module.config
         result["norm_factor_analytic"] = relative_factor(cfg.gamma, cfg.norm_eps, cfg.d_model)
     result["matrices"] = [s.to_dict() for s in matrix_stats(module, max_rows=cosine_rows)]
+    result["matrices_left_out"] = unoriented_matrices(module)
     return result
 
 
