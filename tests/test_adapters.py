@@ -178,6 +178,80 @@ def test_what_cannot_be_observed_is_said():
         sink_scores(torch.nn.Linear(3, 3), _ids())
 
 
+def test_coord_check_on_a_model_the_user_brings():
+    """coord_check(build) γ-inits a Hugging Face model per γ: activations at init are HF's own hidden states
+    (and the final norm's input for the last block), every parameter gets its update rows."""
+    from smallinit import gamma_init_
+    from smallinit.analysis import coord_check
+    from smallinit.analysis.coordcheck import _batch
+
+    arch = ARCHS[0]
+
+    def build(gamma: float):
+        model = getattr(transformers, arch.model_class)(arch.build())
+        gamma_init_(model, gamma, generator=torch.Generator().manual_seed(0))
+        return model
+
+    cc = coord_check(build, [0.5, 1.0], steps=1, batch_size=2, seq_len=T)
+    x, _ = _batch(None, 96, 2, T, 0, 0)
+    for i, gamma in enumerate((0.5, 1.0)):
+        model, seen = build(gamma), {}
+        model.model.norm.register_forward_pre_hook(lambda _m, args: seen.__setitem__("h", args[0]))
+        with torch.no_grad():
+            out = model(x, output_hidden_states=True)
+        rms = [t.double().pow(2).mean().sqrt().item() for t in (*out.hidden_states[:2], seen["h"], out.logits)]
+        got = [cc.series("activation", n, 0)[i] for n in ("embed", "blocks.0", "blocks.1", "logits")]
+        assert got == pytest.approx(rms, rel=1e-6)
+    updated = {r["name"] for r in cc.rows if r["kind"] == "update" and r["rms"] > 0}
+    assert updated == {n for n, _ in build(1.0).named_parameters()}
+    assert cc.config["model"]["class"] == "LlamaForCausalLM"
+
+
+# --- smallinit's own Transformer, against its Hugging Face twin and its own modules --------------------------
+
+@pytest.mark.parametrize("overrides", [dict(gate="none", qk_norm=False), dict(gate="elementwise", qk_norm=True)],
+                         ids=["llama-twin", "qwen3-next-twin"])
+def test_our_transformer_against_eager_attention_of_its_hf_twin(overrides):
+    """The Transformer adapter's sink equals eager probabilities of the same weights in transformers' own
+    modeling code (the export's stock class); flow and norm factor equal our own hooks and the norm's output."""
+    from smallinit import ModelConfig, Transformer
+    from smallinit.export.hf import choose_architecture, hf_config, hf_tensors
+
+    cfg = dataclasses.replace(ModelConfig.preset("cpu-1m"), vocab_size=96, n_layers=2, n_heads=4, n_kv_heads=2,
+                              max_seq_len=64, gamma=1.0, norm_eps=1e-4, **overrides)
+    ours = Transformer(cfg, seed=0).eval()
+    architecture, _ = choose_architecture(cfg)
+    twin = getattr(transformers, architecture)(hf_config(cfg, architecture, 0)).eval()
+    twin.load_state_dict(hf_tensors(ours.state_dict(), cfg, architecture), strict=False)
+    twin.config._attn_implementation = "eager"
+    ids = _ids()
+    with torch.no_grad():
+        assert torch.allclose(twin(ids).logits, ours(ids).logits, atol=1e-5)
+        probs = twin(ids, output_attentions=True).attentions
+    by_hand = np.stack([a[:, :, 1:, 0].double().mean(dim=(0, 2)).numpy() for a in probs])
+    np.testing.assert_allclose(sink_scores(ours, ids).per_head, by_hand, atol=2e-6, rtol=0)
+
+    seen = {}
+    hooks = [ours.embed.register_forward_hook(lambda _m, _a, out: seen.__setitem__("e", out)),
+             ours.norm.register_forward_pre_hook(lambda _m, args: seen.__setitem__("h", args[0]))]
+    with torch.no_grad():
+        ours(ids)
+    for h in hooks:
+        h.remove()
+    e, h = seen["e"].double(), seen["h"].double()
+    assert residual_flow_ratio(ours, ids) == pytest.approx(((h - e).norm(dim=-1) / e.norm(dim=-1)).mean().item())
+
+    inputs = as_adapter(ours).observe(ids, kinds=("norms",)).norm_inputs
+    factors = measured_norm_factors(ours, ids)
+    assert set(factors) == {n for n, m in ours.named_modules() if type(m).__name__ == "RMSNorm"}
+    for name, x in inputs.items():
+        with torch.no_grad():
+            realised = (ours.get_submodule(name)(x).double() / x.double()).mean(-1)  # weights are 1 at init
+        assert factors[name] == pytest.approx((realised * x.double().pow(2).mean(-1).sqrt()).mean().item(),
+                                              abs=1e-5), name
+    assert min(factors.values()) < 0.9  # ε = 1e-4 against σ² = 1/d² is felt
+
+
 # --- the command line on Hugging Face folders ------------------------------------------------------------------
 
 def _hf_folder(path, tokenizer: str = "bytes"):

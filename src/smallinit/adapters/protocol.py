@@ -75,6 +75,7 @@ class Observed:
 
     logits: torch.Tensor
     loss: torch.Tensor | None = None  # mean next-token cross-entropy when targets were given
+    aux_loss: torch.Tensor | None = None  # what the model adds to the loss in training (MoE router losses)
     residual: list[torch.Tensor] = field(default_factory=list)
     norm_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
     attention: list[AttentionInputs] = field(default_factory=list)
