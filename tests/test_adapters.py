@@ -173,6 +173,26 @@ def test_eager_backend_gives_the_same_sink_as_sdpa():
     np.testing.assert_allclose(sink_scores(model, ids).per_head, sdpa, atol=1e-6)
 
 
+def test_the_any_model_section_of_analysis_md_runs_and_prints_what_it_shows():
+    """docs/analysis.md, "Any model": the Hugging Face example and the own-model adapter, as written."""
+    import contextlib
+    import io
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "analysis.md").read_text(encoding="utf-8")
+    section = text[text.index("## Any model: adapters"):text.index("## Library")]
+    blocks = re.findall(r"^```(\w+)\n(.*?)^```$", section, re.S | re.M)
+    assert [k for k, _ in blocks] == ["python", "text", "python", "text"]
+    namespace: dict = {}
+    for (_, code), (_, shown) in zip(blocks[::2], blocks[1::2]):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, "docs/analysis.md", "exec"), namespace)
+        assert out.getvalue() == shown
+    assert isinstance(namespace["mine"], namespace["TinyLMAdapter"]) and as_adapter(namespace["mine"]) is namespace["mine"]
+
+
 def test_what_cannot_be_observed_is_said():
     with pytest.raises(ModelError, match="cannot observe a Linear"):
         sink_scores(torch.nn.Linear(3, 3), _ids())
