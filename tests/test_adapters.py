@@ -193,9 +193,25 @@ def test_the_any_model_section_of_analysis_md_runs_and_prints_what_it_shows():
     assert isinstance(namespace["mine"], namespace["TinyLMAdapter"]) and as_adapter(namespace["mine"]) is namespace["mine"]
 
 
+class _EpsilonlessNorm(torch.nn.Module):  # a norm whose ε is hard-coded in its forward
+    def __init__(self, d):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
 def test_what_cannot_be_observed_is_said():
     with pytest.raises(ModelError, match="cannot observe a Linear"):
         sink_scores(torch.nn.Linear(3, 3), _ids())
+    model = _model(ARCHS[0])
+    model.model.norm = _EpsilonlessNorm(32)
+    with pytest.raises(ModelError, match="cannot read the ε of norm model.norm"):
+        measured_norm_factors(model, _ids())
+    model.model.norm = torch.nn.Identity()  # no norm after the last layer: h_L is unknown, not guessed
+    with pytest.raises(ModelError, match="no norm after its last layer"):
+        residual_flow_ratio(model, _ids())
 
 
 def test_coord_check_on_a_model_the_user_brings():
