@@ -62,6 +62,10 @@ ARCHS = [
         linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
         layer_types=["linear_attention", "full_attention"])), "Qwen3NextForCausalLM", "model.norm",
          offset_norms=True),
+    Arch("gpt-oss-sinks", lambda: transformers.GptOssConfig(**_common(
+        num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-3, sliding_window=WINDOW, num_local_experts=4,
+        num_experts_per_tok=2, layer_types=["sliding_attention", "full_attention"])), "GptOssForCausalLM",
+         "model.norm", sliding=(0,), implementation="eager"),
     Arch("gpt2", lambda: transformers.GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                                                  layer_norm_epsilon=1e-3), "GPT2LMHeadModel", "transformer.ln_f"),
 ]
@@ -72,10 +76,15 @@ def _model(arch: Arch):
     config = arch.build()
     config._attn_implementation = arch.implementation
     model = getattr(transformers, arch.model_class)(config).eval()
-    with torch.no_grad():  # norm weights away from their neutral value, so the (1 + w) form matters
-        for m in as_adapter(model).norms():
+    with torch.no_grad():
+        for m in as_adapter(model).norms():  # norm weights away from their neutral value: the (1 + w) form matters
             w = model.get_submodule(m).weight
             w.copy_(torch.rand(w.shape, generator=torch.Generator().manual_seed(1)) + 0.5)
+        for name, p in model.named_parameters():  # peaked attention, so scale, soft-cap and mask all matter
+            if any(k in name for k in ("q_proj.weight", "k_proj.weight", "c_attn.weight")):
+                p.mul_(12.0)
+            if name.endswith("sinks"):  # learned sink logits that take a visible share
+                p.copy_(torch.linspace(-1.0, 2.0, p.numel()))
     return model
 
 
