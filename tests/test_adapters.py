@@ -241,7 +241,7 @@ def test_coord_check_on_a_model_the_user_brings():
     x, _ = _batch(None, 96, 2, T, 0, 0)
     for i, gamma in enumerate((0.5, 1.0)):
         model, seen = build(gamma), {}
-        model.model.norm.register_forward_pre_hook(lambda _m, args: seen.__setitem__("h", args[0]))
+        model.model.norm.register_forward_pre_hook(lambda _m, args, seen=seen: seen.__setitem__("h", args[0]))
         with torch.no_grad():
             out = model(x, output_hidden_states=True)
         rms = [t.double().pow(2).mean().sqrt().item() for t in (*out.hidden_states[:2], seen["h"], out.logits)]

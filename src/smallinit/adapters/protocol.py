@@ -30,6 +30,7 @@ from torch import nn
 
 from ..errors import ModelError
 from ..init import is_norm
+from ..init.eps import EPS_ATTRIBUTES
 
 # What observe() can be asked for: the residual stream, the norms' inputs, the attention inputs.
 KINDS = ("residual", "norms", "attention")
@@ -97,9 +98,6 @@ def check_kinds(kinds: Collection[str]) -> set[str]:
     if unknown:
         raise ValueError(f"unknown observation {sorted(unknown)}; choose from {KINDS}")
     return set(kinds)
-
-
-EPS_ATTRIBUTES = ("eps", "variance_epsilon", "epsilon")  # what torch, Hugging Face and others call ε
 
 
 def norm_forms(model: nn.Module) -> dict[str, NormForm]:

@@ -7,6 +7,8 @@ from torch import nn
 from ..errors import ConfigError
 from .roles import is_norm
 
+EPS_ATTRIBUTES = ("eps", "variance_epsilon", "epsilon")  # what torch, Hugging Face and others call a norm's ε
+
 
 def set_norm_eps_(module: nn.Module, eps: float) -> list[str]:
     """Set ε of every norm layer (ours, torch's, Hugging Face's naming); returns the names touched."""
@@ -16,7 +18,7 @@ def set_norm_eps_(module: nn.Module, eps: float) -> list[str]:
     for name, mod in module.named_modules():
         if not is_norm(mod):
             continue
-        for attr in ("eps", "variance_epsilon", "epsilon"):
+        for attr in EPS_ATTRIBUTES:
             if isinstance(getattr(mod, attr, None), float):
                 setattr(mod, attr, float(eps))
                 touched.append(name)
