@@ -17,6 +17,7 @@ from smallinit.analysis import measured_norm_factors, residual_flow_ratio, sink_
 from smallinit.analysis.measure import measure_activations  # noqa: E402
 from smallinit.errors import ModelError  # noqa: E402
 
+GET_INTERFACE = transformers.AttentionInterface.__dict__["get_interface"]  # as transformers defines it
 T, WINDOW = 16, 6  # a sliding window shorter than the sequence: queries 7… cannot see token 1
 
 
@@ -124,6 +125,7 @@ def test_sink_flow_and_norm_factor_match_independent_references(arch):
     with torch.no_grad():
         assert torch.equal(model(ids).logits, plain)
     assert not any(m._forward_pre_hooks for m in model.modules())
+    assert transformers.AttentionInterface.__dict__["get_interface"] is GET_INTERFACE
 
     # sink: the model as loaded (sdpa where it has it) through the adapter equals eager probabilities by hand
     reference = _sink_by_hand(arch, model, ids)

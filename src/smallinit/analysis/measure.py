@@ -25,7 +25,6 @@ from ..config import Config, DataConfig, flatten
 from ..data import Tokenizer, iter_eval_batches, load_token_data, load_tokenizer
 from ..errors import CheckpointError, ConfigError, DataError
 from ..io import read_json
-from ..model import Transformer
 from ..train.checkpoint import load_model as _load_model
 from ..train.checkpoint import resolve_checkpoint
 from .condensation import matrix_stats, unoriented_matrices
@@ -131,7 +130,7 @@ def analyze_model(
     model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *, cosine_rows: int = 1024
 ) -> dict:
     """Every single-model measurement, averaged over ``batches`` (equal-sized batches weigh equally), for any
-    model an adapter reads; smallinit's own models also get the analytic norm factor of their config."""
+    model an adapter reads."""
     adapter = as_adapter(model)
     module = adapter.module
     device = next(module.parameters()).device
@@ -143,9 +142,6 @@ def analyze_model(
         raise DataError("no complete sequence to analyse; pass more text with --data or a smaller --seq-len")
     result = _mean_dicts(per_batch)
     result["tokens"] = n_tokens
-    if isinstance(module, Transformer):
-        cfg = module.config
-        result["norm_factor_analytic"] = relative_factor(cfg.gamma, cfg.norm_eps, cfg.d_model)
     result["matrices"] = [s.to_dict() for s in matrix_stats(module, max_rows=cosine_rows)]
     result["matrices_left_out"] = unoriented_matrices(module)
     return result
@@ -181,6 +177,8 @@ def analyze_checkpoint(
     tok = load_tokenizer(run.config.data.tokenizer)
     result = analyze_model(run.model, held_out_batches(run.config, tok, data=data, batches=batches,
                                                        batch_size=batch_size, seq_len=seq_len))
+    m = run.config.model
+    result["norm_factor_analytic"] = relative_factor(m.gamma, m.norm_eps, m.d_model)
     return {"checkpoint": str(run.path), "step": run.step, "config": run.config.to_dict(),
             "data": str(data) if data is not None else f"validation split of {run.config.data.corpus}",
             **result}
