@@ -97,11 +97,10 @@ def coord_check(
     if isinstance(config, ModelConfig):
         seq_len = min(seq_len, config.max_seq_len)
     rows: list[dict] = []
-    described: dict = {}
+    described = dataclasses.asdict(config) if isinstance(config, ModelConfig) else {}
     for gamma in gammas:
         if isinstance(config, ModelConfig):
             model = Transformer(dataclasses.replace(config, gamma=float(gamma)), seed=seed)
-            described = dataclasses.asdict(config)
         else:
             model = config(float(gamma))
             described = {"built by": getattr(config, "__qualname__", type(config).__name__),

@@ -1,8 +1,9 @@
-"""All single-model measurements from one forward pass, and ``smallinit analyze`` on a checkpoint.
+"""All single-model measurements from one forward pass, and ``smallinit analyze`` / ``compare`` on a model.
 
-:func:`measure_model` captures hidden states, norm inputs and post-RoPE q/k in a single forward and derives
-sink scores, residual flow and measured norm factors from them; the matrix statistics come from the
-weights. :func:`analyze_checkpoint` runs it on held-out batches of a trained model.
+:func:`measure_activations` observes the residual stream, norm inputs and attention inputs of any model
+through its adapter (smallinit.adapters) in a single forward and derives sink scores, residual flow and
+measured norm factors from them; the matrix statistics come from the weights. :func:`analyze_checkpoint`
+runs it on held-out batches of a trained smallinit run or of a Hugging Face model folder.
 """
 
 from __future__ import annotations
@@ -147,6 +148,9 @@ def analyze_model(
     return result
 
 
+HF_SEQ_LEN = 256  # the default sequence length for a Hugging Face model (smallinit runs use their own)
+
+
 def hf_batches(
     tokenizer: HFTokenizer, max_seq_len: int | None, *, data: str | os.PathLike | None, batch_size: int,
     seq_len: int | None, max_tokens: int | None = None, batches: int | None = None,
@@ -157,9 +161,6 @@ def hf_batches(
     corpus = data if data is not None else DataConfig().corpus
     stream = text_batches(corpus, tokenizer, seq_len=seq_len, batch_size=batch_size, max_tokens=max_tokens)
     return itertools.islice(stream, batches), seq_len, str(data) if data is not None else f"builtin corpus {corpus}"
-
-
-HF_SEQ_LEN = 256  # the default sequence length for a Hugging Face model (smallinit runs use their own)
 
 
 def analyze_checkpoint(
