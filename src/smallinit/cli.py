@@ -79,12 +79,13 @@ def cmd_info(args: argparse.Namespace) -> int:
     import torch
 
     from .analysis import check_norm_saturation
+    from .init import init_plan
     from .model import Transformer
 
     cfg = _load_config(args)
     check_norm_saturation(cfg.model)
     with torch.device("meta"):  # shapes only: counts and the init table without allocating the weights
-        model = Transformer(cfg.model, seed=cfg.train.seed)
+        model = Transformer(cfg.model, init=False)
     total, active = model.num_params(), model.num_params(active=True)
     print(f"parameters: {total:,} total, {active:,} active, {model.num_params(embeddings=False):,} without embeddings")
     if args.memory:
@@ -92,7 +93,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         print(describe_memory(cfg, args.gpus))
         return 0
-    print(model.init_report)
+    print(init_plan(model, cfg.model.gamma))
     return 0
 
 
@@ -147,7 +148,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_init_hf(args: argparse.Namespace) -> int:
     from .export.hf import init_hf
 
-    print(init_hf(args.config, args.out_dir, gamma=args.gamma, norm_eps=args.norm_eps, seed=args.seed))
+    norm_eps = None if args.keep_norm_eps else args.norm_eps
+    print(init_hf(args.config, args.out_dir, gamma=args.gamma, norm_eps=norm_eps, seed=args.seed))
     return 0
 
 
@@ -389,6 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out_dir", metavar="OUT_DIR", help="new folder for the initialised model")
     p.add_argument("--gamma", type=float, default=1.0, help="σ = d_in^(−γ) (default 1, the paper's choice)")
     p.add_argument("--norm-eps", type=float, default=1e-12, help="ε of every norm (default 1e-12)")
+    p.add_argument("--keep-norm-eps", action="store_true",
+                   help="keep the architecture's ε (for norms that hard-code it or configs that cannot save it)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_init_hf)
 

@@ -30,7 +30,7 @@ from torch import nn
 
 from ..errors import ModelError
 from ..init import is_norm
-from ..init.eps import EPS_ATTRIBUTES
+from ..init.eps import EPS_ATTRS
 
 # What observe() can be asked for: the residual stream, the norms' inputs, the attention inputs.
 KINDS = ("residual", "norms", "attention")
@@ -115,14 +115,14 @@ def norm_modules(model: nn.Module) -> dict[str, nn.Module]:
 
 
 def _eps(name: str, m: nn.Module) -> float:
-    for attr in EPS_ATTRIBUTES:
+    for attr in EPS_ATTRS:
         value = getattr(m, attr, None)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
     if isinstance(m, nn.RMSNorm) and m.eps is None:  # torch's default: the machine epsilon of the input
         return float(torch.finfo(m.weight.dtype if m.weight is not None else torch.float32).eps)
     raise ModelError(f"cannot read the ε of norm {name} ({type(m).__name__}): it has none of "
-                     f"{', '.join(EPS_ATTRIBUTES)}; adapt the model yourself (docs/analysis.md, 'Your own model')")
+                     f"{', '.join(EPS_ATTRS)}; adapt the model yourself (docs/analysis.md, 'Your own model')")
 
 
 @torch.no_grad()

@@ -14,12 +14,16 @@ module may also declare the input axis of its own parameters in a ``gamma_in_dim
 
 from __future__ import annotations
 
+import inspect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 from torch.func import functional_call
+
+from .arch import architecture_inits
+from .trace import TraceError, Use, trace_uses
 
 KINDS = ("matrix", "embedding", "norm", "bias", "own", "unknown")
 NORM_WEIGHTS = ("weight", "scale", "gamma", "g")
@@ -96,11 +100,14 @@ def norm_role(module: nn.Module, wname: str, w: torch.Tensor) -> ParamRole:
     with bias 0, x̂·w gives 0 at w = 0 and x̂·(1 + w) gives 0 at w = −1. Works on any weight shape (2-D
     per-head norms too) and on meta or sharded models (the probe runs on plain CPU copies)."""
     x = torch.randn(4, *w.shape, generator=torch.Generator().manual_seed(0))
+    # further required inputs (the gate of a gated norm) get ones: they scale the output, never zero it
+    params = list(inspect.signature(module.forward).parameters.values())[1:]
+    extra = [torch.ones_like(x) for q in params if q.default is q.empty and q.kind is q.POSITIONAL_OR_KEYWORD]
 
     def out(value: float) -> torch.Tensor:
         state = {n: torch.zeros(p.shape) for n, p in module.named_parameters()}
         state[wname] = torch.full(w.shape, value)
-        y = _first_tensor(functional_call(module, state, (x,), strict=False))
+        y = _first_tensor(functional_call(module, state, (x, *extra), strict=False))
         if y is None:
             raise TypeError("its forward returns no tensor")
         return y.float()
@@ -133,8 +140,11 @@ def module_roles(module: nn.Module) -> dict[str, ParamRole]:
     roles: dict[str, ParamRole] = {}
     in_dims = getattr(module, "gamma_in_dim", None)
     fans = getattr(module, "gamma_fan_in", None)
+    keep = getattr(module, "gamma_keep", None)
     for name, p in own.items():
-        if isinstance(in_dims, dict) and name in in_dims:
+        if isinstance(keep, dict) and name in keep:
+            roles[name] = kept("own", str(keep[name]), "declared")
+        elif isinstance(in_dims, dict) and name in in_dims:
             roles[name] = matrix(p, int(in_dims[name]), "declared")
         elif isinstance(fans, dict) and name in fans:
             roles[name] = ParamRole("matrix", int(fans[name]), p.dim() - 1, source="declared")
@@ -175,14 +185,114 @@ def named_parameters_once(module: nn.Module):
             yield (f"{mname}.{pname}" if mname else pname), mod, pname, p
 
 
-def param_roles(module: nn.Module) -> dict[str, ParamRole]:
-    """The role of every parameter of ``module``, keyed by name (tied parameters once, under the first)."""
-    roles: dict[str, ParamRole] = {}
+def _example_inputs(module: nn.Module, example_inputs) -> tuple[tuple, dict] | None:
+    """(args, kwargs) for one forward: those given, or a Hugging Face model's own dummy inputs."""
+    if example_inputs is not None:
+        if isinstance(example_inputs, dict):
+            return (), dict(example_inputs)
+        return (tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)), {}
+    try:
+        dummy = getattr(module, "dummy_inputs", None)
+    except Exception:  # a property that cannot be built for this config
+        return None
+    if not isinstance(dummy, dict) or not isinstance(dummy.get("input_ids"), torch.Tensor):
+        return None
+    kwargs: dict = {"input_ids": dummy["input_ids"][:1]}
+    if "use_cache" in inspect.signature(module.forward).parameters:
+        kwargs["use_cache"] = False
+    return (), kwargs
+
+
+def _from_use(p: torch.Tensor, use: Use | None, why_not: str) -> ParamRole:
+    """The role the forward gives a parameter no known module type covers."""
+    if use is None:
+        return kept("unknown", why_not, "forward")
+    axes = {a for a in use.contracted}
+    if len(axes) == 1 and () not in axes:
+        (ins,) = axes
+        return matrix(p, ins[0], "forward", ins[1:])
+    if axes:
+        shown = ", ".join("?" if not a else "×".join(map(str, a)) for a in sorted(axes))
+        return kept("unknown", f"the forward contracts it along different axes ({shown}): d_in not one axis",
+                    "forward")
+    if use.added:
+        return ParamRole("bias", source="forward")
+    if use.lookup and not use.ops:
+        if p.dim() == 2:
+            return ParamRole("embedding", int(p.shape[1]), 1, source="forward")
+        return kept("unknown", f"a {p.dim()}-d lookup table: its embedding axis is not established", "forward")
+    if use.ops:
+        ops = ", ".join(sorted(use.ops)[:4])
+        return kept("own", f"not a weight matrix: the forward uses it only in {ops}", "forward")
+    return kept("unknown", "the forward did not use it", "forward")
+
+
+def _checked(fast: ParamRole, p: torch.Tensor, use: Use | None) -> ParamRole:
+    """A module-type role checked against the forward."""
+    if use is None or fast.kind != "matrix" or not use.contracted:
+        return fast
+    def real(axes):  # size-1 axes (a depthwise conv's input channel) are not seen by strides
+        return tuple(a for a in axes if p.shape[a] > 1)
+
+    want = real((fast.in_dim, *fast.kernel_dims))
+    if {real(a) for a in use.contracted} == {want}:
+        return replace(fast, source=f"{fast.source}, checked by the forward")
+    got = ", ".join("×".join(map(str, a)) or "?" for a in sorted(use.contracted))
+    return kept("unknown", f"its module type says input axis {'×'.join(map(str, want))} but the forward contracts "
+                f"{got}", "forward")
+
+
+def resolve_roles(
+    module: nn.Module, example_inputs=None, *, forward: bool = True
+) -> tuple[dict[str, ParamRole], list[str]]:
+    """``param_roles`` and notes on how the forward check went."""
+    entries = list(named_parameters_once(module))
     known: dict[int, dict[str, ParamRole]] = {}
-    for name, mod, pname, _ in named_parameters_once(module):
+    fast: dict[str, ParamRole | None] = {}
+    for name, mod, pname, _ in entries:
         if id(mod) not in known:
             known[id(mod)] = module_roles(mod)
-        role = known[id(mod)].get(pname)
-        roles[name] = role or kept("unknown", f"d_in not established: {type(mod).__name__}.{pname} is not a "
-                                   "parameter of a known module type", "module type")
-    return roles
+        fast[name] = known[id(mod)].get(pname)
+
+    notes: list[str] = []
+    uses: dict[str, Use] | None = None
+    why_not = "d_in not established: not a parameter of a known module type, and no forward was run"
+    inputs = _example_inputs(module, example_inputs) if forward else None
+    sharded = any(type(p).__name__ == "DTensor" for *_, p in entries)
+    if forward and inputs is None:
+        why_not += " (pass example_inputs)"
+    elif forward and sharded:
+        why_not = "d_in not established: not a parameter of a known module type (sharded: no forward check)"
+        notes.append("forward check not run on sharded parameters: roles come from module types")
+    elif forward:
+        try:
+            uses = trace_uses(module, lambda: {n: p for n, _, _, p in entries}, *inputs)
+        except TraceError as e:
+            why_not = f"d_in not established: not a parameter of a known module type, and the forward failed ({e})"
+            notes.append(f"forward check failed: {e}")
+    declared = architecture_inits(module)
+    roles: dict[str, ParamRole] = {}
+    for name, _, _, p in entries:
+        use = uses.get(name) if uses is not None else None
+        role = _checked(fast[name], p, use) if fast[name] is not None else _from_use(p, use, why_not)
+        how = declared.get(name)
+        if not p.requires_grad and role.kind != "own":
+            role = kept("own", "frozen (requires_grad=False): a fixed table or constant of the architecture",
+                        role.source)
+        elif how is not None and role.kind in ("bias", "embedding"):
+            # a matrix is drawn whatever its architecture's init; a bias or table it computes is its own
+            role = kept("own", f"its architecture initialises it with {how}", "architecture init")
+        roles[name] = role
+    return roles, notes
+
+
+def param_roles(module: nn.Module, example_inputs=None, *, forward: bool = True) -> dict[str, ParamRole]:
+    """The role of every parameter of ``module``, keyed by name (tied parameters once, under the first).
+
+    Known module types answer first; one forward (``example_inputs``: a tensor, a tuple of arguments or a
+    dict of keyword arguments; a Hugging Face model's dummy inputs when not given) checks them and gives
+    the role of every other parameter from how it is used. What neither establishes is "unknown", with
+    its reason; parameters the architecture initialises in a way of its own (``_init_weights`` of a
+    Hugging Face model, or a module's ``gamma_keep`` dict: name → reason) are "own".
+    """
+    return resolve_roles(module, example_inputs, forward=forward)[0]
