@@ -388,13 +388,20 @@ def test_matrix_stats_read_conv1d_and_experts_out_by_in():
     assert stat.mean_abs_cos == pytest.approx(rows, rel=1e-9)
     assert stat.mean_abs_cos != pytest.approx(row_cosine(fc.weight.detach()).mean_abs, rel=1e-3)
 
+    # fused experts either way round: Qwen3-MoE stores (E, out, in), GPT-OSS (E, in, out) and applies x @ W
+    for arch, read in ((ARCHS[4], lambda w: w), (ARCHS[7], lambda w: w.T)):
+        model = _model(arch)
+        stored = model.model.layers[0].mlp.experts.down_proj[1]
+        assert torch.equal(named_matrices(model)["model.layers.0.mlp.experts.down_proj.1"], read(stored)), arch.name
+    assert stored.shape == (64, 32)  # GPT-OSS: d_ff in, d_model out
+
     # a parameter whose input axis is not established gets no statistic, and analyze says which
     gpt2.transformer.h[0].mlp.extra = torch.nn.Module()
     gpt2.transformer.h[0].mlp.extra.mixing = torch.nn.Parameter(torch.randn(4, 6))  # no known module type
     left = unoriented_matrices(gpt2)
     assert "transformer.h.0.mlp.extra.mixing" in left and not any(n.startswith(tuple(left)) for n in named_matrices(gpt2))
     result = analyze_model(gpt2, [(_ids(), _ids())])
-    assert result["matrices_left_out"] == left and "d_in not established" in left["transformer.h.0.mlp.extra.mixing"]
+    assert result["matrices_left_out"] == left and left["transformer.h.0.mlp.extra.mixing"]  # with its reason
     assert "transformer.h.0.mlp.c_fc.weight" in {m["name"] for m in result["matrices"]}
 
 
