@@ -123,9 +123,10 @@ def test_analyze_says_what_each_number_is(report_dir, tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("step 4: loss ") and "nats/token" in lines[0]
     assert lines[1].startswith("sink score ") and "attention spread evenly gives" in lines[1]
-    assert lines[2].startswith("residual flow ") and "‖h_L − e‖/‖e‖" in lines[2] and "d^(1−γ), here 1 for d = 32" in lines[2]
-    assert lines[3].startswith("min norm factor ") and "at initialisation this config gives" in lines[3]
-    assert lines[4] == ("this loss is on 2 windows of 32 tokens from the start of the validation split, training's val "
+    assert lines[2].startswith("Sink_0.3 ") and "exceeds 0.3" in lines[2]
+    assert lines[3].startswith("residual flow ") and "‖h_L − e‖/‖e‖" in lines[3] and "d^(1−γ), here 1 for d = 32" in lines[3]
+    assert lines[4].startswith("min norm factor ") and "at initialisation this config gives" in lines[4]
+    assert lines[5] == ("this loss is on 2 windows of 32 tokens from the start of the validation split, training's val "
                         "loss on 32 windows of 32 tokens, so the two differ a little; to measure on training's windows "
                         "add --batches 8 --batch-size 4 --seq-len 32")
 

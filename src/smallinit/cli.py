@@ -221,13 +221,14 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from .report import analysis_lines, write_analysis
 
     result = analyze_checkpoint(args.checkpoint, data=args.data, batches=args.batches, batch_size=args.batch_size,
-                                seq_len=args.seq_len, device=args.device)
-    cfg = Config.from_dict(result["config"])
-    check_norm_saturation(cfg.model)
+                                seq_len=args.seq_len, device=args.device, hf=args.hf)
+    cfg = Config.from_dict(result["config"]) if "config" in result else None
+    if cfg is not None:
+        check_norm_saturation(cfg.model)
     out = Path(args.out) if args.out else default_output_dir(result["checkpoint"])
     paths = write_analysis(result, out)
-    print("\n".join(analysis_lines(result, args.seq_len or cfg.data.seq_len)))
-    print(_analyze_loss_note(cfg, args))
+    print("\n".join(analysis_lines(result, args.seq_len or (cfg.data.seq_len if cfg else None))))
+    print(_analyze_loss_note(cfg, args) if cfg else f"measured on {result['data']}")
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
@@ -252,7 +253,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     labels = tuple(args.labels.split(",", 1)) if args.labels else None
     r = compare_checkpoints(args.checkpoint_a, args.checkpoint_b, data=args.data, batch_size=args.batch_size,
                             seq_len=args.seq_len, max_tokens=args.max_tokens, bins=args.bins, top_k=args.top_k,
-                            labels=labels, device=args.device)
+                            labels=labels, device=args.device, hf=args.hf)
     print(f"{r.tokens:,} tokens: mean Δ_sym {r.mean_delta_sym:+.4f} (> 0: {r.meta['label_a']} better); "
           f"loss {r.mean_loss_a:.4f} vs {r.mean_loss_b:.4f}")
     print("wrote " + ", ".join(str(p) for p in write_compare(r, args.out)))
@@ -498,20 +499,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-samples", action="store_true", help="store every example's inputs and outputs too")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("analyze", help="all single-model measurements of a run or checkpoint (JSON + figures)")
-    p.add_argument("checkpoint", metavar="CHECKPOINT", help="run folder (its newest checkpoint) or checkpoint folder")
-    p.add_argument("--data", metavar="CORPUS", help="text to measure on (default: the run's validation split)")
+    p = sub.add_parser("analyze", help="all single-model measurements of a run, checkpoint or Hugging Face model "
+                                       "(JSON + figures)")
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="run folder (its newest checkpoint), checkpoint folder, "
+                                                             "or Hugging Face model folder (config.json + safetensors)")
+    p.add_argument("--hf", action="store_true", help="read the folder as a Hugging Face model (else detected)")
+    p.add_argument("--data", metavar="CORPUS", help="text to measure on (default: the run's validation split; "
+                                                     "the builtin corpus for a Hugging Face model)")
     p.add_argument("--out", metavar="DIR", help="output folder (default: RUN/analysis)")
     p.add_argument("--batches", type=int, default=4, help="batches of held-out text (default 4)")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, help="sequence length (default: the run's data.seq_len)")
+    p.add_argument("--seq-len", type=int, help="sequence length (default: the run's data.seq_len; 256 for a "
+                                               "Hugging Face model)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("compare", help="token-level comparison of two models: Δ_sym by token difficulty")
     p.add_argument("checkpoint_a", metavar="CKPT_A", help="model A (Δ_sym > 0 where A is better)")
-    p.add_argument("checkpoint_b", metavar="CKPT_B", help="model B")
-    p.add_argument("--data", metavar="CORPUS", help="text to compare on, streamed (default: A's validation split)")
+    p.add_argument("checkpoint_b", metavar="CKPT_B", help="model B (runs, checkpoints or Hugging Face folders)")
+    p.add_argument("--hf", action="store_true", help="read both folders as Hugging Face models (else detected)")
+    p.add_argument("--data", metavar="CORPUS", help="text to compare on, streamed (default: A's validation split; "
+                                                     "the builtin corpus with a Hugging Face model)")
     p.add_argument("--out", metavar="DIR", help="output folder (default: A's run folder, analysis/compare-B)")
     p.add_argument("--labels", metavar="A,B", help="names for the two models (default: their run folders)")
     p.add_argument("--max-tokens", type=int, help="stop after about this many tokens")

@@ -28,6 +28,11 @@ class CheckpointError(SmallinitError):
     """A checkpoint or run folder is missing, incomplete, tampered with or does not match."""
 
 
+class ModelError(SmallinitError):
+    """A model cannot be measured: no adapter for its class, a norm whose ε cannot be read, an attention
+    call whose probabilities cannot be rebuilt, or a folder that holds no model smallinit can load."""
+
+
 class StorageError(SmallinitError):
     """A file could not be written (disk full, read-only or missing folder); what was written before is kept.
     ``why`` is the system's reason (e.g. "No space left on device")."""

@@ -538,9 +538,10 @@ def _section_analyses(doc: _Doc, analyses: list[tuple[str, dict]]) -> None:
     if not analyses:
         return
     doc.h2("Single-model analyses (smallinit analyze)")
-    doc.raw(table(["file", "step", "loss", "tokens", "sink mean", "residual flow", "min norm factor",
-                   "median stable rank / min(m,n)", "median mean |cos|"],
-                  [[n, a.get("step"), a.get("loss"), a.get("tokens"), a["sink"]["mean"], a["residual_flow"],
+    doc.raw(table(["file", "step", "loss", "tokens", "sink mean", "Sink_0.3 (share of heads)", "residual flow",
+                   "min norm factor", "median stable rank / min(m,n)", "median mean |cos|"],
+                  [[n, a.get("step", "–"), a.get("loss"), a.get("tokens"), a["sink"]["mean"],
+                    a["sink"].get("share_above", {}).get("0.3", "–"), a["residual_flow"],
                     min(a["norm_factor"].values()),
                     float(np.median([m["stable_rank_fraction"] for m in a["matrices"]])),
                     float(np.median([m["mean_abs_cos"] for m in a["matrices"]]))] for n, a in analyses]))
