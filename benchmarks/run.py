@@ -34,7 +34,8 @@ sys.path.insert(0, str(HERE))
 from common import Row, Stat, add_common_args, format_table, machine, process_setup  # noqa: E402
 
 MODULES = {"train": "bench_train", "packing": "bench_packing", "sweep": "bench_sweep", "compile": "bench_compile",
-           "tiny": "bench_tiny", "data": "bench_data", "memory": "bench_memory", "callbacks": "bench_callbacks"}
+           "tiny": "bench_tiny", "data": "bench_data", "memory": "bench_memory", "callbacks": "bench_callbacks",
+           "init": "bench_init"}
 SCRIPTS = {"moe": "bench_moe.py"}  # run as they are, through their own command line
 
 

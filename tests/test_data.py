@@ -15,11 +15,13 @@ from smallinit.data import (
     EOS_TOKEN,
     batch_starts,
     corpus_fingerprint,
+    epochs,
     get_batch,
     iter_documents,
     iter_eval_batches,
     load_token_data,
     load_tokenizer,
+    repeat_message,
     train_tokenizer,
 )
 from smallinit.data import cache as cache_mod
@@ -170,6 +172,22 @@ def test_builtin_corpora(builtin_docs):
     assert list(iter_documents("builtin:zh-poems")) == poems
     assert len({corpus_fingerprint(n) for n in ("shakespeare", "zh-poems", "default")}) == 3
     assert corpus_fingerprint("default") == corpus_fingerprint("builtin:default")
+
+
+def test_the_larger_builtin_corpora(builtin_docs):
+    """wiki-leads and python-stdlib are what NOTICE says; "large" is all four builtins, in order."""
+    large = list(iter_documents("large"))
+    n_default = len(builtin_docs["default"])
+    assert large[:n_default] == builtin_docs["default"]
+    wiki, stdlib = large[n_default:n_default + 26_227], large[n_default + 26_227:]
+    assert wiki[0].startswith("20th-century classical music is Western art music")
+    assert any(d.startswith("La ") for d in wiki) and any(d.startswith("El ") for d in wiki)  # fr, es
+    assert len(stdlib) == 538 and all("\r" not in d for d in stdlib)
+    assert any(d.startswith('"""Common operations on Posix pathnames.') for d in stdlib)  # posixpath.py
+    assert list(iter_documents("builtin:wiki-leads")) == wiki
+    names = ("shakespeare", "zh-poems", "default", "wiki-leads", "python-stdlib", "large")
+    assert len({corpus_fingerprint(n) for n in names}) == len(names)
+    assert sum(len(d.encode("utf-8")) for d in large) > 5 * sum(len(d.encode("utf-8")) for d in builtin_docs["default"])
 
 
 def test_unknown_builtin_and_the_anchor_corpus():
@@ -487,3 +505,13 @@ def test_batches_from_token_cache(tmp_path, bytes_tok):
     assert x.max() < data.vocab_size
     xv, _ = next(iter_eval_batches(data.val, 2, 8, 1))
     assert torch.equal(xv[0], torch.from_numpy(np.asarray(data.val[:8], dtype=np.int64)))
+
+
+# ----------------------------------------------------------------------------------------------- repeated data
+
+
+def test_repeat_message_only_beyond_one_epoch():
+    assert epochs(10, 4, 25, 2000) == 0.5
+    assert repeat_message(20, 4, 25, 2000, "default") is None  # exactly one epoch
+    msg = repeat_message(30, 4, 25, 2000, "default")
+    assert "1.50 epochs" in msg and "3,000" in msg and "'default'" in msg and "data.corpus=large" in msg

@@ -188,15 +188,18 @@ def test_load_pretrained_refuses_a_changed_tokenizer(corpus, tmp_path):
 # -- the command --------------------------------------------------------------------------------------------
 
 
-def test_cli_generate_prints_the_continuation(run, capsys, monkeypatch):
+def test_cli_generate_prints_the_prompt_and_its_continuation(run, capsys, monkeypatch):
     model, tok = load_pretrained(run)
     expected = generate(model, tok, PROMPT, 12, Sampling(temperature=0))
     assert main(["generate", str(run), "--prompt", PROMPT, "--max-new-tokens", "12", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == PROMPT + expected + "\n"
+    assert main(["generate", str(run), "--prompt", PROMPT, "--max-new-tokens", "12", "--temperature", "0",
+                 "--no-prompt"]) == 0
     assert capsys.readouterr().out == expected + "\n"
 
     monkeypatch.setattr(sys, "stdin", io.StringIO(PROMPT))  # not a TTY: the prompt comes from stdin
     assert main(["generate", str(run), "--max-new-tokens", "12", "--temperature", "0"]) == 0
-    assert capsys.readouterr().out == expected + "\n"
+    assert capsys.readouterr().out == PROMPT + expected + "\n"
 
     args = ["generate", str(run), "--prompt", PROMPT, "--max-new-tokens", "12", "--top-k", "20", "--top-p", "0.9"]
     outs = []

@@ -72,21 +72,27 @@ def test_report_is_a_table():
     assert "γ = 1" in text and "blocks.0.attn.q_proj.weight" in text and "0.01562" in text
 
 
-def test_biases_zero_and_module_override():
+def test_biases_zero_declared_fan_in_and_forward_roles():
     class Custom(nn.Module):
         def __init__(self):
             super().__init__()
             self.proj = nn.Linear(300, 200, bias=True)
-            self.experts = nn.Parameter(torch.empty(4, 128, 64))  # (experts, out, in)
+            self.experts = nn.Parameter(torch.empty(4, 64, 128))  # (experts, in, out), applied as x @ w[e]
             self.odd = nn.Parameter(torch.empty(100, 50))
             self.gamma_fan_in = {"odd": 100}
             self.ln = nn.LayerNorm(200)
 
+        def forward(self, x):  # x: (tokens, 64)
+            return torch.einsum("ti,eio->teo", x, self.experts)
+
     m = Custom()
     rows = gamma_init_(m, 1.0, generator=torch.Generator().manual_seed(0)).by_name()
     assert torch.all(m.proj.bias == 0) and torch.all(m.ln.weight == 1) and torch.all(m.ln.bias == 0)
-    assert rows["experts"].fan_in == 64 and m.experts.std().item() == pytest.approx(1 / 64, rel=0.03)
     assert rows["odd"].fan_in == 100 and m.odd.std().item() == pytest.approx(1 / 100, rel=0.05)
+    # no forward to read the experts' input axis from: kept and said so, not guessed from the layout
+    assert rows["experts"].rule == "kept" and "example_inputs" in rows["experts"].reason
+    rows = gamma_init_(m, 1.0, example_inputs=torch.zeros(3, 64)).by_name()
+    assert rows["experts"].fan_in == 64 and m.experts.std().item() == pytest.approx(1 / 64, rel=0.03)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -110,3 +116,176 @@ def test_transformers_models(arch, gamma):
     norms = [m for m in model.modules() if "norm" in type(m).__name__.lower()]
     assert len(touched) == len(norms) > 0
     assert all(m.variance_epsilon == 1e-12 for m in norms)
+
+
+def _old_rule_init(model: nn.Module, gamma: float, seed: int) -> dict[str, torch.Tensor]:
+    """The rule our Transformer was always initialised with, written out independently: in named_modules
+    order, each parameter once, every ≥ 2-d one from N(0, fan^(−2γ)) in fp32 (fan: in_features of a Linear,
+    embedding_dim of an Embedding, else the last dim), norm weights 1, other 1-d parameters 0."""
+    g, out, seen = torch.Generator().manual_seed(seed), {}, set()
+    for mname, mod in model.named_modules():
+        for pname, p in mod.named_parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if p.dim() >= 2:
+                fan = (mod.in_features if isinstance(mod, nn.Linear) else
+                       mod.embedding_dim if isinstance(mod, nn.Embedding) else p.shape[-1])
+                value = torch.empty(p.shape).normal_(0.0, fan ** -gamma, generator=g)
+            else:
+                value = torch.ones(p.shape) if "norm" in type(mod).__name__.lower() else torch.zeros(p.shape)
+            out[f"{mname}.{pname}".lstrip(".")] = value
+    return out
+
+
+@pytest.mark.parametrize("preset,overrides", [
+    ("cpu-1m", {}), ("cpu-1m", dict(gate="elementwise", qk_norm=True, tie_embeddings=False, gamma=0.5)),
+    ("cpu-moe-1m", dict(gate="headwise")),
+])
+def test_our_model_init_unchanged(preset, overrides):
+    """Exact resume and the CPU study's reproducibility rest on the same seed giving the same weights."""
+    cfg = ModelConfig.preset(preset, **overrides)
+    model = Transformer(cfg, seed=5)
+    want = _old_rule_init(Transformer(cfg, init=False), cfg.gamma, 5)
+    got = dict(model.named_parameters())
+    assert set(got) == set(want)
+    for name, value in want.items():
+        assert torch.equal(got[name], value), name
+    assert all(r.rule != "kept" for r in model.init_report.rows)
+
+
+# -- roles: what each parameter is, from module types and from the forward --------------------------------
+
+
+def test_param_roles_conv_and_stored_in_by_out():
+    from smallinit import as_out_in, param_roles
+
+    transformers = pytest.importorskip("transformers")
+    conv = param_roles(nn.Conv1d(64, 64, 3))["weight"]
+    assert (conv.kind, conv.fan_in, conv.in_dim) == ("matrix", 192, 1)  # in_channels × kernel
+    assert param_roles(nn.Conv1d(64, 64, 3, groups=64))["weight"].fan_in == 3  # depthwise: 1 × kernel
+    assert as_out_in(torch.zeros(8, 4, 3), param_roles(nn.Conv1d(4, 8, 3))["weight"]).shape == (8, 12)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64,
+                                                                n_positions=16))
+    roles = param_roles(gpt2)
+    fc = roles["transformer.h.0.mlp.c_fc.weight"]  # Conv1D: stored (in, out), applied as x @ W
+    assert (fc.kind, fc.in_dim, fc.fan_in) == ("matrix", 0, 32)
+    assert "checked by the forward" in fc.source
+    assert as_out_in(gpt2.transformer.h[0].mlp.c_fc.weight, fc).shape == (128, 32)
+    assert roles["transformer.h.0.mlp.c_proj.weight"].fan_in == 128
+    assert roles["transformer.h.0.mlp.c_fc.bias"].kind == "bias"
+    assert "lm_head.weight" not in roles  # tied to the token embedding: once
+
+
+def test_forward_finds_the_input_axis_whatever_the_storage():
+    from smallinit import param_roles
+
+    class Experts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w_in = nn.Parameter(torch.empty(4, 16, 48))  # (E, in, out) used as x @ w[e]
+            self.w_out = nn.Parameter(torch.empty(4, 16, 48))  # (E, out, in) used with F.linear
+            self.bias = nn.Parameter(torch.empty(4, 48))  # a 2-d bias, per expert
+            self.scale = nn.Parameter(torch.empty(48))  # only multiplied: not a matrix, not a bias
+
+        def forward(self, x):
+            h = torch.stack([x @ self.w_in[e] + self.bias[e] for e in range(4)]) * self.scale
+            return torch.stack([nn.functional.linear(h[e], self.w_out[e]) for e in range(4)])
+
+    roles = param_roles(Experts(), torch.zeros(5, 16))
+    assert (roles["w_in"].kind, roles["w_in"].in_dim, roles["w_in"].fan_in) == ("matrix", 1, 16)
+    assert (roles["w_out"].in_dim, roles["w_out"].fan_in) == (2, 48)
+    assert roles["bias"].kind == "bias"
+    assert roles["scale"].kind == "own" and "mul" in roles["scale"].reason
+    # without a forward nothing is guessed: every raw parameter is unknown, with the reason
+    assert {r.kind for r in param_roles(Experts()).values()} == {"unknown"}
+
+
+def test_norm_forms_probed_not_named():
+    from smallinit import param_roles
+
+    transformers = pytest.importorskip("transformers")
+    gemma = hf_tiny_build("gemma")
+    offset = [r for n, r in param_roles(gemma).items() if n.endswith("norm.weight")]
+    assert offset and all(r.kind == "norm" and r.norm_offset for r in offset)
+    report = gamma_init_(gemma, 1.0)
+    x = torch.randn(3, gemma.config.hidden_size)
+    assert torch.allclose(gemma.model.norm(x), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), atol=1e-5)
+    assert "1 + w" in report.by_name()["model.norm.weight"].reason
+    cohere = transformers.AutoModelForCausalLM.from_config(transformers.CohereConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=128, use_qk_norm=True))
+    gamma_init_(cohere, 1.0)
+    q_norm = cohere.model.layers[0].self_attn.q_norm.weight  # (heads, head_dim): a norm, not a matrix
+    assert q_norm.dim() == 2 and torch.all(q_norm == 1)
+
+
+def hf_tiny_build(arch):
+    return pytest.importorskip("hf_tiny").build(arch)
+
+
+# -- the paths large models take ---------------------------------------------------------------------------
+
+
+def _tiny_llama(tie: bool, device: str):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=128, tie_word_embeddings=tie)
+    with torch.device(device):
+        return transformers.LlamaForCausalLM(cfg)
+
+
+def test_meta_model_refused_in_one_line_and_planned():
+    from smallinit.init import init_plan
+
+    model = _tiny_llama(True, "meta")
+    with pytest.raises(SmallinitError) as e:
+        gamma_init_(model, 1.0)
+    assert "meta device" in str(e.value) and "to_empty" in str(e.value) and "\n" not in str(e.value)
+    plan = init_plan(model, 1.0)  # what would be drawn, on meta
+    assert plan.by_name()["model.layers.0.mlp.down_proj.weight"].fan_in == 128
+    assert all(r.rule != "kept" for r in plan.rows)
+
+
+def test_to_empty_broken_tie_is_restored_and_said():
+    model = _tiny_llama(True, "meta").to_empty(device="cpu")
+    assert model.lm_head.weight is not model.model.embed_tokens.weight  # what to_empty does to ties
+    report = gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0))
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert "lm_head.weight" not in report.by_name()
+    assert any("to_empty" in n for n in report.notes)
+    assert model.model.embed_tokens.weight.std().item() == pytest.approx(1 / 64, rel=0.05)
+
+
+# -- ε that cannot be set or saved -------------------------------------------------------------------------
+
+
+def test_set_norm_eps_refuses_hard_coded_eps():
+    transformers = pytest.importorskip("transformers")
+    olmo = transformers.AutoModelForCausalLM.from_config(transformers.OlmoConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, vocab_size=128,
+        pad_token_id=0))
+    with pytest.raises(SmallinitError) as e:
+        set_norm_eps_(olmo, 1e-12)
+    assert "OlmoLayerNorm" in str(e.value) and "hard-codes" in str(e.value)
+
+
+@pytest.mark.parametrize("raw", [
+    {"model_type": "olmo", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+     "num_attention_heads": 4, "vocab_size": 128, "pad_token_id": 0, "eos_token_id": 0},  # ε hard-coded in OlmoLayerNorm
+    {"model_type": "opt", "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+     "vocab_size": 128, "word_embed_proj_dim": 64, "pad_token_id": 1},  # no config field to keep ε
+])
+def test_init_hf_eps_it_cannot_keep_exits_2(raw, tmp_path, capsys):
+    import json
+
+    from smallinit.cli import main
+
+    pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert main(["init-hf", str(tmp_path / "config.json"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ε" in err[0] and "--keep-norm-eps" in err[0]
+    assert not (tmp_path / "out").exists()
+    assert main(["init-hf", str(tmp_path / "config.json"), str(tmp_path / "out"), "--keep-norm-eps"]) == 0
+    assert "the architecture's, kept" in capsys.readouterr().out

@@ -17,6 +17,7 @@ LAYERS = [
     {"config"},
     {"init"},
     {"model"},
+    {"adapters"},
     {"data"},
     {"train"},
     {"analysis", "generate", "export"},

@@ -2,11 +2,14 @@
 
 import csv
 import json
+import re
 
 import pytest
 
 from smallinit.cli import main
 from smallinit.errors import ExperimentError
+from smallinit.experiments.plan import Hardware, plan_recipe
+from smallinit.experiments.power import ALPHA, seeds_for_power
 from smallinit.experiments.recipes import (
     RECIPES_DIR,
     apply_budget,
@@ -15,7 +18,6 @@ from smallinit.experiments.recipes import (
     recipe_names,
     run_recipe,
 )
-from smallinit.experiments.power import ALPHA, seeds_for_power
 from smallinit.experiments.sweep import resolve_config
 from smallinit.model import Transformer
 
@@ -27,7 +29,7 @@ def test_every_shipped_scale_resolves():
     vocab: dict[str, int] = {}
     for name in SHIPPED:
         recipe = load_recipe(name)
-        expected = {"micro", "quick", "full", "cpu-long"} if name == "demo" else {"micro", "cpu", "gpu"}
+        expected = {"micro", "quick", "full", "cpu-long", "gpu"} if name == "demo" else {"micro", "cpu", "gpu"}
         assert set(recipe.scales) == expected, name
         for scale in recipe.scales.values():
             assert scale.description
@@ -106,6 +108,11 @@ def test_micro_recipe_end_to_end(tmp_path):
     flows = [c for c in c5["comparisons"] if c["label"].startswith("flow")]
     assert [x for c in flows for x in c["samples"]] == pytest.approx(
         [s - (1 - g) for g, seeds in zip(flow["gammas"], flow["seed_slopes"]) for s in seeds])
+    # the plan, made before anything ran, finds the same comparisons untestable, for the same reasons
+    (planned,) = plan_recipe("paper-fig3", "micro", Hardware.make("cpu", 2)).claims
+    real = {c["label"]: c["reason"] for c in c5["comparisons"] if c["verdict"] == "not testable here"}
+    assert real and planned.failing == real
+    assert set(planned.testable) == {c["label"] for c in c5["comparisons"]} - set(real)
 
 
 def test_reasoning_pairs_seeds_within_each_depth(tmp_path):
@@ -146,3 +153,35 @@ def test_demo_micro_end_to_end(tmp_path, capsys):
         assert c["verdict"] == primary["verdict"]
         assert any(line.startswith(c["claim"]) and c["verdict"] in line for line in printed.splitlines())
     assert (out / "verdicts.txt").read_text().strip() in printed
+    # the plan finds what the runs found untestable, for the same reasons, but for the preconditions that only the
+    # runs can decide (it assumes they hold; where one failed, the runs' reason replaces the design's)
+    planned = {c.claim: c for c in plan_recipe("demo", "micro", Hardware.make("cpu", 2)).claims}
+    outcome = ("no minimum yet to rebound from", "not better on average", "bigram baseline")
+
+    def by_label(failing: dict[str, str]) -> dict[str, str]:  # a located minimum's step is an outcome too
+        return {re.sub(r"step \d+", "step N", label): why for label, why in failing.items()}
+
+    for c in findings["claims"]:
+        real = by_label({x["label"]: x["reason"] for x in c["comparisons"] if x["verdict"] == "not testable here"})
+        skip = {label for label, why in real.items() if any(o in why for o in outcome)}
+        plan = by_label(planned[c["claim"]].failing)
+        assert {k: v for k, v in plan.items() if k not in skip} == {k: v for k, v in real.items() if k not in skip}, \
+            c["claim"]
+
+
+def test_no_demo_run_reads_its_corpus_twice():
+    """Every demo run's tokens fit in 80 % of its corpus (the train split holds ≈ 95 % of the documents; the byte
+    tokenizer gives one token per UTF-8 byte): the cpu-long study at d32 needs the large builtin corpus."""
+    from smallinit.data import iter_documents
+
+    size: dict[str, int] = {}
+    for scale in ("quick", "full", "cpu-long"):
+        for sweep in apply_budget(load_recipe("demo").scale(scale)).sweeps.values():
+            for cell in sweep.cells():
+                cfg = resolve_config(cell)
+                assert cfg.data.tokenizer == "bytes"
+                corpus = cfg.data.corpus
+                if corpus not in size:
+                    size[corpus] = sum(len(d.encode("utf-8")) + 1 for d in iter_documents(corpus))
+                tokens = cfg.train.steps * cfg.train.batch_size * cfg.data.seq_len
+                assert tokens < 0.8 * size[corpus], (scale, cell.id, corpus, tokens, size[corpus])

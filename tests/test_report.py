@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
 from helpers import TINY_MODEL
@@ -23,7 +24,7 @@ from smallinit.cli import main
 from smallinit.data import load_tokenizer
 from smallinit.experiments.runs import find_runs
 from smallinit.report import figures
-from smallinit.report.html import HEATMAPS_SHOWN, Groups, num, token_text, varying_keys
+from smallinit.report.html import HEATMAPS_SHOWN, PAGE_WIDTH_PX, Groups, num, token_text, varying_keys
 
 # -- the report --------------------------------------------------------------------------------------------------
 
@@ -114,6 +115,22 @@ def test_report_numbers_come_from_the_files(report_dir):
     assert f"<td>{num(analysis['sink']['mean'])}</td>" in page
 
 
+def test_analyze_says_what_each_number_is(report_dir, tmp_path, capsys):
+    """No number alone: each line names what it measures and what to compare it with."""
+    capsys.readouterr()
+    assert main(["analyze", str(report_dir / "runs" / "g1.0"), "--batches", "1", "--batch-size", "2",
+                 "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("step 4: loss ") and "nats/token" in lines[0]
+    assert lines[1].startswith("sink score ") and "attention spread evenly gives" in lines[1]
+    assert lines[2].startswith("Sink_0.3 ") and "exceeds 0.3" in lines[2]
+    assert lines[3].startswith("residual flow ") and "‖h_L − e‖/‖e‖" in lines[3] and "d^(1−γ), here 1 for d = 32" in lines[3]
+    assert lines[4].startswith("min norm factor ") and "at initialisation this config gives" in lines[4]
+    assert lines[5] == ("this loss is on 2 windows of 32 tokens from the start of the validation split, training's val "
+                        "loss on 32 windows of 32 tokens, so the two differ a little; to measure on training's windows "
+                        "add --batches 8 --batch-size 4 --seq-len 32")
+
+
 def test_report_refuses_an_empty_folder(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
@@ -180,6 +197,32 @@ def test_every_report_figure_reads(drawn):
     for fig in drawn.figures:
         assert layout_problems(fig) == [], (fig.get_suptitle(), [ax.get_title() for ax in fig.axes][:2])
     assert drawn.warnings == []  # e.g. "constrained_layout not applied" would be one
+
+
+def smallest_text_px(fig: Figure) -> float:
+    """The smallest text of a figure as a reader of the report sees it at 1400 px: its size at the PNG's dpi,
+    times the scale the page shows the PNG at (a figure wider than the text column is shrunk to it)."""
+    FigureCanvasAgg(fig).draw()
+    shown = min(1.0, PAGE_WIDTH_PX / (fig.get_figwidth() * figures.DPI))
+    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    return min(sizes) * figures.DPI / 72 * shown
+
+
+def test_no_figure_text_is_under_10_px_on_the_page(drawn):
+    sizes = {next((ax.get_title() for ax in fig.axes if ax.get_title()), "?"): smallest_text_px(fig)
+             for fig in drawn.figures}
+    assert min(sizes.values()) >= 10.0, {t: round(px, 1) for t, px in sizes.items() if px < 10}
+
+
+def test_table_headers_say_what_they_are(drawn):
+    """No header twice in one table (two "stable rank", two "SE", "steps" beside train.steps), and the runs'
+    config keys keep their section (train.steps, not steps; analysis.every, not every)."""
+    for head in re.findall(r"<thead><tr>(.*?)</tr></thead>", drawn.page):
+        headers = re.findall(r"<th>(.*?)</th>", head)
+        assert len(headers) == len(set(headers)), headers
+    runs_head = re.findall(r"<th>(.*?)</th>", drawn.page.split("<h2>Runs", 1)[1].split("</thead>", 1)[0])
+    assert runs_head[:3] == ["run", "final val loss", "status"]  # the key columns first: never scrolled away
+    assert all("." in h for h in runs_head[3:]), runs_head
 
 
 def test_figure_labels_name_only_what_differs(report_dir):
@@ -284,3 +327,44 @@ def test_loss_gaps_along_training_are_drawn_from_the_findings(tmp_path):
     (tmp_path / "findings.json").write_text(json.dumps({"recipe": "demo", "title": "t", "claims": claims}))
     assert main(["report", str(tmp_path)]) == 0
     assert "loss gaps along training" in (tmp_path / "report.html").read_text()
+
+
+# -- what the figures pool ---------------------------------------------------------------------------------------
+
+
+def _fake_run(folder, loss: float, *sets: str, finished: bool = True) -> None:
+    """A run folder as training leaves it (config, a validation curve, the summary once finished), with a
+    planted final loss."""
+    from smallinit import Config
+
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(Config.load(overrides=[*TINY_MODEL, "train.steps=4", *sets]).to_dict()))
+    last = 4 if finished else 2
+    (folder / "metrics.jsonl").write_text(f'{{"step": 0, "val_loss": 5.5}}\n{{"step": {last}, "val_loss": {loss}}}\n')
+    if finished:
+        (folder / "summary.json").write_text(json.dumps({"step": 4, "val_loss": loss}))
+
+
+def _loss_rows(page: str, section: str) -> list[list[float]]:
+    """The losses (numbers > 1.5: γ and ε are smaller) of each row of the tables in one section of the page."""
+    part = page.split(f"<h2>{section}", 1)[1].split("<h2>", 1)[0]
+    rows = re.findall(r"<tr>(.*?)</tr>", part.split("<tbody>", 1)[1] if "<tbody>" in part else "")
+    cells = [[float(c) for c in re.findall(r"<td>([-0-9.e]+)</td>", row)] for row in rows]
+    return [[c for c in row if c > 1.5] for row in cells]
+
+
+def test_a_width_effect_is_not_shown_as_an_epsilon_effect(tmp_path):
+    """ε = 1e-12 at d = 16 and d = 24, ε = 1e-5 at d = 16 only; the loss depends on the width alone. A γ × ε
+    grid that pooled the widths would show a 0.2-nat "ε effect"; and an unfinished run stays out of it."""
+    for gamma in (0.5, 1.0):
+        for seed in (0, 1):
+            for d, eps in ((16, 1e-5), (16, 1e-12), (24, 1e-12)):
+                _fake_run(tmp_path / f"d{d}-eps{eps:g}-g{gamma}-s{seed}", 3.0 if d == 16 else 2.6,
+                          f"model.d_model={d}", f"model.gamma={gamma}", f"model.norm_eps={eps}", f"train.seed={seed}")
+    _fake_run(tmp_path / "stopped", 9.0, "model.d_model=16", "model.gamma=1.0", "model.norm_eps=1e-5",
+              "train.seed=2", finished=False)
+    assert main(["report", str(tmp_path)]) == 0
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    rows = _loss_rows(page, "Final validation loss, γ × ε")
+    assert rows and all(row == [3.0, 3.0] for row in rows), rows  # each width alone: no ε effect
+    assert "<td>stopped</td><td>9</td><td>unfinished: step 2 of 4</td>" in page

@@ -200,3 +200,24 @@ def _process_alive(pid) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_the_example_sweep_runs_into_a_folder_named_after_it(tmp_path, monkeypatch, capsys):
+    """examples/gamma-eps.toml, its model and budget shrunk to seconds, as a user runs it: into runs/gamma-eps."""
+    text = (Path(__file__).parents[1] / "examples" / "gamma-eps.toml").read_text(encoding="utf-8")
+    tiny = {'"model.preset" = "cpu-1m"': '"model.preset" = "cpu-1m"\n"model.d_model" = 16\n"model.n_layers" = 1\n'
+                                         '"model.n_heads" = 2\n"model.n_kv_heads" = 2\n"model.d_ff" = 32\n'
+                                         '"data.tokenizer" = "bytes"\n"data.seq_len" = 16\n"train.batch_size" = 4\n'
+                                         '"train.warmup_steps" = 1\n"train.eval_batches" = 1',
+            '"train.steps" = 300': '"train.steps" = 3', '"train.eval_every" = 50': '"train.eval_every" = 0',
+            '"train.seed" = [0, 1]': '"train.seed" = [0]',
+            '"model.gamma" = [0.5, 1.0]': '"model.gamma" = [1.0]'}
+    for old, new in tiny.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    (tmp_path / "tiny-copy.toml").write_text(text, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "tiny-copy.toml", "--jobs", "2"]) == 0
+    rows = sweep_rows(tmp_path / "runs" / "gamma-eps")  # the sweep's name, not the file's
+    assert len(rows) == 2 and all(r["status"] == "done" and r["step"] == 3 for r in rows)
+    assert "results: runs/gamma-eps/results.csv" in capsys.readouterr().out

@@ -1,6 +1,7 @@
 """Training: loss falls, checkpoints are atomic and verified, kill-and-resume is bit-exact, NaN stops."""
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ import torch
 
 from helpers import TINY_MODEL, final_tensors, snapshot
 from smallinit import Config, load_model
-from smallinit.errors import CheckpointError, ConfigError, TrainingError
+from smallinit.errors import CheckpointError, ConfigError, Preempted, TrainingError
 from smallinit.train import Callback, Trainer, lr_at
 from smallinit.train import checkpoint as ckpt
 
@@ -115,6 +116,7 @@ def test_signal_then_resume_is_bit_exact(tmp_path, sig):
         assert proc.returncode == -signal.SIGKILL and 8 <= last < 60
     else:
         assert proc.returncode == 75 and b"--resume" in err
+        assert err.decode().strip().splitlines()[-1].startswith("smallinit: stopped by SIGTERM")  # not "error:"
         logged = max(json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines())
         assert last == logged  # the step in flight was finished and saved
     resumed = subprocess.run([sys.executable, "-m", "smallinit", "train", "--out", str(run), "--resume"],
@@ -182,3 +184,47 @@ def test_run_folder_is_never_overwritten(tmp_path):
     with pytest.raises(ConfigError, match="--resume"):
         Trainer(tiny("train.steps=2", "train.lr=1"), run, resume=True, callbacks=[])
     assert before == snapshot(run)
+
+
+def test_resume_before_the_first_checkpoint_says_so_and_keeps_the_earlier_log(tmp_path, caplog):
+    """Killed before its first checkpoint: --resume starts over at step 0, says so, and keeps the old log."""
+    class CrashAt3(Callback):
+        def on_step_end(self, trainer, record):
+            if trainer.step == 3:
+                raise KeyboardInterrupt
+
+    run, args = tmp_path / "run", ("train.steps=6", "train.checkpoint_every=0", "train.log_every=1")
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(tiny(*args), run, callbacks=[CrashAt3()]).fit()
+    earlier = (run / "metrics.jsonl").read_bytes()
+    assert earlier and not ckpt.list_checkpoints(run)
+    with caplog.at_level("WARNING", logger="smallinit"):
+        Trainer(tiny(*args), run, resume=True, callbacks=[]).fit()
+    assert f"{run} has no checkpoint yet, so training starts again from step 0" in caplog.text
+    assert (run / "metrics.attempt-1.jsonl").read_bytes() == earlier
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()][:2] == [0, 1]
+
+
+def test_a_stop_says_how_to_continue_the_command_that_started_it(tmp_path, monkeypatch):
+    """A cell of a sweep, recipe or demo tells the user to run that command again, not `train --resume`."""
+    class StopAt2(Callback):
+        def on_step_end(self, trainer, record):
+            if trainer.step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setenv("SMALLINIT_CONTINUE", "run the same smallinit command again")
+    with pytest.raises(Preempted, match=r"at step 2, .*; to continue: run the same smallinit command again$"):
+        Trainer(tiny("train.steps=6", "train.eval_every=0"), tmp_path / "run", callbacks=[StopAt2()]).fit()
+
+
+def test_a_run_longer_than_its_corpus_says_so_once_at_the_start(tmp_path, caplog):
+    corpus = tmp_path / "small.txt"
+    corpus.write_text("The quick brown fox jumps over the lazy dog. " * 60, encoding="utf-8")  # ≈ 2,600 tokens
+    sets = [*TINY_MODEL, f"data.corpus={json.dumps(str(corpus))}", "train.batch_size=8", "train.warmup_steps=1"]
+    with caplog.at_level(logging.WARNING, logger="smallinit"):
+        Trainer(Config.load(overrides=[*sets, "train.steps=8"]), tmp_path / "short")  # 2,048 tokens
+    assert not [r for r in caplog.records if "repeats" in r.getMessage()]
+    with caplog.at_level(logging.WARNING, logger="smallinit"):
+        Trainer(Config.load(overrides=[*sets, "train.steps=40"]), tmp_path / "long")  # 10,240 tokens
+    (line,) = [r.getMessage() for r in caplog.records if "repeats" in r.getMessage()]
+    assert "10,240 training tokens" in line and "epochs" in line and "data.corpus=large" in line

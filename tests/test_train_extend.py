@@ -39,10 +39,12 @@ def test_resume_of_a_finished_run_keeps_everything(tmp_path, capsys):
     assert main(["train", "--out", str(run), *sets("train.steps=6")]) == 0
     before = snapshot(run)
     assert json.loads((run / "summary.json").read_text())["val_loss"] is not None
+    capsys.readouterr()
     assert main(["train", "--out", str(run), "--resume"]) == 0
     assert snapshot(run) == before  # summary.json's val_loss included
     out = capsys.readouterr()
-    assert "resumed from step 6" in out.err and "val loss" in out.out
+    assert out.out.startswith(f"nothing trained: {run} already reached train.steps=6") and out.out.count("\n") == 1
+    assert "done" not in out.out and "resumed" not in out.err  # not "resumed from step 6 ... done"
 
 
 def test_cosine_run_refuses_to_extend_and_says_the_way_out(tmp_path, capsys):
@@ -141,7 +143,7 @@ def test_analyze_says_which_batches_its_loss_is_on(tmp_path, capsys):
     val = json.loads((run / "summary.json").read_text())["val_loss"]
     assert main(["analyze", str(run), "--batches", "2", "--batch-size", "8", "--out", str(tmp_path / "x")]) == 0
     out = capsys.readouterr().out
-    assert "the validation batches training measures its val loss on" in out
+    assert "the validation windows training's val loss is measured on" in out
     assert float(out.split("loss ")[1].split()[0]) == pytest.approx(val, abs=1e-4)
     assert main(["analyze", str(run), "--batches", "1", "--out", str(tmp_path / "y")]) == 0
-    assert "--batches 2 --batch-size 8 --seq-len 32 measure on the same ones" in capsys.readouterr().out
+    assert "to measure on training's windows add --batches 2 --batch-size 8 --seq-len 32" in capsys.readouterr().out

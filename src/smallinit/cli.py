@@ -27,11 +27,19 @@ class _Parser(argparse.ArgumentParser):
         return 0
 
 
+def _key_value(text: str) -> str:
+    """--set takes one word KEY=VALUE; "--set train.steps 10" would otherwise end as "unrecognized arguments: 10"."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE; write key and value as one word, e.g. --set "
+                                         f"{text if '.' in text else 'train.steps'}=VALUE")
+    return text
+
+
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE.toml", help="a TOML config (sections model, train, data, analysis), "
                    "or a run folder or its config.json to take that run's config")
     p.add_argument("--preset", metavar="NAME", help="model preset, e.g. cpu-1m, cpu-5m, 0.1b, 1.5b")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", type=_key_value,
                    help="override a config key, e.g. --set train.steps=200 --set model.gate=headwise")
 
 
@@ -57,9 +65,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         cfg = _load_config(args)
     trainer = Trainer(cfg, out, resume=args.resume)
+    if trainer.finished:  # a resumed run that already reached train.steps: say so, write nothing
+        trainer.close()
+        shutdown()
+        if trainer.runtime.is_main:
+            print(f"nothing trained: {out} already reached train.steps={trainer.step}; to train longer: smallinit "
+                  f"train --out {out} --resume --set train.steps=N (N > {trainer.step})")
+        return 0
     if trainer.runtime.is_main:
         check_norm_saturation(trainer.cfg.model)
-    if trainer.cfg.analysis.every:
+    if trainer.cfg.analysis.every or trainer.cfg.analysis.norm_every:
         trainer.callbacks.append(AnalysisCallback(trainer.cfg.analysis))
     summary = trainer.fit()
     shutdown()  # under torchrun: leave the process group cleanly once every rank is done
@@ -79,12 +94,13 @@ def cmd_info(args: argparse.Namespace) -> int:
     import torch
 
     from .analysis import check_norm_saturation
+    from .init import init_plan
     from .model import Transformer
 
     cfg = _load_config(args)
     check_norm_saturation(cfg.model)
     with torch.device("meta"):  # shapes only: counts and the init table without allocating the weights
-        model = Transformer(cfg.model, seed=cfg.train.seed)
+        model = Transformer(cfg.model, init=False)
     total, active = model.num_params(), model.num_params(active=True)
     print(f"parameters: {total:,} total, {active:,} active, {model.num_params(embeddings=False):,} without embeddings")
     if args.memory:
@@ -92,7 +108,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         print(describe_memory(cfg, args.gpus))
         return 0
-    print(model.init_report)
+    plan = init_plan(model, cfg.model.gamma)
+    print(plan if args.layers else plan.summary())
     return 0
 
 
@@ -104,16 +121,48 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    from .experiments import format_table, run_sweep, sweep_rows
+def _hardware(args: argparse.Namespace):
+    from .experiments.plan import Hardware
 
+    if args.gpu is None and args.gpus is None and args.mfu is None and args.tokens_per_s is None:
+        return None  # the plan's default for the scale
+    devices = args.gpus if args.gpus is not None else (os.cpu_count() or 1) if args.gpu == "cpu" else 8
+    return Hardware.make(args.gpu or "h100", devices, mfu=args.mfu,
+                         tokens_per_s=args.tokens_per_s)
+
+
+def _print_plan(plan, as_json: bool) -> int:
+    from .experiments.plan import format_plan
+
+    print(json.dumps(plan.to_dict(), indent=1) if as_json else format_plan(plan))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .experiments.plan import plan_recipe
+
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()] if args.presets else None
+    return _print_plan(plan_recipe(args.name, args.scale, _hardware(args), presets=presets, overrides=args.overrides,
+                                   seed_sd=args.seed_sd), args.json)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from .experiments import Sweep, format_table, run_sweep, sweep_rows
+
+    if args.plan:
+        if not args.file:
+            raise SmallinitError("pass a sweep file to plan: smallinit sweep SWEEP.toml --plan")
+        from .experiments.plan import plan_sweep
+
+        return _print_plan(plan_sweep(args.file, _hardware(args), seed_sd=args.seed_sd), args.json)
     if args.status:
         print(format_table(sweep_rows(args.status)))
         return 0
     if not args.file:
         raise SmallinitError("pass a sweep file (smallinit sweep SWEEP.toml) or --status SWEEP_DIR")
-    out = args.out or str(Path("runs") / Path(args.file).stem)
-    outcome = run_sweep(args.file, out, jobs=args.jobs, retry_failed=args.retry_failed, echo=sys.stderr,
+    sweep = Sweep.load(args.file)
+    out = args.out or str(Path("runs") / sweep.folder_name)
+    outcome = run_sweep(sweep, out, jobs=args.jobs, retry_failed=args.retry_failed, echo=sys.stderr,
                         launcher=args.launcher)
     if outcome.interrupted:
         print(f"smallinit: sweep stopped by a signal; run the same command again to continue {out}", file=sys.stderr)
@@ -140,14 +189,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ConfigError("no prompt: pass --prompt TEXT or pipe the prompt on stdin")
     prompt = sys.stdin.read() if args.prompt is None else args.prompt
     model, tokenizer = load_pretrained(args.checkpoint, device=args.device)
-    print(generate(model, tokenizer, prompt, args.max_new_tokens, sampling))
+    continuation = generate(model, tokenizer, prompt, args.max_new_tokens, sampling)
+    print(continuation if args.no_prompt else prompt + continuation)
     return 0
 
 
 def cmd_init_hf(args: argparse.Namespace) -> int:
     from .export.hf import init_hf
 
-    print(init_hf(args.config, args.out_dir, gamma=args.gamma, norm_eps=args.norm_eps, seed=args.seed))
+    norm_eps = None if args.keep_norm_eps else args.norm_eps
+    print(init_hf(args.config, args.out_dir, gamma=args.gamma, norm_eps=norm_eps, seed=args.seed))
     return 0
 
 
@@ -167,33 +218,32 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from .analysis import analyze_checkpoint, check_norm_saturation
     from .analysis.measure import default_output_dir
     from .config import Config
-    from .report import write_analysis
+    from .report import analysis_lines, write_analysis
 
     result = analyze_checkpoint(args.checkpoint, data=args.data, batches=args.batches, batch_size=args.batch_size,
-                                seq_len=args.seq_len, device=args.device)
-    cfg = Config.from_dict(result["config"])
-    check_norm_saturation(cfg.model)
+                                seq_len=args.seq_len, device=args.device, hf=args.hf)
+    cfg = Config.from_dict(result["config"]) if "config" in result else None
+    if cfg is not None:
+        check_norm_saturation(cfg.model)
     out = Path(args.out) if args.out else default_output_dir(result["checkpoint"])
     paths = write_analysis(result, out)
-    print(f"step {result['step']}: loss {result['loss']:.4f} on {result['tokens']:,} tokens; "
-          f"sink mean {result['sink']['mean']:.4f} (Sink_0.3 {result['sink']['share_above']['0.3']:.2f}, Sink_0.8 "
-          f"{result['sink']['share_above']['0.8']:.2f}); residual flow {result['residual_flow']:.4f}; "
-          f"min norm factor {min(result['norm_factor'].values()):.4f}")
-    print(_analyze_loss_note(cfg, args))
+    print("\n".join(analysis_lines(result, args.seq_len or (cfg.data.seq_len if cfg else None))))
+    print(_analyze_loss_note(cfg, args) if cfg else f"measured on {result['data']}")
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
 
 def _analyze_loss_note(cfg, args: argparse.Namespace) -> str:
-    """Which text the loss above is measured on, beside the batches of training's validation loss."""
+    """Which text the loss above is measured on, beside the windows of training's validation loss."""
     if args.data:
-        return "loss on --data text; training's val loss is measured on its validation split"
+        return "this loss is on the --data text; training's val loss is on its validation split, so they do not compare"
     train = (cfg.train.eval_batches, cfg.train.batch_size, cfg.data.seq_len)
-    if (args.batches, args.batch_size, args.seq_len or cfg.data.seq_len) == train:
-        return "loss on the validation batches training measures its val loss on"
-    return (f"loss on the first {args.batches * args.batch_size} validation windows; training's val loss uses the "
-            f"first {train[0] * train[1]} (of {train[2]} tokens): --batches {train[0]} --batch-size {train[1]} "
-            f"--seq-len {train[2]} measure on the same ones")
+    here = (args.batches, args.batch_size, args.seq_len or cfg.data.seq_len)
+    if here == train:
+        return "this loss is on the validation windows training's val loss is measured on, so the two compare directly"
+    return (f"this loss is on {here[0] * here[1]} windows of {here[2]} tokens from the start of the validation split, "
+            f"training's val loss on {train[0] * train[1]} windows of {train[2]} tokens, so the two differ a little; "
+            f"to measure on training's windows add --batches {train[0]} --batch-size {train[1]} --seq-len {train[2]}")
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -203,7 +253,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     labels = tuple(args.labels.split(",", 1)) if args.labels else None
     r = compare_checkpoints(args.checkpoint_a, args.checkpoint_b, data=args.data, batch_size=args.batch_size,
                             seq_len=args.seq_len, max_tokens=args.max_tokens, bins=args.bins, top_k=args.top_k,
-                            labels=labels, device=args.device)
+                            labels=labels, device=args.device, hf=args.hf)
     print(f"{r.tokens:,} tokens: mean Δ_sym {r.mean_delta_sym:+.4f} (> 0: {r.meta['label_a']} better); "
           f"loss {r.mean_loss_a:.4f} vs {r.mean_loss_b:.4f}")
     print("wrote " + ", ".join(str(p) for p in write_compare(r, args.out)))
@@ -230,7 +280,7 @@ def cmd_coordcheck(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import build_report
 
-    print(f"wrote {build_report(args.dirs, args.out)}")
+    print(f"wrote {build_report(args.dirs, args.out, include_unfinished=args.include_unfinished)}")
     return 0
 
 
@@ -253,9 +303,19 @@ def cmd_recipe(args: argparse.Namespace) -> int:
     from .experiments.verdicts import verdict_table
 
     if args.list or not args.name:
-        print("\n".join(describe(load_recipe(n)) for n in recipe_names()))
+        from .experiments.plan import scale_headline
+
+        for name in recipe_names():
+            recipe = load_recipe(name)
+            print(describe(recipe, lambda scale, r=recipe: scale_headline(r, scale)), flush=True)
         return 0
+    if args.plan:
+        return cmd_plan(args)
     presets = [p.strip() for p in args.presets.split(",") if p.strip()] if args.presets else None
+    from .experiments.plan import plan_recipe
+
+    plan = plan_recipe(args.name, args.scale, _hardware(args), presets=presets, overrides=args.overrides)
+    print(f"[plan] {plan.headline()}", file=sys.stderr, flush=True)
     result = run_recipe(args.name, args.scale, args.out, jobs=args.jobs, presets=presets, overrides=args.overrides,
                         launcher=args.launcher)
     if result.exit_code == Preempted.exit_code:
@@ -294,6 +354,19 @@ def _version() -> str:
     return f"smallinit {__version__} (torch {torch.__version__}, Python {platform.python_version()})"
 
 
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", type=int, metavar="N", help="devices to plan for (default 8 GPUs for scales that run "
+                   "under torchrun, else this machine's CPU cores)")
+    p.add_argument("--gpu", metavar="KIND", help="h100, h200, h800, a100, a100-40gb, l40s, b200, mi300x, or cpu")
+    p.add_argument("--mfu", type=float, metavar="X", help="model FLOPs utilisation to assume (default: the measured or "
+                   "stated one the plan prints)")
+    p.add_argument("--tokens-per-s", type=float, metavar="X", help="training tokens/s of all devices together, "
+                   "instead of an MFU")
+    p.add_argument("--seed-sd", type=float, metavar="X", help="sd over seeds of a paired final-loss gap, for the "
+                   "minimum detectable effects (default: the CPU study's)")
+    p.add_argument("--json", action="store_true", help="the plan as JSON")
+
+
 LAUNCHER_HELP = ("command that starts each cell's '-m smallinit train' instead of this Python, e.g. "
                  "'torchrun --standalone --nproc_per_node=gpu' or a site's wrapper; replaces the file's launcher")
 
@@ -324,16 +397,22 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--memory", action="store_true", help="estimate training memory per GPU instead of the init table")
     p.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs for --memory (the global batch is split)")
+    p.add_argument("--layers", action="store_true", help="the init table with one row per parameter of every layer "
+                   "(default: one row per parameter of a block, with its count)")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("sweep", help="run a grid of training runs, one process per cell (exit 1 if a cell failed)")
     p.add_argument("file", nargs="?", metavar="SWEEP.toml", help="sweep file: [base], [grid], optional [arms.NAME]")
-    p.add_argument("--out", metavar="DIR", help="sweep folder (default runs/<file name>); re-run to continue it")
+    p.add_argument("--out", metavar="DIR", help="sweep folder (default runs/<the sweep's name>, else the file's); "
+                   "re-run to continue it")
     p.add_argument("--jobs", type=int, metavar="N", help="cells side by side (default: one per core for small "
                    "CPU models, else 1)")
     p.add_argument("--retry-failed", action="store_true", help="run failed cells again (resuming where they can)")
     p.add_argument("--status", metavar="DIR", help="print the cells of a sweep folder and stop")
     p.add_argument("--launcher", metavar="CMD", help=LAUNCHER_HELP)
+    p.add_argument("--plan", action="store_true", help="print what the sweep costs and which claims it can decide; "
+                   "run nothing")
+    _plan_args(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("recipe", help="run a named experiment of the paper (see --list), then judge its claims")
@@ -343,10 +422,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="recipe folder (default runs/<name>-<scale>); re-run to continue")
     p.add_argument("--jobs", type=int, metavar="N", help="cells side by side (default: the sweep packing rule)")
     p.add_argument("--presets", metavar="P1,P2", help="replace the recipe's sizes by these presets (e.g. MoE ones)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", type=_key_value,
                    help="override a config key in every run (not the keys the recipe sweeps)")
     p.add_argument("--launcher", metavar="CMD", help=LAUNCHER_HELP)
+    p.add_argument("--plan", action="store_true", help="print the plan (as smallinit plan does) and run nothing")
+    _plan_args(p)
     p.set_defaults(func=cmd_recipe)
+
+    p = sub.add_parser("plan", help="what a recipe scale costs (tokens, FLOPs, GPU-hours, memory) and which claims it "
+                       "can decide, with minimum detectable effects; trains nothing")
+    p.add_argument("name", metavar="RECIPE", help="recipe name or a recipe .toml file")
+    p.add_argument("--scale", default="cpu", help="the recipe's scale (see smallinit recipe --list)")
+    p.add_argument("--presets", metavar="P1,P2", help="replace the recipe's sizes by these presets")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key in every run, as smallinit recipe does")
+    _plan_args(p)
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("demo", help="the paper's claims C1–C7 at CPU scale: ≈ 1,900 CPU-seconds of training, ≈ 16 min "
                        "on 2 free cores (--quick: 275 CPU-s, ≈ 3 min; 16 min on a loaded machine), with an HTML report "
@@ -382,6 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0,
                    help="sample only from the most likely tokens holding this probability, in (0, 1] (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
+    p.add_argument("--no-prompt", action="store_true", help="print only the continuation (default: the prompt, then "
+                   "its continuation)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.set_defaults(func=cmd_generate)
 
@@ -390,6 +483,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out_dir", metavar="OUT_DIR", help="new folder for the initialised model")
     p.add_argument("--gamma", type=float, default=1.0, help="σ = d_in^(−γ) (default 1, the paper's choice)")
     p.add_argument("--norm-eps", type=float, default=1e-12, help="ε of every norm (default 1e-12)")
+    p.add_argument("--keep-norm-eps", action="store_true",
+                   help="keep the architecture's ε (for norms that hard-code it or configs that cannot save it)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_init_hf)
 
@@ -404,20 +499,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-samples", action="store_true", help="store every example's inputs and outputs too")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("analyze", help="all single-model measurements of a run or checkpoint (JSON + figures)")
-    p.add_argument("checkpoint", metavar="CHECKPOINT", help="run folder (its newest checkpoint) or checkpoint folder")
-    p.add_argument("--data", metavar="CORPUS", help="text to measure on (default: the run's validation split)")
+    p = sub.add_parser("analyze", help="all single-model measurements of a run, checkpoint or Hugging Face model "
+                                       "(JSON + figures)")
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="run folder (its newest checkpoint), checkpoint folder, "
+                                                             "or Hugging Face model folder (config.json + safetensors)")
+    p.add_argument("--hf", action="store_true", help="read the folder as a Hugging Face model (else detected)")
+    p.add_argument("--data", metavar="CORPUS", help="text to measure on (default: the run's validation split; "
+                                                     "the builtin corpus for a Hugging Face model)")
     p.add_argument("--out", metavar="DIR", help="output folder (default: RUN/analysis)")
     p.add_argument("--batches", type=int, default=4, help="batches of held-out text (default 4)")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, help="sequence length (default: the run's data.seq_len)")
+    p.add_argument("--seq-len", type=int, help="sequence length (default: the run's data.seq_len; 256 for a "
+                                               "Hugging Face model)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("compare", help="token-level comparison of two models: Δ_sym by token difficulty")
     p.add_argument("checkpoint_a", metavar="CKPT_A", help="model A (Δ_sym > 0 where A is better)")
-    p.add_argument("checkpoint_b", metavar="CKPT_B", help="model B")
-    p.add_argument("--data", metavar="CORPUS", help="text to compare on, streamed (default: A's validation split)")
+    p.add_argument("checkpoint_b", metavar="CKPT_B", help="model B (runs, checkpoints or Hugging Face folders)")
+    p.add_argument("--hf", action="store_true", help="read both folders as Hugging Face models (else detected)")
+    p.add_argument("--data", metavar="CORPUS", help="text to compare on, streamed (default: A's validation split; "
+                                                     "the builtin corpus with a Hugging Face model)")
     p.add_argument("--out", metavar="DIR", help="output folder (default: A's run folder, analysis/compare-B)")
     p.add_argument("--labels", metavar="A,B", help="names for the two models (default: their run folders)")
     p.add_argument("--max-tokens", type=int, help="stop after about this many tokens")
@@ -446,6 +548,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "read")
     p.add_argument("--out", metavar="FILE.html", help="where to write it (default DIR/report.html; needed for "
                    "several folders)")
+    p.add_argument("--include-unfinished", action="store_true", help="draw runs that have not finished in the "
+                   "figures too (they are always listed, marked, in the runs table)")
     p.set_defaults(func=cmd_report)
     return parser
 
@@ -460,7 +564,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except SmallinitError as e:
         one_line = str(e).replace("\r", "\\r").replace("\n", "\\n")  # a file name may hold a newline
-        sys.stderr.write(f"smallinit: error: {one_line}\n")  # one write: lines of several ranks do not interleave
+        kind = "" if isinstance(e, Preempted) else "error: "  # a stop that was asked for is not an error
+        sys.stderr.write(f"smallinit: {kind}{one_line}\n")  # one write: lines of several ranks do not interleave
         return e.exit_code
     except OSError as e:  # a read or write no library call turned into a SmallinitError (disk full, read-only)
         where = f" {e.filename}" if e.filename else ""

@@ -1,5 +1,14 @@
 """User-facing errors: one line that says what is wrong and what to do. The CLI exits 2 on them."""
 
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
+    """" (did you mean PREFIX+CHOICE?)" for the choice closest to a misspelled ``word``, or "" if none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {prefix}{close[0]}?)" if close else ""
+
 
 class SmallinitError(Exception):
     """A problem with the user's input (config, file, checkpoint, corpus), not a bug in smallinit."""
@@ -17,6 +26,11 @@ class DataError(SmallinitError):
 
 class CheckpointError(SmallinitError):
     """A checkpoint or run folder is missing, incomplete, tampered with or does not match."""
+
+
+class ModelError(SmallinitError):
+    """A model cannot be measured: no adapter for its class, a norm whose ε cannot be read, an attention
+    call whose probabilities cannot be rebuilt, or a folder that holds no model smallinit can load."""
 
 
 class StorageError(SmallinitError):

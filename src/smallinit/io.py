@@ -76,6 +76,27 @@ def make_folder(folder: str | os.PathLike) -> None:
         raise storage_error(Path(folder), e) from None
 
 
+def lock_exclusive(path: str | os.PathLike) -> int | None:
+    """An exclusive advisory lock on ``path`` (created if absent): its descriptor, or None if another process
+    holds it. The lock lasts until the descriptor is closed or the process ends; the OS drops it on a crash,
+    so a stale lock file never blocks. Without advisory locks (no fcntl) the descriptor locks nothing."""
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise storage_error(Path(path), e) from None
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+    return fd
+
+
 def write_result(path: str | os.PathLike, obj: Any) -> Path:
     """A measurement's JSON, in the order it was built (parent folders made; numpy scalars written as floats)."""
     path = Path(path)

@@ -1,8 +1,10 @@
 """Condensation (the paper's C6): stable rank and row-wise cosine similarity of weight matrices.
 
 * stable rank ‖W‖_F² / ‖W‖_2² — low when the rows align along few directions.
-* row cosine — |cos| between the rows of W (PyTorch out×in layout: one row per output neuron), reordered
-  by hierarchical clustering so aligned groups show as blocks; summary: mean |cos| over row pairs.
+* row cosine — |cos| between the rows of W in out × in orientation (one row per output neuron, whatever
+  the storage: GPT-2's Conv1D is stored in × out, fused experts either way; the orientation comes from the
+  same d_in knowledge as γ-init, smallinit.init.param_roles), reordered by hierarchical clustering so
+  aligned groups show as blocks; summary: mean |cos| over row pairs.
 
 ‖W‖_2 is √λ_max of the Gram matrix of W's smaller side, λ_max by Lanczos (:func:`spectral_norm`), not a
 full SVD. Plain power iteration was tried and rejected: at init the top singular values of a random matrix
@@ -21,6 +23,8 @@ from scipy.cluster.hierarchy import leaves_list, linkage
 from scipy.sparse.linalg import eigsh
 from scipy.spatial.distance import squareform
 from torch import nn
+
+from ..init import as_out_in, param_roles
 
 
 @torch.no_grad()
@@ -127,22 +131,34 @@ class MatrixStat:
 
 
 def named_matrices(model: nn.Module, patterns: list[str] | str | None = None) -> dict[str, torch.Tensor]:
-    """Every weight matrix (tied ones once), optionally filtered by glob patterns on the name.
+    """Every weight matrix (tied ones once) in out × in orientation, optionally filtered by glob patterns on
+    the name. Parameters whose input axis is not established (``unoriented_matrices``) are left out.
 
-    A parameter with more than 2 dims is a batch of matrices (MoE experts: E × out × in); each is listed
-    on its own as ``NAME.i`` (e.g. ``blocks.0.mlp.up_proj.3`` is expert 3).
+    A parameter with batch axes is a batch of matrices (MoE experts: E × out × in); each is listed on its own
+    as ``NAME.i`` (e.g. ``blocks.0.mlp.up_proj.3`` is expert 3).
     """
     if isinstance(patterns, str):
         patterns = [patterns]
+    params = dict(model.named_parameters())  # named_parameters already skips tied duplicates
     out = {}
-    for name, p in model.named_parameters():  # named_parameters already skips tied duplicates
-        if p.dim() < 2:
+    for name, role in param_roles(model).items():
+        p = params[name]
+        if p.dim() < 2 or role.in_dim is None or not role.drawn:
             continue
-        items = [(name, p)] if p.dim() == 2 else [(f"{name}.{i}", w) for i, w in enumerate(p.reshape(-1, *p.shape[-2:]))]
+        W = as_out_in(p, role)
+        items = [(name, W)] if W.dim() == 2 else [(f"{name}.{i}", w) for i, w in enumerate(W.reshape(-1, *W.shape[-2:]))]
         for n, w in items:
             if not patterns or any(fnmatch.fnmatchcase(n, pat) for pat in patterns):
                 out[n] = w
     return out
+
+
+def unoriented_matrices(model: nn.Module) -> dict[str, str]:
+    """Parameters with ≥ 2 axes whose input axis is not established, with the reason: no statistic is
+    computed on them rather than one on a guessed orientation."""
+    params = dict(model.named_parameters())
+    return {name: role.reason or role.kind for name, role in param_roles(model).items()
+            if params[name].dim() >= 2 and (role.in_dim is None or not role.drawn)}
 
 
 def matrix_stats(

@@ -1,5 +1,6 @@
 """Coordinate check over γ (beyond the paper): the scale of every layer's activations and of the parameter
-updates during the first optimizer steps, one fresh model per γ.
+updates during the first optimizer steps, one fresh model per γ: smallinit's own from a ModelConfig, or
+any model an adapter reads (smallinit.adapters) from a function of γ that builds it.
 
 Like mup's coordinate check, but with γ on the x-axis instead of width: it shows at a glance which layers
 start small, which grow, and how large the first AdamW updates are relative to the γ-scaled weights.
@@ -12,13 +13,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
+from ..adapters import ModelAdapter, as_adapter
 from ..config import ModelConfig, TrainConfig
 from ..data import get_batch
 from ..io import write_result
@@ -62,17 +65,18 @@ def _rms(t: torch.Tensor) -> float:
     return t.detach().double().pow(2).mean().sqrt().item()
 
 
-def _activation_rows(model: Transformer, x: torch.Tensor, y: torch.Tensor) -> tuple[list[tuple[str, float]], torch.Tensor]:
-    out = model(x, y, capture=("hidden",))
-    names = ["embed"] + [f"blocks.{i}" for i in range(len(out.hidden_states) - 1)]
-    rows = [(n, _rms(h)) for n, h in zip(names, out.hidden_states)]
+def _activation_rows(adapter: ModelAdapter, x: torch.Tensor, y: torch.Tensor) -> tuple[list[tuple[str, float]], torch.Tensor]:
+    """RMS of e ("embed"), of each block's output ("blocks.i"), of the logits; and the training loss."""
+    out = adapter.observe(x, y, kinds=("residual",))
+    names = ["embed"] + [f"blocks.{i}" for i in range(len(out.residual) - 1)]
+    rows = [(n, _rms(h)) for n, h in zip(names, out.residual)]
     rows.append(("logits", _rms(out.logits)))
     loss = out.loss if out.aux_loss is None else out.loss + out.aux_loss
     return rows, loss
 
 
 def coord_check(
-    config: ModelConfig,
+    config: ModelConfig | Callable[[float], nn.Module],
     gammas: Sequence[float],
     steps: int = 5,
     *,
@@ -84,35 +88,45 @@ def coord_check(
 ) -> CoordCheck:
     """Activation RMS per layer (steps 0..``steps``) and update RMS per parameter (steps 1..``steps``).
 
+    ``config``: a ModelConfig (a smallinit Transformer per γ, from ``seed``), or ``build(γ)`` returning a
+    fresh model initialised at that γ (say ``gamma_init_`` on a Hugging Face model built from its config).
     ``tokens``: a flat token array to draw batches from (as in training); default: seeded uniform random
-    tokens. Every γ sees the same batches and starts from the same seed.
+    tokens. Every γ sees the same batches.
     """
     tc = dataclasses.replace(train or TrainConfig(), warmup_steps=0, schedule="constant", steps=max(steps, 1))
-    seq_len = min(seq_len, config.max_seq_len)
+    if isinstance(config, ModelConfig):
+        seq_len = min(seq_len, config.max_seq_len)
     rows: list[dict] = []
+    described = dataclasses.asdict(config) if isinstance(config, ModelConfig) else {}
     for gamma in gammas:
-        model = Transformer(dataclasses.replace(config, gamma=float(gamma)), seed=seed)
-        opt = build_optimizer(model, tc)
+        if isinstance(config, ModelConfig):
+            model = Transformer(dataclasses.replace(config, gamma=float(gamma)), seed=seed)
+        else:
+            model = config(float(gamma))
+            described = {"built by": getattr(config, "__qualname__", type(config).__name__),
+                         "class": type(model).__name__}
+        adapter = as_adapter(model)
+        opt = build_optimizer(adapter.module, tc)
         for step in range(steps + 1):
-            x, y = _batch(tokens, config.vocab_size, batch_size, seq_len, seed, step)
-            acts, loss = _activation_rows(model, x, y)
+            x, y = _batch(tokens, adapter.vocab_size, batch_size, seq_len, seed, step)
+            acts, loss = _activation_rows(adapter, x, y)
             rows += [dict(gamma=float(gamma), step=step, kind="activation", name=n, rms=v) for n, v in acts]
             if step == steps:
                 break
-            before = {n: p.detach().clone() for n, p in model.named_parameters()}
+            before = {n: p.detach().clone() for n, p in adapter.module.named_parameters()}
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip or math.inf)
+            torch.nn.utils.clip_grad_norm_(adapter.module.parameters(), tc.grad_clip or math.inf)
             opt.step()
             opt.zero_grad(set_to_none=True)
             with torch.no_grad():
-                for n, p in model.named_parameters():
+                for n, p in adapter.module.named_parameters():
                     du = _rms(p - before[n])
                     rows.append(dict(gamma=float(gamma), step=step + 1, kind="update", name=n, rms=du))
                     w = _rms(before[n])
                     rows.append(dict(gamma=float(gamma), step=step + 1, kind="relative_update", name=n,
                                      rms=du / w if w > 0 else float("nan")))
     return CoordCheck(gammas=[float(g) for g in gammas], steps=steps, rows=rows,
-                      config={"model": dataclasses.asdict(config), "train": dataclasses.asdict(tc),
+                      config={"model": described, "train": dataclasses.asdict(tc),
                               "batch_size": batch_size, "seq_len": seq_len, "seed": seed})
 
 

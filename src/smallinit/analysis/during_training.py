@@ -7,6 +7,10 @@ and mean |cos| of the chosen matrices. One record per measurement goes to metric
 as RUN/analysis/rowcos_step_NNNNNNN.npz (float16, one array per matrix) so condensation can be plotted
 over training. Enabled by ``analysis.every > 0``; ``smallinit train`` attaches it.
 
+``analysis.norm_every > 0`` adds the RMSNorm factors alone, every N steps (one forward of the same batch,
+``{"event": "norm_factor", "step": ..., "norm_factor": {norm: factor}}``; also at every full measurement), so
+the share of training the norms spend saturated can be timed finely (``smallinit.analysis.saturation``).
+
 It runs on the main process only, in eval mode without gradients, and restores train mode; it never
 changes what the trainer computes. Under FSDP (sharded weights) it does nothing and says so once.
 """
@@ -28,6 +32,7 @@ from ..train.callbacks import Callback
 from ..train.checkpoint import kept
 from .condensation import named_matrices, row_cosine, sampled_mean_abs_cos, stable_rank
 from .measure import measure_activations
+from .norm_factor import measured_norm_factors
 
 if TYPE_CHECKING:
     from ..train.trainer import Trainer
@@ -46,8 +51,9 @@ class AnalysisCallback(Callback):
     def __init__(self, cfg: AnalysisConfig | None = None, **fields: Any):
         cfg = dataclasses.replace(cfg or AnalysisConfig(), **fields)
         cfg.validate()
-        if cfg.every < 1:
-            raise ConfigError(f"the analysis callback needs analysis.every ≥ 1, got {cfg.every}")
+        if cfg.every < 1 and cfg.norm_every < 1:
+            raise ConfigError(f"the analysis callback needs analysis.every or analysis.norm_every ≥ 1, got "
+                              f"{cfg.every} and {cfg.norm_every}")
         self.cfg = cfg
         self.batch: torch.Tensor | None = None
         self.snapshot_steps: set[int] = set()
@@ -63,16 +69,38 @@ class AnalysisCallback(Callback):
         x, _ = next(iter(trainer.data.eval_batches(self.cfg.batch_size, d.seq_len, 1)))
         self.batch = x.to(trainer.runtime.device)
         total, every, n = trainer.cfg.train.steps, self.cfg.every, self.cfg.snapshots
-        measured = list(range(0, total + 1, every))
-        # each snapshot at the first measurement at or after its evenly spaced target step
-        targets = [round(i * total / (n - 1)) for i in range(n)] if n > 1 else [0] * n
-        self.snapshot_steps = {next((s for s in measured if s >= t), measured[-1]) for t in targets}
+        if every:
+            measured = list(range(0, total + 1, every))
+            # each snapshot at the first measurement at or after its evenly spaced target step
+            targets = [round(i * total / (n - 1)) for i in range(n)] if n > 1 else [0] * n
+            self.snapshot_steps = {next((s for s in measured if s >= t), measured[-1]) for t in targets}
         if trainer.step == 0:
-            self.measure(trainer)
+            self._at_step(trainer)
 
     def on_step_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        if self.active and trainer.step % self.cfg.every == 0:
-            self.measure(trainer)
+        if self.active:
+            self._at_step(trainer)
+
+    def _at_step(self, trainer: Trainer) -> None:
+        every, norm_every, step = self.cfg.every, self.cfg.norm_every, trainer.step
+        factors = self.measure(trainer)["norm_factor"] if every and step % every == 0 else None
+        if norm_every and step % norm_every == 0:
+            self.measure_norms(trainer, factors)
+
+    @torch.no_grad()
+    def measure_norms(self, trainer: Trainer, factors: dict[str, float] | None = None) -> dict[str, Any]:
+        """The RMSNorm factors alone (``factors`` when the full measurement of this step already has them)."""
+        if factors is None:
+            model = trainer.model
+            was_training = model.training
+            model.eval()
+            try:
+                factors = measured_norm_factors(model, self.batch)
+            finally:
+                model.train(was_training)
+        rec = {"event": "norm_factor", "step": trainer.step, "norm_factor": factors}
+        trainer.log(rec)
+        return rec
 
     @torch.no_grad()
     def measure(self, trainer: Trainer) -> dict[str, Any]:

@@ -1,12 +1,14 @@
-"""All single-model measurements from one forward pass, and ``smallinit analyze`` on a checkpoint.
+"""All single-model measurements from one forward pass, and ``smallinit analyze`` / ``compare`` on a model.
 
-:func:`measure_model` captures hidden states, norm inputs and post-RoPE q/k in a single forward and derives
-sink scores, residual flow and measured norm factors from them; the matrix statistics come from the
-weights. :func:`analyze_checkpoint` runs it on held-out batches of a trained model.
+:func:`measure_activations` observes the residual stream, norm inputs and attention inputs of any model
+through its adapter (smallinit.adapters) in a single forward and derives sink scores, residual flow and
+measured norm factors from them; the matrix statistics come from the weights. :func:`analyze_checkpoint`
+runs it on held-out batches of a trained smallinit run or of a Hugging Face model folder.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -17,29 +19,34 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config import Config, flatten
+from ..adapters import HFModel, HFTokenizer, as_adapter, hf_folder_problem, load_hf_folder
+from ..adapters.hf_folder import WHAT_IT_HOLDS as HF_FOLDER
+from ..adapters.hf_folder import encoding_fingerprint
+from ..config import Config, DataConfig, flatten
 from ..data import Tokenizer, load_data, load_tokenizer
-from ..errors import ConfigError, DataError
+from ..errors import CheckpointError, ConfigError, DataError
+from ..io import read_json
 from ..train.checkpoint import load_model as _load_model
 from ..train.checkpoint import resolve_checkpoint
-from .condensation import matrix_stats
+from .condensation import matrix_stats, unoriented_matrices
 from .norm_factor import norm_factors_from_inputs, relative_factor
 from .residual_flow import flow_from_hidden
-from .sink import sink_from_qk
+from .sink import sink_from_attention
 from .tokens import TokenGapResult, text_batches, token_gap
 
 
 @torch.no_grad()
 def measure_activations(
-    model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, chunk: int = 256
+    model, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, chunk: int = 256
 ) -> dict:
-    """Sink scores, residual flow and measured norm factors of ``model`` on ``tokens`` (one forward; with
-    ``targets`` also the loss)."""
-    out = model(tokens, targets, capture=("hidden", "norms", "qk"))
+    """Sink scores, residual flow and measured norm factors of ``model`` (any model an adapter reads) on
+    ``tokens`` (one forward; with ``targets`` also the loss)."""
+    adapter = as_adapter(model)
+    out = adapter.observe(tokens, targets, kinds=("residual", "norms", "attention"))
     result = {
-        "sink": sink_from_qk(out.qk, chunk=chunk).to_dict(),
-        "residual_flow": flow_from_hidden(out.hidden_states),
-        "norm_factor": norm_factors_from_inputs(model, out.norm_inputs),
+        "sink": sink_from_attention(out.attention, chunk=chunk).to_dict(),
+        "residual_flow": flow_from_hidden(out.residual),
+        "norm_factor": norm_factors_from_inputs(adapter.norms(), out.norm_inputs),
     }
     if out.loss is not None:
         result["loss"] = out.loss.item()
@@ -61,6 +68,27 @@ def load_run(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> 
         model=_load_model(found, device=device), config=Config.from_dict(found.state["config"]),
         step=found.step, path=found.path,
     )
+
+
+NEITHER = ("a smallinit run folder (checkpoints/step_N/ inside), a smallinit checkpoint folder (state.json and "
+           "model.safetensors) or a Hugging Face model folder (" + HF_FOLDER + ")")
+
+
+def load_measured(path: str | os.PathLike, *, hf: bool = False, device: str = "cpu") -> LoadedRun | HFModel:
+    """What ``analyze`` and ``compare`` measure: a smallinit run or checkpoint, or (detected from its
+    config.json, or with ``hf``) a Hugging Face model folder with its tokenizer."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a folder; pass {NEITHER}")
+    if hf or hf_folder_problem(path) is None:
+        return load_hf_folder(path, device=device)
+    config = read_json(path / "config.json") if (path / "config.json").is_file() else None
+    if isinstance(config, dict) and "model_type" in config:  # a Hugging Face config without its weights
+        load_hf_folder(path)  # says what is missing
+    ours = (path / "state.json").is_file() or (path / "checkpoints").is_dir() or isinstance(config, dict)
+    if not ours:
+        raise CheckpointError(f"{path} holds no model; pass {NEITHER}")
+    return load_run(path, device=device)
 
 
 def held_out_batches(
@@ -91,38 +119,65 @@ def _mean_dicts(items: list[dict]) -> dict:
     first = items[0]
     if isinstance(first, dict):
         return {k: _mean_dicts([it[k] for it in items]) for k in first}
+    if isinstance(first, list) and first and isinstance(first[0], str):
+        return first  # names, the same in every batch
     return np.mean(np.asarray(items, dtype=float), axis=0).tolist()
 
 
 @torch.no_grad()
 def analyze_model(
-    model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *, cosine_rows: int = 1024
+    model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *, cosine_rows: int = 1024
 ) -> dict:
-    """Every single-model measurement, averaged over ``batches`` (equal-sized batches weigh equally)."""
-    device = next(model.parameters()).device
+    """Every single-model measurement, averaged over ``batches`` (equal-sized batches weigh equally), for any
+    model an adapter reads."""
+    adapter = as_adapter(model)
+    module = adapter.module
+    device = next(module.parameters()).device
     per_batch, n_tokens = [], 0
     for x, y in batches:
-        per_batch.append(measure_activations(model, x.to(device), y.to(device)))
+        per_batch.append(measure_activations(adapter, x.to(device), y.to(device)))
         n_tokens += y.numel()
     if not per_batch:
         raise DataError("no complete sequence to analyse; pass more text with --data or a smaller --seq-len")
-    cfg = model.config
     result = _mean_dicts(per_batch)
     result["tokens"] = n_tokens
-    result["norm_factor_analytic"] = relative_factor(cfg.gamma, cfg.norm_eps, cfg.d_model)
-    result["matrices"] = [s.to_dict() for s in matrix_stats(model, max_rows=cosine_rows)]
+    result["matrices"] = [s.to_dict() for s in matrix_stats(module, max_rows=cosine_rows)]
+    result["matrices_left_out"] = unoriented_matrices(module)
     return result
+
+
+HF_SEQ_LEN = 256  # the default sequence length for a Hugging Face model (smallinit runs use their own)
+
+
+def hf_batches(
+    tokenizer: HFTokenizer, max_seq_len: int | None, *, data: str | os.PathLike | None, batch_size: int,
+    seq_len: int | None, max_tokens: int | None = None, batches: int | None = None,
+) -> tuple[Iterator[tuple[torch.Tensor, torch.Tensor]], int, str]:
+    """(batches, sequence length, what the text is) where a Hugging Face model takes part: the first windows
+    of ``data``, else of the builtin corpus, through the model's own tokenizer."""
+    seq_len = _check_seq_len(seq_len or min(HF_SEQ_LEN, max_seq_len or HF_SEQ_LEN), max_seq_len or 1 << 30)
+    corpus = data if data is not None else DataConfig().corpus
+    stream = text_batches(corpus, tokenizer, seq_len=seq_len, batch_size=batch_size, max_tokens=max_tokens)
+    return itertools.islice(stream, batches), seq_len, str(data) if data is not None else f"builtin corpus {corpus}"
 
 
 def analyze_checkpoint(
     path: str | os.PathLike, *, data: str | os.PathLike | None = None, batches: int = 4, batch_size: int = 8,
-    seq_len: int | None = None, device: str = "cpu",
+    seq_len: int | None = None, device: str = "cpu", hf: bool = False,
 ) -> dict:
-    """``smallinit analyze``: load a run or checkpoint, measure it on held-out text, return a JSON-able dict."""
-    run = load_run(path, device=device)
+    """``smallinit analyze``: load a run, checkpoint or Hugging Face folder, measure it on held-out text, return
+    a JSON-able dict (a Hugging Face model's has its ``hf_config`` where a run's has ``config`` and ``step``)."""
+    run = load_measured(path, hf=hf, device=device)
+    if isinstance(run, HFModel):
+        stream, _, text = hf_batches(run.tokenizer, run.max_seq_len, data=data, batch_size=batch_size,
+                                     seq_len=seq_len, batches=batches)
+        return {"checkpoint": str(run.path), "hf_config": run.model.config.to_dict(), "data": text,
+                **analyze_model(run.model, stream)}
     tok = load_tokenizer(run.config.data.tokenizer)
     result = analyze_model(run.model, held_out_batches(run.config, tok, data=data, batches=batches,
                                                        batch_size=batch_size, seq_len=seq_len))
+    m = run.config.model
+    result["norm_factor_analytic"] = relative_factor(m.gamma, m.norm_eps, m.d_model)
     return {"checkpoint": str(run.path), "step": run.step, "config": run.config.to_dict(),
             "data": str(data) if data is not None else f"validation split of {run.config.data.corpus}",
             **result}
@@ -131,30 +186,45 @@ def analyze_checkpoint(
 def compare_checkpoints(
     path_a: str | os.PathLike, path_b: str | os.PathLike, *, data: str | os.PathLike | None = None,
     batch_size: int = 8, seq_len: int | None = None, max_tokens: int | None = None, bins: int = 10,
-    top_k: int = 20, labels: tuple[str, str] | None = None, device: str = "cpu",
+    top_k: int = 20, labels: tuple[str, str] | None = None, device: str = "cpu", hf: bool = False,
 ) -> TokenGapResult:
     """``smallinit compare``: token-level gap of two trained models on held-out text (default: A's
-    validation split; or ``data``, streamed). Both must use the same tokenizer."""
-    a, b = load_run(path_a, device=device), load_run(path_b, device=device)
-    tok = load_tokenizer(a.config.data.tokenizer)
-    if load_tokenizer(b.config.data.tokenizer).fingerprint != tok.fingerprint:
+    validation split, or the builtin corpus for Hugging Face models; or ``data``, streamed). Either may be a
+    Hugging Face folder; both must use the same tokenizer."""
+    a, b = load_measured(path_a, hf=hf, device=device), load_measured(path_b, hf=hf, device=device)
+    tok = _tokenizer(a)
+    if _encoding(_tokenizer(b)) != _encoding(tok):
         raise DataError(f"{path_a} and {path_b} use different tokenizers; token-level comparison needs the same one")
-    seq_len = _check_seq_len(seq_len or min(a.config.data.seq_len, b.config.data.seq_len),
-                             min(a.config.model.max_seq_len, b.config.model.max_seq_len))
-    if data is None:
-        limit = None if max_tokens is None else -(-max_tokens // (batch_size * seq_len))
-        batches = load_data(a.config.data, tok).eval_batches(batch_size, seq_len, limit)
+    if isinstance(a, HFModel) or isinstance(b, HFModel):
+        max_len = min((m.max_seq_len if isinstance(m, HFModel) else m.config.model.max_seq_len) or 1 << 30
+                      for m in (a, b))
+        batches, seq_len, text = hf_batches(tok, max_len, data=data, batch_size=batch_size, seq_len=seq_len,
+                                            max_tokens=max_tokens)
     else:
-        batches = text_batches(data, tok, seq_len=seq_len, batch_size=batch_size,
-                               text_field=a.config.data.text_field, max_tokens=max_tokens)
+        seq_len = _check_seq_len(seq_len or min(a.config.data.seq_len, b.config.data.seq_len),
+                                 min(a.config.model.max_seq_len, b.config.model.max_seq_len))
+        text = str(data) if data is not None else f"validation split of {a.config.data.corpus}"
+        if data is None:
+            limit = None if max_tokens is None else -(-max_tokens // (batch_size * seq_len))
+            batches = load_data(a.config.data, tok).eval_batches(batch_size, seq_len, limit)
+        else:
+            batches = text_batches(data, tok, seq_len=seq_len, batch_size=batch_size,
+                                   text_field=a.config.data.text_field, max_tokens=max_tokens)
     result = token_gap(a.model, b.model, batches, tokenizer=tok, bins=bins, top_k=top_k)
     la, lb = labels or (_run_name(a.path), _run_name(b.path))
     result.meta = {**result.meta, "label_a": la, "label_b": lb, "checkpoint_a": str(a.path), "checkpoint_b": str(b.path),
-                   "step_a": a.step, "step_b": b.step, "seq_len": seq_len,
-                   "settings_a": run_settings(flatten(a.config.to_dict())),
-                   "settings_b": run_settings(flatten(b.config.to_dict())),
-                   "data": str(data) if data is not None else f"validation split of {a.config.data.corpus}"}
+                   "step_a": getattr(a, "step", None), "step_b": getattr(b, "step", None), "seq_len": seq_len,
+                   "settings_a": _settings(a), "settings_b": _settings(b), "data": text}
     return result
+
+
+def _tokenizer(m: LoadedRun | HFModel) -> Tokenizer | HFTokenizer:
+    return m.tokenizer if isinstance(m, HFModel) else load_tokenizer(m.config.data.tokenizer)
+
+
+def _encoding(tok: Tokenizer | HFTokenizer) -> str:
+    """What must match for two models to be compared token by token: how text becomes tokens."""
+    return tok.fingerprint if isinstance(tok, HFTokenizer) else encoding_fingerprint(tok.hf)
 
 
 ANALYSIS_FILE = "analysis.json"  # what `smallinit analyze` writes, and the HTML report reads back
@@ -166,6 +236,10 @@ SETTINGS = ("model.gamma", "model.norm_eps", "model.norm_eps_width", "model.gate
 def run_settings(flat_config: dict[str, Any]) -> dict[str, Any]:
     """The settings of a compared run that say which claim the comparison can test (kept in compare.json)."""
     return {k: flat_config.get(k) for k in SETTINGS}
+
+
+def _settings(m: LoadedRun | HFModel) -> dict[str, Any]:
+    return {} if isinstance(m, HFModel) else run_settings(flatten(m.config.to_dict()))
 
 
 def _run_name(checkpoint: Path) -> str:

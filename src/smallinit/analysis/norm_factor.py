@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 import torch
-from torch import nn
 
+from ..adapters import NormForm, as_adapter
 from ..config import ModelConfig
 
 # Warn when the expected σ²(h) at init is within this factor of ε: the factor then starts to saturate.
@@ -69,20 +69,23 @@ def check_norm_saturation(config: ModelConfig, logger: logging.Logger | None = N
 
 
 @torch.no_grad()
-def measured_norm_factors(model: nn.Module, tokens: torch.Tensor) -> dict[str, float]:
-    """Per norm layer (by module name), the realised factor relative to the ideal 1/σ(h).
+def measured_norm_factors(model, tokens: torch.Tensor) -> dict[str, float]:
+    """Per norm layer (by module name), the realised factor relative to the ideal 1/σ(h), for any model an
+    adapter reads (smallinit.adapters).
 
-    For each token, σ(h)/√(σ²(h) + ε) with the norm's own ε; averaged over tokens. 1.0 = the norm sees
-    the input scale, ≪ 1 = saturated by ε. Uses the model's ``capture=("norms",)`` API.
+    For each token, σ(h)/√(σ²(h) + ε) with the norm's own ε and form (σ² about the mean for LayerNorm);
+    averaged over tokens. 1.0 = the norm sees the input scale, ≪ 1 = saturated by ε.
     """
-    return norm_factors_from_inputs(model, model(tokens, capture=("norms",)).norm_inputs)
+    adapter = as_adapter(model)
+    return norm_factors_from_inputs(adapter.norms(), adapter.observe(tokens, kinds=("norms",)).norm_inputs)
 
 
-def norm_factors_from_inputs(model: nn.Module, norm_inputs: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Measured factors from captured norm inputs (``ModelOutput.norm_inputs``, keyed by module name)."""
+def norm_factors_from_inputs(forms: dict[str, NormForm], norm_inputs: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Measured factors from observed norm inputs (``Observed.norm_inputs``), each with its norm's form."""
     result = {}
     for name, h in norm_inputs.items():
-        var = h.double().pow(2).mean(-1)
-        eps = model.get_submodule(name).eps
-        result[name] = torch.sqrt(var / (var + eps)).mean().item()
+        form = forms[name]
+        h = h.double()
+        var = h.var(-1, unbiased=False) if form.centered else h.pow(2).mean(-1)
+        result[name] = torch.sqrt(var / (var + form.eps)).mean().item()
     return result

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
+from ..adapters import as_adapter
 from ..config import ModelConfig
 from ..errors import ConfigError
 from ..io import write_result
@@ -28,14 +28,15 @@ from ..model import Transformer
 
 
 @torch.no_grad()
-def residual_flow_ratio(model: nn.Module, tokens: torch.Tensor) -> float:
-    """Mean over tokens of ‖h_L − e‖ / ‖e‖ (capture "hidden": first = e, last = h_L)."""
-    return flow_from_hidden(model(tokens, capture=("hidden",)).hidden_states)
+def residual_flow_ratio(model, tokens: torch.Tensor) -> float:
+    """Mean over tokens of ‖h_L − e‖ / ‖e‖, for any model an adapter reads (e: the first block's input,
+    h_L: the final norm's input)."""
+    return flow_from_hidden(as_adapter(model).observe(tokens, kinds=("residual",)).residual)
 
 
-def flow_from_hidden(hidden_states: list[torch.Tensor]) -> float:
-    """The ratio from captured hidden states (``ModelOutput.hidden_states``: e first, h_L last)."""
-    e, h = hidden_states[0].double(), hidden_states[-1].double()
+def flow_from_hidden(residual: list[torch.Tensor]) -> float:
+    """The ratio from the observed residual stream (``Observed.residual``: e first, h_L last)."""
+    e, h = residual[0].double(), residual[-1].double()
     return ((h - e).norm(dim=-1) / e.norm(dim=-1)).mean().item()
 
 

@@ -1,12 +1,14 @@
 """Attention sink scores (the paper's Fig. 1f/g), without materialising attention matrices.
 
 Sink score of layer l (our definition; the paper does not fix the positions): the mean over sequences,
-heads and query positions i ≥ 2 (1-based) of the attention weight on key position 1. Query 1 is excluded:
-it can only attend to itself.
+heads and query positions i ≥ 2 (1-based) of the attention weight on key position 1, over the queries that
+see it (a sliding-window query further than the window from token 1 cannot). Query 1 is excluded: it can
+only attend to itself.
 
-From the post-RoPE queries and keys (capture "qk") the weight of query i on key 0 (0-based) is
-exp(s_i0 − logsumexp_{j≤i} s_ij), s = q·k/√head_dim. The log-sum-exp is computed over blocks of
-``chunk`` queries, so memory is O(chunk × T) per head instead of O(T²).
+From the queries and keys after position encoding (``AttentionInputs``, from any model adapter) the
+weight of query i on key 0 (0-based) is exp(s_i0 − logsumexp_j s_ij) over the keys j the mask lets it
+see, s = scale·q·k (soft-capped and with learned sink logits where the model has them). The log-sum-exp
+is computed over blocks of ``chunk`` queries, so memory is O(chunk × T) per head instead of O(T²).
 
 Beside it, the sink literature's metric (Gu et al., ICLR 2025): Sink_ε, the share of (layer, head) pairs
 whose mean attention on the first token exceeds ε (they report ε = 0.3), so numbers compare with theirs.
@@ -14,17 +16,19 @@ whose mean attention on the first token exceeds ε (they report ε = 0.3), so nu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch import nn
+
+from ..adapters import AttentionInputs, as_adapter
 
 
 @dataclass
 class SinkScores:
     per_layer: list[float]  # one score per layer
     per_head: np.ndarray  # (layers, heads)
+    layers: list[str] = field(default_factory=list)  # the attention modules, in order
 
     @property
     def mean(self) -> float:
@@ -39,48 +43,80 @@ class SinkScores:
             "per_layer": self.per_layer,
             "per_head": self.per_head.tolist(),
             "mean": self.mean,
+            "layers": self.layers,
             "share_above": {str(eps): self.share_above(eps) for eps in SINK_EPS},
         }
 
 
 SINK_EPS = (0.3, 0.8)  # the thresholds Gu et al. report
 
-def key0_weights(q: torch.Tensor, k: torch.Tensor, *, chunk: int = 256) -> torch.Tensor:
-    """Attention weight of every query on key 0 under causal softmax: (B, H, T) for q (B, H, T, hd).
 
-    ``k`` may have fewer heads (grouped-query attention); it is shared across groups as in the model.
-    """
+def key0_weights(att: AttentionInputs, *, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query's attention weight on key 0 and whether it may attend to key 0 at all: two (B, H, T)
+    tensors (weight in fp32, 0 where unseen). Keys with fewer heads (grouped-query attention) are shared
+    across their group of query heads, as in the model."""
+    if att.probs is not None:
+        B, H, T, S = att.probs.shape
+        sees = _allowed(att, 0, T, S, att.probs.device).expand(B, H, T, S)[..., 0]
+        return att.probs[..., 0].float() * sees, sees
+    q, k = att.q.float(), att.k.float()
     B, H, T, hd = q.shape
-    rep = H // k.shape[1]
+    S, rep = k.shape[-2], H // k.shape[1]
     k = k.repeat_interleave(rep, dim=1) if rep > 1 else k
-    q, k = q.float(), k.float()
-    scale = hd**-0.5
-    out = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
+    scale = att.scale if att.scale is not None else hd**-0.5
+    weight = torch.zeros(B, H, T, dtype=torch.float32, device=q.device)
+    sees = torch.zeros(B, H, T, dtype=torch.bool, device=q.device)
     for lo in range(0, T, chunk):
         hi = min(lo + chunk, T)
-        s = (q[:, :, lo:hi] @ k[:, :, :hi].transpose(-2, -1)) * scale  # (B, H, hi−lo, hi)
-        causal = torch.arange(hi, device=q.device)[None, :] <= torch.arange(lo, hi, device=q.device)[:, None]
-        s = s.masked_fill(~causal, float("-inf"))
-        out[:, :, lo:hi] = torch.exp(s[..., 0] - torch.logsumexp(s, dim=-1))
-    return out
+        s = (q[:, :, lo:hi] @ k.transpose(-2, -1)) * scale  # (B, H, hi−lo, S)
+        if att.softcap:
+            s = att.softcap * torch.tanh(s / att.softcap)
+        if att.mask is not None and att.mask.dtype != torch.bool:
+            s = s + att.mask[..., lo:hi, :].float()
+        allowed = _allowed(att, lo, hi, S, q.device).expand_as(s)
+        s = s.masked_fill(~allowed, float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)
+        if att.sink_logits is not None:
+            lse = torch.logaddexp(lse, att.sink_logits.float().view(1, H, 1))
+        seen = allowed[..., 0]
+        weight[:, :, lo:hi] = torch.where(seen, torch.exp(s[..., 0] - lse), 0.0)
+        sees[:, :, lo:hi] = seen
+    return weight, sees
+
+
+def _allowed(att: AttentionInputs, lo: int, hi: int, S: int, device: torch.device) -> torch.Tensor:
+    """Which keys queries lo…hi−1 may attend to, broadcastable to (B, H, hi−lo, S)."""
+    if att.mask is None:
+        T = att.q.shape[-2] if att.q is not None else att.probs.shape[-2]
+        queries = torch.arange(S - T + lo, S - T + hi, device=device)[:, None]  # positions after any cached keys
+        keys = torch.arange(S, device=device)[None, :]
+        allowed = keys <= queries
+        if att.window is not None:
+            allowed = allowed & (queries - keys < att.window)
+        return allowed
+    mask = att.mask[..., lo:hi, :]
+    if mask.dtype == torch.bool:
+        return mask
+    return mask > torch.finfo(mask.dtype).min / 2  # additive masks block with the dtype's minimum
 
 
 @torch.no_grad()
-def sink_scores(model: nn.Module, tokens: torch.Tensor, *, chunk: int = 256) -> SinkScores:
-    """Per-layer and per-head sink scores of ``model`` on ``tokens`` (B, T), T ≥ 2."""
+def sink_scores(model, tokens: torch.Tensor, *, chunk: int = 256) -> SinkScores:
+    """Per-layer and per-head sink scores of ``model`` (any model an adapter reads) on ``tokens`` (B, T), T ≥ 2."""
     if tokens.dim() != 2 or tokens.shape[1] < 2:
         raise ValueError(f"sink_scores needs tokens of shape (batch, T ≥ 2), got {tuple(tokens.shape)}")
-    return sink_from_qk(model(tokens, capture=("qk",)).qk, chunk=chunk)
+    return sink_from_attention(as_adapter(model).observe(tokens, kinds=("attention",)).attention, chunk=chunk)
 
 
-def sink_from_qk(qk: list[tuple[torch.Tensor, torch.Tensor]], *, chunk: int = 256) -> SinkScores:
-    """Sink scores from captured per-layer (q, k) (``ModelOutput.qk``)."""
+def sink_from_attention(attention: list[AttentionInputs], *, chunk: int = 256) -> SinkScores:
+    """Sink scores from observed attention calls (``Observed.attention``), one layer per call."""
     per_head = []
-    for q, k in qk:
-        w = key0_weights(q, k, chunk=chunk)[:, :, 1:]  # queries i ≥ 2 (1-based)
-        per_head.append(w.mean(dim=(0, 2)).double().cpu().numpy())
+    for att in attention:
+        w, sees = key0_weights(att, chunk=chunk)
+        w, sees = w[:, :, 1:], sees[:, :, 1:]  # queries i ≥ 2 (1-based)
+        per_head.append((w.double().sum(dim=(0, 2)) / sees.sum(dim=(0, 2))).cpu().numpy())
     heads = np.stack(per_head)
-    return SinkScores(per_layer=heads.mean(axis=1).tolist(), per_head=heads)
+    return SinkScores(per_layer=heads.mean(axis=1).tolist(), per_head=heads, layers=[a.name for a in attention])
 
 
 @torch.no_grad()

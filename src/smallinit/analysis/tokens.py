@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..adapters import as_adapter
 from ..data import Tokenizer, iter_documents
 from ..errors import DataError
 from ..io import write_result
@@ -51,8 +52,8 @@ class TokenGapBatch:
         return self.loss_b - self.loss_a
 
 
-def _token_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    logits = model(x).logits.float()
+def _token_loss(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    logits = as_adapter(model).observe(x).logits.float()
     return -torch.log_softmax(logits, dim=-1).gather(-1, y.unsqueeze(-1)).squeeze(-1).double()
 
 

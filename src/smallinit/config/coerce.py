@@ -9,7 +9,8 @@ import types
 import typing
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, did_you_mean
+from .files import toml_literal
 
 
 def from_dict(cls: type, raw: Any, where: str) -> Any:
@@ -22,8 +23,9 @@ def from_dict(cls: type, raw: Any, where: str) -> Any:
     if unknown:
         key = f"{where}." if where else ""
         key += unknown[0]
+        hint = did_you_mean(unknown[0], fields, f"{where}." if where else "")
         raise ConfigError(  # repr() for keys with control characters: the message stays one line
-            f"unknown config key {key if key.isprintable() else repr(key)}; known keys: {', '.join(sorted(fields))}"
+            f"unknown config key {key if key.isprintable() else repr(key)}{hint}; known keys: {', '.join(sorted(fields))}"
         )
     kwargs = {}
     for name, value in raw.items():
@@ -51,10 +53,19 @@ def _refuse(f: dataclasses.Field, value: Any, where: str) -> None:
             raise ConfigError(f"{where}={value} is refused: {reason}")
 
 
+def spelled(value: Any) -> str:
+    """A value as it is written in a TOML file or after --set (true, "text", 1e-12), for messages."""
+    try:
+        return toml_literal(value)
+    except (ConfigError, TypeError, ValueError):
+        return repr(value)
+
+
 def _one_of(tp: Any, value: Any, where: str) -> Any:
     choices = typing.get_args(tp)
     if value not in choices:
-        raise ConfigError(f"{where} must be one of {', '.join(choices)}, got {value!r}")
+        hint = did_you_mean(value, choices) if isinstance(value, str) else ""
+        raise ConfigError(f"{where} must be one of {', '.join(map(spelled, choices))}, got {spelled(value)}{hint}")
     return value
 
 
@@ -71,9 +82,9 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
                 return _coerce(arg, value, where)
             except ConfigError:
                 pass
-        raise ConfigError(f"config key {where} must be {' or '.join(a.__name__ for a in args)}, got {value!r}")
-    if origin is typing.Literal:  # a value of the wrong type is named as such ("must be str") before the choices
-        return _one_of(tp, _coerce(type(typing.get_args(tp)[0]), value, where), where)
+        raise ConfigError(f"config key {where} must be {' or '.join(a.__name__ for a in args)}, got {spelled(value)}")
+    if origin is typing.Literal:  # a value of the wrong type gets the choices too, as they are spelled
+        return _one_of(tp, value, where)
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, where)
     if tp is bool:
@@ -87,11 +98,14 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if not math.isfinite(value):  # nan slips through every range check, and is not valid JSON
-                raise ConfigError(f"config key {where} must be a finite number, got {value!r}")
+                raise ConfigError(f"config key {where} must be a finite number, got {spelled(value)}")
             return float(value)
     elif tp is str:
         if isinstance(value, str):
             return value
     else:
         return value
-    raise ConfigError(f"config key {where} must be {tp.__name__}, got {value!r}")
+    raise ConfigError(f"config key {where} must be {_KIND.get(tp, tp.__name__)}, got {spelled(value)}")
+
+
+_KIND = {bool: "true or false", int: "an integer", float: "a number", str: 'a string (in quotes in a TOML file)'}

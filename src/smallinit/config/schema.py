@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import ConfigError
+from ..errors import ConfigError, did_you_mean
 from .coerce import check_choices, from_dict
 from .files import commented_toml, read_config_file, read_config_json
 from .overrides import parse_override, set_dotted
@@ -91,7 +91,8 @@ class ModelConfig:
     def preset(name: str, **overrides: Any) -> ModelConfig:
         name = PRESET_ALIASES.get(name, name)
         if name not in PRESETS:
-            raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(ModelConfig.presets())}")
+            raise ConfigError(f"unknown preset {name!r}{did_you_mean(name, ModelConfig.presets())}; choose one of: "
+                              f"{', '.join(ModelConfig.presets())}")
         raw = dict(PRESETS[name])
         for key, value in overrides.items():  # a nested section (moe) is merged key by key, not replaced
             both = isinstance(value, dict) and isinstance(raw.get(key), dict)
@@ -208,8 +209,8 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    corpus: str = _key("default", "builtin name (default, shakespeare, zh-poems), builtin:anchor?…, builtin:sink?… "
-                       "(generated), file, directory or glob")
+    corpus: str = _key("default", "builtin name (default, shakespeare, zh-poems, wiki-leads, python-stdlib, large), "
+                       "builtin:anchor?…, builtin:sink?… (generated), file, directory or glob")
     tokenizer: str = _key("default", "default | bytes | path to a tokenizer.json")
     text_field: str = _key("text", "the field holding the text in .jsonl / .parquet documents")
     seq_len: int = _key(128, "tokens per training sequence")
@@ -226,6 +227,8 @@ class DataConfig:
 @dataclass
 class AnalysisConfig:
     every: int = _key(0, "measure the model every N steps during training; 0 → off")
+    norm_every: int = _key(0, "also measure the RMSNorm factors alone every N steps (cheap: one forward), to time "
+                              "how long the norms stay saturated; 0 → only with the others")
     # MoE expert i of a layer is NAME.i
     matrices: list[str] = _key(
         doc="glob patterns of the matrices whose stable rank and mean |cos| between rows are logged",
@@ -240,8 +243,8 @@ class AnalysisConfig:
     batch_size: int = _key(4, "held-out sequences (the first validation windows) measured each time")
 
     def validate(self) -> None:
-        if self.every < 0:
-            raise ConfigError(f"analysis.every must be ≥ 0, got {self.every}")
+        if self.every < 0 or self.norm_every < 0:
+            raise ConfigError(f"analysis.every and analysis.norm_every must be ≥ 0, got {self.every}, {self.norm_every}")
         for key in ("matrices", "heatmaps"):
             value = getattr(self, key)
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):

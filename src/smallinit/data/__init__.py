@@ -1,6 +1,13 @@
 """Data: corpora (builtin and user files), tokenizers, the token cache and stateless batching."""
 
-from smallinit.data.batching import batch_starts, get_batch, iter_eval_batches, n_eval_windows
+from smallinit.data.batching import (
+    batch_starts,
+    epochs,
+    get_batch,
+    iter_eval_batches,
+    n_eval_windows,
+    repeat_message,
+)
 from smallinit.data.cache import TokenData, default_cache_dir, load_token_data
 from smallinit.data.corpus import BUILTIN_CORPORA, corpus_fingerprint, iter_documents
 from smallinit.data.source import RunData, load_data
@@ -15,6 +22,7 @@ __all__ = [
     "batch_starts",
     "corpus_fingerprint",
     "default_cache_dir",
+    "epochs",
     "get_batch",
     "iter_documents",
     "iter_eval_batches",
@@ -22,5 +30,6 @@ __all__ = [
     "load_token_data",
     "load_tokenizer",
     "n_eval_windows",
+    "repeat_message",
     "train_tokenizer",
 ]

@@ -102,6 +102,21 @@ def get_batch(
     return _windows(tokens, offsets[rank * b : (rank + 1) * b], seq_len)
 
 
+def epochs(steps: int, batch_size: int, seq_len: int, n_train_tokens: int) -> float:
+    """How many times over a run of ``steps`` global batches reads its train split, on average."""
+    return int(steps) * int(batch_size) * int(seq_len) / max(1, int(n_train_tokens))
+
+
+def repeat_message(steps: int, batch_size: int, seq_len: int, n_train_tokens: int, corpus: str) -> str | None:
+    """One line when a run's tokens exceed one epoch of its corpus's train split (it sees data again), else None."""
+    n = epochs(steps, batch_size, seq_len, n_train_tokens)
+    if n <= 1.0:
+        return None
+    return (f"data repeats: {int(steps) * int(batch_size) * int(seq_len):,} training tokens are {n:.2f} epochs of "
+            f"the {int(n_train_tokens):,}-token train split of data.corpus={corpus!r}; use a larger corpus "
+            "(e.g. data.corpus=large, ≈ 25M train tokens with the byte tokenizer) or fewer train.steps")
+
+
 def n_eval_windows(n_tokens: int, seq_len: int) -> int:
     """How many non-overlapping evaluation windows a split of ``n_tokens`` tokens holds."""
     return max(0, (int(n_tokens) - 1) // int(seq_len))

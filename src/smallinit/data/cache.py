@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from smallinit import io
-from smallinit.data.batching import document_starts, fitting_starts, get_batch, iter_eval_batches
+from smallinit.data.batching import document_starts, fitting_starts, get_batch, iter_eval_batches, repeat_message
 from smallinit.data.corpus import corpus_fingerprint, iter_documents
 from smallinit.data.tokenizer import Tokenizer
 from smallinit.errors import DataError, StorageError
@@ -94,6 +94,10 @@ class TokenData:
                 )
             if self.bos:
                 fitting_starts(self.starts(split), len(tokens), seq_len, what=f"the {name} split")
+
+    def repeats(self, steps: int, batch_size: int, seq_len: int, corpus: str) -> str | None:
+        """One line when the run reads its train split more than once (``data.batching.repeat_message``)."""
+        return repeat_message(steps, batch_size, seq_len, len(self.train), corpus)
 
     def describe(self) -> str:
         aligned = f", {len(self.starts('train')):,} documents to start from (data.bos)" if self.bos else ""

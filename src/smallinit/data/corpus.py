@@ -5,6 +5,11 @@ A corpus spec is one of
 * ``"shakespeare"`` — 42 works of Shakespeare (Project Gutenberg editions), one document per work;
 * ``"zh-poems"`` — 409 classical Chinese poems (Tang 300 and Song 100), one document per poem;
 * ``"default"`` — both of the above (Shakespeare first, then the poems): a small bilingual corpus;
+* ``"wiki-leads"`` — the lead paragraphs of 26,227 Wikipedia articles (English, Spanish, French: each
+  language's "vital articles"), one document per article;
+* ``"python-stdlib"`` — the 538 source files of the Python 3.11 standard library (a pinned Debian build),
+  one document per file;
+* ``"large"`` — all four (26.7 MB of UTF-8 text), for runs that would see ``"default"`` more than once;
 * a ``.txt`` file (the whole file is one document), a ``.jsonl`` file (one document per line, from the
   ``text_field`` field), a ``.parquet`` file (the ``text_field`` column, read in record batches), a folder
   (every .txt/.jsonl/.parquet below it, sorted by path), or a glob pattern (``data/*.jsonl``, ``**``
@@ -32,8 +37,10 @@ from smallinit.data import anchor
 from smallinit.errors import DataError
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
-BUILTIN_FILES = {"shakespeare": "shakespeare.jsonl.xz", "zh-poems": "zh-poems.jsonl.xz"}
-BUILTIN_MIXES = {"default": ("shakespeare", "zh-poems")}
+BUILTIN_FILES = {"shakespeare": "shakespeare.jsonl.xz", "zh-poems": "zh-poems.jsonl.xz",
+                 "wiki-leads": "wiki-leads.jsonl.xz", "python-stdlib": "python-stdlib.jsonl.xz"}
+BUILTIN_MIXES = {"default": ("shakespeare", "zh-poems"),
+                 "large": ("shakespeare", "zh-poems", "wiki-leads", "python-stdlib")}
 BUILTIN_CORPORA = tuple(BUILTIN_FILES) + tuple(BUILTIN_MIXES)
 SYNTHETIC_CORPORA = {"anchor": anchor}  # name → module with iter_documents(params) and fingerprint(params)
 SUFFIXES = (".txt", ".jsonl", ".parquet")

@@ -208,6 +208,9 @@ class SinkData:
     def check(self, seq_len: int) -> None:
         """Nothing to check: any length can be generated."""
 
+    def repeats(self, steps: int, batch_size: int, seq_len: int, corpus: str) -> None:
+        """Never: every step's sequences are fresh."""
+
     def describe(self) -> str:
         bos = "<bos> then " if self.bos else ""
         return (f"generated fresh each step: {bos}a Bigram-Backcopy chain of {self.task.symbols} symbols, "

@@ -1,6 +1,6 @@
 """The data a run trains and evaluates on, from its data config: a tokenised corpus (``TokenData``, through the
 token cache) or a task generated batch by batch (``SinkData``). Both give ``batch(batch_size, seq_len, seed,
-step, rank=, world_size=)``, ``eval_batches(batch_size, seq_len, max_batches)``, ``check(seq_len)`` and
+step, rank=, world_size=)``, ``eval_batches(batch_size, seq_len, max_batches)``, ``check(seq_len)``, ``repeats(…)`` and
 ``describe()``, so the trainer and the measurements never ask which one they hold."""
 
 from __future__ import annotations

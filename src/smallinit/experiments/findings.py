@@ -54,6 +54,7 @@ from .claims import (
     sink_layers,
     size_label,
 )
+from .emulation import Emulation, pooled, run_emulation
 from .reasoning import anchor_scores
 
 FINDINGS_FILE = "findings.json"  # a recipe's claims with their verdicts and the numbers behind the figures
@@ -140,15 +141,30 @@ def norm_factor_table(runs: Runs) -> dict[str, Any]:
     analytic = {f"d{d}_eps{eps:g}": [float(relative_factor(g, eps, d)) for g in gammas]
                 for d in widths for eps in (1e-5, 1e-12)}
     measured: dict[tuple, dict[str, list[float]]] = {}
+    saturated: dict[tuple, list[Emulation]] = {}
     for r in runs:
         recs = r.analysis
         if recs and "norm_factor" in recs[0]:
             m = measured.setdefault(_group_key(r), {"start": [], "end": []})
             m["start"].append(float(np.mean(list(recs[0]["norm_factor"].values()))))
             m["end"].append(float(np.mean(list(recs[-1]["norm_factor"].values()))))
-    return {"gammas": gammas, "analytic": analytic,
-            "measured": [{**_size_fields(k[0]), **_arm_fields(k[1:]), "start": float(np.mean(v["start"])),
-                          "end": float(np.mean(v["end"])), "n": len(v["start"])} for k, v in sorted(measured.items())]}
+        e = run_emulation(r)
+        if e is not None:
+            saturated.setdefault(_group_key(r), []).append(e)
+    rows = []
+    for k in sorted(measured.keys() | saturated.keys()):
+        v = measured.get(k)
+        at = {"start": float(np.mean(v["start"])), "end": float(np.mean(v["end"])), "n": len(v["start"])} if v else {}
+        rows.append({**_size_fields(k[0]), **_arm_fields(k[1:]), **at,
+                     **(_saturated(pooled(saturated[k])) if k in saturated else {})})
+    return {"gammas": gammas, "analytic": analytic, "measured": rows}
+
+
+def _saturated(e: Emulation) -> dict[str, Any]:
+    """Shares of training below factor 0.5 (brackets over the seeds): the embedding's norm, the mean over the
+    norms, and the d = 2048 formula's range."""
+    return {"saturated_embedding": [e.first.lo, e.first.hi], "saturated_mean": [e.measured.lo, e.measured.hi],
+            "saturated_paper_scale": list(e.paper)}
 
 
 def flow_sweep(options: dict[str, Any], out: Path, say: Say = _quiet) -> dict[str, Any]:
@@ -208,20 +224,34 @@ def _claims(results: list[ClaimResult]) -> list[dict[str, Any]]:
     return [c.to_dict() for c in results]
 
 
+Judge = Callable[[Runs, dict[str, Any], dict[str, Any]], list[ClaimResult]]
+# The claims each analysis judges, from its runs and what it measured beside them ("flow": the residual-flow
+# sweep, "gaps": the token comparisons, "anchor": the anchor probe's scores per run folder), with its options:
+# what findings.json holds, and what smallinit.experiments.plan judges on the planned runs before anything trains.
+JUDGES: dict[str, Judge] = {
+    "claims": lambda runs, m, o: judge_all(runs, m.get("flow"), m.get("gaps"), n_boot=int(o.get("n_boot", 1000))),
+    "fig1": lambda runs, m, o: [claim_c2(runs), claim_c3(runs)],
+    "fig2": lambda runs, m, o: [claim_c1(runs), claim_c4(runs, n_boot=int(o.get("n_boot", 1000)))],
+    "fig3": lambda runs, m, o: [claim_c5(runs, m.get("flow"))],
+    "condensation": lambda runs, m, o: [claim_c6(runs)],
+    "tokens": lambda runs, m, o: [claim_c7(m.get("gaps"))],
+    "reasoning": lambda runs, m, o: [reasoning_claim(runs, m.get("anchor") or {})],
+}
+
+
 def claims_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     """All of C1–C7 (the demo)."""
     runs = _load(out, say)
     flow = flow_sweep(options, out, say)
     gaps = token_gaps(runs, options, out, say)
     say(f"judging the claims ({int(options.get('n_boot', 1000))} bootstrap resamples for C4)")
-    results = judge_all(runs, flow, gaps, n_boot=int(options.get("n_boot", 1000)))
-    return {"claims": _claims(results), "losses": loss_table(runs), "sinks": sink_table(runs),
+    return {"claims": _claims(JUDGES["claims"](runs, {"flow": flow, "gaps": gaps}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
             "norm_factors": norm_factor_table(runs), "n_runs": len(runs)}
 
 
 def fig1_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
-    return {"claims": _claims([claim_c2(runs), claim_c3(runs)]), "losses": loss_table(runs), "sinks": sink_table(runs),
+    return {"claims": _claims(JUDGES["fig1"](runs, {}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
             "norm_factors": norm_factor_table(runs), "n_runs": len(runs)}
 
 
@@ -246,16 +276,15 @@ def scaling_fits(runs: Runs) -> list[dict[str, Any]]:
 
 def fig2_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
-    c4 = claim_c4(runs, n_boot=int(options.get("n_boot", 1000)))
     c4_base = claim_c4(runs, arm=BASELINE, n_boot=int(options.get("n_boot", 1000)))  # contrast: no fixes
-    return {"claims": _claims([claim_c1(runs), c4]), "fits": scaling_fits(runs), "losses": loss_table(runs),
+    return {"claims": _claims(JUDGES["fig2"](runs, {}, options)), "fits": scaling_fits(runs), "losses": loss_table(runs),
             "effective_size_without_fixes": c4_base.extra.get("effective_size_gain"), "n_runs": len(runs)}
 
 
 def fig3_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     flow = flow_sweep(options, out, say)
-    return {"claims": _claims([claim_c5(runs, flow)]), "residual_flow": flow, "losses": loss_table(runs),
+    return {"claims": _claims(JUDGES["fig3"](runs, {"flow": flow}, options)), "residual_flow": flow, "losses": loss_table(runs),
             "n_runs": len(runs)}
 
 
@@ -275,14 +304,14 @@ def trajectories(runs: Runs) -> list[dict[str, Any]]:
 
 def condensation_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
-    return {"claims": _claims([claim_c6(runs)]), "trajectories": trajectories(runs), "losses": loss_table(runs),
+    return {"claims": _claims(JUDGES["condensation"](runs, {}, options)), "trajectories": trajectories(runs), "losses": loss_table(runs),
             "n_runs": len(runs)}
 
 
 def tokens_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     gaps = token_gaps(runs, options, out, say)
-    return {"claims": _claims([claim_c7(gaps)]), "losses": loss_table(runs), "n_runs": len(runs)}
+    return {"claims": _claims(JUDGES["tokens"](runs, {"gaps": gaps}, options)), "losses": loss_table(runs), "n_runs": len(runs)}
 
 
 def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
@@ -305,16 +334,28 @@ def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) ->
     summary = [{**_size_fields(size), "gamma": g, "n": len(rows), **{k: float(np.mean([x[k] for x in rows]))
                for k in ("in_distribution", "heldout_reasoning", "heldout_memorising", "heldout_other")}}
                for (size, g), rows in sorted(by_arm.items())]
+    claim = JUDGES["reasoning"](runs, {"anchor": scores}, options)[0]
+    if per_run:
+        acc = [row["in_distribution"] for row in per_run]
+        claim.notes.append(f"in-distribution accuracy {min(acc):.2f}–{max(acc):.2f}")
+    return {"claims": _claims([claim]), "anchor": per_run, "anchor_by_gamma": summary, "losses": loss_table(runs),
+            "n_runs": len(runs)}
+
+
+def reasoning_claim(runs: Runs, scores: dict[Path, dict[str, Any]]) -> ClaimResult:
+    """R from the anchor probe's scores per run folder: held-out reasoning and memorising, the largest γ against
+    the smallest, seeds paired within one size (the smallest size is the primary)."""
     claim = ClaimResult("R", "Small init favours the reasoning (compositional) solution over memorising the mirror pair",
                         "Zhang et al. 2024: small γ → inferential, large init → symmetric")
 
     def metric(key: str) -> Callable[[Run], float | None]:
         return lambda run: scores[run.path][key] if run.path in scores else None
 
-    sizes = sorted({size for size, _ in by_arm})
+    probed = Runs([r for r in runs if r.path in scores])
+    sizes = probed.values("size")
     for size in sizes:  # seeds are paired within one size
-        at = runs.where(size=size)
-        gammas = sorted({g for s, g in by_arm if s == size})
+        at = probed.where(size=size)
+        gammas = at.values("model.gamma")
         if len(gammas) < 2:
             continue
         small, large = at.where({"model.gamma": gammas[-1]}), at.where({"model.gamma": gammas[0]})
@@ -328,11 +369,8 @@ def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) ->
         ]
     if not claim.comparisons:
         claim.comparisons.append(Comparison.missing("reasoning", "needs ≥ 2 γ at one size", role=PRIMARY))
-    if per_run:
-        acc = [row["in_distribution"] for row in per_run]
-        claim.notes.append(f"in-distribution accuracy {min(acc):.2f}–{max(acc):.2f}")
-    return {"claims": _claims([claim]), "anchor": per_run, "anchor_by_gamma": summary, "losses": loss_table(runs),
-            "n_runs": len(runs)}
+    claim.judge()
+    return claim
 
 
 def sink_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:

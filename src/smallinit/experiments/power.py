@@ -29,11 +29,6 @@ MIN_SIZES = 3  # C4: sizes for the effective-size fit
 LATE_MINIMUM = 2 / 3  # C6: a stable-rank minimum after this fraction of training has nothing to rebound from
 
 
-def tokens_needed(params_nonembed: int, tokens_per_param: float = MIN_TOKENS_PER_PARAM) -> float:
-    """Training tokens a run of ``params_nonembed`` non-embedding parameters needs for a loss comparison."""
-    return tokens_per_param * params_nonembed
-
-
 def uniform_sink(seq_len: int) -> float:
     """The sink score of uniform causal attention: mean over query positions i = 2..T of 1/i."""
     return (sum(1.0 / i for i in range(1, seq_len + 1)) - 1.0) / (seq_len - 1)

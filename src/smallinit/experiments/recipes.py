@@ -42,6 +42,7 @@ from ..config import flatten, parse_override, read_toml
 from ..errors import ExperimentError, Preempted, SmallinitError
 from ..io import write_json_atomic
 from ..model import Transformer
+from .budget import budget_schedule, budget_steps
 from .findings import FINDINGS, FINDINGS_FILE
 from .runs import model_shape
 from .sweep import Progress, Sweep, SweepOutcome, cell_dir, cell_work, resolve_config, run_sweep
@@ -180,19 +181,13 @@ def apply_budget(scale: Scale, vocab: dict[str, int] | None = None) -> Scale:
             cfg = resolve_config(cell, vocab)
             shape = model_shape(flatten(cfg.to_dict()))
             shapes.setdefault((name, cell.size), set()).add(shape)
-            tokens = float(b["tokens_per_param"]) * Transformer.count_params(cfg.model)[1]
-            steps[shape] = max(steps.get(shape, 1), math.ceil(tokens / (cfg.train.batch_size * cfg.data.seq_len)))
+            steps[shape] = max(steps.get(shape, 1), budget_steps(cfg, b))
     for (name, _), found in shapes.items():
         if len(found) > 1:
             raise ExperimentError(f"sweep {name}: a budget needs one model shape per size; move shape keys to [sizes]")
 
-    def schedule(n: int) -> dict[str, Any]:
-        return {"train.steps": n, "train.eval_every": max(1, n // int(b.get("eval_points", 8))),
-                "analysis.every": max(1, n // int(b.get("analysis_points", 8))),
-                "train.warmup_steps": round(float(b.get("warmup_frac", 0.05)) * n)}
-
     def at(name: str, size: str | None) -> dict[str, Any]:
-        return schedule(steps[next(iter(shapes[name, size]))])
+        return budget_schedule(steps[next(iter(shapes[name, size]))], b)
 
     sweeps = {}
     for name, sw in scale.sweeps.items():
@@ -296,9 +291,12 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
-def describe(recipe: Recipe) -> str:
+def describe(recipe: Recipe, headline: Callable[[str], str] | None = None) -> str:
+    """The recipe and its scales; ``headline(scale)`` adds a line under each (``smallinit recipe --list`` adds its plan)."""
     lines = [f"{recipe.name}: {recipe.title}" + (f" [{', '.join(recipe.claims)}]" if recipe.claims else "")]
     for sc in recipe.scales.values():
         n = sum(len(sw.cells()) for sw in sc.sweeps.values())
         lines.append(f"  --scale {sc.name}: {n} runs. {sc.description}")
+        if headline is not None:
+            lines.append(f"      {headline(sc.name)}")
     return "\n".join(lines)

@@ -38,7 +38,8 @@ from ..config import Config, ModelConfig
 from ..data import EOS_TOKEN
 from ..data.tokenizer import run_tokenizer
 from ..errors import CheckpointError, ConfigError, SmallinitError
-from ..init import InitReport, InitRow, gamma_init_, is_norm, set_norm_eps_
+from ..init import InitReport, gamma_init_, set_norm_eps_
+from ..init.eps import EPS_ATTRS, NormEpsError
 from ..model import Transformer
 from ..train.checkpoint import load_weights, resolve_checkpoint
 
@@ -303,75 +304,78 @@ def read_hf_config(config_or_dir: str | Path):
         raise ConfigError(f"{path} is not a valid {model_type} config: {str(e).splitlines()[0]}") from None
 
 
-@torch.no_grad()
-def _neutral_offset_norms(model: torch.nn.Module, report: InitReport) -> list[str]:
-    """Norms that scale by (1 + w) (Gemma, Qwen3-Next) are neutral at w = 0, not 1; find and fix them.
-
-    Probed, not guessed from class names: with w = 0 a plain norm outputs 0, an offset norm does not.
-    """
-    fixed, rows = [], report.by_name()
-    for name, mod in model.named_modules():
-        w = getattr(mod, "weight", None)
-        if not (is_norm(mod) and isinstance(w, torch.nn.Parameter) and w.dim() == 1):
-            continue
-        saved = w.detach().clone()
-        w.zero_()
-        try:
-            out = mod(torch.randn(2, w.shape[0], generator=torch.Generator().manual_seed(0), dtype=w.dtype))
-        except (TypeError, RuntimeError):  # a norm that needs more inputs (e.g. gated norms): leave as set
-            w.copy_(saved)
-            continue
-        if isinstance(out, torch.Tensor) and out.abs().max() > 0:
-            fixed.append(name)  # offset form: keep w = 0
-            key = f"{name}.weight" if name else "weight"
-            if key in rows:
-                report.rows[report.rows.index(rows[key])] = InitRow(key, tuple(w.shape), "zeros", None, None)
-        else:
-            w.copy_(saved)
-    return fixed
-
-
 @dataclass
 class InitHFResult:
     out_dir: Path
     architecture: str
     report: InitReport
     norms: list[str]  # norm modules whose ε was set
-    offset_norms: list[str]  # norms of the (1 + w) form, set to w = 0
+    offset_norms: list[str]  # weights of norms of the (1 + w) form, set to w = 0
     config_fields: list[str]  # config keys that now carry ε
+    norm_eps: float | None = None  # None: the architecture's ε kept
 
     def __str__(self) -> str:
-        lines = [str(self.report), f"norm ε set on {len(self.norms)} modules; config fields: "
-                 f"{', '.join(self.config_fields) or 'none'}"]
+        eps = (f"norm ε = {self.norm_eps:g} set on {len(self.norms)} modules and saved in config fields "
+               f"{', '.join(self.config_fields) or '(none needed)'}") if self.norm_eps is not None \
+            else "norm ε: the architecture's, kept"
+        lines = [str(self.report), eps]
         if self.offset_norms:
             lines.append(f"{len(self.offset_norms)} norms scale by (1 + w): their weights start at 0")
         lines.append(f"saved {self.architecture} to {self.out_dir}")
         return "\n".join(lines)
 
 
+def _eps_kept(transformers, config, model: torch.nn.Module, norms: list[str], norm_eps: float) -> None:
+    """A model rebuilt from the config it is saved with must have ε on every norm: where the config has no
+    field for it (OPT builds nn.LayerNorm with its default), the saved model would silently reload with
+    another ε."""
+    with torch.device("meta"):
+        rebuilt = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    lost = []
+    for name in norms:
+        mod = rebuilt.get_submodule(name)
+        eps = next((getattr(mod, a) for a in EPS_ATTRS if isinstance(getattr(mod, a, None), float)), None)
+        if eps != norm_eps:
+            lost.append((name, eps))
+    if lost:
+        name, eps = lost[0]
+        more = f" and {len(lost) - 1} more" if len(lost) > 1 else ""
+        raise ExportError(
+            f"{type(model).__name__}'s config has no field for the ε of {name}{more}: saved, the model would reload "
+            f"with ε = {eps:g}, not {norm_eps:g}; pass --keep-norm-eps to keep the architecture's ε")
+
+
 def init_hf(
-    config_or_dir: str | Path, out_dir: str | Path, gamma: float = 1.0, norm_eps: float = 1e-12, seed: int = 0
+    config_or_dir: str | Path, out_dir: str | Path, gamma: float = 1.0, norm_eps: float | None = 1e-12, seed: int = 0
 ) -> InitHFResult:
-    """Build a causal LM from a Hugging Face config, γ-init it, set every norm's ε, save it to ``out_dir``."""
+    """Build a causal LM from a Hugging Face config, γ-init it, set every norm's ε (None: keep the
+    architecture's), save it to ``out_dir``. ε that cannot be set or saved raises; nothing is written."""
     transformers = require_transformers()
     config = read_hf_config(config_or_dir)
-    if not norm_eps > 0:
+    if norm_eps is not None and not norm_eps > 0:
         raise ConfigError(f"--norm-eps must be > 0 (the paper uses 1e-12), got {norm_eps}")
     fields = []
-    for cfg in {id(c): c for c in (config, config.get_text_config())}.values():
-        for key in EPS_FIELDS:
-            if isinstance(getattr(cfg, key, None), float):
-                setattr(cfg, key, float(norm_eps))
-                fields.append(key)
+    if norm_eps is not None:
+        for cfg in {id(c): c for c in (config, config.get_text_config())}.values():
+            for key in EPS_FIELDS:
+                if isinstance(getattr(cfg, key, None), float):
+                    setattr(cfg, key, float(norm_eps))
+                    fields.append(key)
     try:
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     except ValueError as e:
         raise ConfigError(f"{config_or_dir}: no causal-LM class for this config ({str(e).splitlines()[0]})") from None
     report = gamma_init_(model, gamma, generator=torch.Generator().manual_seed(seed))
-    offset = _neutral_offset_norms(model, report)
-    norms = set_norm_eps_(model, norm_eps)
+    norms: list[str] = []
+    if norm_eps is not None:
+        try:
+            norms = set_norm_eps_(model, norm_eps)
+        except NormEpsError as e:
+            raise ExportError(f"{e} (--keep-norm-eps)") from None
+        _eps_kept(transformers, config, model, norms, norm_eps)
 
     out_dir = Path(out_dir)
     with _publishing(out_dir) as tmp:
         model.save_pretrained(tmp)
-    return InitHFResult(out_dir, type(model).__name__, report, norms, offset, sorted(set(fields)))
+    offset = [r.name for r in report.rows if r.kind == "norm" and r.rule == "zeros"]
+    return InitHFResult(out_dir, type(model).__name__, report, norms, offset, sorted(set(fields)), norm_eps)

@@ -6,7 +6,7 @@ The forward of the model stays the paper's equations: what analysis needs is obs
 * ``"hidden"``: h_0 = E[tokens] (the embedding's output), then each block's output; h_L is the final norm's
   input;
 * ``"norms"``: the input of each of the model's RMSNorms (``blocks.i.attn_norm``, ``blocks.i.mlp_norm``,
-  ``norm``), by module name;
+  the per-head ``blocks.i.attn.q_norm``/``k_norm`` with QK-norm, ``norm``), by module name;
 * ``"qk"``: per layer, the queries and keys after RoPE, as they enter attention;
 * ``"attn"``: per layer, the attention probabilities softmax(q kᵀ/√d + causal mask), computed from those
   queries and keys (the forward itself uses the fused kernel).
@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from .norm import RMSNorm
 
 KINDS = ("hidden", "norms", "qk", "attn")
 
@@ -62,10 +64,9 @@ def capturing(model: nn.Module, kinds: Iterable[str]) -> Iterator[Captured]:
         for block in model.blocks:
             on(block, lambda _m, _args, out: got.hidden.append(out[0].detach()))
     if "norms" in kinds:
-        names = [f"blocks.{i}.{n}" for i in range(len(model.blocks)) for n in ("attn_norm", "mlp_norm")] + ["norm"]
-        for name in names:
-            on(model.get_submodule(name), lambda _m, args, name=name: got.norms.__setitem__(name, args[0].detach()),
-               pre=True)
+        for name, norm in model.named_modules():
+            if isinstance(norm, RMSNorm):
+                on(norm, lambda _m, args, name=name: got.norms.__setitem__(name, args[0].detach()), pre=True)
     if kinds & {"qk", "attn"}:
         def take(_m, args):
             q, k = args[0].detach(), args[1].detach()

@@ -93,6 +93,7 @@ class MoE(nn.Module):
         self.gate_proj = nn.Parameter(torch.empty(E, d_expert, d_model))
         self.up_proj = nn.Parameter(torch.empty(E, d_expert, d_model))
         self.down_proj = nn.Parameter(torch.empty(E, d_model, d_expert))
+        self.gamma_in_dim = {"gate_proj": 2, "up_proj": 2, "down_proj": 2}  # (E, out, in), applied as x @ w[e]ᵀ
         self.shared_expert = SwiGLU(d_model, d_expert) if cfg.shared_expert else None
         # integer counts stay exact when the model is cast to bf16
         self.register_buffer("expert_counts", torch.zeros(E, dtype=torch.int64), persistent=False)
@@ -126,7 +127,10 @@ class MoE(nn.Module):
         # dispatch: (token, slot) pairs sorted by expert, so each expert's tokens are one contiguous block
         flat = experts.flatten()
         order = flat.argsort(stable=True)
-        counts = torch.bincount(flat, minlength=self.num_experts)
+        # a scatter, not bincount: the same counts with a static shape, so fake-tensor traces (a memory plan on
+        # fake ranks) can run the forward
+        counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device).scatter_add_(
+            0, flat, torch.ones_like(flat))
         grouped = self._grouped(x)
         xs = x[order // k]
         hs = F.silu(expert_matmul(xs, self.gate_proj, counts, grouped=grouped))

@@ -15,7 +15,7 @@ from . import figures
 from .html import build_report
 
 __all__ = [
-    "build_report", "compare_output_dir", "write_analysis", "write_compare", "write_coordcheck", "write_sweep",
+    "analysis_lines", "build_report", "compare_output_dir", "write_analysis", "write_compare", "write_coordcheck", "write_sweep",
 ]
 
 
@@ -23,6 +23,32 @@ def write_analysis(result: dict, out_dir: str | os.PathLike) -> list[Path]:
     """``smallinit analyze`` output: analysis.json and its figures in ``out_dir``."""
     out = Path(out_dir)
     return [write_result(out / ANALYSIS_FILE, result), *figures.analysis_figures(result, out)]
+
+
+def analysis_lines(result: dict, seq_len: int | None) -> list[str]:
+    """What ``smallinit analyze`` prints of a result (a run's, or a Hugging Face model's, which has no γ or
+    step): each number with what it is and what to compare it with."""
+    m = result.get("config", {}).get("model")
+    sink = result["sink"]
+    where = f"step {result['step']}" if m else Path(result["checkpoint"]).name
+    span = f"queries 2…{seq_len}" if seq_len else "queries 2…T"
+    uniform = (f"attention spread evenly gives {sum(1 / t for t in range(2, seq_len + 1)) / max(1, seq_len - 1):.4f}; "
+               if seq_len else "")
+    flow_scale = (f"at initialisation the paper has it scale as d^(1−γ), here {m['d_model'] ** (1 - m['gamma']):.3g} "
+                  f"for d = {m['d_model']}, γ = {m['gamma']:g}, up to a constant: " if m else "")
+    factor_init = (f"; at initialisation this config gives {result['norm_factor_analytic']:.4f}"
+                   if "norm_factor_analytic" in result else "")
+    return [
+        f"{where}: loss {result['loss']:.4f} nats/token on {result['tokens']:,} tokens",
+        f"sink score {sink['mean']:.4f}: mean attention weight on token 1 of {span}, over layers and heads "
+        f"({uniform}1 = every query looks only at token 1)",
+        f"Sink_0.3 {sink['share_above']['0.3']:.0%}: the share of (layer, head) pairs whose mean attention on token 1 "
+        f"exceeds 0.3, the sink literature's measure (Gu et al. 2025)",
+        f"residual flow {result['residual_flow']:.4g}: ‖h_L − e‖/‖e‖, how far the final norm's input moved from the "
+        f"embedding ({flow_scale}compare it with models of another γ or width at the same step)",
+        f"min norm factor {min(result['norm_factor'].values()):.4f}: the smallest norm factor over the ideal 1/σ of "
+        f"its input (1 = the norm sees the input's scale{factor_init})",
+    ]
 
 
 def compare_output_dir(result: TokenGapResult) -> Path:

@@ -23,14 +23,19 @@ from ..analysis.residual_flow import ResidualFlowSweep
 from ..analysis.tokens import TokenGapResult
 from ..io import write_atomic
 
+DPI = 90
+# The smallest text a figure draws, in points: 11.25 px at DPI, so still ≥ 10 px when a figure up to
+# 1.125 × the report's 1150 px column is shown scaled to it. Figures are sized to fit that column.
+SMALL = 9
 
-def png(fig: Figure, dpi: int = 90) -> bytes:
+
+def png(fig: Figure, dpi: int = DPI) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)  # constrained layout keeps every label and legend on the canvas
     return buf.getvalue()
 
 
-def save(fig: Figure, path: str | Path, dpi: int = 90) -> Path:
+def save(fig: Figure, path: str | Path, dpi: int = DPI) -> Path:
     path = Path(path)
     data = png(fig, dpi)
     write_atomic(path, lambda f: f.write(data))
@@ -52,7 +57,7 @@ def _widen_for(legend) -> None:
 def _legend_right(ax, **kw) -> None:
     """The legend beside the axes, never over the data (constrained layout makes room for it)."""
     if ax.get_legend_handles_labels()[0]:
-        _widen_for(ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8, **kw))
+        _widen_for(ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=SMALL, **kw))
 
 
 Series = Sequence[tuple[float, float]]  # (x, y) points of one seed
@@ -90,7 +95,7 @@ def _panels(panels: Mapping[str, Mapping[str, Any]], ncols_per_panel: int = 1, w
     """One row of axes per panel title (several panels side by side when each is one axes), and one colour
     per curve label, the same in every panel."""
     n = max(1, len(panels))
-    per_row = min(n, 3) if ncols_per_panel == 1 else 1
+    per_row = min(n, 2) if ncols_per_panel == 1 else 1  # two panels and a legend fit the page's column
     rows = math.ceil(n / per_row)
     fig, axes = _fig(ncols=per_row * ncols_per_panel, nrows=rows, w=w, h=h)
     flat = [axes[i // per_row, (i % per_row) * ncols_per_panel:(i % per_row + 1) * ncols_per_panel]
@@ -108,8 +113,8 @@ def _shared_legend(fig: Figure, title: str | None) -> None:
         for h, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, h)
     if handles:
-        _widen_for(fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8,
-                              title=title, title_fontsize=8))
+        _widen_for(fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=SMALL,
+                              title=title, title_fontsize=SMALL))
 
 
 def norm_factor_figure(d: int = 2048, eps: Sequence[float] = (1e-5, 1e-12),
@@ -135,7 +140,7 @@ def loss_curves_figure(panels: Mapping[str, Mapping[str, Mapping[str, Sequence[S
     """Loss curves, one panel per title: ``{panel: {curve: {"train": [per-seed [(step, loss)]], "val": [...]}}}``.
     Each curve is the mean over its seeds (train thin, validation thick with markers), its band the range
     over the seeds; one legend beside the panels."""
-    fig, axes, colors = _panels(panels, w=5.2, h=3.6)
+    fig, axes, colors = _panels(panels, w=4.6, h=3.4)
     for (title, curves), (ax,) in zip(panels.items(), axes):
         for label, c in curves.items():
             if c.get("train"):
@@ -151,25 +156,37 @@ def loss_curves_figure(panels: Mapping[str, Mapping[str, Mapping[str, Sequence[S
     return fig
 
 
-def grid_figure(values: np.ndarray, rows: Sequence[str], cols: Sequence[str], *, row_label: str, col_label: str,
-                title: str) -> Figure:
-    """A heatmap of final losses (mean over seeds) with the numbers written in the cells."""
-    values = np.asarray(values, dtype=float)
-    fig, ax = _fig(w=1.2 * len(cols) + 2.5, h=0.7 * len(rows) + 1.8)
-    ax = ax[0, 0]
-    im = ax.imshow(values, cmap="viridis_r", aspect="auto")
-    ax.set_xticks(range(len(cols)), labels=list(cols))
-    ax.set_yticks(range(len(rows)), labels=list(rows))
-    ax.set_xlabel(col_label)
-    ax.set_ylabel(row_label)
-    for i in range(values.shape[0]):
-        for j in range(values.shape[1]):
-            if math.isfinite(values[i, j]):
-                r, g, b, _ = im.cmap(im.norm(values[i, j]))
-                ink = "k" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "w"  # readable on light and dark cells
-                ax.text(j, i, f"{values[i, j]:.4f}", ha="center", va="center", color=ink, fontsize=9)
-    ax.set_title(title)
-    fig.colorbar(im, ax=ax, shrink=0.8)
+def grid_figure(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[str]]], *, row_label: str,
+                col_label: str, title: str) -> Figure:
+    """Heatmaps of final losses (mean over seeds) with the numbers written in the cells, one panel per
+    ``{panel title: (values, row labels, column labels)}``, on one colour scale."""
+    shapes = [np.asarray(v, dtype=float).shape for v, _, _ in panels.values()]
+    n_rows, n_cols = max(s[0] for s in shapes), max(s[1] for s in shapes)
+    per_row = min(len(panels), 3)
+    fig, axes = _fig(ncols=per_row, nrows=math.ceil(len(panels) / per_row), w=1.3 * n_cols + 1.6,
+                     h=0.6 * n_rows + 1.6)
+    finite = np.concatenate([np.asarray(v, dtype=float).ravel() for v, _, _ in panels.values()])
+    finite = finite[np.isfinite(finite)]
+    norm = matplotlib.colors.Normalize(*(finite.min(), finite.max()) if len(finite) else (0, 1))
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (panel, (values, rows, cols)) in zip(axes.flat, panels.items()):
+        values = np.asarray(values, dtype=float)
+        im = ax.imshow(values, cmap="viridis_r", norm=norm, aspect="auto")
+        ax.set_xticks(range(len(cols)), labels=list(cols))
+        ax.set_yticks(range(len(rows)), labels=list(rows))
+        ax.set_xlabel(col_label)
+        ax.set_ylabel(row_label)
+        for i in range(values.shape[0]):
+            for j in range(values.shape[1]):
+                if math.isfinite(values[i, j]):
+                    r, g, b, _ = im.cmap(norm(values[i, j]))
+                    ink = "k" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "w"  # readable on light and dark cells
+                    ax.text(j, i, f"{values[i, j]:.4f}", ha="center", va="center", color=ink)
+        ax.set_title(panel or title)
+    if any(panels):
+        fig.suptitle(title)
+    fig.colorbar(im, ax=list(axes.flat[:len(panels)]), shrink=0.8)
     return fig
 
 
@@ -190,31 +207,52 @@ def sink_figure(panels: Mapping[str, Mapping[str, Sequence[Sequence[float]]]],
     return fig
 
 
-def residual_flow_figure(points: Sequence[tuple[float, float]], d: int) -> Figure:
-    """Fig. 3a: residual-flow ratio at init against γ, with the predicted d^(1−γ) line (its constant set by
-    the geometric mean of the measured points at the γ nearest 1)."""
-    fig, ax = _fig()
-    ax = ax[0, 0]
+def residual_fit(points: Sequence[tuple[float, float]], d: int) -> tuple[float, float]:
+    """Least-squares line through (γ, ln ratio): the ratio ≈ c·d^(−k·γ), returned as (c, k). The paper's
+    d^(1−γ) is k = 1."""
+    g = np.asarray([p[0] for p in points], dtype=float)
+    log_r = np.log(np.asarray([p[1] for p in points], dtype=float))
+    slope, intercept = np.polyfit(g, log_r, 1)
+    return float(np.exp(intercept)), float(-slope / math.log(d))
+
+
+def residual_prediction(points: Sequence[tuple[float, float]], d: int) -> float:
+    """c of the paper's c·d^(1−γ) through the measured points at the γ nearest 1 (their geometric mean)."""
     g = np.asarray([p[0] for p in points], dtype=float)
     r = np.asarray([p[1] for p in points], dtype=float)
-    ax.scatter(g, r, color="C0", zorder=3, label="measured, step 0")
-    if len(g):
-        near = np.isclose(g, g[np.argmin(np.abs(g - 1.0))])
-        c = float(np.exp(np.mean(np.log(r[near] / float(d) ** (1 - g[near])))))
+    near = np.isclose(g, g[np.argmin(np.abs(g - 1.0))])
+    return float(np.exp(np.mean(np.log(r[near] / float(d) ** (1 - g[near])))))
+
+
+def residual_flow_figure(series: Mapping[str, tuple[int, Sequence[tuple[float, float]]]]) -> Figure:
+    """Fig. 3a: residual-flow ratio at init against γ, one colour per ``{label: (width d, [(γ, ratio)])}``:
+    the measured points, the least-squares fit through them (dotted) and the paper's d^(1−γ) through the
+    points at the γ nearest 1 (dashed)."""
+    fig, ax = _fig()
+    ax = ax[0, 0]
+    for i, (label, (d, points)) in enumerate(series.items()):
+        g = np.asarray([p[0] for p in points], dtype=float)
+        ax.scatter(g, [p[1] for p in points], color=f"C{i % 10}", zorder=3, label=f"{label}: measured")
         line = np.linspace(g.min() - 0.05, g.max() + 0.05, 100)
-        ax.plot(line, c * np.power(float(d), 1 - line), "k--", label=f"c·d^(1−γ), d = {d}")
+        if len(set(g)) > 1:
+            c, k = residual_fit(points, d)
+            ax.plot(line, c * np.power(float(d), -k * line), ":", color=f"C{i % 10}",
+                    label=f"{label}: fit ∝ d^(−{k:.2f}γ)")
+        c = residual_prediction(points, d)
+        ax.plot(line, c * np.power(float(d), 1 - line), "--", color=f"C{i % 10}", lw=1,
+                label=f"{label}: paper d^(1−γ), d = {d}")
     ax.set_yscale("log")
     ax.set_xlabel("γ")
     ax.set_ylabel("‖h_L − e‖ / ‖e‖")
     ax.set_title("residual flow at init")
-    _legend_right(ax)
+    _legend_right(ax, title="dashed: through the γ = 1 points", title_fontsize=SMALL)
     ax.grid(alpha=0.3)
     return fig
 
 
 def residual_sweep_figure(sweep: ResidualFlowSweep) -> Figure:
     """Residual-flow ratio against width per γ (log-log) with fitted and predicted exponents."""
-    fig, axes = _fig(ncols=2, w=5.2)
+    fig, axes = _fig(ncols=2, w=4.4)
     ax, ax2 = axes[0]
     d = np.asarray(sweep.widths, dtype=float)
     for gi, gamma in enumerate(sweep.gammas):
@@ -275,9 +313,9 @@ def heatmaps_figure(snapshots: Sequence[Mapping]) -> Figure:
             if name in snap["matrices"]:
                 ax.imshow(snap["matrices"][name], vmin=0, vmax=1, cmap="magma", interpolation="nearest")
                 cos = snap.get("mean_abs_cos", {}).get(name, float("nan"))
-                ax.set_title(f"step {snap['step']}, mean|cos| {cos:.2f}", fontsize=8)
+                ax.set_title(f"step {snap['step']}, mean|cos| {cos:.2f}", fontsize=SMALL)
             if j == 0:
-                ax.set_ylabel(name.replace(".weight", ""), fontsize=7)
+                ax.set_ylabel(name.replace(".weight", ""), fontsize=SMALL)
     return fig
 
 
@@ -296,7 +334,7 @@ def token_gap_figure(result: TokenGapResult, label_a: str = "A", label_b: str = 
         ax.grid(alpha=0.3, axis="y")
     axes[0, 0].set_title("symmetric probability gap")
     axes[0, 1].set_title("loss difference")
-    fig.suptitle(f"A = {label_a}, B = {label_b}; bars ± 2 SE", fontsize=9)
+    fig.suptitle(f"A = {label_a}, B = {label_b}; bars ± 2 SE", fontsize=SMALL)
     return fig
 
 
@@ -305,7 +343,7 @@ def coordcheck_figure(cc: CoordCheck) -> Figure:
     update RMS(ΔW)/RMS(W) of each matrix kind after step 1."""
     g = np.asarray(cc.gammas)
     acts = cc.names("activation")
-    fig, axes = _fig(ncols=3, w=4.6)
+    fig, axes = _fig(ncols=3, w=3.6)
     for ax, step in zip(axes[0, :2], (0, cc.steps)):
         for i, name in enumerate(acts):
             ax.plot(g, cc.series("activation", name, step), marker="o",
@@ -315,7 +353,7 @@ def coordcheck_figure(cc: CoordCheck) -> Figure:
         ax.set_ylabel("activation RMS")
         ax.set_title(f"activations, step {step}")
         ax.grid(alpha=0.3)
-    _legend_right(axes[0, 1], title="layer", title_fontsize=8)  # one colour per layer in both panels
+    _legend_right(axes[0, 1], title="layer", title_fontsize=SMALL)  # one colour per layer in both panels
     ax = axes[0, 2]
     kinds: dict[str, list[str]] = {}
     for name in cc.names("relative_update"):
@@ -328,7 +366,7 @@ def coordcheck_figure(cc: CoordCheck) -> Figure:
     ax.set_xlabel("γ")
     ax.set_ylabel("RMS(ΔW) / RMS(W) after step 1")
     ax.set_title("relative updates")
-    _legend_right(ax, title="matrix", title_fontsize=8)
+    _legend_right(ax, title="matrix", title_fontsize=SMALL)
     ax.grid(alpha=0.3)
     return fig
 
@@ -341,7 +379,7 @@ def analysis_figures(result: Mapping, out_dir: str | Path) -> list[Path]:
     fig, axes = _fig(ncols=2, w=5.2)
     nf = result["norm_factor"]
     axes[0, 0].plot(range(len(nf)), list(nf.values()), marker="o")
-    axes[0, 0].set_xticks(range(len(nf)), labels=list(nf), rotation=90, fontsize=6)
+    axes[0, 0].set_xticks(range(len(nf)), labels=list(nf), rotation=90, fontsize=SMALL)
     axes[0, 0].set_ylim(0, 1.05)
     axes[0, 0].set_ylabel("measured factor / ideal 1/σ(h)")
     axes[0, 0].set_title("RMSNorm sensitivity per norm")

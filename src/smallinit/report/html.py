@@ -36,7 +36,7 @@ from ..errors import SmallinitError
 from ..experiments.claims import Runs, gaps_from_compares, judge_all
 from ..experiments.findings import FINDINGS_FILE
 from ..experiments.runs import Run, find_runs
-from ..io import read_json, write_text_atomic
+from ..io import make_folder, read_json, write_text_atomic
 from ..version import __version__
 from . import figures
 
@@ -111,8 +111,9 @@ def verdict_badge(label: str) -> str:
     return f'<span class="v v-{esc("-".join(label.split()))}">{esc(label)}</span>'
 
 
+PAGE_WIDTH_PX = 1150  # the text column; a figure wider than this is shown scaled down to it (figures.SMALL)
 CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1150px;margin:24px auto;
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:PAGE_WIDTHpx;margin:24px auto;
 padding:0 16px;color:#222;line-height:1.4}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:2em}
 table{border-collapse:collapse;margin:8px 0;font-size:.88em}td,th{border:1px solid #ddd;padding:3px 7px;
@@ -123,7 +124,7 @@ text-align:left;vertical-align:top}th{background:#f3f3f3}img{max-width:100%;disp
 pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:.8em}details{margin:8px 0}
 summary{cursor:pointer;color:#245}.note{color:#555;font-size:.9em}
 code.tok{background:#fff3c4;padding:0 2px;white-space:pre-wrap}
-"""
+""".replace("PAGE_WIDTH", str(PAGE_WIDTH_PX))
 
 
 class _Doc:
@@ -181,10 +182,7 @@ class Groups:
         for r in runs:
             by_size.setdefault(json.dumps([r.config.get(k) for k in size_keys], default=str), []).append(r)
         curve_keys = [k for k in keys if k not in size_keys and any(_distinct(g, k) > 1 for g in by_size.values())]
-        title_keys: list[str] = []
-        for k in size_keys:  # d_ff and the head counts usually follow d_model: name them only when they add to it
-            if len({_setting(g[0], title_keys) for g in by_size.values()}) < len(by_size):
-                title_keys.append(k)
+        title_keys = distinguishing(list(by_size.values()), size_keys)
         panels: dict[str, dict[str, list[Run]]] = {}
         for group in by_size.values():
             curves = panels.setdefault(_setting(group[0], title_keys), {})
@@ -219,6 +217,47 @@ def _grid(runs: Sequence[Run], row_key: str, col_key: str) -> tuple[np.ndarray, 
             if losses:
                 vals[i, j] = statistics.fmean(losses)
     return vals, rows, cols
+
+
+def distinguishing(groups: Sequence[Sequence[Run]], keys: Sequence[str]) -> list[str]:
+    """The fewest of ``keys``, in order, whose values tell the groups apart (d_ff and the head counts usually
+    follow d_model, the step counts a size: they are named only when they add to it)."""
+    chosen: list[str] = []
+    for k in keys:
+        if len({_setting(g[0], chosen) for g in groups}) == len(groups):
+            break
+        if len({_setting(g[0], [*chosen, k]) for g in groups}) > len({_setting(g[0], chosen) for g in groups}):
+            chosen.append(k)
+    return chosen
+
+
+def _changing_with(runs: Sequence[Run], key: str, others: Sequence[str]) -> list[str]:
+    """The keys among ``others`` that never share a value between runs with different values of ``key``."""
+    by_value: dict[str, list[Run]] = {}
+    for r in runs:
+        by_value.setdefault(json.dumps(r.config.get(key), default=str), []).append(r)
+    value_sets = [[{json.dumps(r.config.get(k), default=str) for r in g} for g in by_value.values()] for k in others]
+    return [k for k, sets in zip(others, value_sets)
+            if all(a.isdisjoint(b) for i, a in enumerate(sets) for b in sets[i + 1:])]
+
+
+def grids(runs: Sequence[Run], vary: Sequence[str], row_key: str, col_key: str) -> dict[str, tuple]:
+    """One ``row_key × col_key`` grid of final losses per combination of the other keys that vary (seeds
+    pooled: a cell is the mean over seeds), so no cell averages runs that differ in a setting the grid does
+    not show: {title naming that combination: (values, rows, cols)}, only where both axes take two values."""
+    others = [k for k in vary if k not in (row_key, col_key, "train.seed")]
+    by_other: dict[str, list[Run]] = {}
+    for r in runs:
+        by_other.setdefault(json.dumps([r.config.get(k) for k in others], default=str), []).append(r)
+    groups = list(by_other.values())
+    named = [k for k in SIZE_KEYS if k in others] + [k for k in others if k not in SIZE_KEYS]
+    title_keys = distinguishing(groups, named)
+    out = {}
+    for group in groups:
+        g = _grid(group, row_key, col_key)
+        if g is not None:
+            out[_setting(group[0], title_keys)] = g
+    return out
 
 
 def _judge(runs: list[Run], sweeps: list[tuple[str, ResidualFlowSweep]],
@@ -272,14 +311,27 @@ def _gap_panels(claims: list[dict]) -> dict[str, dict[str, list]]:
     return panels
 
 
-def _section_runs(doc: _Doc, runs: list[Run], vary: list[str]) -> None:
+def _status(run: Run) -> str:
+    planned = run.config.get("train.steps", "?")
+    if run.summary:
+        return f"finished, step {run.summary.get('step', planned)}"
+    reached = max((m["step"] for m in run.metrics if isinstance(m.get("step"), int)), default=0)
+    return f"unfinished: step {reached} of {planned}"
+
+
+def _section_runs(doc: _Doc, runs: list[Run], vary: list[str], pooled: list[Run]) -> None:
     doc.h2(f"Runs ({len(runs)})")
     if not runs:
         doc.p("No run folders (config.json + metrics.jsonl) here.")
         return
-    doc.raw(table(["run", *map(short_key, vary), "steps", "final val loss"],
-                  [[r.name, *[r.config.get(k) for k in vary], r.summary.get("step", "–"),
-                    "–" if r.val_loss is None else r.val_loss] for r in runs]))
+    left_out = len(runs) - len(pooled)
+    if left_out:
+        doc.p(f"{left_out} unfinished run{'s are' if left_out > 1 else ' is'} left out of the figures and grids "
+              "below (a loss before the end of its schedule is not a final loss); smallinit report "
+              "--include-unfinished draws them too.", "note")
+    doc.raw(table(["run", "final val loss", "status", *vary],
+                  [[r.name, "–" if r.val_loss is None else r.val_loss, _status(r), *[r.config.get(k) for k in vary]]
+                   for r in runs]))
     common = {k: v for k, v in sorted(runs[0].config.items()) if k not in vary}
     doc.raw(f"<details><summary>settings shared by every run</summary><pre>"
             f"{esc(json.dumps(common, indent=1, default=str))}</pre></details>")
@@ -311,7 +363,7 @@ def _section_norm_factor(doc: _Doc, runs: list[Run], analyses: list[tuple[str, d
         doc.raw(table(["model", "step", "min over norms", "mean over norms"], rows))
 
 
-def _section_losses(doc: _Doc, runs: list[Run], groups: Groups) -> None:
+def _section_losses(doc: _Doc, runs: list[Run], vary: list[str], groups: Groups) -> None:
     panels: dict[str, dict[str, dict[str, list]]] = {}
     for panel, curve, group in groups.items():
         train = [[(m["step"], m["loss"]) for m in r.metrics if "loss" in m and "event" not in m] for r in group]
@@ -326,15 +378,26 @@ def _section_losses(doc: _Doc, runs: list[Run], groups: Groups) -> None:
           "its band the range between them.", "note")
     doc.raw(img(figures.loss_curves_figure(panels, groups.legend_title), "loss curves"))
     for row_key, col_key, title in (("model.gamma", "model.norm_eps", "γ × ε"), ("model.gamma", "model.gate", "γ × gate")):
-        g = _grid(runs, row_key, col_key)
-        if g is None:
+        if row_key not in vary or col_key not in vary:
             continue
-        vals, rows, cols = g
+        found = grids(runs, vary, row_key, col_key)
         doc.h2(f"Final validation loss, {title} (mean over seeds)")
-        doc.raw(img(figures.grid_figure(vals, [str(x) for x in rows], [str(x) for x in cols], row_label=row_key,
-                                        col_label=col_key, title=f"final val loss, {title}"), f"loss grid {title}"))
-        doc.raw(table([f"{row_key} \\ {col_key}", *map(str, cols)],
-                      [[str(rv), *vals[i]] for i, rv in enumerate(rows)]))
+        if not found:
+            along = _changing_with(runs, col_key, [k for k in vary if k not in (row_key, col_key, "train.seed")])
+            doc.p(f"No {title} grid: no two runs differ in {col_key} alone"
+                  + (f" (it changes together with {', '.join(along)})" if along else "")
+                  + ", so a loss difference between its values here would not be its own.", "note")
+            continue
+        doc.p("One grid per combination of the other settings that vary; a cell is the mean over the seeds of one "
+              "setting, so no cell mixes runs that differ in a setting the grid does not show.", "note")
+        doc.raw(img(figures.grid_figure(
+            {t: (vals, [_value(x) for x in rows], [_value(x) for x in cols]) for t, (vals, rows, cols) in found.items()},
+            row_label=short_key(row_key), col_label=short_key(col_key), title=f"final val loss, {title}"),
+            f"loss grid {title}"))
+        cols = list(dict.fromkeys(c for _, _, cs in found.values() for c in cs))
+        doc.raw(table(["runs with", f"{row_key} \\ {col_key}", *map(_value, cols)],
+                      [[t or "all", _value(rv), *[vals[i, cs.index(c)] if c in cs else float("nan") for c in cols]]
+                       for t, (vals, rs, cs) in found.items() for i, rv in enumerate(rs)]))
 
 
 def _section_sink(doc: _Doc, groups: Groups, analyses: list[tuple[str, dict]]) -> None:
@@ -370,23 +433,33 @@ def _section_sink(doc: _Doc, groups: Groups, analyses: list[tuple[str, dict]]) -
                   [[*r[:5], statistics.fmean(r[5:]), *r[5:]] for r in rows]))
 
 
-def _section_residual(doc: _Doc, runs: list[Run], sweeps: list[tuple[str, ResidualFlowSweep]]) -> None:
-    points_by_d: dict[int, list[tuple[float, float]]] = {}
-    for r in runs:
-        init = [a for a in r.analysis if a["step"] == 0]
-        if init:
-            points_by_d.setdefault(int(r.config["model.d_model"]), []).append(
-                (float(r.config["model.gamma"]), float(init[0]["residual_flow"])))
-    if not points_by_d and not sweeps:
+def _section_residual(doc: _Doc, runs: list[Run], vary: list[str], sweeps: list[tuple[str, ResidualFlowSweep]]) -> None:
+    at_init = [(r, a) for r in runs for a in r.analysis[:1] if a["step"] == 0]
+    if not at_init and not sweeps:
         return
     doc.h2("Residual flow (Fig. 3a)")
-    doc.p("‖h_L − e‖/‖e‖, mean over tokens; the paper predicts ≍ d^(1−γ): the residual branch dominates for "
-          "γ < 1, balances at γ = 1 and vanishes above.", "note")
-    if points_by_d:
-        d = max(points_by_d, key=lambda k: len(points_by_d[k]))
-        pts = sorted(points_by_d[d])
-        doc.raw(img(figures.residual_flow_figure(pts, d), "residual flow against gamma"))
-        doc.raw(table(["γ", "ratio at init", "d^(1−γ)"], [[g, v, d ** (1 - g)] for g, v in pts]))
+    doc.p("‖h_L − e‖/‖e‖ at initialisation, mean over tokens; the paper predicts ≍ d^(1−γ): the residual branch "
+          "dominates for γ < 1, balances at γ = 1 and vanishes above. One colour per setting (all that varies but "
+          "γ and the seed); dotted: the least-squares fit ∝ d^(−kγ) through its points (the paper: k = 1); "
+          "dashed: the paper's d^(1−γ) scaled to meet its points at the γ nearest 1.", "note")
+    if at_init:
+        keys = [k for k in vary if k not in ("model.gamma", "train.seed")]
+        by_setting: dict[str, list[tuple[Run, dict]]] = {}
+        for r, a in at_init:
+            by_setting.setdefault(json.dumps([r.config.get(k) for k in keys], default=str), []).append((r, a))
+        named = [k for k in SIZE_KEYS if k in keys] + [k for k in keys if k not in SIZE_KEYS]
+        label_keys = distinguishing([[r for r, _ in g] for g in by_setting.values()], named)
+        series, rows = {}, []
+        for group in by_setting.values():
+            d = int(group[0][0].config["model.d_model"])
+            points = sorted((float(r.config["model.gamma"]), float(a["residual_flow"])) for r, a in group)
+            label = _setting(group[0][0], label_keys) or f"d_model={d}"
+            series[label] = (d, points)
+            c = figures.residual_prediction(points, d)
+            rows += [[r.name, float(r.config["model.gamma"]), a["residual_flow"], c * d ** (1 - r.config["model.gamma"])]
+                     for r, a in sorted(group, key=lambda ra: (ra[0].config["model.gamma"], ra[0].name))]
+        doc.raw(img(figures.residual_flow_figure(series), "residual flow against gamma"))
+        doc.raw(table(["run", "γ", "ratio at init", "paper c·d^(1−γ), c through the γ = 1 points"], rows))
     for name, sw in sweeps:
         doc.p(f"Width sweep {name}: widths {sw.widths}, seeds {sw.seeds}, depth {sw.base_config.get('n_layers')}.")
         doc.raw(img(figures.residual_sweep_figure(sw), "residual flow width sweep"))
@@ -410,7 +483,7 @@ def _section_condensation(doc: _Doc, groups: Groups) -> None:
         panels.setdefault(panel, {})[curve] = c
         (steps, rank, _, _), (_, cos, _, _) = (figures.seed_mean(c[k]) for k in ("stable_rank", "mean_abs_cos"))
         if len(steps):
-            rows.append([Groups.name(panel, curve), steps[0], rank[0], cos[0], steps[-1], rank[-1], cos[-1]])
+            rows += [[Groups.name(panel, curve), steps[i], rank[i], cos[i]] for i in (0, -1)]  # first, last
     snaps = [(Groups.name(panel, curve), load_snapshots(group[0].path)) for panel, curve, group in groups.items()]
     snaps = [(label, sn) for label, sn in snaps if sn]
     if not panels and not snaps:
@@ -422,8 +495,7 @@ def _section_condensation(doc: _Doc, groups: Groups) -> None:
           "slowly.", "note")
     if panels:
         doc.raw(img(figures.condensation_figure(panels, groups.legend_title), "stable rank and mean cos over training"))
-        doc.raw(table(["run", "first step", "stable rank", "mean |cos|", "last step", "stable rank", "mean |cos|"],
-                      rows))
+        doc.raw(table(["setting", "step (first, last)", "stable rank", "mean |cos|"], rows))
     heatmaps = []
     for label, sn in snaps:  # early, one in between, late; the first seed of each setting
         chosen = [sn[0], sn[len(sn) // 2], sn[-1]] if len(sn) > 2 else sn
@@ -441,10 +513,10 @@ def _section_tokens(doc: _Doc, compares: list[tuple[str, TokenGapResult]]) -> No
         la, lb = res.meta.get("label_a", "A"), res.meta.get("label_b", "B")
         doc.h2(f"Token level: {la} vs {lb}")
         doc.p(f"{res.tokens:,} tokens; mean Δ_sym {res.mean_delta_sym:+.4f}; mean loss {la} {res.mean_loss_a:.4f}, "
-              f"{lb} {res.mean_loss_b:.4f}. Δ_sym = (p_A − p_B)/(p_A + p_B) on the true next token, A = {la}; "
+              f"{lb} {res.mean_loss_b:.4f}. Δ_sym = (p_A − p_B)/(p_A + p_B) on the true next token, A = {la}, B = {lb}; "
               f"difficulty = mean of the two losses, quantile bins. ({name})", "note")
         doc.raw(img(figures.token_gap_figure(res, la, lb), "token gap by difficulty"))
-        doc.raw(table(["bin", "difficulty from", "to", "tokens", "mean Δ_sym", "SE", f"loss {lb} − {la}", "SE"],
+        doc.raw(table(["bin", "difficulty from", "to", "tokens", "mean Δ_sym", "Δ_sym SE", "loss B − A", "loss SE"],
                       [[i + 1, b.lo, b.hi, b.count, b.mean_delta_sym, b.se_delta_sym, b.mean_loss_diff, b.se_loss_diff]
                        for i, b in enumerate(res.bins)]))
         for title, items in ((f"largest gaps where {la} is better", res.top_a),
@@ -475,9 +547,10 @@ def _section_analyses(doc: _Doc, analyses: list[tuple[str, dict]]) -> None:
     if not analyses:
         return
     doc.h2("Single-model analyses (smallinit analyze)")
-    doc.raw(table(["file", "step", "loss", "tokens", "sink mean", "residual flow", "min norm factor",
-                   "median stable rank / min(m,n)", "median mean |cos|"],
-                  [[n, a.get("step"), a.get("loss"), a.get("tokens"), a["sink"]["mean"], a["residual_flow"],
+    doc.raw(table(["file", "step", "loss", "tokens", "sink mean", "Sink_0.3 (share of heads)", "residual flow",
+                   "min norm factor", "median stable rank / min(m,n)", "median mean |cos|"],
+                  [[n, a.get("step", "–"), a.get("loss"), a.get("tokens"), a["sink"]["mean"],
+                    a["sink"].get("share_above", {}).get("0.3", "–"), a["residual_flow"],
                     min(a["norm_factor"].values()),
                     float(np.median([m["stable_rank_fraction"] for m in a["matrices"]])),
                     float(np.median([m["mean_abs_cos"] for m in a["matrices"]]))] for n, a in analyses]))
@@ -542,9 +615,10 @@ def _find_runs(roots: Sequence[Path], base: Path) -> list[Run]:
 
 
 def build_report(roots: str | os.PathLike | Sequence[str | os.PathLike],
-                 out: str | os.PathLike | None = None) -> Path:
+                 out: str | os.PathLike | None = None, *, include_unfinished: bool = False) -> Path:
     """One report for one or more run, sweep or recipe folders: written to ``out``, else ROOT/report.html when
-    there is one folder (several need ``out``); returns its path."""
+    there is one folder (several need ``out``); returns its path. Runs that have not finished are listed and
+    marked, and drawn in the figures only with ``include_unfinished``."""
     roots = [Path(roots)] if isinstance(roots, (str, os.PathLike)) else [Path(r) for r in roots]
     for root in roots:
         if not root.is_dir():
@@ -565,6 +639,8 @@ def build_report(roots: str | os.PathLike | Sequence[str | os.PathLike],
         raise ReportError(f"{folders} hold{'s' if len(roots) == 1 else ''} no runs nor analysis outputs; pass a "
                           "folder written by smallinit train, sweep, recipe, demo, analyze, compare or coordcheck")
     vary = varying_keys(runs)
+    pooled = runs if include_unfinished else [r for r in runs if r.summary]
+    pooled_vary = varying_keys(pooled)
     doc = _Doc("smallinit report: " + " + ".join(r.resolve().name for r in roots))
     doc.p(f"Folder{'s' if len(roots) > 1 else ''} {', '.join(str(r.resolve()) for r in roots)} · smallinit "
           f"{__version__} · {len(runs)} run(s), {len(analyses)} analysis, {len(compares)} comparison, "
@@ -572,17 +648,18 @@ def build_report(roots: str | os.PathLike | Sequence[str | os.PathLike],
     if not findings and (runs or sweeps or compares):  # a recipe's findings already judge its runs
         findings = [(folders, _judge(runs, sweeps, compares))]
     _section_findings(doc, findings)
-    _section_runs(doc, runs, vary)
+    _section_runs(doc, runs, vary, pooled)
     _section_norm_factor(doc, runs, analyses)
-    groups = Groups.of(runs, vary)
-    _section_losses(doc, runs, groups)
+    groups = Groups.of(pooled, pooled_vary)
+    _section_losses(doc, pooled, pooled_vary, groups)
     _section_sink(doc, groups, analyses)
-    _section_residual(doc, runs, sweeps)
+    _section_residual(doc, runs, vary, sweeps)
     _section_condensation(doc, groups)
     _section_tokens(doc, compares)
     _section_coordcheck(doc, checks)
     _section_analyses(doc, analyses)
     _section_evals(doc, evals)
     path = Path(out) if out is not None else roots[0] / REPORT_FILE
+    make_folder(path.parent)
     write_text_atomic(path, doc.render())
     return path

@@ -4,6 +4,7 @@ by whatever looks at a run. A line torn by a kill is skipped, never an error."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,3 +50,19 @@ def truncate_metrics(run_dir: Path, last_step: int) -> None:
     if path.exists():
         keep = [line for line, rec in _records(run_dir) if rec.get("step", 0) <= last_step]
         io.write_text_atomic(path, "".join(line + "\n" for line in keep))
+
+
+def set_aside_metrics(run_dir: Path) -> Path | None:
+    """A run that starts over keeps the log of its earlier attempt beside the new one:
+    RUN/metrics.jsonl → RUN/metrics.attempt-N.jsonl (the first free N); None if there was no log."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return None
+    n = 1
+    while (kept_as := path.with_name(f"metrics.attempt-{n}.jsonl")).exists():
+        n += 1
+    try:
+        os.replace(path, kept_as)
+    except OSError as e:
+        raise io.storage_error(kept_as, e, kept(run_dir)) from None
+    return kept_as

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -40,13 +41,17 @@ from .distributed import (
     tied_aliases,
     with_layout_of,
 )
+from .lock import RunLock
 from .loggers import metric_loggers
 from .memory import check_fits
-from .metrics import append_record, read_metrics, truncate_metrics
+from .metrics import append_record, read_metrics, set_aside_metrics, truncate_metrics
 from .moe_log import RouterLog, has_moe
 from .optim import build_optimizer, lr_at, wsd_decay_start
 
 log = logging.getLogger("smallinit")
+# How to continue a stopped run, when a sweep, recipe or demo started it (their runner sets it for each cell):
+# the user continues the whole command, not the cell.
+CONTINUE_ENV = "SMALLINIT_CONTINUE"
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -82,13 +87,25 @@ class Trainer:
         self.callbacks += loggers if self.runtime.is_main else []
         self.amp_dtype = autocast_dtype(tc.precision, self.runtime.device)
         check_fits(self.cfg, self.runtime.device, self.runtime.world_size, self.amp_dtype)
-        on_main(self.runtime, lambda: self._check_run_dir(resume))  # one rank reads the run folder
+        self._lock: RunLock | None = None  # rank 0's, from here until fit returns (or close)
+        on_main(self.runtime, lambda: self._lock_run_dir(resume))  # one rank reads and writes the run folder
+        try:
+            self._open(cfg, resume)
+        except BaseException:
+            self.close(failed=True)
+            raise
+
+    def _open(self, cfg: Config, resume: bool) -> None:
+        tc = cfg.train
         self.init_source: ckpt.Checkpoint | None = None  # train.init_from, resolved
         if tc.init_from and not resume:  # config.json names the exact checkpoint, even if that run goes on
             self.init_source = on_main(self.runtime, lambda: ckpt.resolve_checkpoint(tc.init_from))
             tc.init_from = str(self.init_source.path.resolve())
         self.data = load_data(cfg.data, self.tokenizer)
         self.data.check(cfg.data.seq_len)  # before anything is written to the run folder
+        repeats = self.data.repeats(tc.steps, tc.batch_size, cfg.data.seq_len, cfg.data.corpus)
+        if repeats and self.runtime.is_main:
+            log.warning(repeats)
 
         self.model = Transformer(cfg.model, seed=tc.seed).to(self.runtime.device)
         if tc.init_from and not (resume and on_main(self.runtime, lambda: ckpt.list_checkpoints(self.run_dir))):
@@ -103,7 +120,6 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, tc)
         self.names = {id(p): n for n, p in self.model.named_parameters()}
         if not resume and self.runtime.is_main:  # written only once the inputs and the model proved usable
-            io.make_folder(self.run_dir)
             io.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict())  # nothing to keep yet
         self.step, self.skipped = 0, 0
         if resume:
@@ -111,11 +127,29 @@ class Trainer:
 
     # -- run folder ---------------------------------------------------------------------------------------
 
+    def _lock_run_dir(self, resume: bool) -> None:
+        """Take the run folder's lock, then check what it holds; a refused check gives the lock back."""
+        if resume and not (self.run_dir / "config.json").is_file():
+            raise _not_a_run(self.run_dir)  # before the lock, which would make the folder
+        self._lock = RunLock.take(self.run_dir)
+        try:
+            self._check_run_dir(resume)
+        except BaseException:
+            self.close(failed=True)
+            raise
+
+    def close(self, *, failed: bool = False) -> None:
+        """Give up the run folder's lock (fit does, when it returns or raises); ``failed``: this trainer never
+        started, so a folder it made only for the lock is removed."""
+        if self._lock is not None:
+            self._lock.release(failed=failed)
+            self._lock = None
+
     def _check_run_dir(self, resume: bool) -> None:
         config_file = self.run_dir / "config.json"
         if resume:
             if not config_file.is_file():
-                raise CheckpointError(f"{self.run_dir} is not a run folder (no config.json); drop --resume")
+                raise _not_a_run(self.run_dir)
             saved = io.read_json(config_file)
             if saved is None:
                 raise CheckpointError(f"{config_file} is not valid JSON; the run folder is damaged")
@@ -127,8 +161,6 @@ class Trainer:
                     "change train.steps and the layout keys only)"
                 )
             return
-        if self.run_dir.exists() and not self.run_dir.is_dir():
-            raise ConfigError(f"--out {self.run_dir} is a file, not a folder; choose another --out")
         if config_file.exists() or ckpt.list_checkpoints(self.run_dir):
             raise ConfigError(
                 f"run folder {self.run_dir} already holds a run; pass --resume to continue it or choose another --out"
@@ -138,7 +170,9 @@ class Trainer:
         found = on_main(self.runtime, lambda: ckpt.newest_checkpoint(self.run_dir))
         if found is None:  # killed before the first checkpoint: start over, with a fresh log and the new plan
             if self.runtime.is_main:
-                truncate_metrics(self.run_dir, -1)
+                earlier = set_aside_metrics(self.run_dir)
+                log.warning(f"--resume: {self.run_dir} has no checkpoint yet, so training starts again from step 0"
+                            + (f"; the earlier attempt's log is kept as {earlier}" if earlier else ""))
                 self._write_config()
             return
         planned = Config.from_dict(found.state["config"])
@@ -283,8 +317,20 @@ class Trainer:
                 "lower train.lr, or set train.nonfinite=skip to skip such batches"
             )
 
+    @property
+    def finished(self) -> bool:
+        """Whether the run already reached train.steps (a resumed finished run: fit would train nothing)."""
+        return self.step >= self.cfg.train.steps
+
     def fit(self) -> dict[str, Any]:
-        """Train to ``train.steps``. On SIGTERM/SIGINT: finish the step, checkpoint, raise Preempted."""
+        """Train to ``train.steps``. On SIGTERM/SIGINT: finish the step, checkpoint, raise Preempted. The run
+        folder's lock is given up when fit returns or raises."""
+        try:
+            return self._fit()
+        finally:
+            self.close()
+
+    def _fit(self) -> dict[str, Any]:
         tc = self.cfg.train
         tokens_per_step = tc.batch_size * self.cfg.data.seq_len
         for cb in self.callbacks:
@@ -314,9 +360,9 @@ class Trainer:
                 elif self.stop_requested(stop):
                     self.save()
                     path = ckpt.checkpoint_dir(self.run_dir, self.step)
+                    how = os.environ.get(CONTINUE_ENV) or f"smallinit train --out {self.run_dir} --resume"
                     raise Preempted(f"stopped by {stop[0] if stop else 'a signal to another rank'} at step "
-                                    f"{self.step}, checkpoint {path}; "
-                                    f"continue with: smallinit train --out {self.run_dir} --resume")
+                                    f"{self.step}, checkpoint {path}; to continue: {how}")
         for cb in self.callbacks:
             cb.on_train_end(self)
         summary = {"step": self.step, "val_loss": val_loss, "skipped": self.skipped,
@@ -337,6 +383,10 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_eval(self, record)
         return val
+
+
+def _not_a_run(run_dir: Path) -> CheckpointError:
+    return CheckpointError(f"{run_dir} is not a run folder (no config.json); drop --resume")
 
 
 def _as_planned(config: dict, planned: dict) -> dict:

@@ -10,6 +10,7 @@ from typing import Any
 from ..power import MIN_TOKENS_PER_PARAM
 from .comparison import PRIMARY, ClaimResult, Comparison, judged
 from .loss import loss_comparison
+from .preconditions import emulation_problem
 from .selection import Runs, baselines, size_label
 
 PAPER_GAIN = 0.05  # nats, at 0.1B: the paper's smallest model (0.003 at 1.5B)
@@ -26,6 +27,9 @@ def claim_c1(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
         c = loss_comparison(f"L(γ.5)−L(γ1) @{size_label(n)}", base.where({"model.gamma": 0.5, "size": n}),
                             base.where({"model.gamma": 1.0, "size": n}), "≈ +0.05 (0.1B) … +0.003 (1.5B)", min_tpp,
                             paper_value=PAPER_GAIN)
+        problem, note = emulation_problem(base.where({"model.gamma": 1.0, "size": n}), size_label(n))
+        res.notes += [note] if note else []
+        c.untestable = problem or c.untestable
         if c.samples:
             gains[n] = c
             res.comparisons.append(c)

@@ -15,7 +15,7 @@ from ...analysis.norm_factor import relative_factor
 from ..power import MIN_TOKENS_PER_PARAM
 from .comparison import PRIMARY, ClaimResult, Comparison, judged
 from .loss import loss_comparison
-from .preconditions import saturation_problem
+from .preconditions import emulation_problem, saturation_problem
 from .selection import EMULATED_WIDTH, Runs, baselines, effective_eps, measured_factor_at_init, size_label
 
 PAPER_GAIN = 0.038  # nats: ε 1e-5 → 1e-12 at γ = 1, 1.5B
@@ -40,6 +40,7 @@ def claim_c2(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
         res.notes.append(f"γ=1 baseline norm factor at init @{size_label(n)}: analytic {analytic:.3f}, measured "
                          f"{m:.3f} (target {relative_factor(1.0, 1e-5, EMULATED_WIDTH):.3f} at d=2048)")
         problem = saturation_problem(analytic, m, size_label(n))
+        res.notes += [note for note in emulation_problem(b1, size_label(n))[1:] if note]  # how long it lasted
         fix1 = loss_comparison(f"ε-fix gain at γ1 @{size_label(n)}", b1, f1, "+0.038", min_tpp,
                                paper_value=PAPER_GAIN)
         fix05 = loss_comparison(f"ε-fix gain at γ.5 @{size_label(n)}", b05, f05, "+0.001", min_tpp)

@@ -17,6 +17,7 @@ from ..power import ALPHA, MAX_SIZE_RATIO, MIN_SIZES, MIN_TOKENS_PER_PARAM
 from ..runs import Run
 from .comparison import PRIMARY, ClaimResult, Comparison, judged
 from .loss import loss_comparison
+from .preconditions import lr_bracket_problem
 from .selection import FIXED, Runs, size_label, val_loss
 
 PAPER_EFFECTIVE_SIZE = 0.44  # γ = 1 with both fixes is worth a 44 % larger model
@@ -49,8 +50,10 @@ def best_lr_comparison(runs: Runs, size: tuple, min_tpp: float) -> tuple[Compari
     lr = {g: {s: run.config["train.lr"] for s, run in chosen[g].items()} for g in chosen}
     note = (f"@{size_label(size)}: best lr per seed, chosen on the other seeds (γ.5 / γ1): "
             + ", ".join(f"seed {s} {lr[0.5][s]:g} / {lr[1.0][s]:g}" for s in seeds))
-    return loss_comparison(f"L(γ.5)−L(γ1) fixed @{size_label(size)}, each γ at its best lr",
-                           Runs(list(chosen[0.5].values())), Runs(list(chosen[1.0].values())), "> 0", min_tpp), note
+    c = loss_comparison(f"L(γ.5)−L(γ1) fixed @{size_label(size)}, each γ at its best lr",
+                        Runs(list(chosen[0.5].values())), Runs(list(chosen[1.0].values())), "> 0", min_tpp)
+    c.untestable = lr_bracket_problem(lr, lrs) or c.untestable
+    return c, note
 
 
 @judged

@@ -1,7 +1,8 @@
 """The preconditions a comparison must meet to be judged, computed from the runs themselves: the
-training regime of a loss comparison, ε's saturation (C2), a formed sink (C3); C6's and C7's, which must not
-select on the outcome they gate, sit with their claims (see c6.py, c7.py). A failed one gives "not testable
-here" with the number. Their thresholds are in :mod:`smallinit.experiments.power`.
+training regime of a loss comparison, ε's saturation (C2), an emulated ε saturated about as long as at the
+paper's scale (C1), a best learning rate inside its grid (C4), a formed sink (C3); C6's and C7's, which must
+not select on the outcome they gate, sit with their claims (see c6.py, c7.py). A failed one gives "not
+testable here" with the number. Their thresholds are in :mod:`smallinit.experiments.power`.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from typing import Any
 
 import numpy as np
 
+from ..emulation import pooled, run_emulation
 from ..power import (
     MIN_EVALS,
     SATURATED,
     SINK_RATIO,
     SINK_SEQS,
     SINK_TOKENS,
+    sink_threshold,
     uniform_sink,
 )
 from ..runs import Run
@@ -55,6 +58,31 @@ def saturation_problem(analytic: float, measured: float, size: str) -> str:
             "model.norm_eps_width)")
 
 
+def emulation_problem(runs: Runs, size: str) -> tuple[str, str]:
+    """(problem or "", note) for comparisons on the emulated-ε arm at one size: how long its runs' embedding norm
+    stayed saturated (measured) beside a d = 2048 model's (formula); far apart, the arm does not stand for the
+    paper's scale and is not judged."""
+    found = [e for e in (run_emulation(r) for r in runs if r.config.get("model.norm_eps_width")) if e is not None]
+    if not found:
+        return "", ""
+    e = pooled(found)
+    problem = f"{e.describe()}: the emulated ε does not stand for the paper's scale" if e.far else ""
+    return problem, f"emulated ε, γ=1 @{size}: {e.describe()}"
+
+
+def lr_bracket_problem(chosen: dict[float, dict[int, float]], grid: Iterable[float]) -> str:
+    """Why a best-learning-rate comparison is not judged ("" when it can be): a rate chosen as best (per γ and seed)
+    is the grid's smallest or largest, so the optimum may lie beyond it."""
+    lrs = sorted(set(grid))
+    for gamma, by_seed in sorted(chosen.items()):
+        for seed, lr in sorted(by_seed.items()):
+            if lr in (lrs[0], lrs[-1]):
+                edge = "largest" if lr == lrs[-1] else "smallest"
+                return (f"the best lr for γ {gamma:g} (seed {seed}) is {lr:g}, the {edge} of the grid "
+                        f"{', '.join(f'{x:g}' for x in lrs)}: the optimum is not bracketed (extend the lr grid)")
+    return ""
+
+
 def sink_formed(runs: Runs) -> tuple[str, str]:
     """(problem or "", note) for C3's precondition on the no-gate γ = 1 runs."""
     measured = [m for m in (sink_layers(r) for r in runs) if m is not None]
@@ -69,7 +97,7 @@ def sink_formed(runs: Runs) -> tuple[str, str]:
             + ", ".join(f"{v:.3f}" for v in per_layer) + f"; uniform attention {uniform:.3f}{share}")
     if seqs < SINK_SEQS or tokens < SINK_TOKENS:
         return f"sink measured on {seqs} sequences of {tokens} tokens, needs ≥ {SINK_SEQS} of ≥ {SINK_TOKENS}", note
-    if per_layer.max() <= SINK_RATIO * uniform:
+    if per_layer.max() <= sink_threshold(tokens):
         return (f"no sink has formed: largest layer sink {per_layer.max():.3f} ≤ {SINK_RATIO:g} × {uniform:.3f} "
                 "(uniform attention)"), note
     return "", note

@@ -27,10 +27,11 @@ from typing import Any, TextIO
 
 from ...config.files import toml_literal
 from ...errors import ExperimentError, Preempted
-from ...io import read_json, write_json_atomic
+from ...io import lock_exclusive, read_json, write_json_atomic
 from ...model import Transformer
 from ...signals import stop_requests
 from ...train.metrics import read_metrics
+from ...train.trainer import CONTINUE_ENV
 from .packing import available_cores, compile_cache_env, compile_choices, default_jobs
 from .progress import Progress, cell_work
 from .results import cell_row, error_line, write_results
@@ -59,19 +60,12 @@ class SweepOutcome:
 
 @contextlib.contextmanager
 def _folder_lock(sweep_dir: Path) -> Iterator[None]:
+    fd = lock_exclusive(sweep_dir / ".lock")
+    if fd is None:
+        raise ExperimentError(
+            f"sweep folder {sweep_dir} is being run by another process; wait for it or choose another --out"
+        )
     try:
-        import fcntl
-    except ImportError:  # no advisory locks on this platform: the user keeps runners apart
-        yield
-        return
-    fd = os.open(sweep_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ExperimentError(
-                f"sweep folder {sweep_dir} is being run by another process; wait for it or choose another --out"
-            ) from None
         yield
     finally:
         os.close(fd)  # releases the lock
@@ -226,6 +220,7 @@ class SweepRunner:
         elif cell.id in self.compile:  # a resumed cell keeps the choice its config.json recorded
             cmd += ["--set", f"train.compile={toml_literal(self.compile[cell.id])}"]
         env = dict(os.environ)
+        env.setdefault(CONTINUE_ENV, f"run the same smallinit command again (it continues {self.dir})")
         if self.jobs > 1 and not self.configs[cell.id].train.threads:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.threads)
         env.setdefault("PYTHONUNBUFFERED", "1")

@@ -165,7 +165,15 @@ class Sweep:
             raw = read_toml(path)
         except SmallinitError as e:
             raise ExperimentError(str(e).replace("config file", "sweep file")) from None
-        return Sweep.from_dict(raw, where=f"sweep file {os.fspath(path)}")
+        sweep = Sweep.from_dict(raw, where=f"sweep file {os.fspath(path)}")
+        if "name" not in raw.get("sweep", {}):  # a file without [sweep] name is named by its file
+            sweep.name = Path(path).stem
+        return sweep
+
+    @property
+    def folder_name(self) -> str:
+        """The sweep's name as a folder name: ``smallinit sweep`` writes to runs/<this> unless told --out."""
+        return re.sub(r"[^\w.+=-]+", "-", self.name).strip(".-") or "sweep"
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "launcher": self.launcher, "base": self.base,

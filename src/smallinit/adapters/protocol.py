@@ -1,0 +1,141 @@
+"""What the measurements need from a model, and the protocol an adapter follows to give it.
+
+An adapter runs one ordinary forward of its model and returns an :class:`Observed`: the logits (and the
+loss), the residual stream at the block boundaries, the input of every norm, and for every softmax
+attention call the queries and keys after position encoding with the mask and scale it used (or its
+probabilities). The measurements (smallinit.analysis) read only these, so they are the same code for
+smallinit's Transformer, for Hugging Face causal LMs and for a model of your own.
+
+To measure your own module, give an object with these members (``module`` can be the model itself)::
+
+    class MyAdapter:
+        module = my_model                         # parameters (matrix statistics) and the device
+        vocab_size = 32000
+        def norms(self):                          # {module name: NormForm(eps=..., centered=...)}
+            return {"final_norm": NormForm(eps=my_model.final_norm.eps)}
+        def observe(self, tokens, targets=None, kinds=()):
+            ...                                   # one forward, recording what ``kinds`` asks for
+            return Observed(logits=..., loss=..., residual=[e, ..., h_L], norm_inputs={...},
+                            attention=[AttentionInputs(name="layers.0.attn", q=q, k=k), ...])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from ..errors import ModelError
+from ..init import is_norm
+from ..init.eps import EPS_ATTRS
+
+# What observe() can be asked for: the residual stream, the norms' inputs, the attention inputs.
+KINDS = ("residual", "norms", "attention")
+
+
+@dataclass(frozen=True)
+class NormForm:
+    """How a norm scales its input h: by (σ²(h) + ε)^(−1/2), with σ²(h) = mean(h²) (RMSNorm) or the variance
+    about the mean (``centered``: LayerNorm), over the last dimension. The weight (w or 1 + w) multiplies
+    afterwards and does not enter the factor."""
+
+    eps: float
+    centered: bool = False
+
+
+@dataclass
+class AttentionInputs:
+    """One softmax-attention call, as the backend received it: ``q`` (B, H, T, hd) and ``k`` (B, H_kv, S, hd)
+    after position encoding (H_kv may divide H: grouped-query attention), or ``probs`` (B, H, T, S) instead.
+
+    ``mask``: None for causal attention (query i sees keys j ≤ i, and with ``window`` only i − j < window); a
+    bool tensor (True: may attend) or a float tensor added to the scores, either broadcastable to
+    (B, H, T, S). ``scale`` multiplies q·k (None: hd^(−1/2)); ``softcap`` c turns a score s into
+    c·tanh(s/c) before the mask; ``sink_logits`` (H,) are extra logits in each head's softmax denominator
+    (learned sinks) that take weight from every key.
+    """
+
+    name: str
+    q: torch.Tensor | None = None
+    k: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+    window: int | None = None
+    scale: float | None = None
+    softcap: float | None = None
+    sink_logits: torch.Tensor | None = None
+
+
+@dataclass
+class Observed:
+    """One forward of a model. ``residual``: e (the first block's input: the embedding, plus positions or
+    scaling where the model adds them), then each later block's input, then h_L (the final norm's input)."""
+
+    logits: torch.Tensor
+    loss: torch.Tensor | None = None  # mean next-token cross-entropy when targets were given
+    aux_loss: torch.Tensor | None = None  # what the model adds to the loss in training (MoE router losses)
+    residual: list[torch.Tensor] = field(default_factory=list)
+    norm_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    attention: list[AttentionInputs] = field(default_factory=list)
+
+
+@runtime_checkable
+class ModelAdapter(Protocol):
+    module: nn.Module
+    vocab_size: int
+
+    def norms(self) -> dict[str, NormForm]: ...
+
+    def observe(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
+                kinds: Collection[str] = ()) -> Observed: ...
+
+
+def check_kinds(kinds: Collection[str]) -> set[str]:
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        raise ValueError(f"unknown observation {sorted(unknown)}; choose from {KINDS}")
+    return set(kinds)
+
+
+def norm_forms(model: nn.Module) -> dict[str, NormForm]:
+    """Every norm layer of ``model`` (a leaf module whose class name says norm) with its own ε and form.
+
+    ε is read from the module (``eps``, ``variance_epsilon`` or ``epsilon``); a norm without one is an error,
+    never a guess. The form: LayerNorm subtracts the mean, a class named RMS… does not; any other norm is
+    probed (a centered norm ignores a shift of its input)."""
+    return {name: NormForm(eps=_eps(name, m), centered=_centered(name, m)) for name, m in norm_modules(model).items()}
+
+
+def norm_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """The norm layers of ``model`` by name: leaf modules whose class name says norm (smallinit.init.is_norm)."""
+    return {name: m for name, m in model.named_modules() if is_norm(m) and next(m.children(), None) is None}
+
+
+def _eps(name: str, m: nn.Module) -> float:
+    for attr in EPS_ATTRS:
+        value = getattr(m, attr, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    if isinstance(m, nn.RMSNorm) and m.eps is None:  # torch's default: the machine epsilon of the input
+        return float(torch.finfo(m.weight.dtype if m.weight is not None else torch.float32).eps)
+    raise ModelError(f"cannot read the ε of norm {name} ({type(m).__name__}): it has none of "
+                     f"{', '.join(EPS_ATTRS)}; adapt the model yourself (docs/analysis.md, 'Your own model')")
+
+
+@torch.no_grad()
+def _centered(name: str, m: nn.Module) -> bool:
+    if isinstance(m, nn.LayerNorm):
+        return True
+    if isinstance(m, nn.RMSNorm) or "rms" in type(m).__name__.lower():
+        return False
+    weight = getattr(m, "weight", None)
+    width = weight.shape[-1] if isinstance(weight, torch.Tensor) else None
+    try:
+        x = torch.randn(2, width, generator=torch.Generator().manual_seed(0), dtype=weight.dtype, device=weight.device)
+        return bool(torch.allclose(m(x), m(x + 1.0), atol=1e-4))
+    except (TypeError, RuntimeError, AttributeError) as exc:
+        raise ModelError(f"cannot tell whether norm {name} ({type(m).__name__}) subtracts the mean: probing it "
+                         f"failed ({exc}); adapt the model yourself (docs/analysis.md, 'Your own model')") from None

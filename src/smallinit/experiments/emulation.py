@@ -1,0 +1,121 @@
+"""Is the emulated ε saturated for as long as the paper's? The measured share beside the paper-scale one.
+
+``model.norm_eps_width`` gives a narrow model the RMSNorm factor at init of a d = 2048 one. How long the
+factor stays below 0.5 is another matter (``smallinit.analysis.saturation``): this module puts the share of
+training a run's norms spent saturated (measured by ``analysis.norm_every``, or coarsely by
+``analysis.every``) beside the share the same formula gives the paper's setting — d = 2048, γ = 1,
+ε = 1e-5, the learning-rate schedule of this project's ``paper-fig1`` recipe at its ``gpu`` scale — for
+Adam growth rates from the one the run itself showed up to 1 (fully coherent steps, the shortest possible).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..analysis.saturation import (
+    MEAN,
+    SATURATED,
+    SaturatedShare,
+    growth_rate,
+    norm_series,
+    run_saturation,
+    steps_to_unsaturate,
+)
+from ..config import Config, flatten, read_toml
+from ..config.overrides import set_dotted
+from .budget import budget_schedule, budget_steps
+from .runs import Run
+
+PAPER_RECIPE = Path(__file__).resolve().parent / "recipes" / "paper-fig1.toml"
+PAPER_SCALE = "gpu"
+PAPER_SIZE = "1.5b"  # d = 2048
+FAR = 3.0  # shares more than this many times apart ...
+FAR_ABS = 0.01  # ... and more than this much of training apart are "far"
+
+
+def paper_scale_config(gamma: float = 1.0, eps: float = 1e-5) -> Config:
+    """The paper's d = 2048 setting as the paper-fig1 recipe trains it (its gpu scale), without the fixes."""
+    recipe = read_toml(PAPER_RECIPE)
+    scale = recipe["scales"][PAPER_SCALE]
+    keys = {**flatten(recipe.get("base", {})), **flatten(scale.get("base", {})),
+            **flatten(scale["sweeps"]["grid"]["sizes"][PAPER_SIZE]),
+            "model.gamma": gamma, "model.norm_eps": eps, "model.gate": "none", "model.norm_eps_width": 0}
+    cfg = _config(keys)
+    if "budget" in scale:  # the length follows from the model's size, as the recipe resolves it
+        cfg = _config({**keys, **budget_schedule(budget_steps(cfg, scale["budget"]), scale["budget"])})
+    return cfg
+
+
+def _config(keys: dict[str, Any]) -> Config:
+    raw: dict[str, Any] = {}
+    for key, value in keys.items():
+        set_dotted(raw, key, value)
+    return Config.from_dict(raw)
+
+
+@functools.lru_cache(maxsize=64)  # a pure function of its arguments and the shipped recipe; asked once per run
+def paper_scale_share(rate: float = 1.0, gamma: float = 1.0, eps: float = 1e-5) -> float:
+    """The share of the paper-scale run its embedding's norm spends saturated, by the formula at ``rate``."""
+    cfg = paper_scale_config(gamma, eps)
+    return min(1.0, steps_to_unsaturate(cfg, rate=rate) / cfg.train.steps)
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """One run's saturated share beside the paper-scale share at growth rates from ``rate`` (the run's) to 1."""
+
+    measured: SaturatedShare  # the mean factor over the run's norms
+    first: SaturatedShare  # the norm that reads the embedding
+    rate: float | None  # the run's embedding growth rate (None: its first norm never saturated)
+    paper: tuple[float, float]  # paper-scale share at rate 1 and at the run's rate, the smaller first
+
+    @property
+    def far(self) -> bool:
+        """The embedding's norm's measured bracket lies more than FAR× and FAR_ABS away from the paper-scale
+        range (like with like: the formula is about that norm)."""
+        lo, hi = self.paper
+        m = self.first
+        above = m.lo > FAR * hi and m.lo - hi > FAR_ABS
+        below = m.hi * FAR < lo and lo - m.hi > FAR_ABS
+        return above or below
+
+    def describe(self) -> str:
+        lo, hi = self.paper
+        paper = f"{100 * lo:.2f} %" if math.isclose(lo, hi, rel_tol=0.05) else f"{100 * lo:.2f}–{100 * hi:.2f} %"
+        return (f"the embedding's norm was saturated for {self.first.describe()} of training (mean over all norms: "
+                f"{self.measured.describe()}), at d = 2048 for {paper} (formula)")
+
+
+def pooled(found: list[Emulation]) -> Emulation:
+    """Several runs' (seeds') emulations as one: the union of their brackets and paper-scale ranges."""
+    def union(shares: list[SaturatedShare]) -> SaturatedShare:
+        return SaturatedShare(min(x.lo for x in shares), max(x.hi for x in shares), shares[0].total_steps,
+                              max(x.spacing for x in shares))
+    rates = [e.rate for e in found if e.rate is not None]
+    return Emulation(union([e.measured for e in found]), union([e.first for e in found]),
+                     min(rates) if rates else None,
+                     (min(e.paper[0] for e in found), max(e.paper[1] for e in found)))
+
+
+def run_emulation(run: Run) -> Emulation | None:
+    """``emulation`` of a run folder, from its norm-factor records (else its coarser analysis records)."""
+    records = run.records("norm_factor") or run.analysis
+    return emulation(Config.from_json_file(run.path / "config.json"), records) if records else None
+
+
+def emulation(config: Config, records: list[dict[str, Any]]) -> Emulation | None:
+    """The run's saturation beside the paper scale's, or None where its norm factors were not measured at step 0."""
+    shares = run_saturation(records, config.train.steps)
+    if MEAN not in shares:
+        return None
+    name = next(k for k in shares if k != MEAN)  # module order: the first block's input norm reads the embedding
+    first = shares[name]
+    left = norm_series(records)[name][-1][1] >= SATURATED  # it left saturation within the measured steps
+    rate = growth_rate(config, first.mid * config.train.steps) if left and first.mid > 0 else None
+    g, eps = config.model.gamma, config.model.norm_eps  # the ε a d = 2048 model of this arm would have
+    at = sorted({paper_scale_share(1.0, g, eps), paper_scale_share(rate or 1.0, g, eps)})
+    return Emulation(shares[MEAN], first, rate, (at[0], at[-1]))

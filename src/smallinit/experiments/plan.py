@@ -1,0 +1,492 @@
+"""The plan of a recipe scale, before anything runs: what it costs and which claims it can decide.
+
+Cost. Every cell is resolved exactly as ``smallinit recipe`` resolves it (the recipe's budget in tokens per
+non-embedding parameter, the configured tokenizer's vocabulary, ``--presets`` and ``--set``), then
+
+    tokens per run   = train.steps × train.batch_size × data.seq_len
+    FLOPs per run    = tokens × (6·N_matmul + 6·L·T·d_attn)       (smallinit.train.flops: causal attention)
+    wall time        = Σ FLOPs / (devices × peak × MFU)           (or Σ tokens / tokens-per-second)
+    device-hours     = wall time × devices
+    memory per device: smallinit.train.memory.estimate_memory for the cell's layout.
+
+Decidability. The claims code itself decides: every planned cell becomes a run that holds exactly what the
+real one will record (its config, evaluations at the planned steps, analysis records where the analysis
+callback will run), with outcomes chosen so that every outcome-dependent precondition holds (a formed sink, the
+analytic RMSNorm factor, a stable-rank minimum mid-training, a sane scaling fit, γ = 1 ahead on tokens). The recipe's own analysis judges
+these runs; whatever it still calls "not testable here" fails by design — seeds, tokens per parameter,
+evaluations, the sink sample, ε's saturation, sizes — and will fail whatever the runs show. The outcomes
+themselves mean nothing and are never shown.
+
+Power. For each claim, the minimum detectable effect at 80 % power of its paired t-test over the planned
+seeds (smallinit.experiments.power), given a seed sd: ``--seed-sd``, or the CPU study's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..analysis.norm_factor import relative_factor
+from ..config import Config, flatten
+from ..errors import ExperimentError, SmallinitError
+from ..model import Transformer
+from ..train.flops import train_flops_per_token
+from ..train.memory import GIB, device_memory, estimate_memory
+from .claims import FIXED, ClaimResult, Runs, effective_eps
+from .findings import JUDGES
+from .power import CLAIM_ALPHA, MIN_SEEDS, POWER, minimum_detectable_effect
+from .recipes import Recipe, Scale, apply_budget, customise, load_recipe
+from .runs import Run, model_shape
+from .sweep import Sweep, resolve_config
+from .verdicts import NOT_TESTABLE
+
+# Dense bf16 peak per GPU (FLOP/s, without sparsity) and memory (GiB), from the vendors' data sheets.
+GPUS: dict[str, tuple[float, float]] = {
+    "h100": (989e12, 80), "h200": (989e12, 141), "h800": (989e12, 80), "a100": (312e12, 80),
+    "a100-40gb": (312e12, 40), "l40s": (362e12, 48), "b200": (2250e12, 180), "mi300x": (1307e12, 192),
+}
+# No GPU has run benchmarks/gpu.py for this project yet; 40 % is a common MFU for dense models of these sizes
+# under FSDP/DDP with torch.compile, and the plan says that it is assumed. Measure yours and pass --mfu.
+GPU_MFU = 0.40
+# The CPU: one thread's fp32 matmul rate and the share of it a training step reaches at the demo's shapes
+# (d = 16-32, head_dim 8), both measured in benchmarks/README.md ("Tiny widths": 106 GFLOP/s; 0.14-0.20).
+# Wider models reach more (0.37-0.69 at d = 32-128, head_dim 16), so CPU times above d = 32 err long.
+CPU_CORE_FLOPS = 106e9
+CPU_MFU = 0.20
+# The seed sd of a paired final-loss gap, when no --seed-sd is given: the median sd over 3 seeds of the 15
+# paired loss gaps of the CPU study (docs/findings-cpu.md, the verdict table), in nats.
+CPU_STUDY_SEED_SD = 0.017
+
+
+# The preconditions that depend on what the runs show (claims/*.py checks them); the plan assumes they hold.
+DECIDED_BY_THE_RUNS = {
+    "C1": "γ = 1 ahead at the smallest and the largest size (for the shrink)",
+    "C2": "the measured RMSNorm factor at init < 0.5",
+    "C3": "a sink formed (some layer > 3× uniform attention)",
+    "C4": "a sane effective-size fit (N_eff/N within 10×)",
+    "C6": "γ = 1's stable-rank minimum before the last third of training",
+    "C7": "γ = 1 better on average and both models below a bigram model",
+}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Where a plan runs: ``devices`` GPUs of one kind, or CPU cores (kind "cpu")."""
+
+    kind: str
+    devices: int
+    peak_flops: float  # per device: dense bf16 (GPU), fp32 matmul of one thread (CPU core)
+    mfu: float
+    source: str  # where the MFU (or tokens/s) comes from
+    memory_gib: float  # per device (GPU) or the whole machine (CPU)
+    tokens_per_s: float | None = None  # all devices together; replaces the MFU when given
+
+    @staticmethod
+    def make(kind: str = "h100", devices: int = 8, *, mfu: float | None = None,
+             tokens_per_s: float | None = None) -> Hardware:
+        kind = kind.lower()
+        if devices < 1:
+            raise ExperimentError(f"--gpus must be ≥ 1, got {devices}")
+        if mfu is not None and not 0 < mfu <= 1:
+            raise ExperimentError(f"--mfu must be in (0, 1], got {mfu}")
+        if tokens_per_s is not None and not tokens_per_s > 0:
+            raise ExperimentError(f"--tokens-per-s must be > 0, got {tokens_per_s}")
+        given = ("--tokens-per-s" if tokens_per_s else "--mfu") if (mfu or tokens_per_s) else ""
+        if kind == "cpu":
+            return Hardware("cpu", devices, CPU_CORE_FLOPS, mfu or CPU_MFU,
+                            given or "measured at the demo's shapes (benchmarks/README.md)",
+                            device_memory(torch.device("cpu")) / GIB, tokens_per_s)
+        if kind not in GPUS:
+            raise ExperimentError(f"unknown GPU {kind!r}; choose one of {', '.join(GPUS)} or cpu, or pass --mfu with "
+                                  "the closest one")
+        peak, mem = GPUS[kind]
+        return Hardware(kind, devices, peak, mfu or GPU_MFU,
+                        given or "assumed: no GPU measurement yet (benchmarks/gpu.py measures it)", mem, tokens_per_s)
+
+    def seconds(self, flops: float, tokens: float) -> float:
+        if self.tokens_per_s:
+            return tokens / self.tokens_per_s
+        return flops / (self.devices * self.peak_flops * self.mfu)
+
+    def describe(self) -> str:
+        what = f"{self.devices} CPU cores" if self.kind == "cpu" else f"{self.devices} × {self.kind.upper()}"
+        rate = (f"{self.tokens_per_s:,.0f} tokens/s" if self.tokens_per_s
+                else f"MFU {self.mfu:.0%} of {self.peak_flops / 1e12:g} TFLOP/s")
+        return f"{what}, {rate} ({self.source})"
+
+
+@dataclass
+class CellPlan:
+    sweep: str
+    cell: str
+    size: str
+    params: int
+    params_nonembed: int
+    steps: int
+    tokens: float
+    tokens_per_param: float
+    evaluations: int
+    analysis_records: int
+    flops: float
+    ranks: int
+    memory_gib: float  # per device, the estimate for the cell's layout
+
+
+@dataclass
+class ClaimPlan:
+    """What the design lets a claim's analysis judge. The verdict is its primary comparison's, so the claim is
+    decided when the primary passes every design-level precondition."""
+
+    claim: str
+    statement: str
+    primary: str  # the primary comparison's label
+    decides: bool  # the primary passes the design-level preconditions
+    seeds: int  # the primary's paired seeds …
+    mde: float  # … and its minimum detectable effect at 80 % power, in the seed sd's units (inf: none)
+    fewest_seeds: int = 0  # over every testable comparison, primary and secondary
+    most_seeds: int = 0
+    failing: dict[str, str] = field(default_factory=dict)  # comparison → why it cannot be judged, by design
+    testable: list[str] = field(default_factory=list)
+
+    @property
+    def partly(self) -> bool:
+        """Some comparisons can be judged, not all."""
+        return bool(self.testable) and bool(self.failing)
+
+
+@dataclass
+class Plan:
+    recipe: str
+    scale: str
+    hardware: Hardware
+    seed_sd: float
+    seed_sd_source: str
+    cells: list[CellPlan]
+    claims: list[ClaimPlan]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def flops(self) -> float:
+        return sum(c.flops for c in self.cells)
+
+    @property
+    def wall_s(self) -> float:
+        return self.hardware.seconds(self.flops, sum(c.tokens for c in self.cells))
+
+    @property
+    def device_hours(self) -> float:
+        return self.wall_s * self.hardware.devices / 3600
+
+    def headline(self) -> str:
+        """One line: the wall time and device-hours, and which claims it decides (its primary can be judged)."""
+        decided = [c.claim + (f" ({len(c.testable)} of {len(c.testable) + len(c.failing)} comparisons)" if c.partly
+                              else "") for c in self.claims if c.decides]
+        undecided = [c.claim for c in self.claims if not c.decides]
+        unit = "core" if self.hardware.kind == "cpu" else "GPU"
+        where = (f"{self.hardware.devices} CPU cores" if unit == "core"
+                 else f"{self.hardware.devices} × {self.hardware.kind.upper()}")
+        said = "; ".join(f"{k} {', '.join(v)}" for k, v in (("decides", decided), ("not", undecided)) if v)
+        if not decided:
+            said += ": an illustration, its design decides no claim (smallinit plan shows why)"
+        return f"plan on {where}: {_hours(self.wall_s)} wall, {self.device_hours:,.1f} {unit}-hours; {said}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"recipe": self.recipe, "scale": self.scale, "hardware": asdict(self.hardware),
+                "seed_sd": self.seed_sd, "seed_sd_source": self.seed_sd_source, "flops": self.flops,
+                "wall_s": self.wall_s, "device_hours": self.device_hours,
+                "cells": [asdict(c) for c in self.cells],
+                "claims": [{**asdict(c), "mde": _finite(c.mde)} for c in self.claims],
+                "notes": self.notes}
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds < 3600 else f"{seconds / 3600:,.1f} h"
+
+
+# -- cost --------------------------------------------------------------------------------------------------------
+
+
+def _evaluations(steps: int, every: int) -> list[int]:
+    """The steps the trainer evaluates at: 0 and every ``every`` when set, and always the last."""
+    points = set(range(0, steps + 1, every)) if every else set()
+    return sorted(points | {steps})
+
+
+def _analysis_steps(cfg: Config, ranks: int) -> list[int]:
+    """The steps the analysis callback measures at (none when off, or under FSDP, where it is ignored)."""
+    every = cfg.analysis.every
+    if not every or (ranks > 1 and cfg.train.parallel == "fsdp"):
+        return []
+    return list(range(0, cfg.train.steps + 1, every))
+
+
+def _ranks(launcher: str, hardware: Hardware) -> int:
+    """Processes per cell: a torchrun launcher spreads each cell over every device."""
+    return hardware.devices if hardware.kind != "cpu" and "torchrun" in launcher else 1
+
+
+class _Shapes:
+    """What the plan needs of each model shape, computed once: the many cells of a recipe share a few shapes (γ and
+    ε change no count), and each count builds a meta model."""
+
+    def __init__(self) -> None:
+        self.numbers: dict[tuple[str, int], tuple[int, int, float]] = {}
+        self.memory: dict[tuple, float] = {}
+
+    @staticmethod
+    def key(cfg: Config) -> str:
+        return repr(dataclasses.replace(cfg.model, gamma=1.0, norm_eps=1e-12, norm_eps_width=0))
+
+    def counts(self, cfg: Config) -> tuple[int, int, float]:
+        """(parameters, non-embedding parameters, training FLOPs per token)."""
+        key = (self.key(cfg), cfg.data.seq_len)
+        if key not in self.numbers:
+            with torch.device("meta"):
+                model = Transformer(cfg.model, init=False)
+            self.numbers[key] = (model.num_params(), model.num_params(embeddings=False),
+                                 train_flops_per_token(model, cfg.data.seq_len))
+        return self.numbers[key]
+
+    def memory_gib(self, cfg: Config, **layout: Any) -> float:
+        key = (self.key(cfg), tuple(sorted(layout.items())))
+        if key not in self.memory:
+            self.memory[key] = estimate_memory(cfg.model, **layout).total / GIB
+        return self.memory[key]
+
+
+def plan_cell(sweep: str, cell_id: str, size: str, cfg: Config, ranks: int, hardware: Hardware,
+              shapes: _Shapes) -> CellPlan:
+    tc, seq = cfg.train, cfg.data.seq_len
+    total, nonembed, flops_per_token = shapes.counts(cfg)
+    tokens = float(tc.steps * tc.batch_size * seq)
+    mem = shapes.memory_gib(cfg, micro_batch=max(1, tc.batch_size // (ranks * tc.grad_accum)), seq_len=seq,
+                            world_size=ranks, parallel=tc.parallel if ranks > 1 else "none",
+                            precision="fp32" if hardware.kind == "cpu" or tc.precision == "fp32" else "bf16",
+                            activation_checkpointing=tc.activation_checkpointing)
+    return CellPlan(sweep, cell_id, size, total, nonembed, tc.steps, tokens, tokens / max(1, nonembed),
+                    len(_evaluations(tc.steps, tc.eval_every)), len(_analysis_steps(cfg, ranks)),
+                    tokens * flops_per_token, ranks, mem)
+
+
+# -- decidability: the planned runs, judged by the recipe's own analysis -------------------------------------------
+
+
+def _planned_run(sweep: str, cell_id: str, cfg: Config, ranks: int, nonembed: int) -> Run:
+    """A run holding what this cell will record, with outcomes that meet every outcome-dependent precondition:
+    losses on one power law in N with γ = 1 ahead (more with the fixes), a formed sink, the analytic RMSNorm
+    factor, γ = 1's stable rank lowest a third of the way in."""
+    flat = flatten(cfg.to_dict())
+    flat.setdefault("model.norm_eps_width", 0)
+    g, d = float(cfg.model.gamma), cfg.model.d_model
+    fixes = (cfg.model.norm_eps < 1e-6) + (cfg.model.gate != "none")
+    # the paper's ordering: γ = 1 best (C5), its gain larger with each fix (C2, C3), and shrinking with size (C1)
+    n_eff = nonembed * (1.44 if g == 1.0 else 1.0) * (1 + 0.1 * fixes * (g == 1.0))
+    noise = _noise(f"{sweep}/{cell_id}")  # differs between runs, so paired differences have a spread
+    loss = 2.0 + 400.0 * n_eff ** -0.3 + 0.2 * (g - 1.0) ** 2 + 0.003 * noise
+    evals = _evaluations(cfg.train.steps, cfg.train.eval_every)
+    metrics: list[dict[str, Any]] = [{"step": s, "val_loss": loss + 1.0 / (1 + s)} for s in evals]
+    steps = cfg.train.steps
+    factor = float(_relative_factor(g, flat, d))
+    sink = (0.6 if cfg.model.gate == "none" else 0.05) * (1 + 0.3 * (g - 1.0)) + 0.01 * noise
+    for s in _analysis_steps(cfg, ranks):
+        t = s / max(1, steps)
+        rank = 10.0 + (abs(t - 1 / 3) * 9 if g == 1.0 else 8.0) + 0.1 * noise * (1 + t)
+        metrics.append({"event": "analysis", "step": s, "norm_factor": {"0": factor},
+                        "sink": {str(i): sink for i in range(cfg.model.n_layers)}, "sink_mean": sink,
+                        "stable_rank": {"q": rank}})
+    metrics[len(evals) - 1]["val_loss"] = loss + 1.0 / (1 + steps)
+    run = Run(Path(sweep) / cell_id, cell_id, flat, {"step": steps, "val_loss": loss + 1.0 / (1 + steps),
+                                              "params_nonembed": nonembed})
+    run.__dict__["metrics"] = metrics  # what metrics.jsonl will hold
+    return run
+
+
+def _noise(key: str) -> float:
+    """A fixed number in [−1, 1] for each run."""
+    return math.sin(zlib.crc32(key.encode()))
+
+
+def _relative_factor(gamma: float, flat: dict[str, Any], d: int) -> float:
+    probe = Run(Path("."), "", flat)
+    return relative_factor(gamma, effective_eps(probe), d)
+
+
+def _planned_flow(options: dict[str, Any]) -> dict[str, Any] | None:
+    """What the residual-flow sweep yields: one fitted exponent per γ and seed, where it has widths to fit."""
+    gammas, widths = options.get("flow_gammas"), options.get("flow_widths")
+    if not gammas or not widths or len(widths) < 2:
+        return None
+    seeds = list(options.get("flow_seeds", [0, 1, 2]))
+    return {"gammas": list(gammas), "seed_slopes": [[1 - g + 0.01 * _noise(f"{g}/{s}") for s in seeds] for g in gammas]}
+
+
+def _planned_gaps(runs: Runs, options: dict[str, Any]) -> dict[int, dict[str, Any]] | None:
+    """What the token comparison yields: one Δ_sym profile per seed of the largest size with both γ fixed."""
+    if "gap_batches" not in options:
+        return None
+    fixed = runs.where(FIXED)
+    sizes = sorted(set(fixed.where({"model.gamma": 0.5}).values("size"))
+                   & set(fixed.where({"model.gamma": 1.0}).values("size")))
+    if not sizes:
+        return None
+    at = fixed.where(size=sizes[-1])
+    seeds = sorted(set(at.where({"model.gamma": 0.5}).run_by_seed()) & set(at.where({"model.gamma": 1.0}).run_by_seed()))
+    profile = [0.0, 0.001, 0.002, 0.004, 0.02, 0.03, 0.03, 0.02, 0.015, 0.002]
+    return {s: {"meta": {"split": {"profile_bins": [v + 0.001 * _noise(f"{s}/{i}") for i, v in enumerate(profile)],
+                                   "gate_mean_delta_sym": 0.012 + 0.001 * _noise(str(s))}},
+                "bigram_loss": 9.0, "mean_loss_a": 3.0, "mean_loss_b": 3.1} for s in seeds}
+
+
+def _planned_anchor(runs: Runs) -> dict[Path, dict[str, float]]:
+    """What the anchor probe yields per run of the anchor task: held-out reasoning falling with γ, memorising rising."""
+    return {r.path: {"heldout_reasoning": 0.8 - 0.3 * float(r.config["model.gamma"]) + 0.01 * _noise(r.name),
+                     "heldout_memorising": 0.1 + 0.3 * float(r.config["model.gamma"]) + 0.01 * _noise(r.name)}
+            for r in runs if str(r.config.get("data.corpus", "")).startswith("builtin:anchor")}
+
+
+def _claim_plan(res: ClaimResult, seed_sd: float) -> ClaimPlan:
+    res.judge()
+    failing = {c.label: c.reason for c in res.comparisons if c.verdict == NOT_TESTABLE}
+    testable = [c for c in res.comparisons if c.verdict != NOT_TESTABLE]
+    counts = [len(c.samples) for c in testable if c.samples] or [0]
+    primary = res.primary
+    n = len(primary.samples) if primary.verdict != NOT_TESTABLE else 0
+    return ClaimPlan(res.claim, res.statement, primary.label, primary.verdict != NOT_TESTABLE, n, _mde(seed_sd, n),
+                     min(counts), max(counts), failing, [c.label for c in testable])
+
+
+def _mde(seed_sd: float, seeds: int) -> float:
+    return minimum_detectable_effect(seed_sd, seeds, CLAIM_ALPHA, POWER) if seeds >= MIN_SEEDS else math.inf
+
+
+# -- the plan ------------------------------------------------------------------------------------------------------
+
+
+def default_hardware(recipe: Recipe, scale: str) -> Hardware:
+    """8 × H100 for a scale whose cells run under torchrun, else this machine's CPU cores."""
+    launchers = [sw.launcher or "" for sw in recipe.scale(scale).sweeps.values()]
+    if any("torchrun" in launcher for launcher in launchers) or scale.startswith("gpu"):
+        return Hardware.make("h100", 8)
+    return Hardware.make("cpu", os.cpu_count() or 1)
+
+
+def plan_sweep(path: str | os.PathLike, hardware: Hardware | None = None, *, seed_sd: float | None = None) -> Plan:
+    """The plan of a sweep file: its cost, and which of C1–C7 its runs could decide (judged as the demo judges)."""
+    sweep = Sweep.load(path)
+    recipe = Recipe(Path(path).stem, sweep.name or Path(path).stem, [], "claims",
+                    {"sweep": Scale("sweep", sweep.description, {"sweep": sweep})}, Path(path))
+    return plan_recipe(recipe, "sweep", hardware, seed_sd=seed_sd)
+
+
+def plan_recipe(recipe: Recipe | str, scale: str, hardware: Hardware | None = None, *, presets: list[str] | None = None,
+                overrides: list[str] = (), seed_sd: float | None = None) -> Plan:
+    """The cost and decidability of ``recipe --scale scale`` on ``hardware``; trains nothing."""
+    recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+    recipe.scale(scale)  # an unknown scale: one clear line
+    hardware = hardware or default_hardware(recipe, scale)
+    if seed_sd is not None and not seed_sd > 0:
+        raise ExperimentError(f"--seed-sd must be > 0, got {seed_sd}")
+    vocab: dict[str, int] = {}
+    sc = apply_budget(customise(recipe.scale(scale), presets=presets, overrides=list(overrides)), vocab)
+    cells, runs, shapes = [], [], _Shapes()
+    for name, sw in sc.sweeps.items():
+        ranks = _ranks(sw.launcher or "", hardware)
+        for cell in sw.cells():
+            cfg = resolve_config(cell, vocab)
+            shape = model_shape(flatten(cfg.to_dict()))
+            size = cell.size or f"d{shape[0]}×{shape[1]}"
+            cells.append(plan_cell(name, cell.id, size, cfg, ranks, hardware, shapes))
+            runs.append(_planned_run(name, cell.id, cfg, ranks, cells[-1].params_nonembed))
+    all_runs = Runs(runs)
+    sd, source = (seed_sd, "--seed-sd") if seed_sd else (CPU_STUDY_SEED_SD, "the CPU study's median paired loss-gap sd "
+                                                          "(docs/findings-cpu.md); pass --seed-sd from a pilot")
+    measured = {"flow": _planned_flow(sc.options), "gaps": _planned_gaps(all_runs, sc.options),
+                "anchor": _planned_anchor(all_runs)}
+    judged = JUDGES[recipe.analysis](all_runs, measured, {**sc.options, "n_boot": 20})
+    claims = [_claim_plan(r, sd) for r in judged]
+    notes = []
+    if hardware.kind != "cpu":
+        too_big = [c for c in cells if c.memory_gib > hardware.memory_gib]
+        if too_big:
+            notes.append(f"{len(too_big)} cell(s) need ≈ {max(c.memory_gib for c in too_big):.0f} GiB per GPU (estimate) "
+                         f"> {hardware.memory_gib:g} GiB: set train.parallel=fsdp, raise train.grad_accum or set "
+                         "train.activation_checkpointing=true")
+    return Plan(recipe.name, sc.name, hardware, sd, source, cells, claims, notes)
+
+
+def scale_headline(recipe: Recipe, scale: str) -> str:
+    """The plan's headline on the scale's default hardware, or why there is none (a file the scale needs is missing)."""
+    try:
+        plan = plan_recipe(recipe, scale)
+    except SmallinitError as e:
+        return f"plan: not available ({e})"
+    return plan.headline()
+
+
+# -- what a user sees ------------------------------------------------------------------------------------------
+
+
+def format_plan(plan: Plan) -> str:
+    hw = plan.hardware
+    lines = [f"plan: recipe {plan.recipe} --scale {plan.scale} on {hw.describe()}"]
+    head = (f"  {'sweep':<12} {'size':<10} {'runs':>5} {'params':>9} {'non-emb':>9} {'tokens/run':>11} {'tok/param':>9} "
+            f"{'evals':>5} {'FLOPs/run':>10} {'GiB/dev':>8} {'wall':>9}")
+    lines += [head, "  " + "-" * (len(head) - 2)]
+    groups: dict[tuple[str, str], list[CellPlan]] = {}
+    for c in plan.cells:
+        groups.setdefault((c.sweep, c.size), []).append(c)
+    for (sweep, size), cs in groups.items():
+        c = max(cs, key=lambda x: x.flops)
+        wall = hw.seconds(sum(x.flops for x in cs), sum(x.tokens for x in cs))
+        lines.append(f"  {sweep:<12} {size:<10} {len(cs):>5} {_si(c.params):>9} {_si(c.params_nonembed):>9} "
+                     f"{_si(c.tokens):>11} {min(x.tokens_per_param for x in cs):>9.1f} {c.evaluations:>5} "
+                     f"{c.flops:>10.2e} {c.memory_gib:>8.2f} {_hours(wall):>9}")
+    unit = "CPU-core" if hw.kind == "cpu" else "GPU"
+    lines.append(f"  total: {len(plan.cells)} runs, {plan.flops:.3g} FLOPs, {_hours(plan.wall_s)} wall, "
+                 f"{plan.device_hours:,.1f} {unit}-hours")
+    lines.append(f"claims (minimum detectable effect of a paired comparison at {POWER:.0%} power, two-sided "
+                 f"α = {CLAIM_ALPHA:.3g}, in seed sds; seed sd {plan.seed_sd:g} nats of final loss from "
+                 f"{plan.seed_sd_source}):")
+    for c in plan.claims:
+        if c.decides:
+            lines.append(f"  {c.claim:<12} decides: primary {c.primary} on {c.seeds} seeds, MDE "
+                         f"{c.mde / plan.seed_sd:.2f} sd ({c.mde:.3g} at sd {plan.seed_sd:g}); {len(c.testable)} of "
+                         f"{len(c.testable) + len(c.failing)} comparisons testable, {c.fewest_seeds}–{c.most_seeds} seeds")
+        else:
+            lines.append(f"  {c.claim:<12} cannot decide: its primary ({c.primary}) fails a precondition by design"
+                         + (f"; {len(c.testable)} secondary comparison(s) testable" if c.testable else ""))
+        for reason in _distinct(c.failing):
+            lines.append(f"      ↳ {reason}")
+    outcome = sorted({c.claim.split()[0] for c in plan.claims if c.decides} & set(DECIDED_BY_THE_RUNS))
+    if outcome:
+        lines.append("still decided by the runs themselves (the plan cannot know them): "
+                     + "; ".join(f"{k} {DECIDED_BY_THE_RUNS[k]}" for k in outcome))
+    lines += [f"note: {n}" for n in plan.notes]
+    return "\n".join(lines)
+
+
+def _distinct(failing: dict[str, str], limit: int = 6) -> list[str]:
+    """Each reason once (comparisons of several sizes often share one), at most ``limit`` of them."""
+    seen: dict[str, str] = {}
+    for label, reason in failing.items():
+        seen.setdefault(reason, f"{label}: {reason}")
+    out = list(seen.values())
+    return out[:limit] + ([f"… and {len(out) - limit} more"] if len(out) > limit else [])
+
+
+def _si(x: float) -> str:
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.0f}"

@@ -1,0 +1,213 @@
+"""The γ rule applied to a model: matrices drawn, norms set to scale 1, biases 0, the rest kept.
+
+Scope (ours: the paper does not say what d_in is for each kind of parameter): d_in is the dimension the
+forward contracts with the input (``roles``), the embedding dimension for embedding tables. Draws are in
+fp32 on the CPU from one seeded generator in ``named_modules`` order, so the weights do not depend on
+dtype, device or parallel layout; a sharded (DTensor) parameter gets its shard of the full draw.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from .roles import ParamRole, named_parameters_once, resolve_roles
+
+
+class MetaDeviceError(ConfigError):
+    """Parameters on the meta device hold no values, so there is nothing to draw into."""
+
+
+def gamma_std(fan_in: int, gamma: float) -> float:
+    """σ = d_in^(−γ)."""
+    return float(fan_in) ** (-gamma)
+
+
+def _check_gamma(gamma: float) -> None:
+    if gamma <= 0 or not math.isfinite(gamma):
+        raise ConfigError(f"gamma must be a positive number, got {gamma}")
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return type(t).__name__ == "DTensor"
+
+
+@torch.no_grad()
+def gamma_normal_(
+    tensor: torch.Tensor, gamma: float, fan_in: int | None = None, *, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Fill ``tensor`` in place from N(0, fan_in^(−2γ)); fan_in defaults to the last (input) dimension.
+
+    The full tensor is drawn in fp32 on the CPU; a DTensor keeps its shard of it, so every layout gets
+    the values the unsharded tensor gets (one full tensor in memory at a time)."""
+    _check_gamma(gamma)
+    if fan_in is None:
+        if tensor.dim() < 2:
+            raise ConfigError(f"gamma_normal_ needs fan_in for a {tensor.dim()}-d tensor")
+        fan_in = tensor.shape[-1]
+    if tensor.is_meta:
+        raise MetaDeviceError("the tensor is on the meta device: nothing to draw into; materialise it first")
+    std = gamma_std(fan_in, gamma)
+    if tensor.dtype == torch.float32 and tensor.device.type == "cpu" and tensor.is_contiguous() \
+            and not _is_dtensor(tensor):
+        return tensor.normal_(0.0, std, generator=generator)  # the same numbers as a fresh fp32 draw
+    sample = torch.empty(tensor.shape, dtype=torch.float32).normal_(0.0, std, generator=generator)
+    if _is_dtensor(tensor):
+        from torch.distributed.tensor import distribute_tensor
+
+        # every rank drew the same full tensor: each keeps its shard, without communication
+        shard = distribute_tensor(sample, tensor.device_mesh, tensor.placements, src_data_rank=None)
+        tensor.to_local().copy_(shard.to_local())
+        return tensor
+    return tensor.copy_(sample)
+
+
+def _fill_(tensor: torch.Tensor, value: float) -> None:
+    (tensor.to_local() if _is_dtensor(tensor) else tensor).fill_(value)
+
+
+@dataclass(frozen=True)
+class InitRow:
+    name: str
+    shape: tuple[int, ...]
+    rule: str  # "normal", "ones", "zeros" or "kept"
+    fan_in: int | None
+    std: float | None
+    reason: str = ""  # what the parameter is (kept: why it is kept)
+    kind: str = ""  # its ParamRole kind
+
+
+@dataclass
+class InitReport:
+    """What gamma_init_ set, one row per parameter; ``str(report)`` is a table."""
+
+    gamma: float
+    rows: list[InitRow]
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        header = f"{'parameter':<48} {'shape':<18} {'rule':<6} {'d_in':>6} {'std':>10}  note"
+        lines = [f"γ-init, γ = {self.gamma:g}", header, "-" * len(header)]
+        for r in self.rows:
+            fan = "" if r.fan_in is None else str(r.fan_in)
+            std = "" if r.std is None else f"{r.std:.4g}"
+            lines.append(f"{r.name:<48} {str(tuple(r.shape)):<18} {r.rule:<6} {fan:>6} {std:>10}  {r.reason}".rstrip())
+        counts = {rule: sum(r.rule == rule for r in self.rows) for rule in ("normal", "ones", "zeros", "kept")}
+        lines.append(f"{counts['normal']} drawn, {counts['ones']} set to 1, {counts['zeros']} set to 0, "
+                     f"{counts['kept']} kept as they were")
+        lines += self.notes
+        return "\n".join(lines)
+
+    def by_name(self) -> dict[str, InitRow]:
+        return {r.name: r for r in self.rows}
+
+    def summary(self) -> str:
+        """The table with the layers folded: one row per parameter of a block (blocks.*.), with its count."""
+        groups: dict[tuple, int] = {}
+        for r in self.rows:
+            key = (re.sub(r"\.\d+\.", ".*.", r.name), tuple(r.shape), r.rule, r.fan_in, r.std, r.reason)
+            groups[key] = groups.get(key, 0) + 1
+        header = f"{'parameter':<40} {'count':>5} {'shape':<18} {'rule':<6} {'d_in':>6} {'std':>10}  note"
+        lines = [f"γ-init, γ = {self.gamma:g} ({len(self.rows)} parameters; --layers lists each)", header,
+                 "-" * len(header)]
+        for (name, shape, rule, fan, std, reason), n in groups.items():
+            lines.append(f"{name:<40} {n:>5} {str(shape):<18} {rule:<6} {'' if fan is None else fan:>6} "
+                         f"{'' if std is None else f'{std:.4g}':>10}  {reason}".rstrip())
+        return "\n".join(lines + self.notes)
+
+
+def _check_materialised(module: nn.Module) -> None:
+    meta = [n for n, p in module.named_parameters() if p.is_meta]
+    if meta:
+        raise MetaDeviceError(
+            f"{len(meta)} parameters (first: {meta[0]}) are on the meta device and hold no values; materialise "
+            "the model first (model.to_empty(device=...), then recompute its buffers) and call gamma_init_ again")
+
+
+def _restore_ties(module: nn.Module) -> list[str]:
+    """A Hugging Face model that declares tied embeddings but has them untied (``to_empty`` copies each
+    name into its own storage) is tied again before drawing, so the tie is drawn once."""
+    get_in, get_out = getattr(module, "get_input_embeddings", None), getattr(module, "get_output_embeddings", None)
+    config = getattr(module, "config", None)
+    if not (callable(get_in) and callable(get_out) and hasattr(config, "get_text_config")):
+        return []
+    if not getattr(config.get_text_config(), "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)):
+        return []
+    inp, out = get_in(), get_out()
+    if inp is None or out is None or getattr(out, "weight", None) is None or out.weight is inp.weight:
+        return []
+    module.tie_weights()
+    if out.weight is not inp.weight:
+        return ["note: the config ties the output embeddings to the input embeddings but they are separate "
+                "tensors, and tie_weights() did not tie them: both are drawn"]
+    return ["note: the output embeddings were not tied to the input embeddings although the config ties them "
+            "(to_empty breaks ties): tied again, drawn once"]
+
+
+def _rule(role: ParamRole, gamma: float) -> tuple[str, int | None, float | None]:
+    if role.kind in ("matrix", "embedding"):
+        return "normal", role.fan_in, gamma_std(role.fan_in, gamma)
+    if role.kind == "norm":
+        return ("zeros" if role.norm_offset else "ones"), None, None
+    if role.kind == "bias":
+        return "zeros", None, None
+    return "kept", None, None
+
+
+def _describe(role: ParamRole) -> str:
+    if role.kind == "norm":
+        return "norm x̂·(1 + w): scale 1 at w = 0" if role.norm_offset else "norm"
+    return role.reason if role.kind in ("own", "unknown") else ""
+
+
+def init_plan(
+    module: nn.Module, gamma: float = 1.0, *, example_inputs=None, roles: dict[str, ParamRole] | None = None
+) -> InitReport:
+    """What ``gamma_init_`` would set, without touching a parameter (works on the meta device)."""
+    _check_gamma(gamma)
+    notes: list[str] = []
+    if roles is None:
+        roles, notes = resolve_roles(module, example_inputs)
+    rows: list[InitRow] = []
+    for name, _, _, p in named_parameters_once(module):
+        role = roles.get(name) or ParamRole("unknown", reason="no role given")
+        rule, fan, std = _rule(role, gamma)
+        rows.append(InitRow(name, tuple(p.shape), rule, fan, std, _describe(role), role.kind))
+    unknown = [r for r in rows if r.rule == "kept" and roles.get(r.name, ParamRole("unknown")).kind == "unknown"]
+    if unknown:
+        notes.append(f"warning: {len(unknown)} parameters kept because their role is not established "
+                     f"(first: {unknown[0].name}: {unknown[0].reason})")
+    return InitReport(gamma=gamma, rows=rows, notes=notes)
+
+
+@torch.no_grad()
+def gamma_init_(
+    module: nn.Module, gamma: float = 1.0, *, generator: torch.Generator | None = None, example_inputs=None,
+    roles: dict[str, ParamRole] | None = None,
+) -> InitReport:
+    """Apply the γ rule to every parameter of ``module`` (ours or any other nn.Module) and report it.
+
+    Weight matrices and embedding tables ~ N(0, d_in^(−2γ)); norm weights to their scale-1 value (1, or 0
+    for the (1 + w) form); biases 0; everything else kept, with the reason (see ``param_roles``, which
+    ``example_inputs`` is passed to; ``roles`` skips it). Parameters are drawn in ``named_modules`` order
+    so a seeded ``generator`` gives the same weights on every run and every parallel layout. A model on
+    the meta device is refused (``init_plan`` shows what would be set).
+    """
+    _check_gamma(gamma)
+    _check_materialised(module)
+    ties = _restore_ties(module)
+    report = init_plan(module, gamma, example_inputs=example_inputs, roles=roles)
+    params = {name: p for name, _, _, p in named_parameters_once(module)}
+    for row in report.rows:
+        p = params[row.name]
+        if row.rule == "normal":
+            gamma_normal_(p, gamma, row.fan_in, generator=generator)
+        elif row.rule in ("ones", "zeros"):
+            _fill_(p, 1.0 if row.rule == "ones" else 0.0)
+    report.notes[:0] = ties
+    return report

@@ -1,0 +1,41 @@
+"""Every norm's ε, set in place."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..errors import ConfigError
+from .roles import is_norm
+
+EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
+
+
+class NormEpsError(ConfigError):
+    """A norm whose ε is not an attribute that can be set (hard-coded in its forward)."""
+
+
+def set_norm_eps_(module: nn.Module, eps: float) -> list[str]:
+    """Set ε of every norm layer (ours, torch's, Hugging Face's naming); returns the names touched.
+
+    Raises NormEpsError, naming the modules, when a norm has no ε attribute (its forward hard-codes it):
+    setting ε on the others only would give a model that silently runs with two ε."""
+    if not eps > 0:
+        raise ConfigError(f"norm eps must be positive, got {eps}")
+    touched, fixed = [], []
+    for name, mod in module.named_modules():
+        if not is_norm(mod) or any(is_norm(c) for c in mod.children()):  # a wrapper: its inner norm counts
+            continue
+        for attr in EPS_ATTRS:
+            if isinstance(getattr(mod, attr, None), float):
+                setattr(mod, attr, float(eps))
+                touched.append(name)
+                break
+        else:
+            fixed.append(name)
+    if fixed:
+        kind = type(module.get_submodule(fixed[0])).__name__
+        more = f" and {len(fixed) - 1} more" if len(fixed) > 1 else ""
+        raise NormEpsError(
+            f"{kind} at {fixed[0] or 'the root'}{more} has no ε attribute (its forward hard-codes ε), so ε = {eps:g} "
+            "cannot be set; replace those norms with ones that take ε, or keep the architecture's ε")
+    return touched

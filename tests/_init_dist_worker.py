@@ -1,0 +1,42 @@
+"""Run by tests/test_init_distributed.py under torchrun (gloo): γ-init of FSDP2-sharded models.
+
+    python -m torch.distributed.run --nproc_per_node 2 tests/_init_dist_worker.py OUT_DIR
+
+Each model is built on every rank, sharded with fully_shard (each block, then the root), γ-initialised
+from seed 0 and gathered; rank 0 writes the gathered weights to OUT_DIR/<arch>.pt.
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+import hf_tiny
+from smallinit import gamma_init_, param_roles
+
+ARCHS = ("gpt2", "mixtral", "gemma")
+
+
+def main(out: Path) -> None:
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for arch in ARCHS:
+        model = hf_tiny.build(arch)
+        roles = param_roles(model)  # before sharding: the forward check runs on the whole model
+        for layer in model.base_model.layers if hasattr(model.base_model, "layers") else model.base_model.h:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        assert any(type(p).__name__ == "DTensor" for p in model.parameters())
+        report = gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0), roles=roles)
+        full = {n: p.full_tensor() for n, p in model.named_parameters()}
+        if dist.get_rank() == 0:
+            torch.save({"weights": full, "rules": {r.name: r.rule for r in report.rows}}, out / f"{arch}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

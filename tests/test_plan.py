@@ -1,0 +1,183 @@
+"""smallinit plan: the cost arithmetic against hand-computed cases, the budget with the configured tokenizer, and
+decidability as the claims code decides it (its thresholds, its reasons), never a copy."""
+
+import json
+import math
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+from smallinit.cli import main
+from smallinit.errors import ExperimentError
+from smallinit.experiments import plan as plan_module
+from smallinit.experiments.claims import preconditions
+from smallinit.experiments.plan import CPU_STUDY_SEED_SD, Hardware, plan_recipe, plan_sweep
+from smallinit.experiments.power import CLAIM_ALPHA, minimum_detectable_effect
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# d = 16, 1 layer, 2 heads of 8, d_ff 32, elementwise gate, tied embeddings, byte tokenizer (257 entries)
+TINY = """
+[recipe]
+title = "t"
+claims = ["C2", "C3"]
+analysis = "fig1"
+[base]
+"model.preset" = "cpu-1m"
+"model.d_model" = 16
+"model.n_layers" = 1
+"model.n_heads" = 2
+"model.n_kv_heads" = 2
+"model.d_ff" = 32
+"model.gate" = "elementwise"
+"model.tie_embeddings" = true
+"data.tokenizer" = "bytes"
+"data.seq_len" = 256
+"train.batch_size" = 4
+"train.steps" = 10
+"train.eval_every" = 5
+"analysis.every" = 5
+"analysis.batch_size" = 16
+[scales.s]
+description = "d"
+[scales.s.sweeps.a.grid]
+"model.gamma" = [0.5, 1.0]
+"train.seed" = [0, 1]
+"""
+
+
+# C3's cells: γ {0.5, 1} × gate {none, elementwise} at ε = 1e-12, 2 seeds
+GATE_GRID = TINY.replace('"model.gate" = "elementwise"\n', '"model.norm_eps" = 1e-12\n').replace(
+    '"train.seed" = [0, 1]', '"train.seed" = [0, 1]\n"model.gate" = ["none", "elementwise"]')
+
+
+def tiny_recipe(tmp_path, text: str = TINY) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(text)
+    return path
+
+
+def test_tokens_flops_and_time_by_hand(tmp_path):
+    plan = plan_recipe(tiny_recipe(tmp_path), "s", Hardware.make("cpu", 2, mfu=0.5))
+    assert len(plan.cells) == 4
+    c = plan.cells[0]
+    V, d, ff, T = 257, 16, 32, 256
+    matmuls = 4 * d * d + d * d + 3 * d * ff + V * d  # q k v o, the gate W_θ, SwiGLU, the (tied) head
+    embedding, norms = V * d, 3 * d
+    assert (c.params, c.params_nonembed) == (embedding + matmuls - V * d + norms, matmuls - V * d + norms)
+    assert c.tokens == 10 * 4 * T
+    assert c.tokens_per_param == pytest.approx(10 * 4 * T / c.params_nonembed)
+    assert c.evaluations == 3  # steps 0, 5 and 10
+    per_token = 6 * matmuls + 6 * 1 * T * d  # 6·N_matmul + 12·L·T·d_attn·½ (causal)
+    assert c.flops == pytest.approx(10 * 4 * T * per_token)
+    assert plan.flops == pytest.approx(4 * 10 * 4 * T * per_token)
+    assert plan.wall_s == pytest.approx(plan.flops / (2 * plan_module.CPU_CORE_FLOPS * 0.5))
+    assert plan.device_hours == pytest.approx(plan.wall_s * 2 / 3600)
+    by_rate = plan_recipe(tiny_recipe(tmp_path), "s", Hardware.make("h100", 4, tokens_per_s=640.0))
+    assert by_rate.wall_s == pytest.approx(4 * 10 * 4 * T / 640)
+
+
+def test_gpu_time_uses_the_peak_table(tmp_path):
+    plan = plan_recipe(tiny_recipe(tmp_path), "s", Hardware.make("a100", 4, mfu=0.25))
+    assert plan.wall_s == pytest.approx(plan.flops / (4 * 312e12 * 0.25))
+
+
+def test_budget_steps_follow_the_configured_tokenizer(tmp_path):
+    """With an untied head the vocabulary adds non-embedding parameters: a larger tokenizer needs more steps for
+    the same tokens per parameter, and every run reaches the budget."""
+    text = TINY.replace('"model.tie_embeddings" = true', '"model.tie_embeddings" = false').replace(
+        "[scales.s.sweeps", "[scales.s.budget]\ntokens_per_param = 20\n[scales.s.sweeps")
+    steps = {}
+    for tok in ("bytes", "default"):
+        plan = plan_recipe(tiny_recipe(tmp_path, text), "s", Hardware.make("cpu", 2), overrides=[f"data.tokenizer={tok}"])
+        assert min(c.tokens_per_param for c in plan.cells) >= 20
+        n = max(c.params_nonembed for c in plan.cells)
+        steps[tok] = plan.cells[0].steps
+        assert steps[tok] == math.ceil(20 * n / (4 * 256))
+    assert steps["default"] > 5 * steps["bytes"]  # 8,192 entries against 257
+
+
+def test_preconditions_are_the_claims_own(tmp_path, monkeypatch):
+    """Too short; then long enough with a sink sample the claims code counts as enough; raising its threshold there
+    changes the plan."""
+    def c3(**kw):
+        plan = plan_recipe(tiny_recipe(tmp_path, GATE_GRID), "s", Hardware.make("cpu", 2), **kw)
+        return next(c for c in plan.claims if c.claim == "C3")
+
+    short = c3()  # the sink comparisons have no training budget to meet; the gate's loss gains do
+    assert short.partly and not short.decides
+    assert len(short.failing) == 2 and all("gate gain" in label and "tokens per non-embedding parameter < 20" in why
+                                           for label, why in short.failing.items())
+    long = ["train.steps=8000", "train.eval_every=1000", "analysis.every=1000"]
+    assert c3(overrides=long).decides and c3(overrides=long).seeds == 2 and not c3(overrides=long).failing
+    monkeypatch.setattr(preconditions, "SINK_SEQS", 32)
+    raised = c3(overrides=long)
+    assert not raised.decides
+    assert any("sink measured on 16 sequences of 256 tokens, needs ≥ 32 of ≥ 256" in f for f in raised.failing.values())
+
+
+def test_one_seed_and_no_saturation_by_design(tmp_path):
+    """Fig. 1's grid with one seed at d = 16: C3 lacks seeds, and C2 cannot saturate ε = 1e-5 (factor 0.99)."""
+    text = GATE_GRID.replace('"model.norm_eps" = 1e-12\n', "").replace(
+        '"train.seed" = [0, 1]', '"train.seed" = [0]\n"model.norm_eps" = [1e-5, 1e-12]')
+    long = ["train.steps=8000", "train.eval_every=1000", "analysis.every=1000"]
+    claims = {c.claim: c for c in plan_recipe(tiny_recipe(tmp_path, text), "s", Hardware.make("cpu", 2),
+                                              overrides=long).claims}
+    assert not claims["C2"].testable and not claims["C3"].decides
+    assert any("norm factor at init 1.00 ≥ 0.5 (by the formula)" in f for f in claims["C2"].failing.values())
+    assert any("1 seed(s): needs ≥ 2 paired seeds" in f for f in claims["C3"].failing.values())
+
+
+def test_mde_comes_from_the_power_module(tmp_path):
+    long = ["train.steps=8000", "train.eval_every=1000", "analysis.every=1000"]
+    plan = plan_recipe(tiny_recipe(tmp_path, GATE_GRID), "s", Hardware.make("cpu", 2), overrides=long, seed_sd=0.01)
+    c3 = next(c for c in plan.claims if c.claim == "C3")
+    assert c3.mde == pytest.approx(minimum_detectable_effect(0.01, 2, CLAIM_ALPHA))
+
+
+def test_cpu_study_seed_sd_is_the_documented_median():
+    """The default seed sd is the median sd of the CPU study's paired final-loss gaps, as its table shows them."""
+    text = (ROOT / "docs" / "findings-cpu.md").read_text(encoding="utf-8")
+    table = text[text.index("## Verdicts"):text.index("## The regime")]
+    sds = [float(m.group(2)) for m in re.finditer(
+        r"((?:L\(|ε-fix gain at|gate gain at)[^:\n]*): [+-][\d.]+ ± ([\d.]+) \(n=\d+\)", table) if "minus" not in m.group(1)]
+    assert len(sds) >= 10
+    assert CPU_STUDY_SEED_SD == pytest.approx(statistics.median(sds))
+
+
+def test_cli_plan_json_and_plan_flags(tmp_path, capsys):
+    recipe = tiny_recipe(tmp_path)
+    assert main(["plan", str(recipe), "--scale", "s", "--gpu", "cpu", "--gpus", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["hardware"]["kind"] == "cpu" and len(data["cells"]) == 4
+    assert {c["claim"] for c in data["claims"]} == {"C2", "C3"}
+    assert main(["recipe", str(recipe), "--scale", "s", "--plan", "--gpu", "h200", "--gpus", "8"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("plan: recipe tiny --scale s on 8 × H200") and not (tmp_path / "runs").exists()
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text('[base]\n"model.preset" = "cpu-1m"\n"data.tokenizer" = "bytes"\n"train.steps" = 5\n'
+                     '[grid]\n"model.gamma" = [0.5, 1.0]\n')
+    assert main(["sweep", str(sweep), "--plan", "--gpu", "cpu"]) == 0
+    assert "total: 2 runs" in capsys.readouterr().out
+    assert plan_sweep(sweep, Hardware.make("cpu", 1)).claims  # C1–C7 judged as the demo judges
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--gpu", "v100"], "unknown GPU 'v100'"),
+    (["--gpus", "0"], "--gpus must be ≥ 1"),
+    (["--mfu", "1.5"], "--mfu must be in (0, 1]"),
+    (["--seed-sd", "0"], "--seed-sd must be > 0"),
+    (["--scale", "nope"], "has no scale 'nope'"),
+])
+def test_bad_plan_input_is_one_line(tmp_path, capsys, argv, message):
+    args = ["plan", str(tiny_recipe(tmp_path)), *(["--scale", "s"] if "--scale" not in argv else []), *argv]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_unknown_gpu_is_an_experiment_error():
+    with pytest.raises(ExperimentError, match="choose one of h100"):
+        Hardware.make("tpu")
