@@ -120,7 +120,7 @@ def sink_from_attention(attention: list[AttentionInputs], *, chunk: int = 256) -
 
 
 @torch.no_grad()
-def attention_roles(model: nn.Module, tokens: torch.Tensor, marked: torch.Tensor) -> dict[str, list[list[float]]]:
+def attention_roles(model: torch.nn.Module, tokens: torch.Tensor, marked: torch.Tensor) -> dict[str, list[list[float]]]:
     """Where each head's attention goes, split by query: mean weight on the first token, on the query itself and
     on the token before it, for the queries ``marked`` (B, T bool: e.g. the sink task's triggers) and for the
     others, over queries i ≥ 2 (0-based), where those three keys differ. Keys "first/marked", "first/other",

@@ -29,7 +29,13 @@ import numpy as np
 import torch
 
 from smallinit import io
-from smallinit.data.batching import document_starts, fitting_starts, get_batch, iter_eval_batches, repeat_message
+from smallinit.data.batching import (
+    document_starts,
+    fitting_starts,
+    get_batch,
+    iter_eval_batches,
+    repeat_message,
+)
 from smallinit.data.corpus import corpus_fingerprint, iter_documents
 from smallinit.data.tokenizer import Tokenizer
 from smallinit.errors import DataError, StorageError
