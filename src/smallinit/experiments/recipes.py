@@ -41,7 +41,6 @@ import numpy as np
 from ..config import flatten, parse_override, read_toml
 from ..errors import ExperimentError, Preempted, SmallinitError
 from ..io import write_json_atomic
-from ..model import Transformer
 from .budget import budget_schedule, budget_steps
 from .findings import FINDINGS, FINDINGS_FILE
 from .runs import model_shape
