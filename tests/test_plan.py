@@ -14,7 +14,9 @@ from smallinit.errors import ExperimentError
 from smallinit.experiments import plan as plan_module
 from smallinit.experiments.claims import preconditions
 from smallinit.experiments.plan import CPU_STUDY_SEED_SD, Hardware, plan_recipe, plan_sweep
+from smallinit.experiments.findings import FINDINGS, JUDGES
 from smallinit.experiments.power import CLAIM_ALPHA, minimum_detectable_effect
+from smallinit.experiments.recipes import load_recipe, recipe_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -181,3 +183,11 @@ def test_bad_plan_input_is_one_line(tmp_path, capsys, argv, message):
 def test_unknown_gpu_is_an_experiment_error():
     with pytest.raises(ExperimentError, match="choose one of h100"):
         Hardware.make("tpu")
+
+
+def test_every_shipped_recipe_can_be_planned():
+    """The plan judges through the same table the findings do, so no recipe's analysis is missing from it."""
+    for name in recipe_names():
+        assert load_recipe(name).analysis in FINDINGS.keys() & JUDGES.keys(), name
+    (claim,) = plan_recipe("sink", "gpu", Hardware.make("h100", 8)).claims
+    assert claim.claim == "C3"

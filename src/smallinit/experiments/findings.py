@@ -236,6 +236,7 @@ JUDGES: dict[str, Judge] = {
     "condensation": lambda runs, m, o: [claim_c6(runs)],
     "tokens": lambda runs, m, o: [claim_c7(m.get("gaps"))],
     "reasoning": lambda runs, m, o: [reasoning_claim(runs, m.get("anchor") or {})],
+    "sink": lambda runs, m, o: [claim_c3(runs)],
 }
 
 
@@ -394,7 +395,7 @@ def sink_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict
         found = attention_roles(load_model(r.path), torch.from_numpy(data.tokens(symbols)), trigger)
         roles.append({"cell": r.name, **_size_fields(r.size), **_arm_fields(_group_key(r)[1:]), "seed": r.seed,
                       "roles": found})
-    return {"claims": _claims([claim_c3(runs)]), "losses": loss_table(runs), "sinks": sink_table(runs),
+    return {"claims": _claims(JUDGES["sink"](runs, {}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
             "sink_along_training": sink_along_training(runs), "attention_roles": roles, "optimal_loss": optimal,
             "n_runs": len(runs)}
 
