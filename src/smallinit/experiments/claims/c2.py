@@ -13,7 +13,7 @@ import numpy as np
 
 from ...analysis.norm_factor import relative_factor
 from ..power import MIN_TOKENS_PER_PARAM
-from .comparison import PRIMARY, ClaimResult, Comparison, judged
+from .comparison import ClaimResult, Comparison, declare_primary, judged
 from .loss import loss_comparison
 from .preconditions import emulation_problem, saturation_problem
 from .selection import EMULATED_WIDTH, Runs, baselines, effective_eps, measured_factor_at_init, size_label
@@ -49,10 +49,5 @@ def claim_c2(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
             c.untestable = problem or c.untestable
         res.comparisons += [fix1, diff]
         candidates.append((problem, fix1))
-    if candidates:
-        saturable = [c for problem, c in candidates if not problem]
-        (saturable or [candidates[0][1]])[0].role = PRIMARY
-    else:
-        res.comparisons.append(Comparison.missing("ε-fix gain", "needs γ {0.5, 1} × ε {1e-5, 1e-12} without gate",
-                                                  role=PRIMARY))
+    declare_primary(res, candidates, "ε-fix gain", "needs γ {0.5, 1} × ε {1e-5, 1e-12} without gate")
     return res

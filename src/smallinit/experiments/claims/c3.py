@@ -7,7 +7,7 @@ the difference from γ = 0.5's gain, and the sink comparisons."""
 from __future__ import annotations
 
 from ..power import MIN_TOKENS_PER_PARAM
-from .comparison import PRIMARY, ClaimResult, Comparison, judged
+from .comparison import ClaimResult, Comparison, declare_primary, judged
 from .loss import loss_comparison
 from .preconditions import sink_formed
 from .selection import Runs, paired, sink_mean, size_label
@@ -45,10 +45,5 @@ def claim_c3(runs: Runs, *, min_tpp: float = MIN_TOKENS_PER_PARAM) -> ClaimResul
             c.untestable = problem or c.untestable
         res.comparisons += at_size
         candidates.append((problem, gate1))
-    if candidates:
-        formed = [c for problem, c in candidates if not problem]
-        (formed or [candidates[0][1]])[0].role = PRIMARY
-    else:
-        res.comparisons.append(Comparison.missing("gate gain", "needs γ {0.5, 1} × gate {none, elementwise} at ε 1e-12",
-                                                  role=PRIMARY))
+    declare_primary(res, candidates, "gate gain", "needs γ {0.5, 1} × gate {none, elementwise} at ε 1e-12")
     return res

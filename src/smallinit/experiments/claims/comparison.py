@@ -216,6 +216,17 @@ class ClaimResult:
                 "extra": self.extra}
 
 
+def declare_primary(res: ClaimResult, candidates: list[tuple[str, Comparison]], missing: str, needs: str) -> None:
+    """Make the first candidate whose size meets its precondition the claim's primary (else the first, so its
+    reason shows); with no candidate, a missing primary that says what the runs need. ``candidates`` holds
+    (precondition problem or "", comparison) per size, smallest first."""
+    if not candidates:
+        res.comparisons.append(Comparison.missing(missing, needs, role=PRIMARY))
+        return
+    holding = [c for problem, c in candidates if not problem]
+    (holding or [candidates[0][1]])[0].role = PRIMARY
+
+
 def judge_table(claims: Sequence[ClaimResult], alpha: float = ALPHA) -> None:
     """The table-level correction: Holm over the primaries that are testable, each claim judged at the level
     of its rank (a claim whose primary is not testable is outside the family)."""
