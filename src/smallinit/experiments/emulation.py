@@ -102,9 +102,10 @@ def pooled(found: list[Emulation]) -> Emulation:
 
 
 def run_emulation(run: Run) -> Emulation | None:
-    """``emulation`` of a run folder, from its norm-factor records (else its coarser analysis records)."""
+    """``emulation`` of a run, from its norm-factor records (else its coarser analysis records). The config is the
+    run's own (flat) one, so a planned run that has no folder yet is read the same way."""
     records = run.records("norm_factor") or run.analysis
-    return emulation(Config.from_json_file(run.path / "config.json"), records) if records else None
+    return emulation(_config(run.config), records) if records else None
 
 
 def emulation(config: Config, records: list[dict[str, Any]]) -> Emulation | None:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from ..analysis.norm_factor import relative_factor
+from ..analysis.saturation import SATURATED, steps_to_unsaturate
 from ..config import Config, flatten
 from ..errors import ExperimentError, SmallinitError
 from ..model import Transformer
@@ -285,7 +286,7 @@ def plan_cell(sweep: str, cell_id: str, size: str, cfg: Config, ranks: int, hard
 def _planned_run(sweep: str, cell_id: str, cfg: Config, ranks: int, nonembed: int) -> Run:
     """A run holding what this cell will record, with outcomes that meet every outcome-dependent precondition:
     losses on one power law in N with γ = 1 ahead (more with the fixes), a formed sink, the analytic RMSNorm
-    factor, γ = 1's stable rank lowest a third of the way in."""
+    factor at init (saturated for as few steps as Adam allows), γ = 1's stable rank lowest a third of the way in."""
     flat = flatten(cfg.to_dict())
     flat.setdefault("model.norm_eps_width", 0)
     g, d = float(cfg.model.gamma), cfg.model.d_model
@@ -298,13 +299,18 @@ def _planned_run(sweep: str, cell_id: str, cfg: Config, ranks: int, nonembed: in
     metrics: list[dict[str, Any]] = [{"step": s, "val_loss": loss + 1.0 / (1 + s)} for s in evals]
     steps = cfg.train.steps
     factor = float(_relative_factor(g, flat, d))
+    # a saturated norm recovers as fast as Adam allows (rate 1): the shortest saturation the emulation can have
+    recovered = steps_to_unsaturate(cfg, rate=1.0) if factor < SATURATED else 0.0
     sink = (0.6 if cfg.model.gate == "none" else 0.05) * (1 + 0.3 * (g - 1.0)) + 0.01 * noise
     for s in _analysis_steps(cfg, ranks):
         t = s / max(1, steps)
         rank = 10.0 + (abs(t - 1 / 3) * 9 if g == 1.0 else 8.0) + 0.1 * noise * (1 + t)
-        metrics.append({"event": "analysis", "step": s, "norm_factor": {"0": factor},
+        metrics.append({"event": "analysis", "step": s, "norm_factor": {"0": factor if s < recovered else 1.0},
                         "sink": {str(i): sink for i in range(cfg.model.n_layers)}, "sink_mean": sink,
                         "stable_rank": {"q": rank}})
+    if cfg.analysis.norm_every:
+        metrics += [{"event": "norm_factor", "step": s, "norm_factor": {"0": factor if s < recovered else 1.0}}
+                    for s in range(0, steps + 1, cfg.analysis.norm_every)]
     metrics[len(evals) - 1]["val_loss"] = loss + 1.0 / (1 + steps)
     run = Run(Path(sweep) / cell_id, cell_id, flat, {"step": steps, "val_loss": loss + 1.0 / (1 + steps),
                                               "params_nonembed": nonembed})
