@@ -16,7 +16,7 @@ from smallinit.analysis.saturation import (
     steps_to_unsaturate,
 )
 from smallinit.cli import main
-from smallinit.experiments.claims import Runs, claim_c1, claim_c4
+from smallinit.experiments.claims import Runs, claim_c1, claim_c2, claim_c4
 from smallinit.experiments.claims.preconditions import lr_bracket_problem
 from smallinit.experiments.emulation import emulation, paper_scale_config, paper_scale_share
 from smallinit.experiments.findings import norm_factor_table
@@ -105,9 +105,11 @@ def test_a_short_emulated_run_is_saturated_far_longer_than_the_paper_scale(tmp_p
     assert e.paper == (paper_scale_share(), paper_scale_share())
 
 
-def _run(root, *, gamma: float, seed: int, final: float, model: dict, lr: float = 3e-3, factors=None) -> Run:
+def _run(root, *, gamma: float, seed: int, final: float, model: dict, lr: float = 3e-3, factors=None,
+         other_norms: float | None = 0.99) -> Run:
     """A finished d = 16 run of 4,000 steps (40 tokens per non-embedding parameter) whose loss falls to ``final``;
-    ``factors`` (step → factor of the first norm) become norm-factor records."""
+    ``factors`` (step → factor of the first norm) become norm-factor records, the other norm's factor
+    ``other_norms`` (None: the first norm's)."""
     steps = 4000
     path = root / f"g{gamma}_s{seed}_lr{lr}"
     path.mkdir(parents=True)
@@ -116,7 +118,7 @@ def _run(root, *, gamma: float, seed: int, final: float, model: dict, lr: float 
            "data": {"seq_len": 10}}
     (path / "config.json").write_text(json.dumps(cfg))
     lines = [{"step": s, "val_loss": final + 2 * math.exp(-5 * s / steps)} for s in range(0, steps + 1, 500)]
-    lines += [{"event": "norm_factor", "step": s, "norm_factor": {"blocks.0.attn_norm": f, "norm": 0.99}}
+    lines += [{"event": "norm_factor", "step": s, "norm_factor": {"blocks.0.attn_norm": f, "norm": other_norms or f}}
               for s, f in (factors or {}).items()]
     (path / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
     (path / "summary.json").write_text(json.dumps({"step": steps, "val_loss": final, "params_nonembed": 1000}))
@@ -127,11 +129,11 @@ EMULATED_ARM = {"norm_eps": 1e-5, "norm_eps_width": 2048, "gate": "none"}
 FIXED_ARM = {"norm_eps": 1e-12, "norm_eps_width": 0, "gate": "elementwise"}
 
 
-def _emulated_runs(root, first_norm: dict[int, float], gaps=(0.10, 0.12, 0.11)) -> Runs:
+def _emulated_runs(root, first_norm: dict[int, float], gaps=(0.10, 0.12, 0.11), other_norms: float | None = 0.99) -> Runs:
     """γ .5 and γ 1 runs of the emulated-ε arm, 3 seeds, γ = 1 ahead by ``gaps``; γ = 1's first norm follows
-    ``first_norm`` (step → factor), the other norms are unsaturated."""
+    ``first_norm`` (step → factor), the other norms ``other_norms`` (None: the same)."""
     return Runs([_run(root, gamma=g, seed=seed, final=3.0 + (gap if g == 0.5 else 0.0), model=EMULATED_ARM,
-                      factors=first_norm if g == 1.0 else {0: 0.99})
+                      factors=first_norm if g == 1.0 else {0: 0.99}, other_norms=other_norms)
                  for seed, gap in enumerate(gaps) for g in (0.5, 1.0)])
 
 
@@ -148,6 +150,25 @@ def test_c1_is_not_judged_on_an_emulation_saturated_far_longer_than_the_paper_sc
     # runs without norm-factor records are judged as before, with no note
     unmeasured = claim_c1(_emulated_runs(tmp_path / "none", {}))
     assert unmeasured.comparisons[0].verdict == AGREE and not any("emulated ε" in n for n in unmeasured.notes)
+
+
+def test_c2_is_not_judged_on_an_emulation_saturated_far_longer_than_the_paper_scale(tmp_path):
+    """The ε-fix gain on the same emulated arm: a saturation that lasts 90 % of training is a stronger treatment
+    than the paper's, so its gain is shown but not judged; one as brief as the paper scale's is judged."""
+    def c2(root, first_norm):
+        base = _emulated_runs(root / "base", first_norm, gaps=(0.0, 0.0, 0.0), other_norms=None)
+        eps_only = {"norm_eps": 1e-12, "norm_eps_width": 0, "gate": "none"}
+        fixed = [_run(root / "eps", gamma=g, seed=s, final=3.0 - (0.1 + 0.01 * s if g == 1.0 else 0.0), model=eps_only)
+                 for s in range(3) for g in (0.5, 1.0)]
+        res = claim_c2(Runs([*base, *fixed]))
+        return next(c for c in res.comparisons if c.label.startswith("ε-fix gain at γ1")), res
+
+    held, res = c2(tmp_path / "held", {0: 0.15, 2000: 0.3, 3600: 0.45, 4000: 0.6})
+    assert held.verdict == NOT_TESTABLE and "90.0–100.0 %" in held.reason and "d = 2048" in held.reason
+    assert held.samples == pytest.approx([0.1, 0.11, 0.12])  # still shown
+    assert any("emulated ε" in n for n in res.notes)
+    brief, _ = c2(tmp_path / "brief", {0: 0.15, 8: 0.9, 4000: 0.95})
+    assert brief.verdict == AGREE
 
 
 def test_a_best_lr_at_the_edge_of_the_grid_is_not_judged(tmp_path):

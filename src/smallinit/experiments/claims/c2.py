@@ -1,7 +1,8 @@
 """C2: ε = 1e-12 instead of 1e-5 lowers the loss at γ = 1 (RMSNorm saturation), hardly at γ = 0.5.
 
-Primary: the ε-fix gain L(ε 1e-5) − L(ε 1e-12) at γ = 1 at the smallest size where ε can saturate (chosen by
-the norm factor at init, not by any loss), against the paper's +0.038 at 1.5B. Secondary: the other sizes and
+Primary: the ε-fix gain L(ε 1e-5) − L(ε 1e-12) at γ = 1 at the smallest size where ε saturates as at the paper's
+scale (chosen by the norm factor at init and, on the emulated arm, by how long it stayed saturated; never by any
+loss), against the paper's +0.038 at 1.5B. Secondary: the other sizes and
 the difference from the gain at γ = 0.5."""
 
 from __future__ import annotations
@@ -39,8 +40,11 @@ def claim_c2(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
         m = float(np.mean(measured)) if measured else math.nan
         res.notes.append(f"γ=1 baseline norm factor at init @{size_label(n)}: analytic {analytic:.3f}, measured "
                          f"{m:.3f} (target {relative_factor(1.0, 1e-5, EMULATED_WIDTH):.3f} at d=2048)")
-        problem = saturation_problem(analytic, m, size_label(n))
-        res.notes += [note for note in emulation_problem(b1, size_label(n))[1:] if note]  # how long it lasted
+        # ε must saturate at init, and (emulated) for about as long as at the paper's scale: a saturation that
+        # lasts 20× longer is a stronger treatment, whose gain would be put beside the paper's as if it were its
+        emulated, how_long = emulation_problem(b1, size_label(n))
+        problem = saturation_problem(analytic, m, size_label(n)) or emulated
+        res.notes += [how_long] if how_long else []
         fix1 = loss_comparison(f"ε-fix gain at γ1 @{size_label(n)}", b1, f1, "+0.038", min_tpp,
                                paper_value=PAPER_GAIN)
         fix05 = loss_comparison(f"ε-fix gain at γ.5 @{size_label(n)}", b05, f05, "+0.001", min_tpp)

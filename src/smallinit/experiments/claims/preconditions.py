@@ -1,6 +1,6 @@
 """The preconditions a comparison must meet to be judged, computed from the runs themselves: the
 training regime of a loss comparison, ε's saturation (C2), an emulated ε saturated about as long as at the
-paper's scale (C1), a best learning rate inside its grid (C4), a formed sink (C3); C6's and C7's, which must
+paper's scale (C1, C2), a best learning rate inside its grid (C4), a formed sink (C3); C6's and C7's, which must
 not select on the outcome they gate, sit with their claims (see c6.py, c7.py). A failed one gives "not
 testable here" with the number. Their thresholds are in :mod:`smallinit.experiments.power`.
 """

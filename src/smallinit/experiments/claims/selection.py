@@ -127,8 +127,9 @@ def effective_eps(run: Run) -> float:
 
 
 def measured_factor_at_init(run: Run) -> float | None:
-    """The mean measured RMSNorm factor over the model's norms at step 0 (the analysis callback's)."""
-    recs = [r for r in run.analysis if r.get("step") == 0 and r.get("norm_factor")]
+    """The mean measured RMSNorm factor over the model's norms at step 0 (the analysis callback's, else the
+    norm-factor records of ``analysis.norm_every``)."""
+    recs = [r for r in (*run.analysis, *run.records("norm_factor")) if r.get("step") == 0 and r.get("norm_factor")]
     return float(np.mean(list(recs[0]["norm_factor"].values()))) if recs else None
 
 
