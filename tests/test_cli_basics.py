@@ -106,3 +106,25 @@ def test_the_licence_is_an_spdx_expression():
     assert project["project"]["license"] == "Apache-2.0"
     assert not any(c.startswith("License ::") for c in project["project"].get("classifiers", []))
     assert any(r.replace(" ", "").startswith("setuptools>=77") for r in project["build-system"]["requires"])
+
+
+def test_the_demo_times_quoted_agree_and_meet_their_budgets(capsys):
+    """README, `smallinit --help` and docs/experiments.md quote the same measured demo times (the slowest of several
+    runs), and those meet the demos' budgets: the full demo ≤ 20 min, --quick ≤ 3 min."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    for argv in (["--help"], ["demo", "--help"]):  # the full demo's time is in the first, --quick's in both
+        with pytest.raises(SystemExit):
+            main(argv)
+    helps = capsys.readouterr().out
+    texts = {"README.md": (root / "README.md").read_text(encoding="utf-8").split("```")[1],
+             "--help": helps[:helps.index("usage: smallinit demo")],
+             "docs/experiments.md": (root / "docs" / "experiments.md").read_text(encoding="utf-8").split("```")[1]}
+    for where, text in texts.items():
+        times = [int(m) * 60 + int(s) for m, s in re.findall(r"(\d+) min (\d+) s", " ".join(text.split()))]
+        assert len(times) == 2, (where, times)
+        full, quick = max(times), min(times)
+        assert full <= 20 * 60 and quick <= 3 * 60, where
+        texts[where] = (full, quick)
+    assert len(set(texts.values())) == 1, texts
