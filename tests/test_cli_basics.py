@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -111,8 +112,6 @@ def test_the_licence_is_an_spdx_expression():
 def test_the_demo_times_quoted_agree_and_meet_their_budgets(capsys):
     """README, `smallinit --help` and docs/experiments.md quote the same measured demo times (the slowest of several
     runs), and those meet the demos' budgets: the full demo ≤ 20 min, --quick ≤ 3 min."""
-    import re
-
     root = Path(__file__).resolve().parents[1]
     for argv in (["--help"], ["demo", "--help"]):  # the full demo's time is in the first, --quick's in both
         with pytest.raises(SystemExit):

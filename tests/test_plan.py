@@ -13,8 +13,8 @@ from smallinit.cli import main
 from smallinit.errors import ExperimentError
 from smallinit.experiments import plan as plan_module
 from smallinit.experiments.claims import preconditions
-from smallinit.experiments.plan import CPU_STUDY_SEED_SD, Hardware, plan_recipe, plan_sweep
 from smallinit.experiments.findings import FINDINGS, JUDGES
+from smallinit.experiments.plan import CPU_STUDY_SEED_SD, Hardware, plan_recipe, plan_sweep
 from smallinit.experiments.power import CLAIM_ALPHA, minimum_detectable_effect
 from smallinit.experiments.recipes import load_recipe, recipe_names
 
