@@ -326,7 +326,9 @@ def test_loss_gaps_along_training_are_drawn_from_the_findings(tmp_path):
     assert layout_problems(fig) == []
     (tmp_path / "findings.json").write_text(json.dumps({"recipe": "demo", "title": "t", "claims": claims}))
     assert main(["report", str(tmp_path)]) == 0
-    assert "loss gaps along training" in (tmp_path / "report.html").read_text()
+    html = (tmp_path / "report.html").read_text()
+    assert "loss gaps along training" in html
+    assert "does not withhold it" in html and "settled (the same sign" not in html  # the rule in force, not the old veto
 
 
 # -- what the figures pool ---------------------------------------------------------------------------------------
