@@ -142,7 +142,7 @@ def test_mde_comes_from_the_power_module(tmp_path):
 def test_cpu_study_seed_sd_is_the_documented_median():
     """The default seed sd is the median sd of the CPU study's paired final-loss gaps, as its table shows them."""
     text = (ROOT / "docs" / "findings-cpu.md").read_text(encoding="utf-8")
-    table = text[text.index("## Verdicts"):text.index("## The regime")]
+    table = text[text.index("### Verdicts as printed by the earlier rule"):text.index("### The regime")]
     sds = [float(m.group(2)) for m in re.finditer(
         r"((?:L\(|ε-fix gain at|gate gain at)[^:\n]*): [+-][\d.]+ ± ([\d.]+) \(n=\d+\)", table) if "minus" not in m.group(1)]
     assert len(sds) >= 10

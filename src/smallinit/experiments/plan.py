@@ -62,7 +62,7 @@ GPU_MFU = 0.40
 CPU_CORE_FLOPS = 106e9
 CPU_MFU = 0.20
 # The seed sd of a paired final-loss gap, when no --seed-sd is given: the median sd over 3 seeds of the 15
-# paired loss gaps of the CPU study (docs/findings-cpu.md, the verdict table), in nats.
+# paired loss gaps of the CPU study's earlier run (docs/findings-cpu.md, its verdict table), in nats.
 CPU_STUDY_SEED_SD = 0.017
 
 
