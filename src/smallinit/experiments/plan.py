@@ -301,15 +301,19 @@ def _planned_run(sweep: str, cell_id: str, cfg: Config, ranks: int, nonembed: in
     factor = float(_relative_factor(g, flat, d))
     # a saturated norm recovers as fast as Adam allows (rate 1): the shortest saturation the emulation can have
     recovered = steps_to_unsaturate(cfg, rate=1.0) if factor < SATURATED else 0.0
+
+    def factor_at(step: int) -> dict[str, float]:
+        return {"0": factor if step < recovered else 1.0}
+
     sink = (0.6 if cfg.model.gate == "none" else 0.05) * (1 + 0.3 * (g - 1.0)) + 0.01 * noise
     for s in _analysis_steps(cfg, ranks):
         t = s / max(1, steps)
         rank = 10.0 + (abs(t - 1 / 3) * 9 if g == 1.0 else 8.0) + 0.1 * noise * (1 + t)
-        metrics.append({"event": "analysis", "step": s, "norm_factor": {"0": factor if s < recovered else 1.0},
+        metrics.append({"event": "analysis", "step": s, "norm_factor": factor_at(s),
                         "sink": {str(i): sink for i in range(cfg.model.n_layers)}, "sink_mean": sink,
                         "stable_rank": {"q": rank}})
     if cfg.analysis.norm_every:
-        metrics += [{"event": "norm_factor", "step": s, "norm_factor": {"0": factor if s < recovered else 1.0}}
+        metrics += [{"event": "norm_factor", "step": s, "norm_factor": factor_at(s)}
                     for s in range(0, steps + 1, cfg.analysis.norm_every)]
     metrics[len(evals) - 1]["val_loss"] = loss + 1.0 / (1 + steps)
     run = Run(Path(sweep) / cell_id, cell_id, flat, {"step": steps, "val_loss": loss + 1.0 / (1 + steps),

@@ -40,8 +40,8 @@ def claim_c2(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
         m = float(np.mean(measured)) if measured else math.nan
         res.notes.append(f"γ=1 baseline norm factor at init @{size_label(n)}: analytic {analytic:.3f}, measured "
                          f"{m:.3f} (target {relative_factor(1.0, 1e-5, EMULATED_WIDTH):.3f} at d=2048)")
-        # ε must saturate at init, and (emulated) for about as long as at the paper's scale: a saturation that
-        # lasts 20× longer is a stronger treatment, whose gain would be put beside the paper's as if it were its
+        # ε must saturate at init and, emulated, for about as long as at the paper's scale: a saturation that
+        # lasts 20× longer is a stronger treatment than the paper's, so its gain is shown but not judged
         emulated, how_long = emulation_problem(b1, size_label(n))
         problem = saturation_problem(analytic, m, size_label(n)) or emulated
         res.notes += [how_long] if how_long else []
