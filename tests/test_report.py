@@ -22,7 +22,7 @@ from smallinit.analysis import load_run, residual_flow_ratio
 from smallinit.analysis.measure import held_out_batches
 from smallinit.cli import main
 from smallinit.data import load_tokenizer
-from smallinit.experiments.runs import find_runs
+from smallinit.experiments.runs import Run, find_runs
 from smallinit.report import figures
 from smallinit.report.html import HEATMAPS_SHOWN, PAGE_WIDTH_PX, Groups, num, token_text, varying_keys
 
@@ -232,6 +232,17 @@ def test_figure_labels_name_only_what_differs(report_dir):
     assert {(p, c, len(g)) for p, c, g in groups.items()} == {
         ("d_model=16", "γ=1", 1), ("d_model=32", "γ=0.5", 1), ("d_model=32", "γ=1", 2)}
     assert groups.legend_title == "γ; 1/2 seeds each"
+
+
+def test_how_a_run_ran_does_not_split_its_arm(tmp_path):
+    """train.compile = "auto" resolves per run (a warm compile cache pays sooner), so the seeds of one arm can
+    record different choices; the curves are the arms, the same math whether compiled or not."""
+    runs = [Run(tmp_path / f"r{i}", f"r{i}", {"model.gamma": g, "train.seed": s, "train.compile": s == 1,
+                                                 "train.threads": 1 + s})
+            for i, (g, s) in enumerate((g, s) for g in (0.5, 1.0) for s in (0, 1, 2))]
+    groups = Groups.of(runs, varying_keys(runs))
+    assert {(c, len(g)) for _, c, g in groups.items()} == {("γ=0.5", 3), ("γ=1", 3)}
+    assert groups.legend_title == "γ; 3 seeds each"
 
 
 def test_seeds_are_a_mean_and_a_band():

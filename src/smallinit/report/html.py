@@ -37,10 +37,12 @@ from ..experiments.claims import Runs, gaps_from_compares, judge_all
 from ..experiments.findings import FINDINGS_FILE
 from ..experiments.runs import Run, find_runs
 from ..io import make_folder, read_json, write_text_atomic
+from ..train.distributed import LAYOUT_KEYS
 from ..version import __version__
 from . import figures
 
 REPORT_FILE = "report.html"
+_LAYOUT = {f"train.{k}" for k in LAYOUT_KEYS}  # "auto" compile resolves per run: seeds of one arm may differ
 
 
 class ReportError(SmallinitError):
@@ -176,7 +178,7 @@ class Groups:
 
     @staticmethod
     def of(runs: Sequence[Run], vary: Sequence[str]) -> Groups:
-        keys = [k for k in vary if k != "train.seed"]
+        keys = [k for k in vary if k != "train.seed" and k not in _LAYOUT]  # how a run ran is not an arm
         size_keys = [k for k in SIZE_KEYS if k in keys]
         by_size: dict[str, list[Run]] = {}
         for r in runs:
