@@ -149,6 +149,34 @@ def test_cpu_study_seed_sd_is_the_documented_median():
     assert CPU_STUDY_SEED_SD == pytest.approx(statistics.median(sds))
 
 
+def test_a_recipes_own_pilot_prices_its_mde(tmp_path):
+    """A recipe that measured its own seed spread is planned with it (the sink task's is 2.3× the CPU study's);
+    --seed-sd still wins."""
+    text = GATE_GRID.replace('analysis = "fig1"\n', 'analysis = "fig1"\nseed_sd = 0.03\nseed_sd_source = "a pilot"\n')
+    long = ["train.steps=8000", "train.eval_every=1000", "analysis.every=1000"]
+    plan = plan_recipe(tiny_recipe(tmp_path, text), "s", Hardware.make("cpu", 2), overrides=long)
+    assert (plan.seed_sd, plan.seed_sd_source) == (0.03, "a pilot")
+    c3 = next(c for c in plan.claims if c.claim == "C3")
+    assert c3.mde == pytest.approx(minimum_detectable_effect(0.03, 2, CLAIM_ALPHA))
+    assert plan_recipe(tiny_recipe(tmp_path, text), "s", Hardware.make("cpu", 2), seed_sd=0.01).seed_sd == 0.01
+    # the shipped sink recipe's pilot is the sd its cpu scale measured, as docs/findings-cpu.md prints it
+    findings = (ROOT / "docs" / "findings-cpu.md").read_text(encoding="utf-8")
+    sd, _ = load_recipe("sink").seed_sd
+    assert "gate gain at γ1 @d64×1: -0.016 ± 0.040 (n=6)" in findings and f"seed sd {sd:g})" in findings
+
+
+@pytest.mark.parametrize("meta,message", [
+    ('seed_sd = 0.03\n', "recipe.seed_sd must be a number > 0 with recipe.seed_sd_source"),
+    ('seed_sd = -1\nseed_sd_source = "x"\n', "recipe.seed_sd must be a number > 0"),
+    ('seeds = 3\n', "unknown key recipe.seeds; use title, claims, analysis, seed_sd, seed_sd_source"),
+])
+def test_a_bad_recipe_table_is_one_line(tmp_path, capsys, meta, message):
+    text = TINY.replace('analysis = "fig1"\n', f'analysis = "fig1"\n{meta}')
+    assert main(["plan", str(tiny_recipe(tmp_path, text)), "--scale", "s"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
 def test_cli_plan_json_and_plan_flags(tmp_path, capsys):
     recipe = tiny_recipe(tmp_path)
     assert main(["plan", str(recipe), "--scale", "s", "--gpu", "cpu", "--gpus", "2", "--json"]) == 0

@@ -363,7 +363,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens-per-s", type=float, metavar="X", help="training tokens/s of all devices together, "
                    "instead of an MFU")
     p.add_argument("--seed-sd", type=float, metavar="X", help="sd over seeds of a paired final-loss gap, for the "
-                   "minimum detectable effects (default: the CPU study's)")
+                   "minimum detectable effects (default: the recipe's pilot, else the CPU study's)")
     p.add_argument("--json", action="store_true", help="the plan as JSON")
 
 

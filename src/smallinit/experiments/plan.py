@@ -18,7 +18,8 @@ evaluations, the sink sample, ε's saturation, sizes — and will fail whatever 
 themselves mean nothing and are never shown.
 
 Power. For each claim, the minimum detectable effect at 80 % power of its paired t-test over the planned
-seeds (smallinit.experiments.power), given a seed sd: ``--seed-sd``, or the CPU study's.
+seeds (smallinit.experiments.power), given a seed sd: ``--seed-sd``, the recipe's pilot (``recipe.seed_sd``), or
+the CPU study's.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ GPU_MFU = 0.40
 # Wider models reach more (0.37-0.69 at d = 32-128, head_dim 16), so CPU times above d = 32 err long.
 CPU_CORE_FLOPS = 106e9
 CPU_MFU = 0.20
-# The seed sd of a paired final-loss gap, when no --seed-sd is given: the median sd over 3 seeds of the 15
-# paired loss gaps of the CPU study's earlier run (docs/findings-cpu.md, its verdict table), in nats.
+# The seed sd of a paired final-loss gap, when neither --seed-sd nor the recipe gives one: the median sd over
+# 3 seeds of the 15 paired loss gaps of the CPU study's earlier run (docs/findings-cpu.md, its verdict table), in nats.
 CPU_STUDY_SEED_SD = 0.017
 
 
@@ -419,8 +420,9 @@ def plan_recipe(recipe: Recipe | str, scale: str, hardware: Hardware | None = No
             cells.append(plan_cell(name, cell.id, size, cfg, ranks, hardware, shapes))
             runs.append(_planned_run(name, cell.id, cfg, ranks, cells[-1].params_nonembed))
     all_runs = Runs(runs)
-    sd, source = (seed_sd, "--seed-sd") if seed_sd else (CPU_STUDY_SEED_SD, "the CPU study's median paired loss-gap sd "
-                                                          "(docs/findings-cpu.md); pass --seed-sd from a pilot")
+    sd, source = ((seed_sd, "--seed-sd") if seed_sd else recipe.seed_sd or
+                  (CPU_STUDY_SEED_SD, "the CPU study's median paired loss-gap sd (docs/findings-cpu.md); pass "
+                   "--seed-sd from a pilot"))
     measured = {"flow": _planned_flow(sc.options), "gaps": _planned_gaps(all_runs, sc.options),
                 "anchor": _planned_anchor(all_runs)}
     judged = JUDGES[recipe.analysis](all_runs, measured, {**sc.options, "n_boot": 20})

@@ -6,6 +6,8 @@ A recipe is a TOML file in ``smallinit/experiments/recipes/`` (or any path)::
     title = "..."
     claims = ["C2", "C3"]        # what its analysis judges
     analysis = "fig1"             # a name in smallinit.experiments.findings.FINDINGS
+    seed_sd = 0.04                # optional: a pilot's seed sd of its loss gaps, for the plan's power
+    seed_sd_source = "..."        # where that sd was measured
 
     [base]                        # config keys for every sweep of every scale (lowest priority)
     ...
@@ -48,6 +50,7 @@ from .sweep import Progress, Sweep, SweepOutcome, cell_dir, cell_work, resolve_c
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 _RECIPE_SECTIONS = ("recipe", "base", "scales")
+_META_KEYS = ("title", "claims", "analysis", "seed_sd", "seed_sd_source")
 _SCALE_KEYS = ("description", "base", "options", "budget", "sweeps")
 _BUDGET_KEYS = ("tokens_per_param", "eval_points", "analysis_points", "warmup_frac")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+-]*")  # scale and sweep names become folder names
@@ -70,6 +73,7 @@ class Recipe:
     analysis: str
     scales: dict[str, Scale]
     path: Path
+    seed_sd: tuple[float, str] | None = None  # (the pilot's seed sd in nats, where it was measured)
 
     def scale(self, name: str) -> Scale:
         if name not in self.scales:
@@ -99,9 +103,13 @@ def load_recipe(name: str | os.PathLike) -> Recipe:
     for section in _RECIPE_SECTIONS:
         _table(raw.get(section, {}), f"{where}: [{section}]")
     meta = raw.get("recipe", {})
+    bad = sorted(set(meta) - set(_META_KEYS))
+    if bad:
+        raise ExperimentError(f"{where}: unknown key recipe.{bad[0]}; use {', '.join(_META_KEYS)}")
     analysis = meta.get("analysis", "")
     if not isinstance(analysis, str) or analysis not in FINDINGS:
         raise ExperimentError(f"{where}: analysis {analysis!r} is not one of {', '.join(FINDINGS)}")
+    seed_sd = _pilot_sd(meta, where)
     common = flatten(raw.get("base", {}))
     scales = {}
     for sname, table in raw.get("scales", {}).items():
@@ -127,7 +135,18 @@ def load_recipe(name: str | os.PathLike) -> Recipe:
         scales[sname] = Scale(sname, str(table.get("description", "")), sweeps, options, budget)
     if not scales:
         raise ExperimentError(f"{where}: no [scales.NAME]")
-    return Recipe(path.stem, str(meta.get("title", path.stem)), list(meta.get("claims", [])), analysis, scales, path)
+    return Recipe(path.stem, str(meta.get("title", path.stem)), list(meta.get("claims", [])), analysis, scales, path,
+                  seed_sd)
+
+
+def _pilot_sd(meta: dict[str, Any], where: str) -> tuple[float, str] | None:
+    if "seed_sd" not in meta:
+        return None
+    sd, source = meta["seed_sd"], meta.get("seed_sd_source")
+    if isinstance(sd, bool) or not isinstance(sd, (int, float)) or not sd > 0 or not isinstance(source, str) or not source:
+        raise ExperimentError(f"{where}: recipe.seed_sd must be a number > 0 with recipe.seed_sd_source saying where "
+                              f"it was measured; got {sd!r}, {source!r}")
+    return float(sd), source
 
 
 def _table(value: Any, what: str) -> dict[str, Any]:
