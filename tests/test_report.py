@@ -4,6 +4,7 @@ data and on the canvas, and outputs that land where the command says."""
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import re
 import statistics
@@ -24,7 +25,16 @@ from smallinit.cli import main
 from smallinit.data import load_tokenizer
 from smallinit.experiments.runs import Run, find_runs
 from smallinit.report import figures
-from smallinit.report.html import HEATMAPS_SHOWN, PAGE_WIDTH_PX, Groups, num, token_text, varying_keys
+from smallinit.report.html import (
+    HEATMAPS_SHOWN,
+    PAGE_WIDTH_PX,
+    Groups,
+    arm_keys,
+    grids,
+    num,
+    token_text,
+    varying_keys,
+)
 
 # -- the report --------------------------------------------------------------------------------------------------
 
@@ -236,13 +246,15 @@ def test_figure_labels_name_only_what_differs(report_dir):
 
 def test_how_a_run_ran_does_not_split_its_arm(tmp_path):
     """train.compile = "auto" resolves per run (a warm compile cache pays sooner), so the seeds of one arm can
-    record different choices; the curves are the arms, the same math whether compiled or not."""
-    runs = [Run(tmp_path / f"r{i}", f"r{i}", {"model.gamma": g, "train.seed": s, "train.compile": s == 1,
-                                                 "train.threads": 1 + s})
-            for i, (g, s) in enumerate((g, s) for g in (0.5, 1.0) for s in (0, 1, 2))]
-    groups = Groups.of(runs, varying_keys(runs))
-    assert {(c, len(g)) for _, c, g in groups.items()} == {("γ=0.5", 3), ("γ=1", 3)}
-    assert groups.legend_title == "γ; 3 seeds each"
+    record different choices; the curves and the loss grids are the arms, the same math compiled or not."""
+    runs = [Run(tmp_path / f"r{i}", f"r{i}", {"model.gamma": g, "model.norm_eps": eps, "train.seed": s,
+                                                 "train.compile": s == 1, "train.threads": 1 + s}, {"val_loss": 2.0})
+            for i, (g, eps, s) in enumerate(itertools.product((0.5, 1.0), (1e-5, 1e-12), (0, 1, 2)))]
+    assert arm_keys(runs) == ["model.gamma", "model.norm_eps", "train.seed"]
+    groups = Groups.of(runs, arm_keys(runs))
+    assert sorted(len(g) for _, _, g in groups.items()) == [3] * 4 and "compile" not in groups.legend_title
+    ((title, (values, rows, cols)),) = grids(runs, arm_keys(runs), "model.gamma", "model.norm_eps").items()
+    assert values.shape == (2, 2) and "compile" not in title
 
 
 def test_seeds_are_a_mean_and_a_band():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,10 +55,15 @@ def _widen_for(legend) -> None:
     fig.set_figwidth(fig.get_figwidth() + legend.get_window_extent().width / fig.dpi)
 
 
+LEGEND_ROWS = 16  # a taller legend than its figure collapses the axes: more entries go into further columns
+
+
 def _legend_right(ax, **kw) -> None:
     """The legend beside the axes, never over the data (constrained layout makes room for it)."""
-    if ax.get_legend_handles_labels()[0]:
-        _widen_for(ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=SMALL, **kw))
+    n = len(ax.get_legend_handles_labels()[0])
+    if n:
+        _widen_for(ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=SMALL,
+                             ncols=math.ceil(n / LEGEND_ROWS), **kw))
 
 
 Series = Sequence[tuple[float, float]]  # (x, y) points of one seed
@@ -183,7 +189,7 @@ def grid_figure(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[s
                     r, g, b, _ = im.cmap(norm(values[i, j]))
                     ink = "k" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "w"  # readable on light and dark cells
                     ax.text(j, i, f"{values[i, j]:.4f}", ha="center", va="center", color=ink)
-        ax.set_title(panel or title)
+        ax.set_title(textwrap.fill(panel, 32) if panel else title)  # a long setting must not widen its panel
     if any(panels):
         fig.suptitle(title)
     fig.colorbar(im, ax=list(axes.flat[:len(panels)]), shrink=0.8)
@@ -230,22 +236,22 @@ def residual_flow_figure(series: Mapping[str, tuple[int, Sequence[tuple[float, f
     points at the γ nearest 1 (dashed)."""
     fig, ax = _fig()
     ax = ax[0, 0]
-    for i, (label, (d, points)) in enumerate(series.items()):
+    for i, (label, (d, points)) in enumerate(series.items()):  # one legend entry per setting: many settings fit
         g = np.asarray([p[0] for p in points], dtype=float)
-        ax.scatter(g, [p[1] for p in points], color=f"C{i % 10}", zorder=3, label=f"{label}: measured")
         line = np.linspace(g.min() - 0.05, g.max() + 0.05, 100)
         if len(set(g)) > 1:
             c, k = residual_fit(points, d)
-            ax.plot(line, c * np.power(float(d), -k * line), ":", color=f"C{i % 10}",
-                    label=f"{label}: fit ∝ d^(−{k:.2f}γ)")
+            ax.plot(line, c * np.power(float(d), -k * line), ":", color=f"C{i % 10}")
+            label = f"{label}: fit ∝ d^(−{k:.2f}γ)"
+        ax.scatter(g, [p[1] for p in points], color=f"C{i % 10}", zorder=3, label=label)
         c = residual_prediction(points, d)
-        ax.plot(line, c * np.power(float(d), 1 - line), "--", color=f"C{i % 10}", lw=1,
-                label=f"{label}: paper d^(1−γ), d = {d}")
+        ax.plot(line, c * np.power(float(d), 1 - line), "--", color=f"C{i % 10}", lw=1)
     ax.set_yscale("log")
     ax.set_xlabel("γ")
     ax.set_ylabel("‖h_L − e‖ / ‖e‖")
     ax.set_title("residual flow at init")
-    _legend_right(ax, title="dashed: through the γ = 1 points", title_fontsize=SMALL)
+    _legend_right(ax, title="dots: measured; dotted: their fit;\ndashed: the paper's d^(1−γ) through γ = 1",
+                  title_fontsize=SMALL)
     ax.grid(alpha=0.3)
     return fig
 

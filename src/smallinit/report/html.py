@@ -42,7 +42,7 @@ from ..version import __version__
 from . import figures
 
 REPORT_FILE = "report.html"
-_LAYOUT = {f"train.{k}" for k in LAYOUT_KEYS}  # "auto" compile resolves per run: seeds of one arm may differ
+_LAYOUT = {f"train.{k}" for k in LAYOUT_KEYS}
 
 
 class ReportError(SmallinitError):
@@ -55,6 +55,12 @@ class ReportError(SmallinitError):
 def varying_keys(runs: Sequence[Run]) -> list[str]:
     keys = sorted({k for r in runs for k in r.config})
     return [k for k in keys if _distinct(runs, k) > 1]
+
+
+def arm_keys(runs: Sequence[Run]) -> list[str]:
+    """The varying keys that tell arms apart, for curves and grids: not how a run ran (its layout keys), which
+    can differ between the seeds of one arm ("auto" compile resolves per run)."""
+    return [k for k in varying_keys(runs) if k not in _LAYOUT]
 
 
 def _distinct(runs: Sequence[Run], key: str) -> int:
@@ -178,7 +184,7 @@ class Groups:
 
     @staticmethod
     def of(runs: Sequence[Run], vary: Sequence[str]) -> Groups:
-        keys = [k for k in vary if k != "train.seed" and k not in _LAYOUT]  # how a run ran is not an arm
+        keys = [k for k in vary if k != "train.seed"]
         size_keys = [k for k in SIZE_KEYS if k in keys]
         by_size: dict[str, list[Run]] = {}
         for r in runs:
@@ -643,7 +649,7 @@ def build_report(roots: str | os.PathLike | Sequence[str | os.PathLike],
                           "folder written by smallinit train, sweep, recipe, demo, analyze, compare or coordcheck")
     vary = varying_keys(runs)
     pooled = runs if include_unfinished else [r for r in runs if r.summary]
-    pooled_vary = varying_keys(pooled)
+    pooled_vary = arm_keys(pooled)
     doc = _Doc("smallinit report: " + " + ".join(r.resolve().name for r in roots))
     doc.p(f"Folder{'s' if len(roots) > 1 else ''} {', '.join(str(r.resolve()) for r in roots)} · smallinit "
           f"{__version__} · {len(runs)} run(s), {len(analyses)} analysis, {len(compares)} comparison, "
@@ -656,7 +662,7 @@ def build_report(roots: str | os.PathLike | Sequence[str | os.PathLike],
     groups = Groups.of(pooled, pooled_vary)
     _section_losses(doc, pooled, pooled_vary, groups)
     _section_sink(doc, groups, analyses)
-    _section_residual(doc, runs, vary, sweeps)
+    _section_residual(doc, runs, arm_keys(runs), sweeps)
     _section_condensation(doc, groups)
     _section_tokens(doc, compares)
     _section_coordcheck(doc, checks)
