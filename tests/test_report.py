@@ -209,6 +209,24 @@ def test_every_report_figure_reads(drawn):
     assert drawn.warnings == []  # e.g. "constrained_layout not applied" would be one
 
 
+def test_many_settings_still_read(recwarn):
+    """A folder with a dozen settings (the cpu-long study's 113 runs have 13): the residual flow keeps one legend
+    entry per setting, the loss grid wraps its long panel titles, and both stay on the canvas, legible."""
+    labels = [f"d_model=24, gate=elementwise, ε=1e-12, norm_eps_width=0, lr={lr:g}" for lr in np.geomspace(1e-3, 1e-1, 13)]
+    flow = figures.residual_flow_figure({s: (24, [(g, 24.0 ** (1 - g)) for g in (0.5, 1.0)]) for s in labels})
+    grid = figures.grid_figure({s: (np.ones((2, 2)), ["0.5", "1"], ["1e-05", "1e-12"]) for s in labels[:2]},
+                               row_label="γ", col_label="ε", title="final val loss, γ × ε")
+    for fig in (flow, grid):
+        figures.png(fig)
+        # a legend wider than its plot widens the figure (figures._widen_for) so the plot keeps its planned size,
+        # which can be under half the figure's width: the plots are held to a size in inches instead
+        assert [p for p in layout_problems(fig) if "squeezed" not in p] == [] and smallest_text_px(fig) >= 10.0
+    assert flow.axes[0].get_window_extent().width >= 3 * flow.dpi
+    assert min(ax.get_window_extent().width for ax in grid.axes[:2]) >= 1.5 * grid.dpi
+    assert len(flow.axes[0].get_legend().get_texts()) == len(labels)
+    assert not [w for w in recwarn if "constrained_layout" in str(w.message)]
+
+
 def smallest_text_px(fig: Figure) -> float:
     """The smallest text of a figure as a reader of the report sees it at 1400 px: its size at the PNG's dpi,
     times the scale the page shows the PNG at (a figure wider than the text column is shrunk to it)."""
