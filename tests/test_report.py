@@ -224,6 +224,7 @@ def test_many_settings_still_read(recwarn):
     assert flow.axes[0].get_window_extent().width >= 3 * flow.dpi
     assert min(ax.get_window_extent().width for ax in grid.axes[:2]) >= 1.5 * grid.dpi
     assert len(flow.axes[0].get_legend().get_texts()) == len(labels)
+    assert len({tuple(c.get_facecolor()[0]) for c in flow.axes[0].collections}) == len(labels)  # a colour each
     assert not [w for w in recwarn if "constrained_layout" in str(w.message)]
 
 

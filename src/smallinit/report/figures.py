@@ -236,16 +236,18 @@ def residual_flow_figure(series: Mapping[str, tuple[int, Sequence[tuple[float, f
     points at the γ nearest 1 (dashed)."""
     fig, ax = _fig()
     ax = ax[0, 0]
-    for i, (label, (d, points)) in enumerate(series.items()):  # one legend entry per setting: many settings fit
+    colors = _colors(list(series))
+    for label, (d, points) in series.items():  # one legend entry per setting: many settings fit
         g = np.asarray([p[0] for p in points], dtype=float)
         line = np.linspace(g.min() - 0.05, g.max() + 0.05, 100)
+        color = colors[label]
         if len(set(g)) > 1:
             c, k = residual_fit(points, d)
-            ax.plot(line, c * np.power(float(d), -k * line), ":", color=f"C{i % 10}")
+            ax.plot(line, c * np.power(float(d), -k * line), ":", color=color)
             label = f"{label}: fit ∝ d^(−{k:.2f}γ)"
-        ax.scatter(g, [p[1] for p in points], color=f"C{i % 10}", zorder=3, label=label)
+        ax.scatter(g, [p[1] for p in points], color=color, zorder=3, label=label)
         c = residual_prediction(points, d)
-        ax.plot(line, c * np.power(float(d), 1 - line), "--", color=f"C{i % 10}", lw=1)
+        ax.plot(line, c * np.power(float(d), 1 - line), "--", color=color, lw=1)
     ax.set_yscale("log")
     ax.set_xlabel("γ")
     ax.set_ylabel("‖h_L − e‖ / ‖e‖")
