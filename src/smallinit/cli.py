@@ -440,9 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("demo", help="the paper's claims C1–C7 at CPU scale: ≈ 1,900 CPU-seconds of training, 16 min 54 s "
-                       "on 2 cores (--quick: 2 min 11 s; slowest of 3 runs each), with an HTML report "
+                       "on 2 cores (--quick: 2 min 37 s; slowest of 3 and 9 runs), with an HTML report "
                        "and a verdict table")
-    p.add_argument("--quick", action="store_true", help="a first look at d = 16 (2 min 11 s on 2 cores); it says "
+    p.add_argument("--quick", action="store_true", help="a first look at d = 16 (2 min 37 s on 2 cores); it says "
                    "first what it cannot test")
     p.add_argument("--scale", choices=("full", "quick", "micro"), help=argparse.SUPPRESS)
     p.add_argument("--out", metavar="DIR", help="demo folder (default runs/demo-full or runs/demo-quick)")
