@@ -439,8 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
     _plan_args(p)
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("demo", help="the paper's claims C1–C7 at CPU scale: ≈ 1,900 CPU-seconds of training, 16 min 54 s "
-                       "on 2 cores (--quick: 2 min 37 s; slowest of 3 and 9 runs), with an HTML report "
+    p = sub.add_parser("demo", help="the paper's claims C1–C7 at CPU scale: ≈ 1,900 CPU-seconds of training, 17 min 39 s "
+                       "on 2 cores (--quick: 2 min 37 s; slowest of 4 and 9 runs), with an HTML report "
                        "and a verdict table")
     p.add_argument("--quick", action="store_true", help="a first look at d = 16 (2 min 37 s on 2 cores); it says "
                    "first what it cannot test")
