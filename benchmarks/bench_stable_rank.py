@@ -21,7 +21,7 @@ import torch
 from common import machine
 
 from smallinit import ModelConfig, Transformer
-from smallinit.analysis.condensation import frobenius_sq, named_matrices, sampled_mean_abs_cos, stable_rank
+from smallinit.measures.condensation import frobenius_sq, named_matrices, sampled_mean_abs_cos, stable_rank
 
 
 def main() -> int:

@@ -14,8 +14,8 @@ transformers = pytest.importorskip("transformers")
 
 from smallinit.adapters import as_adapter  # noqa: E402
 from smallinit.analysis import measured_norm_factors, residual_flow_ratio, sink_scores  # noqa: E402
-from smallinit.analysis.measure import measure_activations  # noqa: E402
 from smallinit.errors import ModelError  # noqa: E402
+from smallinit.measures.activations import measure_activations  # noqa: E402
 
 GET_INTERFACE = transformers.AttentionInterface.__dict__["get_interface"]  # as transformers defines it
 T, WINDOW = 16, 6  # a sliding window shorter than the sequence: queries 7… cannot see token 1
@@ -375,8 +375,8 @@ def test_cli_on_hf_folders_and_on_a_folder_that_is_neither(corpus, tmp_path, cap
 
 def test_matrix_stats_read_conv1d_and_experts_out_by_in():
     from smallinit.analysis import matrix_stats, row_cosine
-    from smallinit.analysis.condensation import named_matrices, unoriented_matrices
     from smallinit.analysis.measure import analyze_model
+    from smallinit.measures.condensation import named_matrices, unoriented_matrices
 
     gpt2 = _model(ARCHS[-1])
     fc = gpt2.transformer.h[0].mlp.c_fc  # Conv1D: stored (in = 32, out = 128), applied as x @ W
@@ -407,7 +407,7 @@ def test_matrix_stats_read_conv1d_and_experts_out_by_in():
 
 def test_our_moe_experts_are_matrices_of_their_own():
     from smallinit import ModelConfig, MoEConfig, Transformer
-    from smallinit.analysis.condensation import named_matrices
+    from smallinit.measures.condensation import named_matrices
 
     cfg = dataclasses.replace(ModelConfig.preset("cpu-1m"), vocab_size=64, n_layers=1,
                               moe=MoEConfig(num_experts=4, top_k=2, d_expert=16))

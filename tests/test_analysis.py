@@ -31,10 +31,10 @@ from smallinit.analysis import (
     token_gap,
     token_gap_batch,
 )
-from smallinit.analysis.norm_factor import init_variance
 from smallinit.analysis.tokens import FINE_EDGES, text_batches
 from smallinit.cli import main
 from smallinit.data import load_tokenizer
+from smallinit.measures.norm_factor import init_variance
 from smallinit.train import load_model
 
 TINY = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, vocab_size=97, max_seq_len=64)

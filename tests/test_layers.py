@@ -19,6 +19,7 @@ LAYERS = [
     {"model"},
     {"adapters"},
     {"data"},
+    {"measures"},
     {"train"},
     {"analysis", "generate", "export"},
     {"experiments"},

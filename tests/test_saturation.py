@@ -7,7 +7,6 @@ import pytest
 
 from helpers import TINY_MODEL
 from smallinit import Config, Transformer
-from smallinit.analysis.norm_factor import relative_factor
 from smallinit.analysis.saturation import (
     MEAN,
     growth_rate,
@@ -22,6 +21,7 @@ from smallinit.experiments.emulation import emulation, paper_scale_config, paper
 from smallinit.experiments.findings import norm_factor_table
 from smallinit.experiments.runs import Run
 from smallinit.experiments.verdicts import AGREE, NOT_TESTABLE
+from smallinit.measures.norm_factor import relative_factor
 
 
 def test_share_is_bracketed_by_the_measurement_spacing():

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from smallinit.analysis.measure import measure_activations
-from smallinit.analysis.sink import attention_roles
 from smallinit.config import ModelConfig
 from smallinit.experiments.claims import Runs, sink_formed
 from smallinit.experiments.recipes import RECIPES_DIR, run_recipe
 from smallinit.experiments.runs import Run
+from smallinit.measures.activations import measure_activations
+from smallinit.measures.sink import attention_roles
 from smallinit.model import Transformer
 
 T, HD = 32, 4  # head_dim 4: RoPE pairs (0, 2) at frequency 1 and (1, 3) at θ^(-1/2) ≈ 0, where the signal lives

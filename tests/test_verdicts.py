@@ -456,9 +456,9 @@ def test_emulated_width_reproduces_the_wide_models_norm_factor_at_init():
     """d = 64 with ε scaled to a d = 2048 model's: the first norm starts at the wide model's factor (0.153)."""
     import torch
 
-    from smallinit.analysis.norm_factor import measured_norm_factors, relative_factor
     from smallinit.config import ModelConfig
     from smallinit.errors import ConfigError
+    from smallinit.measures.norm_factor import measured_norm_factors, relative_factor
     from smallinit.model import Transformer
 
     cfg = ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, d_ff=128, vocab_size=256, gamma=1.0,

@@ -7,11 +7,15 @@ from smallinit.analysis.scaling); measure (all single-model measurements at once
 every N steps of training).
 """
 
-from .condensation import MatrixStat, RowCosine, matrix_stats, row_cosine, spectral_norm, stable_rank
-from .coordcheck import CoordCheck, coord_check
-from .during_training import AnalysisCallback, load_snapshots
-from .measure import analyze_checkpoint, analyze_model, load_run, measure_activations
-from .norm_factor import (
+from ..measures.condensation import (
+    MatrixStat,
+    RowCosine,
+    matrix_stats,
+    row_cosine,
+    spectral_norm,
+    stable_rank,
+)
+from ..measures.norm_factor import (
     check_norm_saturation,
     measured_norm_factors,
     norm_saturation_message,
@@ -19,8 +23,11 @@ from .norm_factor import (
     rmsnorm_factor,
     saturation_gamma,
 )
-from .residual_flow import ResidualFlowSweep, residual_flow_ratio, residual_flow_sweep
-from .sink import SinkScores, sink_scores
+from ..measures.residual_flow import ResidualFlowSweep, residual_flow_ratio, residual_flow_sweep
+from ..measures.sink import SinkScores, sink_scores
+from .coordcheck import CoordCheck, coord_check
+from .during_training import AnalysisCallback, load_snapshots
+from .measure import analyze_checkpoint, analyze_model, load_run, measure_activations
 from .tokens import TokenGapResult, text_batches, token_gap, token_gap_batch
 
 __all__ = [

@@ -28,11 +28,11 @@ import torch
 from ..config import AnalysisConfig
 from ..errors import ConfigError
 from ..io import write_atomic
+from ..measures.condensation import named_matrices, row_cosine, sampled_mean_abs_cos, stable_rank
+from ..measures.norm_factor import measured_norm_factors
 from ..train.callbacks import Callback
 from ..train.checkpoint import kept
-from .condensation import named_matrices, row_cosine, sampled_mean_abs_cos, stable_rank
 from .measure import measure_activations
-from .norm_factor import measured_norm_factors
 
 if TYPE_CHECKING:
     from ..train.trainer import Trainer

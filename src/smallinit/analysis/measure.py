@@ -26,31 +26,12 @@ from ..config import Config, DataConfig, flatten
 from ..data import Tokenizer, load_data, load_tokenizer
 from ..errors import CheckpointError, ConfigError, DataError
 from ..io import read_json
+from ..measures.activations import measure_activations
+from ..measures.condensation import matrix_stats, unoriented_matrices
+from ..measures.norm_factor import relative_factor
 from ..train.checkpoint import load_model as _load_model
 from ..train.checkpoint import resolve_checkpoint
-from .condensation import matrix_stats, unoriented_matrices
-from .norm_factor import norm_factors_from_inputs, relative_factor
-from .residual_flow import flow_from_hidden
-from .sink import sink_from_attention
 from .tokens import TokenGapResult, text_batches, token_gap
-
-
-@torch.no_grad()
-def measure_activations(
-    model, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, chunk: int = 256
-) -> dict:
-    """Sink scores, residual flow and measured norm factors of ``model`` (any model an adapter reads) on
-    ``tokens`` (one forward; with ``targets`` also the loss)."""
-    adapter = as_adapter(model)
-    out = adapter.observe(tokens, targets, kinds=("residual", "norms", "attention"))
-    result = {
-        "sink": sink_from_attention(out.attention, chunk=chunk).to_dict(),
-        "residual_flow": flow_from_hidden(out.residual),
-        "norm_factor": norm_factors_from_inputs(adapter.norms(), out.norm_inputs),
-    }
-    if out.loss is not None:
-        result["loss"] = out.loss.item()
-    return result
 
 
 @dataclass

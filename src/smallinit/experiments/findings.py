@@ -20,16 +20,16 @@ import numpy as np
 import torch
 
 from ..analysis.measure import held_out_batches, run_settings
-from ..analysis.norm_factor import relative_factor
-from ..analysis.residual_flow import residual_flow_sweep
 from ..analysis.scaling import fit_power_law
-from ..analysis.sink import attention_roles
 from ..analysis.tokens import bigram_loss, token_gap
 from ..config import Config, ModelConfig
 from ..data import load_token_data, load_tokenizer
 from ..data.anchor import AnchorTask
 from ..data.sink import SinkData, SinkTask, is_sink_spec
 from ..errors import ConfigError
+from ..measures.norm_factor import relative_factor
+from ..measures.residual_flow import residual_flow_sweep
+from ..measures.sink import attention_roles
 from ..train import load_model
 from .claims import (
     BASELINE,

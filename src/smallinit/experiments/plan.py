@@ -34,10 +34,10 @@ from typing import Any
 
 import torch
 
-from ..analysis.norm_factor import relative_factor
 from ..analysis.saturation import SATURATED, steps_to_unsaturate
 from ..config import Config, flatten
 from ..errors import ExperimentError, SmallinitError
+from ..measures.norm_factor import relative_factor
 from ..model import Transformer
 from ..train.flops import train_flops_per_token
 from ..train.memory import GIB, device_memory, estimate_memory

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from ..analysis.coordcheck import CoordCheck
 from ..analysis.measure import ANALYSIS_FILE, default_output_dir
-from ..analysis.residual_flow import ResidualFlowSweep
 from ..analysis.tokens import TokenGapResult
 from ..io import write_result
+from ..measures.residual_flow import ResidualFlowSweep
 from . import figures
 from .html import build_report
 

@@ -19,10 +19,10 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..analysis.coordcheck import CoordCheck
-from ..analysis.norm_factor import rmsnorm_factor
-from ..analysis.residual_flow import ResidualFlowSweep
 from ..analysis.tokens import TokenGapResult
 from ..io import write_atomic
+from ..measures.norm_factor import rmsnorm_factor
+from ..measures.residual_flow import ResidualFlowSweep
 
 DPI = 90
 # The smallest text a figure draws, in points: 11.25 px at DPI, so still ≥ 10 px when a figure up to

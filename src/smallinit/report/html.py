@@ -29,14 +29,14 @@ from matplotlib.figure import Figure
 from ..analysis.coordcheck import CoordCheck
 from ..analysis.during_training import load_snapshots
 from ..analysis.measure import ANALYSIS_FILE
-from ..analysis.norm_factor import init_variance, relative_factor, rmsnorm_factor, saturation_gamma
-from ..analysis.residual_flow import ResidualFlowSweep
 from ..analysis.tokens import TokenGapResult
 from ..errors import SmallinitError
 from ..experiments.claims import Runs, gaps_from_compares, judge_all
 from ..experiments.findings import FINDINGS_FILE
 from ..experiments.runs import Run, find_runs
 from ..io import make_folder, read_json, write_text_atomic
+from ..measures.norm_factor import init_variance, relative_factor, rmsnorm_factor, saturation_gamma
+from ..measures.residual_flow import ResidualFlowSweep
 from ..train.distributed import LAYOUT_KEYS
 from ..version import __version__
 from . import figures

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ...analysis.norm_factor import relative_factor
+from ...measures.norm_factor import relative_factor
 from ..power import MIN_TOKENS_PER_PARAM
 from .comparison import ClaimResult, Comparison, declare_primary, judged
 from .loss import loss_comparison
