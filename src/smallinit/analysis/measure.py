@@ -122,6 +122,7 @@ def analyze_model(
         raise DataError("no complete sequence to analyse; pass more text with --data or a smaller --seq-len")
     result = _mean_dicts(per_batch)
     result["tokens"] = n_tokens
+    result["seq_len"] = int(x.shape[1])  # the sink's reference (uniform attention) depends on it
     result["matrices"] = [s.to_dict() for s in matrix_stats(module, max_rows=cosine_rows)]
     result["matrices_left_out"] = unoriented_matrices(module)
     return result
