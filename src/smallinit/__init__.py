@@ -9,11 +9,11 @@ from .errors import SmallinitError
 from .generate import Sampling, generate, load_pretrained
 from .init import InitReport, ParamRole, as_out_in, gamma_init_, gamma_normal_, param_roles, set_norm_eps_
 from .model import ModelOutput, Transformer
-from .train import load_model
+from .train import Monitor, load_model
 from .version import __version__
 
 __all__ = [
-    "__version__", "AnalysisConfig", "Config", "DataConfig", "InitReport", "ModelConfig", "ModelOutput", "MoEConfig", "ParamRole", "Sampling",
+    "__version__", "AnalysisConfig", "Config", "DataConfig", "InitReport", "ModelConfig", "ModelOutput", "MoEConfig", "Monitor", "ParamRole", "Sampling",
     "SmallinitError", "TrainConfig", "Transformer", "as_out_in", "gamma_init_", "gamma_normal_", "generate", "load_model",
     "load_pretrained", "param_roles", "set_norm_eps_",
 ]

@@ -50,7 +50,7 @@ def _load_config(args: argparse.Namespace):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .analysis import AnalysisCallback, check_norm_saturation
+    from .analysis import check_norm_saturation
     from .config import Config
     from .train import Trainer
     from .train.distributed import shutdown
@@ -74,8 +74,6 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     if trainer.runtime.is_main:
         check_norm_saturation(trainer.cfg.model)
-    if trainer.cfg.analysis.every or trainer.cfg.analysis.norm_every:
-        trainer.callbacks.append(AnalysisCallback(trainer.cfg.analysis))
     summary = trainer.fit()
     shutdown()  # under torchrun: leave the process group cleanly once every rank is done
     val = "nothing left to train" if summary["val_loss"] is None else f"val loss {summary['val_loss']:.4f}"
@@ -198,7 +196,8 @@ def cmd_init_hf(args: argparse.Namespace) -> int:
     from .export.hf import init_hf
 
     norm_eps = None if args.keep_norm_eps else args.norm_eps
-    print(init_hf(args.config, args.out_dir, gamma=args.gamma, norm_eps=norm_eps, seed=args.seed))
+    print(init_hf(args.config, args.out_dir, gamma=args.gamma, norm_eps=norm_eps, seed=args.seed,
+                  tokenizer=args.tokenizer))
     return 0
 
 
@@ -221,14 +220,19 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from .report import analysis_lines, write_analysis
 
     result = analyze_checkpoint(args.checkpoint, data=args.data, batches=args.batches, batch_size=args.batch_size,
-                                seq_len=args.seq_len, device=args.device, hf=args.hf)
+                                seq_len=args.seq_len, device=args.device, hf=args.hf, tokenizer=args.tokenizer,
+                                progress=sys.stderr)
     cfg = Config.from_dict(result["config"]) if "config" in result else None
     if cfg is not None:
         check_norm_saturation(cfg.model)
     out = Path(args.out) if args.out else default_output_dir(result["checkpoint"])
     paths = write_analysis(result, out)
+    if "note" in result:
+        print(result["note"])
     print("\n".join(analysis_lines(result, args.seq_len or (cfg.data.seq_len if cfg else None))))
-    print(_analyze_loss_note(cfg, args) if cfg else f"measured on {result['data']}")
+    print(f"measured on {result['data']}")
+    if cfg:
+        print(_analyze_loss_note(cfg, args))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
@@ -251,9 +255,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .report import write_compare
 
     labels = tuple(args.labels.split(",", 1)) if args.labels else None
+    budget = {} if args.max_tokens is None else {"max_tokens": None if args.max_tokens == "all" else args.max_tokens}
     r = compare_checkpoints(args.checkpoint_a, args.checkpoint_b, data=args.data, batch_size=args.batch_size,
-                            seq_len=args.seq_len, max_tokens=args.max_tokens, bins=args.bins, top_k=args.top_k,
-                            labels=labels, device=args.device, hf=args.hf)
+                            seq_len=args.seq_len, bins=args.bins, top_k=args.top_k, labels=labels, device=args.device,
+                            hf=args.hf, tokenizer=args.tokenizer, progress=sys.stderr, **budget)
+    for note in r.meta.get("notes", []):
+        print(note)
+    print(f"measured on {r.meta['data']}")
     print(f"{r.tokens:,} tokens: mean Δ_sym {r.mean_delta_sym:+.4f} (> 0: {r.meta['label_a']} better); "
           f"loss {r.mean_loss_a:.4f} vs {r.mean_loss_b:.4f}")
     print("wrote " + ", ".join(str(p) for p in write_compare(r, args.out)))
@@ -282,6 +290,24 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     print(f"wrote {build_report(args.dirs, args.out, include_unfinished=args.include_unfinished)}")
     return 0
+
+
+def _budget(text: str) -> int | str:
+    """--max-tokens: a positive count, or "all"."""
+    if text == "all":
+        return text
+    try:
+        n = int(text.replace(",", "").replace("_", ""))
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of tokens or 'all'")
+    return n
+
+
+TOKENIZER_HELP = ("the tokenizer of a Hugging Face folder that has none or another (a folder saved by "
+                  "save_pretrained, a tokenizer.json, or 'default' / 'bytes': smallinit's builtin 8,192- and "
+                  "257-token ones)")
 
 
 def _floats(text: str) -> list[float]:
@@ -486,6 +512,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-norm-eps", action="store_true",
                    help="keep the architecture's ε (for norms that hard-code it or configs that cannot save it)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer", metavar="PATH_OR_FOLDER", help="the tokenizer to save with the model: a folder "
+                   "saved by save_pretrained, a tokenizer.json, or 'default' / 'bytes' (default: the largest of "
+                   "smallinit's builtin 8,192- and 257-token ones that covers the vocabulary, else none, said)")
     p.set_defaults(func=cmd_init_hf)
 
     p = sub.add_parser("eval", help="lm-evaluation-harness on a run or checkpoint (needs the eval extra)")
@@ -511,6 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, help="sequence length (default: the run's data.seq_len; 256 for a "
                                                "Hugging Face model)")
+    p.add_argument("--tokenizer", metavar="PATH_OR_FOLDER", help=TOKENIZER_HELP)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.set_defaults(func=cmd_analyze)
 
@@ -522,11 +552,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "the builtin corpus with a Hugging Face model)")
     p.add_argument("--out", metavar="DIR", help="output folder (default: A's run folder, analysis/compare-B)")
     p.add_argument("--labels", metavar="A,B", help="names for the two models (default: their run folders)")
-    p.add_argument("--max-tokens", type=int, help="stop after about this many tokens")
+    p.add_argument("--max-tokens", type=_budget, metavar="N|all", help="stop after about N tokens (default "
+                   "32,768: about a minute for two tiny models on 2 CPU cores; progress and the time left go to "
+                   "stderr); all: the whole text")
     p.add_argument("--bins", type=int, default=10, help="difficulty quantile bins (default 10)")
     p.add_argument("--top-k", type=int, default=20, help="largest gaps to list each way (default 20)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, help="sequence length (default: the runs' data.seq_len)")
+    p.add_argument("--tokenizer", metavar="PATH_OR_FOLDER", help=TOKENIZER_HELP)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.set_defaults(func=cmd_compare)
 

@@ -1,10 +1,10 @@
-"""The paper's measurements, one module per measurement; each works on its own.
+"""The paper's measurements on saved models and runs, and the public names of all of them.
 
-norm_factor (RMSNorm factor, analytic and measured), sink (attention sink scores), residual_flow
-(‖h_L − e‖/‖e‖ and its d-exponent), condensation (stable rank, row cosine), tokens (Δ_sym by difficulty),
-coordcheck (activation / update scale over γ), scaling (power-law fits and effective model size: import
-from smallinit.analysis.scaling); measure (all single-model measurements at once), during_training (the same,
-every N steps of training).
+The per-model measurements live in smallinit.measures (norm_factor, sink, residual_flow, condensation) and
+are re-exported here; the monitor that takes them along any training is smallinit.train.monitor. Here:
+tokens (Δ_sym by difficulty), coordcheck (activation / update scale over γ), saturation (the share of a run
+spent saturated), scaling (power-law fits and effective model size: import from smallinit.analysis.scaling),
+measure (``smallinit analyze`` / ``compare`` on a run, checkpoint or Hugging Face folder).
 """
 
 from ..measures.condensation import (
@@ -25,8 +25,8 @@ from ..measures.norm_factor import (
 )
 from ..measures.residual_flow import ResidualFlowSweep, residual_flow_ratio, residual_flow_sweep
 from ..measures.sink import SinkScores, sink_scores
+from ..train.monitor import AnalysisCallback, load_snapshots
 from .coordcheck import CoordCheck, coord_check
-from .during_training import AnalysisCallback, load_snapshots
 from .measure import analyze_checkpoint, analyze_model, load_run, measure_activations
 from .tokens import TokenGapResult, text_batches, token_gap, token_gap_batch
 

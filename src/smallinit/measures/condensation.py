@@ -24,7 +24,7 @@ from scipy.sparse.linalg import eigsh
 from scipy.spatial.distance import squareform
 from torch import nn
 
-from ..init import as_out_in, param_roles
+from ..init import ParamRole, as_out_in, param_roles
 
 
 @torch.no_grad()
@@ -130,18 +130,20 @@ class MatrixStat:
                 "stable_rank_fraction": self.stable_rank_fraction, "mean_abs_cos": self.mean_abs_cos}
 
 
-def named_matrices(model: nn.Module, patterns: list[str] | str | None = None) -> dict[str, torch.Tensor]:
+def named_matrices(model: nn.Module, patterns: list[str] | str | None = None, *,
+                   roles: dict[str, ParamRole] | None = None) -> dict[str, torch.Tensor]:
     """Every weight matrix (tied ones once) in out × in orientation, optionally filtered by glob patterns on
     the name. Parameters whose input axis is not established (``unoriented_matrices``) are left out.
 
     A parameter with batch axes is a batch of matrices (MoE experts: E × out × in); each is listed on its own
-    as ``NAME.i`` (e.g. ``blocks.0.mlp.up_proj.3`` is expert 3).
+    as ``NAME.i`` (e.g. ``blocks.0.mlp.up_proj.3`` is expert 3). ``roles``: the model's ``param_roles``, when
+    the caller already traced them.
     """
     if isinstance(patterns, str):
         patterns = [patterns]
     params = dict(model.named_parameters())  # named_parameters already skips tied duplicates
     out = {}
-    for name, role in param_roles(model).items():
+    for name, role in (roles or param_roles(model)).items():
         p = params[name]
         if p.dim() < 2 or role.in_dim is None or not role.drawn:
             continue

@@ -27,7 +27,6 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..analysis.coordcheck import CoordCheck
-from ..analysis.during_training import load_snapshots
 from ..analysis.measure import ANALYSIS_FILE
 from ..analysis.tokens import TokenGapResult
 from ..errors import SmallinitError
@@ -38,6 +37,7 @@ from ..io import make_folder, read_json, write_text_atomic
 from ..measures.norm_factor import init_variance, relative_factor, rmsnorm_factor, saturation_gamma
 from ..measures.residual_flow import ResidualFlowSweep
 from ..train.distributed import LAYOUT_KEYS
+from ..train.monitor import load_snapshots
 from ..version import __version__
 from . import figures
 

@@ -46,6 +46,7 @@ from .loggers import metric_loggers
 from .memory import check_fits
 from .metrics import append_record, read_metrics, set_aside_metrics, truncate_metrics
 from .moe_log import RouterLog, has_moe
+from .monitor import AnalysisCallback
 from .optim import build_optimizer, lr_at, wsd_decay_start
 
 log = logging.getLogger("smallinit")
@@ -112,6 +113,9 @@ class Trainer:
             self._load_initial_weights()
         if has_moe(self.model):  # expert load and router losses go to metrics.jsonl
             self.callbacks.append(RouterLog())
+        if (cfg.analysis.every or cfg.analysis.norm_every) and not any(
+                isinstance(cb, AnalysisCallback) for cb in self.callbacks):
+            self.callbacks.append(AnalysisCallback(cfg.analysis))  # the measurements the config asks for
         recorded = on_main(self.runtime, lambda: compiling.recorded_choice(self.run_dir)) if resume else None
         tc.compile = compiling.resolve(self.cfg, self.runtime.world_size, recorded)  # config.json keeps the choice
         if tc.compile:

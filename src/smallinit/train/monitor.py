@@ -1,0 +1,415 @@
+"""One monitor for any training loop: the paper's measurements every N steps on a fixed held-out batch.
+
+    monitor = Monitor(model, every=50, batch=held_out_ids, out="runs/mine")
+    for step in range(steps):
+        ...                      # the user's own step
+        monitor(step + 1)        # measures when the step is due; monitor(0) before the first step
+    monitor.close()
+
+Each measurement takes one forward of the held-out batch through the model's adapter (smallinit.adapters:
+smallinit's Transformer, any Hugging Face causal LM, or an adapter of your own) and records the sink per
+layer and Sink_ε, the residual flow, every norm's factor, the loss, and the stable rank and mean |cos| of
+chosen matrices: one ``{"event": "analysis", "step": ...}`` record in metrics.jsonl, the format that
+``smallinit report`` reads, and row-cosine heatmaps as analysis/rowcos_step_NNNNNNN.npz at a few steps.
+At its first measurement of a fresh run it warns, in one line, when a norm is saturated (factor < 0.5).
+
+It observes and never changes training: eval mode and no gradients while measuring, the model's mode
+restored. Under torch.distributed every rank must call it at the same steps (a sharded model's forward and
+its matrices need them all); rank 0 alone writes. smallinit's Trainer reaches it through
+:class:`AnalysisCallback`, the integrations (smallinit.integrations) through their engines' callbacks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import io
+from ..adapters import as_adapter
+from ..config import AnalysisConfig
+from ..errors import ConfigError
+from ..init import param_roles
+from ..measures.activations import measure_activations
+from ..measures.condensation import named_matrices, row_cosine, sampled_mean_abs_cos, stable_rank
+from ..measures.norm_factor import norm_factors_from_inputs
+from .callbacks import Callback
+from .checkpoint import kept
+from .metrics import append_record, set_aside_metrics, truncate_metrics
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+log = logging.getLogger("smallinit")
+
+SNAPSHOT_DIR = "analysis"
+MONITOR_FILE = "monitor.json"  # what a folder written by a monitor outside smallinit's trainer holds
+COS_ROWS = 512  # rows sampled for the logged mean |cos| of large matrices
+SATURATED = 0.5  # a norm factor below this at init: ε, not the input, sets the norm's scale
+DEFAULT_EVERY = 100  # the monitor's cost at this interval is benchmarked in benchmarks/bench_monitor.py
+# Matrices measured on models that are not smallinit's (whose names AnalysisConfig's defaults follow)
+OTHER_MATRICES = ["*.self_attn.q_proj.weight", "*.attn.c_attn.weight", "*.mlp.up_proj.weight", "*.mlp.c_fc.weight"]
+
+
+def snapshot_path(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / SNAPSHOT_DIR / f"rowcos_step_{step:07d}.npz"
+
+
+class Monitor:
+    """``Monitor(model, every=N, batch=… | data=…, out=DIR)``; the other AnalysisConfig fields (norm_every,
+    matrices, heatmaps, snapshots, heatmap_rows, batch_size) may be passed too.
+
+    ``batch``: held-out token ids, (B, T) (the targets are the next tokens), an ``(x, y)`` pair, or a dict
+    with ``input_ids`` (and ``labels``, Hugging Face style); ``data``: an iterable of such batches or rows
+    (a DataLoader, a tokenized dataset), of which the first ``batch_size`` sequences are kept.
+    ``out``: the folder the records and heatmaps go to, held by this monitor alone while it runs; with ``log``
+    each record goes to that writer of the caller's instead (smallinit's Trainer: its metrics.jsonl), and the
+    caller holds the folder. ``total_steps`` spreads the heatmap
+    snapshots over the run; ``start_step`` continues records of a resumed run (later ones are dropped);
+    ``settings`` (e.g. ``{"model.gamma": 1.0}``) are what the report groups runs by.
+    """
+
+    def __init__(
+        self, model: Any, cfg: AnalysisConfig | None = None, *, batch: Any = None, data: Iterable | None = None,
+        out: str | Path, log: Callable[[dict[str, Any]], None] | None = None,
+        total_steps: int | None = None, start_step: int = 0, settings: Mapping[str, Any] | None = None,
+        engine: str = "loop", **fields: Any,
+    ):
+        if "every" not in fields and (cfg is None or not cfg.every):
+            fields["every"] = DEFAULT_EVERY
+        cfg = dataclasses.replace(cfg or AnalysisConfig(), **fields)
+        cfg.validate()
+        if cfg.every < 1 and cfg.norm_every < 1:
+            raise ConfigError(f"the monitor needs every or norm_every ≥ 1, got {cfg.every} and {cfg.norm_every}")
+        self.cfg, self.total_steps, self.start_step = cfg, total_steps, start_step
+        self.adapter = as_adapter(_unwrapped(model))
+        self.module = self.adapter.module
+        self.writes = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+        self.tokens, self.targets = self._held_out(batch, data)
+        self.roles = param_roles(self.module)  # traced once: roles do not change in training
+        patterns = fields.get("matrices", cfg.matrices if self._ours else OTHER_MATRICES)
+        self.matrices = list(named_matrices(self.module, patterns, roles=self.roles))
+        self.heatmaps = set(named_matrices(self.module, cfg.heatmaps, roles=self.roles) if "heatmaps" in fields
+                            or self._ours else _first_of_each(self.matrices, OTHER_MATRICES))
+        self.snapshot_steps = self._snapshot_steps()
+        self.warned = start_step > 0  # the saturation guard speaks at the start of a fresh run only
+        self.last_step: int | None = None
+        self.last_loss: float | None = None
+        self.out = Path(out)
+        self._lock: int | None = None
+        self._log = log or self._append
+        if log is None and self.writes:
+            self._open(engine, dict(settings or {}))
+
+    # -- the held-out batch and what is measured ------------------------------------------------------------
+
+    @property
+    def _ours(self) -> bool:
+        return type(self.adapter).__name__ == "TransformerAdapter"
+
+    def _held_out(self, batch: Any, data: Iterable | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if (batch is None) == (data is None):
+            raise ConfigError("pass the monitor a held-out batch= (token ids) or data= (an iterable of batches), "
+                              "not " + ("both" if batch is not None else "neither"))
+        x, y = _as_xy(batch) if batch is not None else _first_rows(data, self.cfg.batch_size)
+        limit = _context(self.module)
+        if limit is not None and x.shape[1] > limit:
+            raise ConfigError(f"the held-out batch has {x.shape[1]} positions, more than the model's context of "
+                              f"{limit}; pass shorter sequences")
+        device = next(self.module.parameters()).device
+        return x.to(device), y.to(device)
+
+    def _snapshot_steps(self) -> set[int]:
+        every, n = self.cfg.every, self.cfg.snapshots
+        if not every or not n:
+            return set()
+        if self.total_steps is None:  # length unknown: the start, then at doubling intervals
+            return {0} | {every * 2**k for k in range(n - 1)}
+        measured = list(range(0, self.total_steps + 1, every))
+        targets = [round(i * self.total_steps / (n - 1)) for i in range(n)] if n > 1 else [0]
+        return {next((s for s in measured if s >= t), measured[-1]) for t in targets}
+
+    # -- the folder ----------------------------------------------------------------------------------------
+
+    def _open(self, engine: str, settings: dict[str, Any]) -> None:
+        out = self.out
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"monitor folder {out} is a file, not a folder; choose another out")
+        io.make_folder(out)
+        self._lock = io.lock_exclusive(out / ".lock")
+        if self._lock is None:
+            raise ConfigError(f"monitor folder {out} is being written by another process; choose another out")
+        if self.start_step:
+            truncate_metrics(out, self.start_step)
+            for path in (out / SNAPSHOT_DIR).glob("rowcos_step_*.npz"):
+                if int(path.stem.rsplit("_", 1)[1]) > self.start_step:
+                    path.unlink()
+        else:
+            set_aside_metrics(out)  # a fresh start keeps an earlier attempt's records beside it
+        io.write_json_atomic(out / MONITOR_FILE, {
+            "engine": engine, "model": describe_model(self.module), "settings": settings,
+            "every": self.cfg.every, "norm_every": self.cfg.norm_every, "total_steps": self.total_steps,
+            "batch": list(self.tokens.shape),
+            "world_size": torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
+        })
+
+    def _append(self, record: dict[str, Any]) -> None:
+        if self.writes:
+            append_record(self.out, record)
+
+    def close(self) -> None:
+        """The run's summary (the last step measured and its loss), and the folder given up."""
+        if self._lock is not None:
+            io.write_json_atomic(self.out / "summary.json", {
+                "step": self.last_step, "val_loss": self.last_loss,
+                "params": sum(p.numel() for p in self.module.parameters()),
+                "params_nonembed": _params_nonembed(self.module)})
+            os.close(self._lock)
+            self._lock = None
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- measuring -----------------------------------------------------------------------------------------
+
+    def due(self, step: int) -> bool:
+        every, norm_every = self.cfg.every, self.cfg.norm_every
+        return bool((every and step % every == 0) or (norm_every and step % norm_every == 0))
+
+    def __call__(self, step: int) -> dict[str, Any] | None:
+        """Measure at ``step`` what is due there (the full record, the norms' record, or both from one forward);
+        the last record written, else None."""
+        if step == self.last_step or not self.due(step):
+            return None
+        self.last_step = step
+        every, norm_every = self.cfg.every, self.cfg.norm_every
+        full = self.measure(step) if every and step % every == 0 else None
+        if norm_every and step % norm_every == 0:
+            return self.measure_norms(step, None if full is None else full.get("norm_factor"))
+        return full
+
+    @torch.no_grad()
+    def measure(self, step: int) -> dict[str, Any]:
+        """Every measurement at ``step``, recorded whether or not it is due."""
+        with _eval_mode(self.module):
+            acts = measure_activations(self.adapter, self.tokens, self.targets)
+            mats = self._gathered()
+        rec: dict[str, Any] = {"event": "analysis", "step": step}
+        if "sink" in acts:
+            rec.update(sink={str(i): v for i, v in enumerate(acts["sink"]["per_layer"])},
+                       sink_mean=acts["sink"]["mean"], sink_share=acts["sink"]["share_above"])
+        for key in ("residual_flow", "norm_factor", "loss", "not_measured"):
+            if key in acts:
+                rec[key] = acts[key]
+        rec["stable_rank"] = {n: stable_rank(W) for n, W in mats.items()}
+        rec["mean_abs_cos"] = {n: sampled_mean_abs_cos(W, max_rows=COS_ROWS) for n, W in mats.items()}
+        self.last_loss = rec.get("loss")
+        self._guard(step, rec.get("norm_factor", {}))
+        self._log(rec)
+        if step in self.snapshot_steps:
+            self._snapshot(step, {n: W for n, W in mats.items() if n in self.heatmaps})
+        return rec
+
+    @torch.no_grad()
+    def measure_norms(self, step: int, factors: dict[str, float] | None = None) -> dict[str, Any]:
+        """The norm factors alone (one forward), or ``factors`` measured already at this step."""
+        if factors is None:
+            with _eval_mode(self.module):
+                observed = self.adapter.observe(self.tokens, kinds=("norms",))
+            factors = norm_factors_from_inputs(self.adapter.norms(), observed.norm_inputs)
+        self._guard(step, factors)
+        rec = {"event": "norm_factor", "step": step, "norm_factor": factors}
+        self._log(rec)
+        return rec
+
+    def _gathered(self) -> dict[str, torch.Tensor]:
+        """The recorded matrices, whole (a sharded tensor is gathered: every rank takes part)."""
+        mats = named_matrices(self.module, self.matrices, roles=self.roles) if self.matrices else {}
+        return {n: W.full_tensor() if hasattr(W, "full_tensor") else W for n, W in mats.items()}
+
+    def _guard(self, step: int, factors: dict[str, float]) -> None:
+        if self.warned or not factors:
+            return
+        self.warned = True
+        name, factor = min(factors.items(), key=lambda kv: kv[1])
+        if factor < SATURATED and self.writes:
+            n = sum(f < SATURATED for f in factors.values())
+            log.warning(f"{n} of {len(factors)} norms are saturated at step {step} (the lowest, {name}, has factor "
+                        f"{factor:.3f} < {SATURATED}): their ε, not their input, sets the scale, which undoes a small "
+                        "initialization; lower ε (smallinit.set_norm_eps_(model, 1e-12)) or use a larger init scale")
+
+    def _snapshot(self, step: int, mats: dict[str, torch.Tensor]) -> None:
+        if not self.writes or not mats:
+            return
+        arrays = {}
+        for name, W in mats.items():
+            rc = row_cosine(W, max_rows=self.cfg.heatmap_rows)
+            arrays[name] = rc.matrix.astype(np.float16)
+            arrays[f"{name}/stable_rank"] = np.float64(stable_rank(W))
+            arrays[f"{name}/mean_abs_cos"] = np.float64(rc.mean_abs)
+        path = snapshot_path(self.out, step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        io.write_atomic(path, lambda f: np.savez(f, step=np.int64(step), **arrays), kept=kept(self.out))
+
+
+def load_snapshots(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The heatmap snapshots of a run, oldest first: ``{"step", "matrices": {name: array}, "stable_rank":
+    {name: float}, "mean_abs_cos": {name: float}}``."""
+    out = []
+    for path in sorted((Path(run_dir) / SNAPSHOT_DIR).glob("rowcos_step_*.npz")):
+        with np.load(path) as z:
+            snap: dict[str, Any] = {"step": int(z["step"]), "matrices": {}, "stable_rank": {}, "mean_abs_cos": {}}
+            for key in z.files:
+                if key == "step":
+                    continue
+                name, _, stat = key.partition("/")
+                if stat:
+                    snap[stat][name] = float(z[key])
+                else:
+                    snap["matrices"][name] = z[key].astype(np.float32)
+        out.append(snap)
+    return out
+
+
+class AnalysisCallback(Callback):
+    """smallinit's Trainer measured by a :class:`Monitor`; attached by the Trainer itself when
+    ``analysis.every`` or ``analysis.norm_every`` is set, so the CLI and the Python API cannot differ."""
+
+    def __init__(self, cfg: AnalysisConfig | None = None, **fields: Any):
+        self.cfg = dataclasses.replace(cfg or AnalysisConfig(), **fields)
+        self.cfg.validate()
+        if self.cfg.every < 1 and self.cfg.norm_every < 1:
+            raise ConfigError(f"the analysis callback needs analysis.every or analysis.norm_every ≥ 1, got "
+                              f"{self.cfg.every} and {self.cfg.norm_every}")
+        self.monitor: Monitor | None = None
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        batch = next(iter(trainer.data.eval_batches(self.cfg.batch_size, trainer.cfg.data.seq_len, 1)))
+        self.monitor = Monitor(trainer.model, self.cfg, batch=batch, out=trainer.run_dir, log=trainer.log,
+                               total_steps=trainer.cfg.train.steps, start_step=trainer.step)
+        if trainer.step == 0:
+            self.monitor(0)
+
+    def on_step_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        self.monitor(trainer.step)
+
+
+def scalars(record: dict[str, Any], prefix: str = "smallinit/") -> dict[str, float]:
+    """A monitor record as flat scalars, for an engine's own loggers (TensorBoard, W&B, …)."""
+    out: dict[str, float] = {}
+    for key in ("sink_mean", "residual_flow", "loss"):
+        if isinstance(record.get(key), (int, float)):
+            out[prefix + key] = float(record[key])
+    if record.get("sink_share"):
+        out[prefix + "sink_share_0.3"] = float(record["sink_share"]["0.3"])
+    factors = record.get("norm_factor") or {}
+    if factors:
+        out[prefix + "norm_factor_min"] = min(factors.values())
+        out[prefix + "norm_factor_mean"] = float(np.mean(list(factors.values())))
+    for stat in ("stable_rank", "mean_abs_cos"):
+        for name, v in (record.get(stat) or {}).items():
+            out[f"{prefix}{stat}/{name}"] = float(v)
+    return out
+
+
+def describe_model(module: nn.Module) -> dict[str, Any]:
+    """What a monitored folder says of its model, under the keys smallinit's own runs use where they exist."""
+    config = getattr(module, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if config is None and hasattr(module, "cfg"):  # smallinit's Transformer
+        config = module.cfg
+    desc: dict[str, Any] = {"class": type(module).__name__}
+    for key, names in (("d_model", ("d_model", "hidden_size", "n_embd")),
+                       ("n_layers", ("n_layers", "num_hidden_layers", "n_layer")),
+                       ("n_heads", ("n_heads", "num_attention_heads", "n_head")),
+                       ("d_ff", ("d_ff", "intermediate_size", "n_inner"))):
+        value = next((getattr(config, n) for n in names if isinstance(getattr(config, n, None), int)), None)
+        if value is not None:
+            desc[key] = value
+    eps = [form.eps for form in as_adapter(module).norms().values()]
+    if eps:
+        desc["norm_eps"] = min(eps)
+    return desc
+
+
+def _params_nonembed(module: nn.Module) -> int:
+    embedded = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
+    return sum(p.numel() for p in module.parameters() if id(p) not in embedded)
+
+
+def _unwrapped(model: Any) -> Any:
+    """The model inside a DDP / DataParallel wrapper (its forward would sync buffers across ranks)."""
+    return model.module if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)) else model
+
+
+def _context(module: nn.Module) -> int | None:
+    cfg = getattr(module, "cfg", None) or getattr(module, "config", None)
+    for name in ("max_seq_len", "max_position_embeddings", "n_positions"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _as_xy(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, next-token targets) from the forms a held-out batch comes in."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch):
+        x, y = batch
+    else:
+        ids = batch.get("input_ids") if isinstance(batch, Mapping) else batch
+        if not isinstance(ids, torch.Tensor):
+            ids = torch.as_tensor(ids)
+        labels = batch.get("labels") if isinstance(batch, Mapping) else None
+        labels = ids if labels is None else torch.as_tensor(labels)
+        if ids.dim() == 1:
+            ids, labels = ids[None], labels[None]
+        x, y = ids[:, :-1], labels[:, 1:]
+    if x.dim() != 2 or x.shape != y.shape or x.dtype not in (torch.int32, torch.int64) or x.shape[1] < 2:
+        raise ConfigError(f"the held-out batch must be token ids of shape (sequences, positions ≥ 2), got "
+                          f"{tuple(x.shape)} of {x.dtype}")
+    return x.long(), y.long()
+
+
+def _first_rows(data: Iterable, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``n`` sequences of an iterable of batches or rows, as one batch."""
+    xs, ys = [], []
+    for item in data:
+        x, y = _as_xy(item)
+        xs.append(x)
+        ys.append(y)
+        if sum(len(t) for t in xs) >= n:
+            break
+    if not xs:
+        raise ConfigError("the monitor's data= yielded nothing; pass a non-empty held-out set")
+    if len({t.shape[1] for t in xs}) > 1:
+        raise ConfigError("the held-out rows differ in length; pass batch= with sequences of one length")
+    return torch.cat(xs)[:n], torch.cat(ys)[:n]
+
+
+def _first_of_each(names: list[str], patterns: list[str]) -> list[str]:
+    return [next(n for n in names if fnmatch.fnmatchcase(n, p)) for p in patterns
+            if any(fnmatch.fnmatchcase(n, p) for n in names)]
+
+
+class _eval_mode:
+    def __init__(self, module: nn.Module):
+        self.module, self.was_training = module, module.training
+
+    def __enter__(self) -> None:
+        self.module.eval()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.module.train(self.was_training)
+
+
