@@ -158,3 +158,27 @@ def test_preset_sizes(name, nominal):
     with torch.device("meta"):
         m = Transformer(ModelConfig.preset(name), init=False)
     assert m.num_params() == pytest.approx(nominal, rel=0.1)
+
+
+@pytest.mark.parametrize("preset,overrides", [
+    ("cpu-1m", {}), ("cpu-1m", {"tie_embeddings": False, "qk_norm": True, "gate": "headwise"}),
+    ("cpu-moe-1m", {"moe": {"num_experts": 4, "top_k": 2, "shared_expert": True}}),
+])
+def test_built_on_meta_draws_nothing_then_matches_a_cpu_build(preset, overrides):
+    cfg = ModelConfig.preset(preset, vocab_size=97, max_seq_len=32, n_layers=2, **overrides)
+    with torch.device("meta"):
+        m = Transformer(cfg, seed=3)  # PyTorch's convention: building on meta succeeds and draws nothing
+    assert m.init_report is None and all(p.is_meta for p in m.parameters())
+    m.to_empty(device="cpu")
+    report = m.reset_parameters(3)
+    cpu = Transformer(cfg, seed=3)
+    assert str(report) == str(cpu.init_report)
+    assert (m.lm_head.weight is m.embed.weight) == cfg.tie_embeddings
+    got, want = m.state_dict(keep_vars=True), cpu.state_dict(keep_vars=True)
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    for name, buf in cpu.named_buffers():  # the non-persistent ones too: RoPE tables, routing statistics
+        assert torch.equal(dict(m.named_buffers())[name], buf), name
+    x = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(m(x).logits, cpu(x).logits)

@@ -167,6 +167,12 @@ class MoE(nn.Module):
         self.loss_sums += torch.stack([balance.detach(), z.detach(), torch.ones_like(z)]).to(self.loss_sums.dtype)
 
     @torch.no_grad()
+    def reset_stats(self) -> None:
+        """Zero the routing statistics (after ``to_empty`` they hold whatever memory held)."""
+        self.expert_counts.zero_()
+        self.loss_sums.zero_()
+
+    @torch.no_grad()
     def pop_stats(self) -> RouterStats | None:
         """Routing statistics since the last call (None if no training forward ran), and reset them."""
         forwards = int(self.loss_sums[2].item())
@@ -174,6 +180,5 @@ class MoE(nn.Module):
             return None
         load = (self.expert_counts.double() / self.expert_counts.sum()).tolist()
         balance, z = (self.loss_sums[:2] / forwards).tolist()
-        self.expert_counts.zero_()
-        self.loss_sums.zero_()
+        self.reset_stats()
         return RouterStats(load=load, balance_loss=balance, z_loss=z, forwards=forwards)

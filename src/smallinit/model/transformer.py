@@ -75,11 +75,25 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.init_report: InitReport | None = self.reset_parameters(seed) if init else None
+        # built on the meta device nothing is drawn (PyTorch's convention): to_empty, then reset_parameters
+        meta = self.embed.weight.is_meta
+        self.init_report: InitReport | None = self.reset_parameters(seed) if init and not meta else None
 
     def reset_parameters(self, seed: int = 0) -> InitReport:
-        """γ-init every matrix from ``seed`` (same weights on every machine and parallel layout)."""
-        return gamma_init_(self, self.config.gamma, generator=torch.Generator().manual_seed(seed))
+        """γ-init every matrix from ``seed`` (same weights on every machine and parallel layout), and set the
+        buffers: after ``to_empty`` this gives the weights a build on the CPU with the same seed has."""
+        c = self.config
+        if c.tie_embeddings:  # to_empty gives each name its own storage
+            self.lm_head.weight = self.embed.weight
+        report = gamma_init_(self, c.gamma, generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            cos, sin = rope_tables(c.head_dim, c.max_seq_len, c.rope_theta)
+            self.rope_cos.copy_(cos)
+            self.rope_sin.copy_(sin)
+            for mod in self.modules():
+                if isinstance(mod, MoE):
+                    mod.reset_stats()
+        return report
 
     def forward(
         self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, capture: Iterable[str] = (),
