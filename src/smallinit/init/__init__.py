@@ -7,9 +7,10 @@ the forward contracts with the input (``roles``); only weight matrices are drawn
 
 from .draw import InitReport, InitRow, MetaDeviceError, gamma_init_, gamma_normal_, gamma_std, init_plan
 from .eps import set_norm_eps_
+from .own import OwnInitError
 from .roles import ParamRole, as_out_in, is_norm, param_roles
 
 __all__ = [
-    "InitReport", "InitRow", "MetaDeviceError", "ParamRole", "as_out_in", "gamma_init_", "gamma_normal_", "gamma_std", "init_plan", "is_norm",
+    "InitReport", "InitRow", "MetaDeviceError", "OwnInitError", "ParamRole", "as_out_in", "gamma_init_", "gamma_normal_", "gamma_std", "init_plan", "is_norm",
     "param_roles", "set_norm_eps_",
 ]

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .own import own_init_, uninitialised
 from .roles import ParamRole, named_parameters_once, resolve_roles
 
 
@@ -185,6 +186,21 @@ def init_plan(
     return InitReport(gamma=gamma, rows=rows, notes=notes)
 
 
+def _own_init(module: nn.Module, report: InitReport) -> None:
+    """What γ-init keeps but the architecture has not initialised (built on meta, then ``to_empty``) gets the
+    architecture's own init, never the memory it holds; the rows and a note say so."""
+    fresh = uninitialised(module, [r.name for r in report.rows if r.rule == "kept"])
+    if not fresh:
+        return
+    own_init_(module, fresh)
+    done = set(fresh)
+    report.rows = [replace(r, reason=f"{r.reason}; not initialised (built on meta): the architecture's init"
+                           if r.reason else "not initialised (built on meta): the architecture's init")
+                   if r.name in done else r for r in report.rows]
+    report.notes.append(f"note: {len(fresh)} kept parameters (first: {fresh[0]}) had not been initialised (built on "
+                        f"the meta device): given {type(module).__name__}'s own init (_init_weights) first")
+
+
 @torch.no_grad()
 def gamma_init_(
     module: nn.Module, gamma: float = 1.0, *, generator: torch.Generator | None = None, example_inputs=None,
@@ -196,12 +212,14 @@ def gamma_init_(
     for the (1 + w) form); biases 0; everything else kept, with the reason (see ``param_roles``, which
     ``example_inputs`` is passed to; ``roles`` skips it). Parameters are drawn in ``named_modules`` order
     so a seeded ``generator`` gives the same weights on every run and every parallel layout. A model on
-    the meta device is refused (``init_plan`` shows what would be set).
+    the meta device is refused (``init_plan`` shows what would be set); after ``to_empty``, what is kept but
+    its architecture never initialised gets the architecture's own init first (``own``).
     """
     _check_gamma(gamma)
     _check_materialised(module)
     ties = _restore_ties(module)
     report = init_plan(module, gamma, example_inputs=example_inputs, roles=roles)
+    _own_init(module, report)
     params = {name: p for name, _, _, p in named_parameters_once(module)}
     for row in report.rows:
         p = params[row.name]
