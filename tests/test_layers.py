@@ -24,6 +24,7 @@ LAYERS = [
     {"analysis", "generate", "export"},
     {"experiments"},
     {"report"},
+    {"integrations"},
     {"demo"},
     {"cli", "__main__"},
     {""},  # smallinit/__init__.py

@@ -1,8 +1,9 @@
 """Finished run folders, read back: the resolved config, the metric records and the summary.
 
 What the claims and the HTML report see of the runs they look at (config.json, metrics.jsonl,
-summary.json). Unreadable files read as empty (a run still being written, or a line torn by a kill), never
-as an error.
+summary.json). A folder a Monitor wrote beside another engine's training (monitor.json in place of
+config.json) reads as a run too, its config holding what the monitor knew of the model. Unreadable files
+read as empty (a run still being written, or a line torn by a kill), never as an error.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ..config import Config, flatten
 from ..io import read_json
 from ..model import Transformer
 from ..train.metrics import METRICS_FILE, read_metrics
+from ..train.monitor import MONITOR_FILE
 
 
 @dataclass
@@ -30,14 +32,20 @@ class Run:
 
     @staticmethod
     def load(path: str | Path, name: str | None = None) -> Run | None:
-        """The run in ``path``, or None if it holds no readable config.json."""
+        """The run in ``path``, or None if it holds no readable config.json (nor a monitor's monitor.json)."""
         path = Path(path)
         raw = read_json(path / "config.json")
-        if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict):
+        if isinstance(raw, dict) and isinstance(raw.get("model"), dict):
+            config = flatten(raw)
+            config.setdefault("model.norm_eps_width", 0)  # runs written before ε emulation existed
+        elif isinstance(monitored := read_json(path / MONITOR_FILE), dict) and isinstance(monitored.get("model"), dict):
+            batch = monitored.get("batch") or [None, None]  # the held-out batch: its length is what was measured
+            config = {**flatten({"model": monitored["model"]}), "train.steps": monitored.get("total_steps"),
+                      "data.seq_len": batch[-1], "analysis.batch_size": batch[0], "engine": monitored.get("engine"),
+                      **(monitored.get("settings") or {})}
+        else:
             return None
         summary = read_json(path / "summary.json")
-        config = flatten(raw)
-        config.setdefault("model.norm_eps_width", 0)  # runs written before ε emulation existed
         return Run(path, name or path.name, config, summary if isinstance(summary, dict) else {})
 
     @cached_property
@@ -114,11 +122,11 @@ def model_shape(config: dict[str, Any]) -> tuple[int, int, int, int, int]:
 
 
 def find_runs(root: str | Path) -> list[Run]:
-    """Every run folder (config.json + metrics.jsonl) at or below ``root``, named by its relative path."""
+    """Every run folder (config.json or monitor.json, + metrics.jsonl) at or below ``root``, named by its
+    relative path."""
     root = Path(root)
     runs = []
-    for cfg_file in sorted(root.rglob("config.json")):
-        folder = cfg_file.parent
+    for folder in sorted({f.parent for name in ("config.json", MONITOR_FILE) for f in root.rglob(name)}):
         if not (folder / METRICS_FILE).is_file():
             continue
         run = Run.load(folder, str(folder.relative_to(root)) if folder != root else folder.name)

@@ -1,0 +1,143 @@
+"""The Monitor along training that smallinit does not run: a plain loop on a Hugging Face model, its records
+read back by `smallinit report`, its bad inputs refused in one line; and smallinit's own Python Trainer
+honouring analysis.every exactly as the CLI does."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+
+import pytest
+import torch
+
+from helpers import TINY_MODEL
+from smallinit import Monitor, gamma_init_, set_norm_eps_
+from smallinit.config import Config
+from smallinit.errors import ConfigError, ModelError
+from smallinit.experiments.runs import find_runs
+from smallinit.measures.activations import measure_activations
+from smallinit.report import build_report
+from smallinit.train import Trainer
+
+transformers = pytest.importorskip("transformers")
+
+
+def tiny_qwen3(gamma: float = 1.0, eps: float = 1e-12, seed: int = 0):
+    cfg = transformers.Qwen3Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                   max_position_embeddings=64)
+    model = transformers.Qwen3ForCausalLM(cfg)
+    gamma_init_(model, gamma, generator=torch.Generator().manual_seed(seed))
+    set_norm_eps_(model, eps)
+    return model
+
+
+def tokens(n: int, T: int = 33, seed: int = 0) -> torch.Tensor:
+    """Sequences with structure to learn: each token is the previous plus one (mod 256), from a random start."""
+    start = torch.randint(0, 256, (n, 1), generator=torch.Generator().manual_seed(seed))
+    return (start + torch.arange(T)) % 256
+
+
+def records(folder, event="analysis"):
+    return [r for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines()) if r.get("event") == event]
+
+
+def test_a_plain_loop_is_measured_and_reported(tmp_path):
+    model, held_out = tiny_qwen3(), tokens(4, seed=1)
+    out = tmp_path / "loop"
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    with Monitor(model, every=25, batch=held_out, out=out, total_steps=100, settings={"model.gamma": 1.0}) as mon:
+        mon(0)
+        for step in range(1, 101):
+            x = tokens(8, seed=100 + step)
+            loss = model(input_ids=x, labels=x).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon(step)
+            mon(step)  # a second call at the same step records nothing more
+    recs = records(out)
+    assert [r["step"] for r in recs] == [0, 25, 50, 75, 100]
+    # each record is the measurement of the model as it was at that step: the last one is today's model
+    again = measure_activations(model, held_out[:, :-1], held_out[:, 1:])
+    assert recs[-1]["residual_flow"] == pytest.approx(again["residual_flow"], rel=1e-6)
+    assert recs[-1]["loss"] == pytest.approx(again["loss"], rel=1e-6) and recs[-1]["loss"] < recs[0]["loss"] - 1
+    assert set(recs[0]["sink"]) == {"0", "1"} and recs[0]["stable_rank"] and recs[0]["norm_factor"]
+    assert sorted(p.name for p in (out / "analysis").glob("*.npz"))[0] == "rowcos_step_0000000.npz"
+    (run,) = find_runs(tmp_path)
+    assert run.config["model.gamma"] == 1.0 and run.config["model.class"] == "Qwen3ForCausalLM"
+    html = build_report(out).read_text()
+    for section in ("Attention sink", "Residual flow", "Condensation"):
+        assert section in html, section
+
+
+def test_the_saturation_guard_speaks_once_at_step_0(tmp_path, caplog):
+    model = tiny_qwen3(eps=1e-2)  # at d = 32, γ = 1: σ² ≈ 1e-3, so ε = 1e-2 saturates every norm
+    with caplog.at_level(logging.WARNING, logger="smallinit"):
+        with Monitor(model, every=1, batch=tokens(2), out=tmp_path / "m") as mon:
+            mon(0)
+            mon(1)
+    lines = [r.getMessage() for r in caplog.records if "saturated" in r.getMessage()]
+    assert len(lines) == 1 and "at step 0" in lines[0] and "set_norm_eps_" in lines[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="smallinit"):
+        with Monitor(tiny_qwen3(), every=1, batch=tokens(2), out=tmp_path / "n") as mon:
+            mon(0)
+    assert not [r for r in caplog.records if "saturated" in r.getMessage()]
+
+
+def _hold(folder, ready, done):
+    with Monitor(tiny_qwen3(), every=1, batch=tokens(2), out=folder):
+        ready.set()
+        done.wait(30)
+
+
+def test_bad_input_is_one_line(tmp_path):
+    model = tiny_qwen3()
+    with pytest.raises(ConfigError, match="every or norm_every"):
+        Monitor(model, every=0, batch=tokens(2), out=tmp_path / "a")
+    with pytest.raises(ConfigError, match="more than the model's context of 64"):
+        Monitor(model, batch=tokens(2, T=80), out=tmp_path / "b")
+    with pytest.raises(ConfigError, match="batch= .* or data="):
+        Monitor(model, out=tmp_path / "c")
+    with pytest.raises(ModelError, match="cannot observe a Linear"):
+        Monitor(torch.nn.Linear(4, 4), batch=tokens(2), out=tmp_path / "d")
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(ConfigError, match="is a file, not a folder"):
+        Monitor(model, batch=tokens(2), out=tmp_path / "file")
+    assert (tmp_path / "file").read_text() == "mine"
+    ctx = mp.get_context("spawn")
+    ready, done = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold, args=(tmp_path / "held", ready, done))
+    holder.start()
+    try:
+        assert ready.wait(60)
+        with pytest.raises(ConfigError, match="being written by another process"):
+            Monitor(model, batch=tokens(2), out=tmp_path / "held")
+    finally:
+        done.set()
+        holder.join(30)
+
+
+def test_a_fresh_start_keeps_the_earlier_records_and_a_resume_drops_the_later_ones(tmp_path):
+    model, out = tiny_qwen3(), tmp_path / "m"
+    with Monitor(model, every=1, batch=tokens(2), out=out) as mon:
+        for step in range(4):
+            mon(step)
+    with Monitor(model, every=1, batch=tokens(2), out=out, start_step=2) as mon:  # resumed from step 2
+        mon(3)
+    assert [r["step"] for r in records(out)] == [0, 1, 2, 3]
+    with Monitor(model, every=1, batch=tokens(2), out=out) as mon:  # started over
+        mon(0)
+    assert [r["step"] for r in records(out)] == [0]
+    assert (out / "metrics.attempt-1.jsonl").is_file()
+
+
+def test_smallinits_own_trainer_honours_analysis_every_from_python(tmp_path):
+    cfg = Config.load(None, overrides=[*TINY_MODEL, "train.steps=6", "train.batch_size=2", "train.eval_every=0",
+                                       "train.warmup_steps=1", "analysis.every=3", "analysis.snapshots=2"])
+    Trainer(cfg, tmp_path / "run", callbacks=[]).fit()
+    assert [r["step"] for r in records(tmp_path / "run")] == [0, 3, 6]
+    assert sorted(p.name for p in (tmp_path / "run" / "analysis").glob("*.npz")) == [
+        "rowcos_step_0000000.npz", "rowcos_step_0000006.npz"]
