@@ -289,3 +289,95 @@ def test_init_hf_eps_it_cannot_keep_exits_2(raw, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
     assert main(["init-hf", str(tmp_path / "config.json"), str(tmp_path / "out"), "--keep-norm-eps"]) == 0
     assert "the architecture's, kept" in capsys.readouterr().out
+
+
+# -- architectures whose branch outputs are renormalised ---------------------------------------------------
+
+
+@pytest.mark.parametrize("gamma", [0.5, 1.0])
+def test_post_branch_norms_found_from_the_forward_and_noted(gamma):
+    model = hf_tiny_build("gemma2")
+    report = gamma_init_(model, gamma, generator=torch.Generator().manual_seed(0))
+    layers = model.model.layers
+    want = [f"model.layers.{i}.{n}" for i in range(len(layers)) for n in ("post_attention_layernorm",
+                                                                          "post_feedforward_layernorm")]
+    assert report.renormalised == want
+    notes = [n for n in report.notes if "renormalise a branch's output" in n]
+    assert len(notes) == 1 and "\n" not in notes[0] and notes[0] in str(report) and notes[0] in report.summary()
+    # independently, through the forward: each layer adds exactly those norms' outputs to the stream, and
+    # they have RMS 1 whatever γ (with an ε that does not swamp the small branch outputs)
+    set_norm_eps_(model, 1e-12)
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [model.get_submodule(n).register_forward_hook(lambda _m, _a, out, n=n: seen.__setitem__(n, out))
+             for n in want]
+    ends: list[tuple[torch.Tensor, torch.Tensor]] = []
+    hooks += [layer.register_forward_hook(lambda _m, args, kwargs, out: ends.append((kwargs.get(
+        "hidden_states", args[0] if args else None), out[0] if isinstance(out, tuple) else out)), with_kwargs=True)
+        for layer in layers]
+    with torch.no_grad():
+        model(pytest.importorskip("hf_tiny").tokens(model))
+    for h in hooks:
+        h.remove()
+    for i, (h_in, h_out) in enumerate(ends):
+        added = seen[want[2 * i]] + seen[want[2 * i + 1]]
+        torch.testing.assert_close(h_out - h_in, added, atol=1e-4, rtol=1e-4)
+    for name in want:
+        assert seen[name].pow(2).mean().sqrt().item() == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_no_post_branch_note_for_pre_norm_models(arch):
+    report = gamma_init_(hf_tiny_build(arch), 1.0)
+    assert report.renormalised == [] and not any("renormalise" in n for n in report.notes)
+
+
+@pytest.mark.parametrize("arch,noted", [("gemma2", True), ("qwen3", False)])
+def test_init_hf_prints_the_post_branch_note(arch, noted, tmp_path, capsys):
+    from smallinit.cli import main
+
+    hf_tiny = pytest.importorskip("hf_tiny")
+    hf_tiny.tiny_config(arch).save_pretrained(tmp_path / "cfg")
+    assert main(["init-hf", str(tmp_path / "cfg"), str(tmp_path / "out"), "--keep-norm-eps"]) == 0
+    out = capsys.readouterr().out
+    assert ("renormalise a branch's output right before it is added to the residual stream" in out) == noted
+
+
+# -- roles without values -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "olmoe", "jetmoe"])
+def test_meta_plan_and_roles_are_the_cpu_ones_for_moe(arch):
+    from smallinit import param_roles
+    from smallinit.init import init_plan
+
+    hf_tiny = pytest.importorskip("hf_tiny")
+    cpu, meta = hf_tiny.build(arch), hf_tiny.build(arch, "meta")
+    plan = init_plan(meta, 1.0)
+    assert [(r.name, r.rule, r.fan_in) for r in plan.rows] == \
+        [(r.name, r.rule, r.fan_in) for r in init_plan(cpu, 1.0).rows]
+    experts = [r for r in plan.rows if ("experts" in r.name or "router" in r.name or ".gate." in r.name)
+               and not r.name.endswith("bias")]
+    assert experts and all(r.rule == "normal" for r in experts), [r.name for r in experts if r.rule != "normal"]
+    assert param_roles(meta) == param_roles(cpu)  # the documented fix for FSDP2 works on a meta build
+
+
+def test_roles_never_depend_on_weight_values():
+    from smallinit import param_roles
+
+    hf_tiny = pytest.importorskip("hf_tiny")
+    transformers = pytest.importorskip("transformers")
+    cfg = hf_tiny.tiny_config("jetmoe")
+    roles = []
+    for seed in range(4):
+        torch.manual_seed(seed)
+        roles.append(param_roles(transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)))
+    assert all(r == roles[0] for r in roles)
+    biases = [n for n in roles[0] if n.endswith("mlp.bias")]  # JetMoE's MoE output bias, added after the experts
+    assert biases and all(roles[0][n].kind == "bias" for n in biases)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))  # weights that steer nothing: not even routing
+    assert param_roles(model) == roles[0]
+    gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0))
+    assert all(torch.all(model.get_parameter(n) == 0) for n in biases)

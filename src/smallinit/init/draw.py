@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .branches import branch_note, renormalised_branches
 from .own import own_init_, uninitialised
 from .roles import ParamRole, named_parameters_once, resolve_roles
 
@@ -90,6 +91,7 @@ class InitReport:
     gamma: float
     rows: list[InitRow]
     notes: list[str] = field(default_factory=list)
+    renormalised: list[str] = field(default_factory=list)  # norms whose output a branch adds to the residual
 
     def __str__(self) -> str:
         header = f"{'parameter':<48} {'shape':<18} {'rule':<6} {'d_in':>6} {'std':>10}  note"
@@ -183,7 +185,10 @@ def init_plan(
     if unknown:
         notes.append(f"warning: {len(unknown)} parameters kept because their role is not established "
                      f"(first: {unknown[0].name}: {unknown[0].reason})")
-    return InitReport(gamma=gamma, rows=rows, notes=notes)
+    renormalised = renormalised_branches(module, example_inputs) or []
+    if renormalised:  # the rule's balance of the residual stream does not hold there: say so
+        notes.append(branch_note(renormalised))
+    return InitReport(gamma=gamma, rows=rows, notes=notes, renormalised=renormalised)
 
 
 def _own_init(module: nn.Module, report: InitReport) -> None:
