@@ -39,15 +39,26 @@ class _BlockWrites(TorchDispatchMode):
 
 def architecture_inits(model: nn.Module) -> dict[str, str]:
     """Name → how the architecture initialises it, for the parameters whose start is its own (empty for
-    models that do not declare their initialisation)."""
+    models that do not declare their initialisation). Runs on meta stand-ins of the parameters: no value
+    is read or written, so a model on the CPU, on meta or sharded gives the same answer."""
     init_weights = getattr(model, "_init_weights", None)
     hf_init = sys.modules.get("transformers.initialization")
     if not callable(init_weights) or hf_init is None:
         return {}
-    names = {}
-    for name, p in model.named_parameters():
-        names.setdefault(id(p), name)
-    storages = {p.untyped_storage()._cdata: names[id(p)] for p in model.parameters() if not p.is_meta}
+    stand_ins: dict[int, nn.Parameter] = {}
+    names: dict[int, str] = {}  # id of a stand-in → the parameter's name (ties: the first)
+    swapped = []
+    for mname, mod in model.named_modules(remove_duplicate=False):
+        for pname, p in list(mod._parameters.items()):
+            if p is None:
+                continue
+            if id(p) not in stand_ins:
+                stand_ins[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"),
+                                                requires_grad=p.requires_grad)
+            names.setdefault(id(stand_ins[id(p)]), f"{mname}.{pname}" if mname else pname)
+            swapped.append((mod, pname, p))
+            mod._parameters[pname] = stand_ins[id(p)]
+    storages = {p.untyped_storage()._cdata: names[id(p)] for p in stand_ins.values()}
     seen: dict[str, str] = {}
 
     def recorder(fname):
@@ -77,4 +88,6 @@ def architecture_inits(model: nn.Module) -> dict[str, str]:
     finally:
         for f, fn in patched.items():
             setattr(hf_init, f, fn)
+        for mod, pname, p in swapped:
+            mod._parameters[pname] = p
     return seen

@@ -23,7 +23,7 @@ from torch import nn
 from torch.func import functional_call
 
 from .arch import architecture_inits
-from .trace import TraceError, Use, trace_uses
+from .trace import Contraction, TraceError, Use, trace_uses
 
 KINDS = ("matrix", "embedding", "norm", "bias", "own", "unknown")
 NORM_WEIGHTS = ("weight", "scale", "gamma", "g")
@@ -36,9 +36,12 @@ class ParamRole:
 
     ``in_dim`` is the axis contracted with the input (leading axes, such as experts, are batch axes);
     ``kernel_dims`` are further axes contracted with it (a convolution's kernel), so that
-    d_in = ``fan_in`` = the product of their sizes. ``norm_offset`` is True for norms of the (1 + w) form,
-    whose scale-1 value is 0. ``reason`` says why a parameter is kept ("own", "unknown") and ``source``
-    where the role came from ("module type", "declared", "forward", "architecture init").
+    d_in = ``fan_in`` = the product of their sizes. Both count axes of ``view`` when the forward sees the
+    parameter in another shape than it is stored in (DBRX's (experts · ffn, d) seen as (experts, ffn, d),
+    heads merged); ``in_dim`` is None when d_in is established but is no one axis of a reshape.
+    ``norm_offset`` is True for norms of the (1 + w) form, whose scale-1 value is 0. ``reason`` says why a
+    parameter is kept ("own", "unknown") and ``source`` where the role came from ("module type",
+    "declared", "forward", "architecture init").
     """
 
     kind: str
@@ -48,6 +51,7 @@ class ParamRole:
     reason: str = ""
     kernel_dims: tuple[int, ...] = ()
     source: str = ""
+    view: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -70,9 +74,12 @@ def kept(kind: str, reason: str, source: str) -> ParamRole:
 
 def as_out_in(tensor: torch.Tensor, role: ParamRole) -> torch.Tensor:
     """The matrix in (..., out, in) orientation: batch axes first, then the output axis, then the input
-    axis (with a convolution's kernel axes flattened into it, so its size is d_in). A view where possible."""
+    axis (with a convolution's kernel axes flattened into it, so its size is d_in), in the shape the forward
+    sees it in (``role.view``). A view where possible."""
     if role.in_dim is None or role.kind not in ("matrix", "embedding"):
         raise ValueError(f"as_out_in needs a matrix or embedding role with an input axis, got {role.kind!r}")
+    if role.view is not None:
+        tensor = tensor.reshape(role.view)
     ins = (role.in_dim, *role.kernel_dims)
     rest = [d for d in range(tensor.dim()) if d not in ins]
     if not rest:
@@ -203,18 +210,27 @@ def _example_inputs(module: nn.Module, example_inputs) -> tuple[tuple, dict] | N
     return (), kwargs
 
 
+def _from_contractions(p: torch.Tensor, cs: set[Contraction | None]) -> ParamRole:
+    """d_in from how the forward contracts it: the size every use agrees on."""
+    if None in cs:
+        return kept("unknown", "the forward contracts it along something that is not a part of its axes", "forward")
+    sizes = sorted({c.size for c in cs})
+    if len(sizes) > 1:
+        shown = ", ".join(map(str, sizes))
+        return kept("unknown", f"the forward contracts it at different sizes ({shown}): d_in not one number", "forward")
+    if len(cs) > 1:
+        return ParamRole("matrix", sizes[0], source=f"forward (used in {len(cs)} shapes, each contracting {sizes[0]})")
+    (c,) = cs
+    return ParamRole("matrix", c.size, c.ins[0] if c.ins else None, kernel_dims=c.ins[1:], source="forward",
+                     view=c.view)
+
+
 def _from_use(p: torch.Tensor, use: Use | None, why_not: str) -> ParamRole:
     """The role the forward gives a parameter no known module type covers."""
     if use is None:
         return kept("unknown", why_not, "forward")
-    axes = {a for a in use.contracted}
-    if len(axes) == 1 and () not in axes:
-        (ins,) = axes
-        return matrix(p, ins[0], "forward", ins[1:])
-    if axes:
-        shown = ", ".join("?" if not a else "×".join(map(str, a)) for a in sorted(axes))
-        return kept("unknown", f"the forward contracts it along different axes ({shown}): d_in not one axis",
-                    "forward")
+    if use.contracted:
+        return _from_contractions(p, use.contracted)
     if use.added:
         return ParamRole("bias", source="forward")
     if use.lookup and not use.ops:
@@ -228,19 +244,16 @@ def _from_use(p: torch.Tensor, use: Use | None, why_not: str) -> ParamRole:
 
 
 def _checked(fast: ParamRole, p: torch.Tensor, use: Use | None) -> ParamRole:
-    """A module-type role checked against the forward."""
+    """A module-type role checked against the forward; where they differ the forward's d_in is the truth."""
     if use is None or fast.kind != "matrix" or not use.contracted:
         return fast
-
-    def real(axes):  # size-1 axes (a depthwise conv's input channel) are not seen by strides
-        return tuple(a for a in axes if p.shape[a] > 1)
-
-    want = real((fast.in_dim, *fast.kernel_dims))
-    if {real(a) for a in use.contracted} == {want}:
+    want = Contraction(tuple(a for a in (fast.in_dim, *fast.kernel_dims) if p.shape[a] > 1), fast.fan_in)
+    if use.contracted == {want}:
         return replace(fast, source=f"{fast.source}, checked by the forward")
-    got = ", ".join("×".join(map(str, a)) or "?" for a in sorted(use.contracted))
-    return kept("unknown", f"its module type says input axis {'×'.join(map(str, want))} but the forward contracts "
-                f"{got}", "forward")
+    seen = _from_contractions(p, use.contracted)
+    if seen.kind == "matrix":
+        return replace(seen, source=f"forward (its module type says d_in {fast.fan_in})")
+    return replace(seen, reason=f"{seen.reason} (its module type says d_in {fast.fan_in})")
 
 
 def resolve_roles(
@@ -259,19 +272,15 @@ def resolve_roles(
     uses: dict[str, Use] | None = None
     why_not = "d_in not established: not a parameter of a known module type, and no forward was run"
     inputs = _example_inputs(module, example_inputs) if forward else None
-    sharded = any(type(p).__name__ == "DTensor" for *_, p in entries)
     if forward and inputs is None:
         why_not += " (pass example_inputs)"
-    elif forward and sharded:
-        why_not = "d_in not established: not a parameter of a known module type (sharded: no forward check)"
-        notes.append("forward check not run on sharded parameters: roles come from module types")
     elif forward:
         try:
             uses = trace_uses(module, lambda: {n: p for n, _, _, p in entries}, *inputs)
         except TraceError as e:
             why_not = f"d_in not established: not a parameter of a known module type, and the forward failed ({e})"
             notes.append(f"forward check failed: {e}")
-    declared = {} if sharded else architecture_inits(module)
+    declared = architecture_inits(module)
     some_trained = any(p.requires_grad for *_, p in entries)  # a wholly frozen model says nothing
     roles: dict[str, ParamRole] = {}
     for name, _, _, p in entries:
