@@ -2,7 +2,10 @@
 
 A folder counts as one when it holds a config.json with a ``model_type`` and safetensors weights
 (``model.safetensors`` or its index); the model is loaded with ``AutoModelForCausalLM`` from local files
-only, never running code shipped in the folder, and the tokenizer with ``AutoTokenizer``.
+only, never running code shipped in the folder, and the tokenizer with ``AutoTokenizer`` (or the one given).
+A folder saved without a tokenizer is refused rather than measured with the empty default transformers would
+build for it, and so is a tokenizer that cannot be the model's (far fewer tokens than it has embeddings). A
+transformers Trainer ``output_dir`` is read as the model saved at its top, else its latest ``checkpoint-N``.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +42,44 @@ def hf_folder_problem(path: str | os.PathLike) -> str | None:
     return None
 
 
+# Files one of which a folder saved with a tokenizer holds (save_pretrained writes tokenizer_config.json with any).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model", "tekken.json")
+HOW_TO_GIVE = ("pass the model's tokenizer with --tokenizer PATH_OR_FOLDER (a folder saved by save_pretrained, a "
+               "tokenizer.json, or 'default' for smallinit's builtin 8,192-token BPE)")
+# A model's vocabulary is its tokenizer's, padded at most a little (Pythia 50,304 embeddings for 50,277 tokens);
+# a tokenizer under half the embeddings is not the model's and leaves most of them unread.
+COVER_SHARE = 0.5
+# The measured text must encode to real tokens: at most half unknown or end-of-text, and at least this many
+# distinct ids in the first batch (an empty tokenizer gives one or two).
+MIN_DISTINCT = 8
+
+
+def coverage_problem(n_tokens: int, vocab_size: int) -> str | None:
+    """None when a tokenizer of ``n_tokens`` can be that of a model with ``vocab_size`` embeddings, else why not."""
+    if n_tokens > vocab_size:
+        return f"has {n_tokens:,} tokens but the model only {vocab_size:,} embeddings"
+    if n_tokens < COVER_SHARE * vocab_size:
+        return (f"has {n_tokens:,} tokens for the model's {vocab_size:,} embeddings, so it is not the model's "
+                f"tokenizer (under {COVER_SHARE:.0%} of the vocabulary)")
+    return None
+
+
+def trainer_output_choice(path: Path) -> tuple[Path, str | None]:
+    """(the folder to load, a note saying which) for a transformers Trainer ``output_dir``: the model saved at
+    its top when there is one, else its latest ``checkpoint-N``; any other folder is itself, without a note."""
+    steps = sorted((int(m.group(1)), c) for c in path.glob("checkpoint-*")
+                   if (m := re.fullmatch(r"checkpoint-(\d+)", c.name)) and hf_folder_problem(c) is None)
+    if not steps:
+        return path, None
+    last = steps[-1][1]
+    if hf_folder_problem(path) is None:
+        return path, (f"{path} is a Trainer output folder: measured the model saved at its top, not its "
+                      f"{len(steps)} checkpoint-N folders (the latest {last.name})")
+    return last, (f"{path} is a Trainer output folder with no model saved at its top: measured its latest "
+                  f"checkpoint, {last.name}")
+
+
 # The parts of a tokenizers JSON that decide how text is encoded without special tokens and decoded (the
 # post-processor only adds special tokens; padding and truncation are per-call settings).
 ENCODING_PARTS = ("added_tokens", "normalizer", "pre_tokenizer", "model", "decoder")
@@ -60,6 +102,7 @@ class HFTokenizer:
                              "give it one (tokenizer.eos_token) and save it again")
         self.tokenizer, self.name = tokenizer, name
         self.eos_id = int(tokenizer.eos_token_id)
+        self.unk_id = tokenizer.unk_token_id
         self.vocab_size = len(tokenizer)
         self.backend = getattr(tokenizer, "backend_tokenizer", None)  # fast tokenizers: encode without length checks
         self.fingerprint = (encoding_fingerprint(self.backend) if self.backend is not None else
@@ -73,6 +116,16 @@ class HFTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
+    def encoding_problem(self, ids: Any) -> str | None:
+        """None when ``ids`` (the first batch of the measured text, a tensor) are real tokens, else what they are."""
+        special = (ids == self.eos_id) | (ids == self.unk_id) if self.unk_id is not None else ids == self.eos_id
+        share, distinct = float(special.float().mean()), int(ids.unique().numel())
+        if share > 0.5:
+            return f"encodes the text to {share:.0%} unknown or end-of-text tokens"
+        if distinct < MIN_DISTINCT:
+            return f"encodes the first {ids.numel():,} tokens of the text to only {distinct} distinct ids"
+        return None
+
 
 @dataclass
 class HFModel:
@@ -80,11 +133,37 @@ class HFModel:
     tokenizer: HFTokenizer
     path: Path
     max_seq_len: int | None  # the config's max_position_embeddings, when it has one
+    note: str | None = None  # which folder of a Trainer output_dir was loaded
 
 
-def load_hf_folder(path: str | os.PathLike, *, device: str = "cpu") -> HFModel:
-    """The causal LM (eval mode) and tokenizer of a Hugging Face folder."""
-    path = Path(path)
+def read_tokenizer(source: str | os.PathLike) -> Any:
+    """A transformers tokenizer from a folder saved by save_pretrained or a tokenizers JSON file."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = Path(source).expanduser()
+    try:
+        if path.is_dir():
+            return AutoTokenizer.from_pretrained(path, local_files_only=True)
+        if path.is_file():
+            tok = PreTrainedTokenizerFast(tokenizer_file=str(path))
+            vocab = tok.get_vocab()  # a bare tokenizer.json names no end-of-text token: take the usual ones
+            eos = next((t for t in ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>") if t in vocab), None)
+            if eos is not None:
+                tok.eos_token = eos
+            return tok
+    except Exception as exc:  # tokenizers and transformers raise plain Exceptions on a bad file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"cannot read a tokenizer from {path}: {first}") from None
+    raise ModelError(f"tokenizer {source} not found: pass a folder saved by save_pretrained, a tokenizer.json, or "
+                     "'default'")
+
+
+def load_hf_folder(path: str | os.PathLike, *, device: str = "cpu", tokenizer: Any = None) -> HFModel:
+    """The causal LM (eval mode) and tokenizer of a Hugging Face folder (or a Trainer output_dir, see
+    :func:`trainer_output_choice`); ``tokenizer`` (a transformers tokenizer, or a path for :func:`read_tokenizer`)
+    replaces the folder's own."""
+    top = Path(path)
+    path, note = trainer_output_choice(top) if top.is_dir() else (top, None)
     problem = hf_folder_problem(path)
     if problem is not None:
         raise ModelError(f"{path} is not a Hugging Face model folder: {problem}; it must hold {WHAT_IT_HOLDS}")
@@ -98,17 +177,29 @@ def load_hf_folder(path: str | os.PathLike, *, device: str = "cpu") -> HFModel:
     hf_logging.disable_progress_bar()  # one line per command, not a weight-loading bar
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True)
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        if isinstance(tokenizer, (str, os.PathLike)):
+            tokenizer, source = read_tokenizer(tokenizer), str(tokenizer)
+        elif tokenizer is None:
+            # a checkpoint-N saved without one takes the Trainer folder's; a folder without any is refused, since
+            # transformers would build an empty default that encodes all text to nothing or to <unk>
+            folder = next((f for f in (path, top) if any((f / t).is_file() for t in TOKENIZER_FILES)), None)
+            if folder is None:
+                raise ModelError(f"{path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES[:3])}, ...); "
+                                 f"{HOW_TO_GIVE}")
+            tokenizer, source = AutoTokenizer.from_pretrained(folder, local_files_only=True), str(folder)
+        else:
+            source = getattr(tokenizer, "name_or_path", "") or "the tokenizer given"
     except (OSError, ValueError, KeyError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"transformers cannot load {path} as a causal LM with its tokenizer: {first}") from None
     finally:
         if bar:
             hf_logging.enable_progress_bar()
-    tok = HFTokenizer(tokenizer, str(path))
+    tok = HFTokenizer(tokenizer, source)
     config = model.config.get_text_config()
-    if tok.vocab_size > config.vocab_size:
-        raise ModelError(f"the tokenizer of {path} has {tok.vocab_size} tokens but the model only "
-                         f"{config.vocab_size} embeddings; save the model with its own tokenizer")
+    problem = coverage_problem(tok.vocab_size, config.vocab_size)
+    if problem is not None:
+        given = f" ({source})" if source != str(path) else ""
+        raise ModelError(f"the tokenizer of {path}{given} {problem}; {HOW_TO_GIVE}")
     return HFModel(model=model.to(device).eval(), tokenizer=tok, path=path,
-                   max_seq_len=getattr(config, "max_position_embeddings", None))
+                   max_seq_len=getattr(config, "max_position_embeddings", None), note=note)

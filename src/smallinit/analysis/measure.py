@@ -13,25 +13,27 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 import torch
 from torch import nn
 
 from ..adapters import HFModel, HFTokenizer, as_adapter, hf_folder_problem, load_hf_folder
+from ..adapters.hf_folder import HOW_TO_GIVE, encoding_fingerprint, trainer_output_choice
 from ..adapters.hf_folder import WHAT_IT_HOLDS as HF_FOLDER
-from ..adapters.hf_folder import encoding_fingerprint
 from ..config import Config, DataConfig, flatten
 from ..data import Tokenizer, load_data, load_tokenizer
+from ..data.tokenizer import BUILTIN_TOKENIZERS
 from ..errors import CheckpointError, ConfigError, DataError
+from ..export.hf import hf_tokenizer
 from ..io import read_json
 from ..measures.activations import measure_activations
 from ..measures.condensation import matrix_stats, unoriented_matrices
 from ..measures.norm_factor import relative_factor
 from ..train.checkpoint import load_model as _load_model
 from ..train.checkpoint import resolve_checkpoint
-from .tokens import TokenGapResult, text_batches, token_gap
+from .tokens import TokenGapResult, text_batches, token_gap, with_progress
 
 
 @dataclass
@@ -55,14 +57,16 @@ NEITHER = ("a smallinit run folder (checkpoints/step_N/ inside), a smallinit che
            "model.safetensors) or a Hugging Face model folder (" + HF_FOLDER + ")")
 
 
-def load_measured(path: str | os.PathLike, *, hf: bool = False, device: str = "cpu") -> LoadedRun | HFModel:
+def load_measured(path: str | os.PathLike, *, hf: bool = False, device: str = "cpu",
+                  tokenizer: str | os.PathLike | None = None) -> LoadedRun | HFModel:
     """What ``analyze`` and ``compare`` measure: a smallinit run or checkpoint, or (detected from its
-    config.json, or with ``hf``) a Hugging Face model folder with its tokenizer."""
+    config.json, or with ``hf``) a Hugging Face model folder or Trainer output_dir with its tokenizer, or with
+    ``tokenizer`` (a folder, a tokenizer.json, or a builtin name: 'default', 'bytes') in its place."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a folder; pass {NEITHER}")
-    if hf or hf_folder_problem(path) is None:
-        return load_hf_folder(path, device=device)
+    if hf or hf_folder_problem(path) is None or trainer_output_choice(path)[1] is not None:
+        return load_hf_folder(path, device=device, tokenizer=_given_tokenizer(tokenizer))
     config = read_json(path / "config.json") if (path / "config.json").is_file() else None
     if isinstance(config, dict) and "model_type" in config:  # a Hugging Face config without its weights
         load_hf_folder(path)  # says what is missing
@@ -70,6 +74,16 @@ def load_measured(path: str | os.PathLike, *, hf: bool = False, device: str = "c
     if not ours:
         raise CheckpointError(f"{path} holds no model; pass {NEITHER}")
     return load_run(path, device=device)
+
+
+def _given_tokenizer(spec: str | os.PathLike | None) -> Any:
+    """A --tokenizer for a Hugging Face folder: smallinit's builtin ones as transformers tokenizers, else the
+    path as it is (read by the adapter)."""
+    if isinstance(spec, str) and spec in BUILTIN_TOKENIZERS and not Path(spec).exists():
+        tok = hf_tokenizer(load_tokenizer(spec), 1 << 30)
+        tok.name_or_path = f"smallinit's builtin {spec!r}"  # what messages call it
+        return tok
+    return spec
 
 
 def held_out_batches(
@@ -129,51 +143,80 @@ def analyze_model(
 
 
 HF_SEQ_LEN = 256  # the default sequence length for a Hugging Face model (smallinit runs use their own)
+# compare's default budget: two tiny models (d = 64, 2 layers, vocabulary 8,192) compare 32,768 tokens in
+# about a minute on this project's 2-core CPU machine (docs/analysis.md); None reads the whole text
+COMPARE_TOKENS = 32_768
 
 
 def hf_batches(
-    tokenizer: HFTokenizer, max_seq_len: int | None, *, data: str | os.PathLike | None, batch_size: int,
+    tokenizer: HFTokenizer | Tokenizer, max_seq_len: int | None, *, data: str | os.PathLike | None, batch_size: int,
     seq_len: int | None, max_tokens: int | None = None, batches: int | None = None,
 ) -> tuple[Iterator[tuple[torch.Tensor, torch.Tensor]], int, str]:
     """(batches, sequence length, what the text is) where a Hugging Face model takes part: the first windows
-    of ``data``, else of the builtin corpus, through the model's own tokenizer."""
+    of ``data``, else of the builtin corpus, through the model's own tokenizer, refused (DataError) when that
+    tokenizer turns the first batch into unknown or end-of-text tokens or a handful of ids."""
     seq_len = _check_seq_len(seq_len or min(HF_SEQ_LEN, max_seq_len or HF_SEQ_LEN), max_seq_len or 1 << 30)
     corpus = data if data is not None else DataConfig().corpus
     stream = text_batches(corpus, tokenizer, seq_len=seq_len, batch_size=batch_size, max_tokens=max_tokens)
-    return itertools.islice(stream, batches), seq_len, str(data) if data is not None else f"builtin corpus {corpus}"
+    text = (f"{data} (--data; whether the model was trained on it, smallinit cannot tell)" if data is not None else
+            f"the start of smallinit's builtin corpus {corpus!r}: if the model was trained on it, this is training "
+            "text, not held out")
+    stream = itertools.islice(stream, batches)
+    first = next(stream, None)  # judged before anything is measured on it
+    # (a smallinit run's tokenizer, which a compared folder shares, is its training's: nothing to judge)
+    problem = tokenizer.encoding_problem(first[0]) if first is not None and isinstance(tokenizer, HFTokenizer) else None
+    if problem is not None:
+        raise DataError(f"the tokenizer {tokenizer.name} {problem}, so nothing measured on it would mean anything; "
+                        f"{HOW_TO_GIVE}")
+    return itertools.chain([first] if first is not None else [], stream), seq_len, text
 
 
 def analyze_checkpoint(
     path: str | os.PathLike, *, data: str | os.PathLike | None = None, batches: int = 4, batch_size: int = 8,
-    seq_len: int | None = None, device: str = "cpu", hf: bool = False,
+    seq_len: int | None = None, device: str = "cpu", hf: bool = False, tokenizer: str | os.PathLike | None = None,
+    progress: TextIO | None = None,
 ) -> dict:
     """``smallinit analyze``: load a run, checkpoint or Hugging Face folder, measure it on held-out text, return
-    a JSON-able dict (a Hugging Face model's has its ``hf_config`` where a run's has ``config`` and ``step``)."""
-    run = load_measured(path, hf=hf, device=device)
+    a JSON-able dict (a Hugging Face model's has its ``hf_config`` where a run's has ``config`` and ``step``;
+    ``data`` says which text it is, ``note`` which folder of a Trainer output_dir). Progress lines go to
+    ``progress``; ``tokenizer`` replaces a Hugging Face folder's own."""
+    run = load_measured(path, hf=hf, device=device, tokenizer=tokenizer)
     if isinstance(run, HFModel):
-        stream, _, text = hf_batches(run.tokenizer, run.max_seq_len, data=data, batch_size=batch_size,
-                                     seq_len=seq_len, batches=batches)
+        stream, seq_len, text = hf_batches(run.tokenizer, run.max_seq_len, data=data, batch_size=batch_size,
+                                           seq_len=seq_len, batches=batches)
+        stream = with_progress(stream, label="analyze", total_tokens=batches * batch_size * seq_len, echo=progress)
         return {"checkpoint": str(run.path), "hf_config": run.model.config.to_dict(), "data": text,
-                **analyze_model(run.model, stream)}
+                **({"note": run.note} if run.note else {}), **analyze_model(run.model, stream)}
+    if tokenizer is not None:
+        raise ConfigError("--tokenizer is for a Hugging Face folder; a smallinit run is measured with its own "
+                          f"(data.tokenizer = {run.config.data.tokenizer})")
     tok = load_tokenizer(run.config.data.tokenizer)
-    result = analyze_model(run.model, held_out_batches(run.config, tok, data=data, batches=batches,
-                                                       batch_size=batch_size, seq_len=seq_len))
+    total = batches * batch_size * (seq_len or run.config.data.seq_len)
+    result = analyze_model(run.model, with_progress(
+        held_out_batches(run.config, tok, data=data, batches=batches, batch_size=batch_size, seq_len=seq_len),
+        label="analyze", total_tokens=total, echo=progress))
     m = run.config.model
     result["norm_factor_analytic"] = relative_factor(m.gamma, m.norm_eps, m.d_model)
-    return {"checkpoint": str(run.path), "step": run.step, "config": run.config.to_dict(),
-            "data": str(data) if data is not None else f"validation split of {run.config.data.corpus}",
-            **result}
+    text = (f"{data} (--data)" if data is not None else
+            f"the validation split of {run.config.data.corpus}, held out from the run's training text")
+    return {"checkpoint": str(run.path), "step": run.step, "config": run.config.to_dict(), "data": text, **result}
 
 
 def compare_checkpoints(
     path_a: str | os.PathLike, path_b: str | os.PathLike, *, data: str | os.PathLike | None = None,
-    batch_size: int = 8, seq_len: int | None = None, max_tokens: int | None = None, bins: int = 10,
+    batch_size: int = 8, seq_len: int | None = None, max_tokens: int | None = COMPARE_TOKENS, bins: int = 10,
     top_k: int = 20, labels: tuple[str, str] | None = None, device: str = "cpu", hf: bool = False,
+    tokenizer: str | os.PathLike | None = None, progress: TextIO | None = None,
 ) -> TokenGapResult:
     """``smallinit compare``: token-level gap of two trained models on held-out text (default: A's
-    validation split, or the builtin corpus for Hugging Face models; or ``data``, streamed). Either may be a
-    Hugging Face folder; both must use the same tokenizer."""
-    a, b = load_measured(path_a, hf=hf, device=device), load_measured(path_b, hf=hf, device=device)
+    validation split, or the builtin corpus for Hugging Face models; or ``data``, streamed), at most about
+    ``max_tokens`` of it (None: all). Either may be a Hugging Face folder (``tokenizer`` replaces its own); both
+    must use the same tokenizer. Progress lines go to ``progress``."""
+    a = load_measured(path_a, hf=hf, device=device, tokenizer=tokenizer)
+    b = load_measured(path_b, hf=hf, device=device, tokenizer=tokenizer)
+    if tokenizer is not None and not (isinstance(a, HFModel) or isinstance(b, HFModel)):
+        raise ConfigError("--tokenizer is for Hugging Face folders; smallinit runs are compared with their own "
+                          "(data.tokenizer)")
     tok = _tokenizer(a)
     if _encoding(_tokenizer(b)) != _encoding(tok):
         raise DataError(f"{path_a} and {path_b} use different tokenizers; token-level comparison needs the same one")
@@ -185,18 +228,24 @@ def compare_checkpoints(
     else:
         seq_len = _check_seq_len(seq_len or min(a.config.data.seq_len, b.config.data.seq_len),
                                  min(a.config.model.max_seq_len, b.config.model.max_seq_len))
-        text = str(data) if data is not None else f"validation split of {a.config.data.corpus}"
+        text = (str(data) if data is not None else
+                f"the validation split of {a.config.data.corpus}, held out from A's training text")
         if data is None:
             limit = None if max_tokens is None else -(-max_tokens // (batch_size * seq_len))
             batches = load_data(a.config.data, tok).eval_batches(batch_size, seq_len, limit)
         else:
             batches = text_batches(data, tok, seq_len=seq_len, batch_size=batch_size,
                                    text_field=a.config.data.text_field, max_tokens=max_tokens)
-    result = token_gap(a.model, b.model, batches, tokenizer=tok, bins=bins, top_k=top_k)
+    window = batch_size * seq_len  # both streams stop at the first whole batch past max_tokens
+    total = None if max_tokens is None else -(-max_tokens // window) * window
+    result = token_gap(a.model, b.model, with_progress(batches, label="compare", total_tokens=total, echo=progress),
+                       tokenizer=tok, bins=bins, top_k=top_k)
     la, lb = labels or (_run_name(a.path), _run_name(b.path))
+    notes = [m.note for m in (a, b) if isinstance(m, HFModel) and m.note]
     result.meta = {**result.meta, "label_a": la, "label_b": lb, "checkpoint_a": str(a.path), "checkpoint_b": str(b.path),
                    "step_a": getattr(a, "step", None), "step_b": getattr(b, "step", None), "seq_len": seq_len,
-                   "settings_a": _settings(a), "settings_b": _settings(b), "data": text}
+                   "settings_a": _settings(a), "settings_b": _settings(b), "data": text, "max_tokens": max_tokens,
+                   **({"notes": notes} if notes else {})}
     return result
 
 

@@ -17,9 +17,11 @@ from __future__ import annotations
 import heapq
 import itertools
 import os
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 import torch
@@ -266,6 +268,37 @@ def text_batches(
         rows.append(row)
     if rows:
         yield _to_xy(rows)
+
+
+def _duration(seconds: float) -> str:
+    s = round(seconds)
+    return f"{s} s" if s < 60 else f"{s // 60} min {s % 60:02d} s"
+
+
+def with_progress(
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *, label: str, total_tokens: int | None,
+    echo: TextIO | None, every_s: float = 10.0,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``batches`` as they are, with progress lines on ``echo`` (None: silent): one before the first batch, one
+    after it (the first estimate of the time left), one at most every ``every_s`` seconds, one at the end. The
+    time counted is the consumer's too: a batch is done when the next one is asked for."""
+    if echo is None:
+        yield from batches
+        return
+    of = f" of {total_tokens:,}" if total_tokens else ""
+    print(f"{label}: measuring {f'{total_tokens:,} ' if total_tokens else ''}tokens", file=echo, flush=True)
+    start = last = time.monotonic()
+    done = n = 0
+    for x, y in batches:
+        yield x, y
+        done, n = done + y.numel(), n + 1
+        now = time.monotonic()
+        if (n == 1 or now - last >= every_s) and not (total_tokens and done >= total_tokens):
+            last, spent = now, now - start
+            left = f" ({done / total_tokens:.0%}), about {_duration(spent / done * (total_tokens - done))} left" \
+                if total_tokens else ""
+            print(f"{label}: {done:,}{of} tokens in {_duration(spent)}{left}", file=echo, flush=True)
+    print(f"{label}: {done:,} tokens in {_duration(time.monotonic() - start)}", file=echo, flush=True)
 
 
 def _to_xy(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -34,8 +34,9 @@ import torch
 from safetensors.torch import save_file
 
 from .. import io
+from ..adapters.hf_folder import coverage_problem, read_tokenizer
 from ..config import Config, ModelConfig
-from ..data import EOS_TOKEN
+from ..data import EOS_TOKEN, load_tokenizer
 from ..data.tokenizer import run_tokenizer
 from ..errors import CheckpointError, ConfigError, SmallinitError
 from ..init import InitReport, gamma_init_, set_norm_eps_
@@ -313,6 +314,7 @@ class InitHFResult:
     offset_norms: list[str]  # weights of norms of the (1 + w) form, set to w = 0
     config_fields: list[str]  # config keys that now carry ε
     norm_eps: float | None = None  # None: the architecture's ε kept
+    tokenizer: str = ""  # which tokenizer was saved, or why none was
 
     def __str__(self) -> str:
         eps = (f"norm ε = {self.norm_eps:g} set on {len(self.norms)} modules and saved in config fields "
@@ -321,7 +323,7 @@ class InitHFResult:
         lines = [str(self.report), eps]
         if self.offset_norms:
             lines.append(f"{len(self.offset_norms)} norms scale by (1 + w): their weights start at 0")
-        lines.append(f"saved {self.architecture} to {self.out_dir}")
+        lines += [self.tokenizer, f"saved {self.architecture} to {self.out_dir}"]
         return "\n".join(lines)
 
 
@@ -345,13 +347,44 @@ def _eps_kept(transformers, config, model: torch.nn.Module, norms: list[str], no
             f"with ε = {eps:g}, not {norm_eps:g}; pass --keep-norm-eps to keep the architecture's ε")
 
 
+# smallinit's builtin tokenizers, largest first: the default a folder gets when it covers the model's vocabulary
+BUILTIN_FOR_INIT = ("default", "bytes")
+
+
+def init_tokenizer(tokenizer: str | Path | None, vocab_size: int, max_len: int) -> tuple[Any, str]:
+    """(the transformers tokenizer init-hf saves, or None; the line that says which, or why none): the one given
+    (a builtin name, a folder or a tokenizer.json), refused if it cannot be the model's, else the largest
+    builtin one that covers the vocabulary (adapters.hf_folder.coverage_problem)."""
+    if tokenizer is not None:
+        builtin = str(tokenizer) in BUILTIN_FOR_INIT and not Path(tokenizer).exists()
+        tok = hf_tokenizer(load_tokenizer(str(tokenizer)), max_len) if builtin else read_tokenizer(tokenizer)
+        problem = coverage_problem(len(tok), vocab_size)
+        if problem is not None:
+            raise ConfigError(f"--tokenizer {tokenizer} {problem}; pass the tokenizer the model is meant for")
+        return tok, f"tokenizer: {tokenizer} ({len(tok):,} tokens) saved with the model"
+    for name in BUILTIN_FOR_INIT:
+        builtin = load_tokenizer(name)
+        if coverage_problem(builtin.vocab_size, vocab_size) is None:
+            return hf_tokenizer(builtin, max_len), (
+                f"tokenizer: smallinit's builtin {name!r} ({builtin.vocab_size:,} tokens, for the model's "
+                f"{vocab_size:,} embeddings) saved with the model; pass --tokenizer for the model's own")
+    return None, (f"no tokenizer saved: none of smallinit's builtin ones covers a vocabulary of {vocab_size:,} "
+                  "(8,192 and 257 tokens); pass the model's with --tokenizer PATH_OR_FOLDER, or save it into the "
+                  "folder (tokenizer.save_pretrained), before analyze or compare")
+
+
 def init_hf(
-    config_or_dir: str | Path, out_dir: str | Path, gamma: float = 1.0, norm_eps: float | None = 1e-12, seed: int = 0
+    config_or_dir: str | Path, out_dir: str | Path, gamma: float = 1.0, norm_eps: float | None = 1e-12, seed: int = 0,
+    tokenizer: str | Path | None = None,
 ) -> InitHFResult:
     """Build a causal LM from a Hugging Face config, γ-init it, set every norm's ε (None: keep the
-    architecture's), save it to ``out_dir``. ε that cannot be set or saved raises; nothing is written."""
+    architecture's), save it to ``out_dir`` with a tokenizer (``tokenizer``, else a builtin one that covers the
+    vocabulary, else none, said in the result). ε that cannot be set or saved raises; nothing is written."""
     transformers = require_transformers()
     config = read_hf_config(config_or_dir)
+    text_config = config.get_text_config()
+    tok, tok_line = init_tokenizer(tokenizer, text_config.vocab_size,
+                                   getattr(text_config, "max_position_embeddings", None) or 1 << 30)
     if norm_eps is not None and not norm_eps > 0:
         raise ConfigError(f"--norm-eps must be > 0 (the paper uses 1e-12), got {norm_eps}")
     fields = []
@@ -377,5 +410,8 @@ def init_hf(
     out_dir = Path(out_dir)
     with _publishing(out_dir) as tmp:
         model.save_pretrained(tmp)
+        if tok is not None:
+            tok.save_pretrained(tmp)
     offset = [r.name for r in report.rows if r.kind == "norm" and r.rule == "zeros"]
-    return InitHFResult(out_dir, type(model).__name__, report, norms, offset, sorted(set(fields)), norm_eps)
+    return InitHFResult(out_dir, type(model).__name__, report, norms, offset, sorted(set(fields)), norm_eps,
+                        tok_line)
