@@ -144,7 +144,7 @@ def analyze_model(
 
 HF_SEQ_LEN = 256  # the default sequence length for a Hugging Face model (smallinit runs use their own)
 # compare's default budget: two tiny models (d = 64, 2 layers, vocabulary 8,192) compare 32,768 tokens in
-# about a minute on this project's 2-core CPU machine (docs/analysis.md); None reads the whole text
+# 49 s on this project's 2-core CPU machine under load, 1 min 15 s with loading (docs/analysis.md)
 COMPARE_TOKENS = 32_768
 
 
