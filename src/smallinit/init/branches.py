@@ -112,4 +112,4 @@ def branch_note(norms: list[str]) -> str:
     """The one line the init report and ``init-hf`` print."""
     return (f"note: {len(norms)} norms (first: {norms[0]}) renormalise a branch's output right before it is added "
             "to the residual stream: each layer adds a scale-1 update whatever γ, so γ sets the embedding's scale "
-            "but not the layers' updates (docs/choosing-gamma.md, 'Branch outputs renormalised')")
+            "but not the layers' updates (docs/choosing-gamma.md, 'Architectures that renormalise each branch')")
