@@ -38,8 +38,31 @@ def test_mamba_built_on_meta_gets_the_cpu_draw_and_the_architectures_own_init():
             assert torch.equal(m[name], c[name]), name
     rows = got.by_name()
     assert all("built on meta" in rows[n].reason for n in kept)
-    assert sum("had not been initialised" in note for note in got.notes) == 1
+    assert sum("not initialised by its architecture" in note for note in got.notes) == 1
     assert [(x.name, x.rule, x.fan_in, x.std) for x in got.rows] == [(x.name, x.rule, x.fan_in, x.std) for x in want.rows]
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_llama_built_on_meta_computes_what_a_cpu_build_computes(tie):
+    """Nothing kept, but the rotary tables are buffers to_empty leaves as memory: the architecture's init
+    recomputes them, so the model computes what the CPU build does."""
+    transformers = hf_tiny.transformers
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=128, tie_word_embeddings=tie)
+    cpu = transformers.LlamaForCausalLM(cfg)
+    gamma_init_(cpu, 1.0, generator=torch.Generator().manual_seed(2))
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg)
+    model.to_empty(device="cpu")
+    report = gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(2))
+    assert any("the buffers got LlamaForCausalLM's own init" in n for n in report.notes)
+    for (name, a), b in zip(cpu.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), name
+    for (name, a), b in zip(cpu.named_buffers(), model.buffers()):
+        assert torch.equal(a, b), name
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, cpu(ids).logits)
 
 
 class _ScaledLlama(hf_tiny.transformers.LlamaForCausalLM):

@@ -192,18 +192,23 @@ def init_plan(
 
 
 def _own_init(module: nn.Module, report: InitReport) -> None:
-    """What γ-init keeps but the architecture has not initialised (built on meta, then ``to_empty``) gets the
-    architecture's own init, never the memory it holds; the rows and a note say so."""
-    fresh = uninitialised(module, [r.name for r in report.rows if r.rule == "kept"])
+    """A model whose architecture has not initialised it (built on meta, then ``to_empty``) gets the
+    architecture's own init first: what γ-init keeps and the buffers never hold leftover memory. The rows
+    and a note say so."""
+    fresh = uninitialised(module)
     if not fresh:
         return
-    own_init_(module, fresh)
-    done = set(fresh)
+    kept = [r.name for r in report.rows if r.rule == "kept" and r.name in fresh]
+    if not kept and any(_is_dtensor(p) for p in module.parameters()):
+        return  # sharded, and nothing kept: every parameter is the rule's; buffers are the caller's (to_empty)
+    own_init_(module, kept)
+    done = set(kept)
     report.rows = [replace(r, reason=f"{r.reason}; not initialised (built on meta): the architecture's init"
                            if r.reason else "not initialised (built on meta): the architecture's init")
                    if r.name in done else r for r in report.rows]
-    report.notes.append(f"note: {len(fresh)} kept parameters (first: {fresh[0]}) had not been initialised (built on "
-                        f"the meta device): given {type(module).__name__}'s own init (_init_weights) first")
+    what = f"{len(kept)} kept parameters (first: {kept[0]}) and the buffers" if kept else "the buffers"
+    report.notes.append(f"note: not initialised by its architecture (built on the meta device): {what} got "
+                        f"{type(module).__name__}'s own init (_init_weights) first")
 
 
 @torch.no_grad()

@@ -3,9 +3,10 @@
 γ-init keeps what an architecture initialises in its own way (Mamba's A_log and D, attention-sink logits).
 A Hugging Face model built on the meta device skips its initialisation (transformers marks each module it
 has initialised with ``_is_hf_initialized``; ``from_config`` and ``from_pretrained`` mark all of them), so
-after ``to_empty`` those parameters hold whatever memory held. They get the architecture's own
-initialisation, as transformers runs it (``initialize_weights``: ``_init_weights`` on every module not yet
-initialised); the γ rule is applied after it, so the parameters it sets do not depend on this step.
+after ``to_empty`` those parameters, and the buffers (rotary tables), hold whatever memory held. They get
+the architecture's own initialisation, as transformers runs it (``initialize_weights``: ``_init_weights``
+on every module not yet initialised); the γ rule is applied after it, so the parameters it sets do not
+depend on this step.
 """
 
 from __future__ import annotations
@@ -21,23 +22,20 @@ class OwnInitError(ConfigError):
     them."""
 
 
-def _owners(model: nn.Module) -> dict[str, nn.Module]:
-    return {f"{m}.{p}" if m else p: mod for m, mod in model.named_modules() for p, _ in mod.named_parameters(
-        recurse=False, remove_duplicate=False)}
-
-
-def uninitialised(model: nn.Module, names: list[str]) -> list[str]:
-    """Of ``names``, the parameters of modules a Hugging Face model's own initialisation has not run on."""
+def uninitialised(model: nn.Module) -> set[str]:
+    """The parameters of modules a Hugging Face model's own initialisation has not run on (all of them
+    after building on the meta device); none for other models, where nothing says whether values were set."""
     if not callable(getattr(model, "initialize_weights", None)) or not hasattr(model, "_init_weights"):
-        return []  # not a transformers model: nothing says whether its values were ever set
-    owners = _owners(model)
-    return [n for n in names if not getattr(owners[n], "_is_hf_initialized", False)]
+        return set()
+    return {f"{m}.{p}" if m else p for m, mod in model.named_modules() if not getattr(mod, "_is_hf_initialized", False)
+            for p, _ in mod.named_parameters(recurse=False, remove_duplicate=False)}
 
 
 @torch.no_grad()
 def own_init_(model: nn.Module, names: list[str]) -> None:
-    """Give ``names`` (parameters of modules not yet initialised) the architecture's own initialisation;
-    refuse, in one line, what it does not set or cannot set (a sharded parameter)."""
+    """Run the architecture's own initialisation on the modules not yet initialised (their buffers too, such
+    as rotary tables), for ``names`` (parameters γ-init keeps); refuse, in one line, those it does not set
+    or cannot set (a sharded parameter)."""
     params = dict(model.named_parameters(remove_duplicate=False))
     sharded = [n for n in names if type(params[n]).__name__ == "DTensor"]
     if sharded:
@@ -51,9 +49,10 @@ def own_init_(model: nn.Module, names: list[str]) -> None:
     try:
         model.initialize_weights()
     except Exception as e:
-        raise OwnInitError(
-            f"{len(names)} parameters with an initialisation of their own (first: {names[0]}) hold no values, "
-            f"and the architecture's init failed ({type(e).__name__}: {str(e).splitlines()[0][:100]})") from None
+        what = f"{len(names)} parameters with an initialisation of their own (first: {names[0]})" if names \
+            else "the buffers"
+        raise OwnInitError(f"built on the meta device, {what} hold no values, and the architecture's init failed "
+                           f"({type(e).__name__}: {str(e).splitlines()[0][:100]})") from None
     unset = [n for n in floats if params[n].isnan().any()]
     if unset:
         raise OwnInitError(
