@@ -7,6 +7,8 @@ internal states of the same forward pass ("hidden", "norms", "qk", "attn"), obse
 (model/capture.py) so that the forward itself is only the equations above.
 For decoding, ``cache`` (a KVCache from ``new_cache``) holds the earlier positions' keys and values: the
 forward takes only the new tokens, places them after the cached ones (RoPE included) and extends the cache.
+Built under ``torch.device("meta")`` nothing is drawn; ``to_empty`` then ``reset_parameters(seed)`` gives the
+weights and buffers of a CPU build with that seed.
 """
 
 from __future__ import annotations
