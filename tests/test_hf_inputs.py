@@ -132,3 +132,9 @@ def test_a_trainer_output_dir_is_read_at_its_top_else_at_its_latest_checkpoint(t
     assert main(["analyze", str(out), *SMALL, "--out", str(tmp_path / "b")]) == 0
     assert "measured the model saved at its top, not its 2 checkpoint-N folders" in capsys.readouterr().out
     assert json.loads((tmp_path / "b" / "analysis.json").read_text())["checkpoint"] == str(out)
+
+    other = tmp_path / "trainer2"  # the final model saved without the tokenizer its checkpoints hold
+    _gpt2(other / "checkpoint-3", seed=3)
+    _gpt2(other, seed=4, tokenizer=False)
+    assert main(["analyze", str(other), *SMALL, "--out", str(tmp_path / "c")]) == 0
+    assert "measured the model saved at its top" in capsys.readouterr().out

@@ -65,14 +65,21 @@ def coverage_problem(n_tokens: int, vocab_size: int) -> str | None:
     return None
 
 
+def _checkpoints(path: Path) -> list[Path]:
+    """The ``checkpoint-N`` model folders a transformers Trainer wrote into ``path``, latest first."""
+    steps = sorted(((int(m.group(1)), c) for c in path.glob("checkpoint-*")
+                    if (m := re.fullmatch(r"checkpoint-(\d+)", c.name)) and hf_folder_problem(c) is None),
+                   reverse=True)
+    return [c for _, c in steps]
+
+
 def trainer_output_choice(path: Path) -> tuple[Path, str | None]:
     """(the folder to load, a note saying which) for a transformers Trainer ``output_dir``: the model saved at
     its top when there is one, else its latest ``checkpoint-N``; any other folder is itself, without a note."""
-    steps = sorted((int(m.group(1)), c) for c in path.glob("checkpoint-*")
-                   if (m := re.fullmatch(r"checkpoint-(\d+)", c.name)) and hf_folder_problem(c) is None)
+    steps = _checkpoints(path)
     if not steps:
         return path, None
-    last = steps[-1][1]
+    last = steps[0]
     if hf_folder_problem(path) is None:
         return path, (f"{path} is a Trainer output folder: measured the model saved at its top, not its "
                       f"{len(steps)} checkpoint-N folders (the latest {last.name})")
@@ -180,9 +187,11 @@ def load_hf_folder(path: str | os.PathLike, *, device: str = "cpu", tokenizer: A
         if isinstance(tokenizer, (str, os.PathLike)):
             tokenizer, source = read_tokenizer(tokenizer), str(tokenizer)
         elif tokenizer is None:
-            # a checkpoint-N saved without one takes the Trainer folder's; a folder without any is refused, since
-            # transformers would build an empty default that encodes all text to nothing or to <unk>
-            folder = next((f for f in (path, top) if any((f / t).is_file() for t in TOKENIZER_FILES)), None)
+            # in a Trainer output_dir, a model saved without one takes the other folder's (top or latest
+            # checkpoint); a folder without any is refused, since transformers would build an empty default
+            # that encodes all text to nothing or to <unk>
+            folders = (path, top, *(_checkpoints(top) if note else ()))
+            folder = next((f for f in folders if any((f / t).is_file() for t in TOKENIZER_FILES)), None)
             if folder is None:
                 raise ModelError(f"{path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES[:3])}, ...); "
                                  f"{HOW_TO_GIVE}")
