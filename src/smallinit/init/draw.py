@@ -203,11 +203,11 @@ def _own_init(module: nn.Module, report: InitReport) -> None:
         return  # sharded, and nothing kept: every parameter is the rule's; buffers are the caller's (to_empty)
     own_init_(module, kept)
     done = set(kept)
-    report.rows = [replace(r, reason=f"{r.reason}; not initialised (built on meta): the architecture's init"
-                           if r.reason else "not initialised (built on meta): the architecture's init")
+    report.rows = [replace(r, reason=f"{r.reason}; not initialised (as built on meta): the architecture's init"
+                           if r.reason else "not initialised (as built on meta): the architecture's init")
                    if r.name in done else r for r in report.rows]
     what = f"{len(kept)} kept parameters (first: {kept[0]}) and the buffers" if kept else "the buffers"
-    report.notes.append(f"note: not initialised by its architecture (built on the meta device): {what} got "
+    report.notes.append(f"note: not initialised by its architecture (as after building on the meta device): {what} got "
                         f"{type(module).__name__}'s own init (_init_weights) first")
 
 
