@@ -1,19 +1,22 @@
-"""Overhead of the analysis callback on training time, at a given cadence.
+"""Overhead of the Monitor (through smallinit's AnalysisCallback) on training time, at a given cadence.
 
 Contestants, timed interleaved in one process (a sample = ``Trainer.fit()`` of one fresh short run, from
 the same seed, data and config; model building and data loading are outside the timing):
   plain     no callbacks
-  analysis  the AnalysisCallback (sink, residual flow, norm factors, stable rank + mean |cos| of the
-            default matrices every ``--every`` steps and once at step 0; heatmap snapshots as configured)
+  analysis  the AnalysisCallback, i.e. the Monitor (sink, residual flow, norm factors, loss, stable rank +
+            mean |cos| of the default matrices every ``--every`` steps and once at step 0; heatmap
+            snapshots as configured)
 The overhead is analysis / plain − 1 per round, summarised by its median. Also reported: the cost of one
 measurement in units of training steps (so the overhead at any cadence N is about that / N).
 
     python benchmarks/bench_callbacks.py [--preset cpu-1m] [--steps 60] [--every 20] [--rounds 5] [--json out.json]
+    python benchmarks/bench_callbacks.py --preset cpu-5m --every 100 --steps 200   # the Monitor's default every
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -24,9 +27,8 @@ from pathlib import Path
 import torch
 from common import Row, Stat, check, machine, paired
 
-from smallinit.analysis import AnalysisCallback
 from smallinit.config import Config
-from smallinit.train import Trainer
+from smallinit.train import AnalysisCallback, Trainer
 
 TARGET = 0.05  # the overhead the callback must stay under at the recipes' cadence
 
@@ -41,9 +43,8 @@ def make_config(args: argparse.Namespace) -> Config:
 
 
 def timed_fit(cfg: Config, root: Path, name: str, analysis: bool) -> tuple[float, Trainer]:
-    trainer = Trainer(cfg, root / name, callbacks=[])
-    if analysis:
-        trainer.callbacks.append(AnalysisCallback(cfg.analysis))
+    off = dataclasses.replace(cfg, analysis=dataclasses.replace(cfg.analysis, every=0))
+    trainer = Trainer(cfg if analysis else off, root / name, callbacks=[])  # the Trainer attaches the monitor
     t0 = time.perf_counter()
     trainer.fit()
     return time.perf_counter() - t0, trainer
@@ -51,13 +52,13 @@ def timed_fit(cfg: Config, root: Path, name: str, analysis: bool) -> tuple[float
 
 def measure_cost(trainer: Trainer, repeats: int = 5) -> tuple[float, float]:
     """Seconds of one measurement (no snapshot) and of one training step, interleaved, medians."""
-    cb = next(c for c in trainer.callbacks if isinstance(c, AnalysisCallback))
-    cb.snapshot_steps = set()
-    trainer.log = lambda record: None  # keep metrics.jsonl as the run wrote it
+    monitor = next(c for c in trainer.callbacks if isinstance(c, AnalysisCallback)).monitor
+    monitor.snapshot_steps = set()
+    monitor._log = lambda record: None  # keep metrics.jsonl as the run wrote it
     m, s = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        cb.measure(trainer)
+        monitor.measure(trainer.step)
         m.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         trainer.train_step()
