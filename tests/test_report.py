@@ -136,9 +136,10 @@ def test_analyze_says_what_each_number_is(report_dir, tmp_path, capsys):
     assert lines[2].startswith("Sink_0.3 ") and "exceeds 0.3" in lines[2]
     assert lines[3].startswith("residual flow ") and "‖h_L − e‖/‖e‖" in lines[3] and "d^(1−γ), here 1 for d = 32" in lines[3]
     assert lines[4].startswith("min norm factor ") and "at initialisation this config gives" in lines[4]
-    assert lines[5] == ("this loss is on 2 windows of 32 tokens from the start of the validation split, training's val "
-                        "loss on 32 windows of 32 tokens, so the two differ a little; to measure on training's windows "
-                        "add --batches 8 --batch-size 4 --seq-len 32")
+    assert lines[5].startswith("stable rank ‖W‖_F²/‖W‖_2²: median ") and "of min(m, n) over" in lines[5]
+    assert ("this loss is on 2 windows of 32 tokens from the start of the validation split, training's val "
+            "loss on 32 windows of 32 tokens, so the two differ a little; to measure on training's windows "
+            "add --batches 8 --batch-size 4 --seq-len 32") in lines[6:]
 
 
 def test_report_refuses_an_empty_folder(tmp_path, capsys):
@@ -412,3 +413,143 @@ def test_a_width_effect_is_not_shown_as_an_epsilon_effect(tmp_path):
     rows = _loss_rows(page, "Final validation loss, γ × ε")
     assert rows and all(row == [3.0, 3.0] for row in rows), rows  # each width alone: no ε effect
     assert "<td>stopped</td><td>9</td><td>unfinished: step 2 of 4</td>" in page
+
+
+# -- what a reader sees first ----------------------------------------------------------------------------------------
+
+
+def test_a_claims_row_lists_its_primary_first(tmp_path):
+    """As the terminal's table: a secondary listed first would read as the reason for the verdict."""
+    claims = [{"claim": "C5", "verdict": "inconclusive", "comparisons": [
+        {"label": "exp γ0.5", "role": "secondary", "text": "flow exponent at γ0.5", "verdict": "agree"},
+        {"label": "exp γ1", "role": "primary", "text": "flow exponent at γ1", "verdict": "inconclusive"}]}]
+    (tmp_path / "findings.json").write_text(json.dumps({"recipe": "demo", "title": "t", "claims": claims}))
+    assert main(["report", str(tmp_path)]) == 0
+    items = re.findall(r"<li>(.*?)</li>", (tmp_path / "report.html").read_text(encoding="utf-8"))
+    assert items == ["primary: flow exponent at γ1: inconclusive", "flow exponent at γ0.5: agree"]
+
+
+def test_every_sink_figure_has_the_uniform_reference(drawn, report_dir):
+    """A dashed line at the score of evenly spread attention, 1/i on token 1 for the query at i, mean over
+    i = 2..T: the runs' at their sequence length (32), analyze's from the layers' masks."""
+    even = sum(1 / i for i in range(2, 33)) / 31
+    sink = [fig for fig in drawn.figures if any("sink score" in ax.get_ylabel() for ax in fig.axes)]
+    assert sink
+    for fig in sink:
+        for ax in (ax for ax in fig.axes if "sink score" in ax.get_ylabel()):
+            lines = {ln.get_label(): ln for ln in ax.get_lines() if ln.get_label().startswith("uniform attention")}
+            assert list(lines) == ["uniform attention (T = 32)"], [ln.get_label() for ln in ax.get_lines()]
+            line = lines["uniform attention (T = 32)"]
+            assert line.get_linestyle() == "--" and np.allclose(line.get_ydata(), even)
+    assert "<th>uniform attention</th>" in drawn.page and f"<td>{num(even)}</td>" in drawn.page
+    analysis = json.loads((report_dir / "runs" / "g1.0" / "analysis" / "analysis.json").read_text())
+    label, value = figures.sink_reference(analysis)
+    assert label == "uniform attention (T = 32)" and value == pytest.approx(even)
+
+
+def test_the_flow_legend_names_every_setting_that_separates_the_arms(tmp_path):
+    """The demo's arms differ in the gate, ε and the emulated saturation at once: naming the gate alone would
+    credit it with the whole difference."""
+    from smallinit.report.html import _Doc, _section_residual
+
+    arms = {"fixed": ["model.gate=elementwise", "model.norm_eps=1e-12"],
+            "baseline": ["model.gate=none", "model.norm_eps=1e-05", "model.norm_eps_width=2048"]}
+    for arm, sets in arms.items():
+        for gamma in (0.5, 1.0):
+            folder = tmp_path / f"{arm}-{gamma}"
+            _fake_run(folder, 3.0, f"model.gamma={gamma}", *sets)
+            with open(folder / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"event": "analysis", "step": 0, "residual_flow": 2.0 / gamma, "sink": {"0": 0.1},
+                                    "norm_factor": {"n": 1.0}, "stable_rank": {}, "mean_abs_cos": {}}) + "\n")
+    runs = find_runs(tmp_path)
+    made = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(figures, "residual_flow_figure", lambda series: made.append(series) or Figure())
+        _section_residual(_Doc("t"), runs, arm_keys(runs), [])
+    assert sorted(made[0]) == ["gate=elementwise, ε=1e-12, norm_eps_width=0",
+                               "gate=none, ε=1e-05, norm_eps_width=2048"], list(made[0])
+
+
+def test_heatmaps_of_the_judged_arm_come_first_with_a_colour_bar(tmp_path):
+    """C6 judges γ 0.5 and 1 of the fixed arm: their heatmaps are the ones its verdict is read against."""
+    from smallinit.report.html import _c6_judged
+
+    arms = {"baseline": ["model.gate=none", "model.norm_eps=1e-05"],
+            "fixed": ["model.gate=elementwise", "model.norm_eps=1e-12"]}
+    groups = []
+    for arm, sets in arms.items():
+        for gamma in (0.5, 1.0):
+            _fake_run(tmp_path / f"{arm}-{gamma}", 3.0, f"model.gamma={gamma}", *sets)
+            groups.append(find_runs(tmp_path / f"{arm}-{gamma}"))
+    judged = _c6_judged(groups)
+    assert sorted(judged.values()) == [0, 1] and {id(groups[2]), id(groups[3])} == set(judged)
+    assert judged[id(groups[3])] == 0  # γ = 1 first: the setting whose rebound C6 tests
+    snap = {"step": 0, "matrices": {"blocks.0.attn.q_proj.weight": np.eye(4)}, "mean_abs_cos": {}}
+    fig = figures.heatmaps_figure([snap, {**snap, "step": 4}])
+    bars = [ax for ax in fig.axes if ax.get_ylabel() == "|cos| between two rows"]
+    assert len(bars) == 1 and bars[0].get_ylim() == (0.0, 1.0)
+    assert layout_problems(fig) == []
+
+
+def _gap_result(seed: int, shift: float):
+    from smallinit.analysis.tokens import DifficultyBin, TokenGapResult
+
+    bins = [DifficultyBin(lo=i, hi=i + 1, count=100, mean_difficulty=i + 0.5, mean_delta_sym=shift + 0.1 * i,
+                          se_delta_sym=0.01, mean_loss_diff=shift + 0.2 * i, se_loss_diff=0.02) for i in range(4)]
+    settings = [{"model.gamma": g, "model.d_model": 16, "train.seed": seed} for g in (1.0, 0.5)]
+    return TokenGapResult(tokens=400, mean_delta_sym=shift, mean_loss_a=3.0, mean_loss_b=3.1, bins=bins, top_a=[],
+                          top_b=[], meta={"label_a": f"γ=1 (seed {seed})", "label_b": f"γ=0.5 (seed {seed})",
+                                          "settings_a": settings[0], "settings_b": settings[1]})
+
+
+def test_token_comparisons_of_several_seeds_are_pooled_with_the_seeds_folded(tmp_path):
+    for seed, shift in ((0, 0.0), (1, 0.1), (2, 0.2)):
+        _gap_result(seed, shift).save(tmp_path / f"seed{seed}")
+    made = []
+    real = figures.token_gap_pooled_figure
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(figures, "token_gap_pooled_figure", lambda *a: made.append(real(*a)) or made[-1])
+        assert main(["report", str(tmp_path)]) == 0
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    shown, _, folded = page.partition("<details><summary>each seed on its own: 3 comparisons")
+    assert "<h2>Token level: γ=1 vs γ=0.5 (3 seeds pooled)</h2>" in shown and "<h2>Token level" not in folded
+    assert shown.count('alt="token gap by difficulty, seeds pooled"') == 1
+    assert folded.count('alt="token gap by difficulty"') == 3 and folded.count("<h3>Token level: γ=1 (seed") == 3
+    # bin 1: Δ_sym 0, 0.1, 0.2 over the seeds: mean 0.1, SE 0.1/√3
+    assert "<td>1</td><td>300</td><td>0.1</td><td>0.0577</td>" in shown
+    heights = [bar.get_height() for bar in made[0].axes[0].patches]
+    assert heights == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    assert layout_problems(made[0]) == []
+
+
+def test_analyze_figure_stays_legible_with_many_long_module_names(tmp_path):
+    """17 norms with Hugging Face's long names (8 layers): a row each, every label on the canvas, and each
+    matrix's stable rank written in the figure."""
+    names = [f"model.layers.{i}.{kind}" for i in range(8) for kind in ("input_layernorm", "post_attention_layernorm")]
+    mats = [{"name": f"model.layers.{i}.self_attn.q_proj.weight", "shape": [64, 64], "stable_rank": 10.0 + i,
+             "stable_rank_fraction": (10.0 + i) / 64, "mean_abs_cos": 0.1} for i in range(8)]
+    result = {"sink": {"per_layer": [0.1] * 8, "uniform_per_layer": [0.05] * 8}, "seq_len": 64,
+              "norm_factor": {**{n: 0.9 for n in names}, "model.norm": 0.8}, "matrices": mats}
+    made = []
+    real = figures.save
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(figures, "save", lambda fig, path, *a: made.append(fig) or real(fig, path, *a))
+        figures.analysis_figures(result, tmp_path)
+    sink, norms = made
+    assert [ln.get_label() for ln in sink.axes[0].get_lines()][-1] == "uniform attention (T = 64)"
+    FigureCanvasAgg(norms).draw()
+    ax = norms.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()][:2] == ["layers.0.input_layernorm", "layers.0.post_attention_layernorm"]
+    assert ax.get_window_extent().height >= 17 * 15  # at least 15 px a row
+    assert layout_problems(norms) == [] and smallest_text_px(norms) >= 10.0
+    assert {t.get_text() for t in norms.axes[1].texts} >= {"10.0 of 64", "17.0 of 64"}
+
+
+def test_demo_refuses_an_out_that_is_a_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "taken").write_text("mine")
+    for out in ("taken", "taken/below"):
+        assert main(["demo", "--quick", "--out", out]) == 2
+        err = capsys.readouterr().err
+        assert err.strip().endswith("is a file, not a folder; choose another --out") and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"] and (tmp_path / "taken").read_text() == "mine"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import statistics
 from pathlib import Path
 
 from ..analysis.coordcheck import CoordCheck
@@ -30,6 +31,7 @@ def analysis_lines(result: dict, seq_len: int | None) -> list[str]:
     step): each number with what it is and what to compare it with."""
     m = result.get("config", {}).get("model")
     sink = result["sink"]
+    seq_len = result.get("seq_len", seq_len)  # what it measured on (a Hugging Face model's default included)
     where = f"step {result['step']}" if m else Path(result["checkpoint"]).name
     span = f"queries 2…{seq_len}" if seq_len else "queries 2…T"
     uniform = (f"attention spread evenly gives {sum(1 / t for t in range(2, seq_len + 1)) / max(1, seq_len - 1):.4f}; "
@@ -48,7 +50,18 @@ def analysis_lines(result: dict, seq_len: int | None) -> list[str]:
         f"embedding ({flow_scale}compare it with models of another γ or width at the same step)",
         f"min norm factor {min(result['norm_factor'].values()):.4f}: the smallest norm factor over the ideal 1/σ of "
         f"its input (1 = the norm sees the input's scale{factor_init})",
+        *_stable_rank_lines(result["matrices"]),
     ]
+
+
+def _stable_rank_lines(mats: list[dict]) -> list[str]:
+    """The stable rank analyze computes, median and lowest over the weight matrices."""
+    if not mats:
+        return []
+    low = min(mats, key=lambda m: m["stable_rank_fraction"])
+    median = statistics.median(m["stable_rank_fraction"] for m in mats)
+    return [f"stable rank ‖W‖_F²/‖W‖_2²: median {median:.1%} of min(m, n) over {len(mats)} matrices, lowest "
+            f"{low['stable_rank']:.1f} of {min(low['shape'])} ({low['name']}); a small share = condensed rows"]
 
 
 def compare_output_dir(result: TokenGapResult) -> Path:

@@ -23,6 +23,7 @@ from ..analysis.tokens import TokenGapResult
 from ..io import write_atomic
 from ..measures.norm_factor import rmsnorm_factor
 from ..measures.residual_flow import ResidualFlowSweep
+from ..measures.sink import uniform_sink
 
 DPI = 90
 # The smallest text a figure draws, in points: 11.25 px at DPI, so still ≥ 10 px when a figure up to
@@ -196,14 +197,28 @@ def grid_figure(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[s
     return fig
 
 
-def sink_figure(panels: Mapping[str, Mapping[str, Sequence[Sequence[float]]]],
-                legend_title: str | None = None) -> Figure:
+def uniform_label(seq_len: int | None) -> str:
+    return f"uniform attention (T = {seq_len})" if seq_len else "uniform attention"
+
+
+Reference = float | Sequence[float]  # one value for every layer, or one per layer (a sliding window's differ)
+
+
+def sink_figure(panels: Mapping[str, Mapping[str, Sequence[Sequence[float]]]], legend_title: str | None = None,
+                uniform: Mapping[str, Mapping[str, Reference]] | None = None) -> Figure:
     """Fig. 1f/g: sink score per layer, ``{panel: {model: [per-seed scores by layer]}}``; each line the mean
-    over seeds, its band their range."""
+    over seeds, its band their range. ``uniform``: ``{panel: {label: score}}``, dashed, the score of evenly
+    spread attention, the reference a score is read against (noise far below it on a zoomed axis is no sink)."""
     fig, axes, colors = _panels(panels)
     for (title, models), (ax,) in zip(panels.items(), axes):
         for label, seeds in models.items():
             _plot_seeds(ax, [list(enumerate(s, start=1)) for s in seeds], colors[label], label, marker="o", ms=4)
+        for i, (label, ref) in enumerate((uniform or {}).get(title, {}).items()):  # after the data: last in the legend
+            style = {"color": "0.3", "lw": 1.2, "ls": ("--", "-.", ":")[i % 3], "label": label}
+            if isinstance(ref, (int, float)):
+                ax.axhline(ref, **style)
+            else:
+                ax.plot(range(1, len(ref) + 1), ref, **style)
         ax.set_xlabel("layer")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_ylabel("sink score (weight on token 1)")
@@ -313,17 +328,21 @@ def heatmaps_figure(snapshots: Sequence[Mapping]) -> Figure:
     """Row-cosine heatmaps: one row per matrix, one column per snapshot step (clustered row order)."""
     names = list(dict.fromkeys(n for s in snapshots for n in s["matrices"]))
     fig, axes = _fig(ncols=max(1, len(snapshots)), nrows=max(1, len(names)), w=2.3, h=2.3)
+    norm = matplotlib.colors.Normalize(0, 1)  # every panel on one scale, so its colour bar reads them all
     for j, snap in enumerate(snapshots):
         for i, name in enumerate(names):
             ax = axes[i, j]
             ax.set_xticks([])
             ax.set_yticks([])
             if name in snap["matrices"]:
-                ax.imshow(snap["matrices"][name], vmin=0, vmax=1, cmap="magma", interpolation="nearest")
+                ax.imshow(snap["matrices"][name], norm=norm, cmap="magma", interpolation="nearest")
                 cos = snap.get("mean_abs_cos", {}).get(name, float("nan"))
                 ax.set_title(f"step {snap['step']}, mean|cos| {cos:.2f}", fontsize=SMALL)
             if j == 0:
                 ax.set_ylabel(name.replace(".weight", ""), fontsize=SMALL)
+    bar = fig.colorbar(matplotlib.cm.ScalarMappable(norm, "magma"), ax=axes.ravel().tolist(), shrink=0.6)
+    bar.set_label("|cos| between two rows", fontsize=SMALL)
+    bar.ax.tick_params(labelsize=SMALL)
     return fig
 
 
@@ -343,6 +362,34 @@ def token_gap_figure(result: TokenGapResult, label_a: str = "A", label_b: str = 
     axes[0, 0].set_title("symmetric probability gap")
     axes[0, 1].set_title("loss difference")
     fig.suptitle(f"A = {label_a}, B = {label_b}; bars ± 2 SE", fontsize=SMALL)
+    return fig
+
+
+def token_gap_pooled_figure(results: Sequence[TokenGapResult], label_a: str = "A", label_b: str = "B") -> Figure:
+    """The token-level comparison pooled over seeds: per difficulty bin (each seed's own quantiles, so bin i is
+    the same share of each seed's tokens) the mean over seeds of Δ_sym and of the loss difference (B − A), ± 2 SE
+    over seeds (the seeds, not the tokens, are the independent samples), and each seed's value as a dot."""
+    fig, axes = _fig(ncols=2, w=5.2)
+    k = min(len(r.bins) for r in results)
+    x = np.arange(1, k + 1)
+    for ax, key, ylabel in ((axes[0, 0], "delta_sym", "mean Δ_sym (> 0: A better)"),
+                            (axes[0, 1], "loss_diff", "mean loss(B) − loss(A)")):
+        per_seed = np.array([[getattr(b, f"mean_{key}") for b in r.bins[:k]] for r in results])
+        m = per_seed.mean(axis=0)
+        se = per_seed.std(axis=0, ddof=1) / math.sqrt(len(results)) if len(results) > 1 else np.zeros(k)
+        ax.bar(x, m, yerr=2 * se, color=np.where(m >= 0, "C0", "C3"), alpha=0.75, capsize=2,
+               label="mean over seeds ± 2 SE")
+        for row in per_seed:
+            ax.plot(x, row, "o", color="k", ms=2.5, alpha=0.6)
+        ax.plot([], [], "o", color="k", ms=2.5, alpha=0.6, label="one seed")
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xlabel("difficulty bin (1 = easiest)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0, 0].set_title("symmetric probability gap")
+    axes[0, 1].set_title("loss difference")
+    fig.suptitle(f"A = {label_a}, B = {label_b}; {len(results)} seeds pooled", fontsize=SMALL)
+    _shared_legend(fig, None)
     return fig
 
 
@@ -379,27 +426,77 @@ def coordcheck_figure(cc: CoordCheck) -> Figure:
     return fig
 
 
+ROW_IN = 0.2  # inches per named row (a norm, a matrix): 18 px at DPI, room for one line of SMALL text
+
+
+def short_names(names: Sequence[str]) -> list[str]:
+    """Module names without the prefix they all share (up to a dot) and without ".weight": what tells them apart."""
+    parts = [n.removesuffix(".weight").split(".") for n in names]
+    k = 0  # components every name shares, each name keeping at least one of its own
+    while len(parts) > 1 and all(len(p) > k + 1 and p[k] == parts[0][k] for p in parts):
+        k += 1
+    if k and any(p[k].isdigit() for p in parts):
+        k -= 1  # "layers.0.mlp", not "0.mlp"
+    return [".".join(p[k:]) for p in parts]
+
+
+def norms_matrices_figure(result: Mapping) -> Figure:
+    """``smallinit analyze``'s norms and matrices, one row per module (the figure grows with them): each norm's
+    measured factor over the ideal 1/σ of its input, and each matrix's stable rank over min(m, n) with its value
+    written beside it, and its rows' mean |cos|."""
+    nf, mats = result["norm_factor"], result["matrices"]
+    rows = max(len(nf), len(mats), 4)
+    fig = Figure(figsize=(12.0, ROW_IN * rows + 1.6), layout="constrained")
+    ax_n, ax_m = fig.subplots(1, 2, width_ratios=[1, 1.3])
+    for ax, names in ((ax_n, list(nf)), (ax_m, [m["name"] for m in mats])):
+        ax.set_yticks(range(len(names)), labels=short_names(names) if names else [], fontsize=SMALL)
+        ax.set_ylim(rows - 0.5, -0.5)  # the first module on top, rows of equal height in both panels
+        ax.grid(alpha=0.3, axis="x")
+    ax_n.scatter(list(nf.values()), range(len(nf)), color="C0", zorder=3)
+    ax_n.axvline(1.0, color="0.3", ls="--", lw=1, label="1: the norm sees its input's scale")
+    ax_n.set_xlim(0, 1.1)
+    ax_n.set_xlabel("measured factor / ideal 1/σ(h)")
+    ax_n.set_title("RMSNorm sensitivity per norm")
+    frac = [m["stable_rank_fraction"] for m in mats]
+    ax_m.barh(range(len(mats)), frac, color="C1", height=0.7, label="stable rank / min(m, n)")
+    for i, m in enumerate(mats):
+        ax_m.text(frac[i] + 0.01, i, f"{m['stable_rank']:.1f} of {min(m['shape'])}", va="center", fontsize=SMALL)
+    cos = [(i, m["mean_abs_cos"]) for i, m in enumerate(mats) if m.get("mean_abs_cos") is not None]
+    if cos:
+        ax_m.scatter([c for _, c in cos], [i for i, _ in cos], marker="D", s=14, color="C2", zorder=3,
+                     label="mean |cos| of rows")
+    ax_m.set_xlim(0, 1.25)  # room for the stable rank written beside each bar
+    ax_m.set_xlabel("fraction")
+    median = float(np.median([m["stable_rank"] for m in mats])) if mats else float("nan")
+    ax_m.set_title(f"matrices: stable rank ‖W‖_F²/‖W‖_2² (median {median:.1f})")
+    handles = [h for ax in (ax_n, ax_m) for h in ax.get_legend_handles_labels()[0]]
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=SMALL)  # off the rows
+    return fig
+
+
 def analysis_figures(result: Mapping, out_dir: str | Path) -> list[Path]:
-    """The figures of one ``smallinit analyze`` result: sink per layer, norm factors, matrix stats."""
+    """The figures of one ``smallinit analyze`` result: sink per layer (with the uniform-attention reference
+    when the result records its sequence length), norm factors and matrix stats."""
     out_dir = Path(out_dir)
-    paths = [save(sink_figure({"attention sink per layer": {"model": [result["sink"]["per_layer"]]}}),
-                  out_dir / "sink.png")]
-    fig, axes = _fig(ncols=2, w=5.2)
-    nf = result["norm_factor"]
-    axes[0, 0].plot(range(len(nf)), list(nf.values()), marker="o")
-    axes[0, 0].set_xticks(range(len(nf)), labels=list(nf), rotation=90, fontsize=SMALL)
-    axes[0, 0].set_ylim(0, 1.05)
-    axes[0, 0].set_ylabel("measured factor / ideal 1/σ(h)")
-    axes[0, 0].set_title("RMSNorm sensitivity per norm")
-    mats = result["matrices"]
-    axes[0, 1].scatter([m["stable_rank_fraction"] for m in mats], [m["mean_abs_cos"] for m in mats], s=10)
-    axes[0, 1].set_xlabel("stable rank / min(m, n)")
-    axes[0, 1].set_ylabel("mean |cos| of rows")
-    axes[0, 1].set_title("matrices")
-    for ax in axes[0]:
-        ax.grid(alpha=0.3)
-    paths.append(save(fig, out_dir / "norms_matrices.png"))
-    return paths
+    paths = []
+    if result.get("sink"):  # a model without softmax attention has none
+        panel = "attention sink per layer"
+        ref = sink_reference(result)
+        paths.append(save(sink_figure({panel: {"model": [result["sink"]["per_layer"]]}},
+                                      uniform={panel: dict([ref])} if ref else None), out_dir / "sink.png"))
+    return [*paths, save(norms_matrices_figure(result), out_dir / "norms_matrices.png")]
+
+
+def sink_reference(result: Mapping) -> tuple[str, Reference] | None:
+    """(label, uniform-attention score) of an analyze result: per layer from the layers' own masks where it was
+    measured so (a sliding window's layers differ), else from the sequence length; None when neither is recorded."""
+    sink, T = result.get("sink") or {}, result.get("seq_len")
+    per_layer = sink.get("uniform_per_layer")
+    if per_layer:
+        if max(per_layer) - min(per_layer) <= 1e-9 * max(per_layer):
+            return uniform_label(T), per_layer[0]
+        return f"{uniform_label(T)}, each layer's window", per_layer
+    return (uniform_label(T), uniform_sink(int(T))) if T and T >= 2 else None
 
 
 def gap_figure(panels: Mapping[str, Mapping[str, Sequence[Series]]]) -> Figure:

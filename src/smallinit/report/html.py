@@ -30,12 +30,13 @@ from ..analysis.coordcheck import CoordCheck
 from ..analysis.measure import ANALYSIS_FILE
 from ..analysis.tokens import TokenGapResult
 from ..errors import SmallinitError
-from ..experiments.claims import Runs, gaps_from_compares, judge_all
+from ..experiments.claims import BASELINE, EMULATED, FIXED, Runs, gaps_from_compares, judge_all
 from ..experiments.findings import FINDINGS_FILE
 from ..experiments.runs import Run, find_runs
 from ..io import make_folder, read_json, write_text_atomic
 from ..measures.norm_factor import init_variance, relative_factor, rmsnorm_factor, saturation_gamma
 from ..measures.residual_flow import ResidualFlowSweep
+from ..measures.sink import uniform_sink
 from ..train.distributed import LAYOUT_KEYS
 from ..train.monitor import load_snapshots
 from ..version import __version__
@@ -227,10 +228,10 @@ def _grid(runs: Sequence[Run], row_key: str, col_key: str) -> tuple[np.ndarray, 
     return vals, rows, cols
 
 
-def distinguishing(groups: Sequence[Sequence[Run]], keys: Sequence[str]) -> list[str]:
-    """The fewest of ``keys``, in order, whose values tell the groups apart (d_ff and the head counts usually
-    follow d_model, the step counts a size: they are named only when they add to it)."""
-    chosen: list[str] = []
+def distinguishing(groups: Sequence[Sequence[Run]], keys: Sequence[str], named: Sequence[str] = ()) -> list[str]:
+    """``named`` and the fewest of ``keys``, in order, whose values tell the groups apart with them (d_ff and the
+    head counts usually follow d_model, the step counts a size: they are named only when they add to it)."""
+    chosen: list[str] = list(named)
     for k in keys:
         if len({_setting(g[0], chosen) for g in groups}) == len(groups):
             break
@@ -294,7 +295,7 @@ def _section_findings(doc: _Doc, findings: list[tuple[str, dict]]) -> None:
                           f"{esc(x.get('verdict', ''))}"
                           + (f"; {esc(x['magnitude'])}" if x.get("magnitude") else "")
                           + (f" ({esc(x['reason'])})" if x.get("reason") and x["reason"] not in x.get("text", "") else "")
-                          + "</li>" for x in c.get("comparisons", []))
+                          + "</li>" for x in _primary_first(c.get("comparisons", [])))
             rows.append(f"<tr><td>{esc(c.get('claim', ''))}</td><td>{esc(c.get('statement', ''))}</td>"
                         f"<td>{esc(c.get('paper', ''))}</td><td><ul>{why}</ul>{esc('; '.join(c.get('notes', [])))}</td>"
                         f"<td>{verdict_badge(label)}</td></tr>")
@@ -306,6 +307,12 @@ def _section_findings(doc: _Doc, findings: list[tuple[str, dict]]) -> None:
                   "(each seed's slope against log tokens over the second half, tested across seeds) is printed beside "
                   "the verdict and does not withhold it.", "note")
             doc.raw(img(figures.gap_figure(gaps), "loss gaps along training"))
+
+
+def _primary_first(comparisons: list[dict]) -> list[dict]:
+    """A claim's comparisons with its primary first, as the terminal's table lists them (the verdict is the
+    primary's; a secondary read first would look like the reason for it)."""
+    return sorted(comparisons, key=lambda x: x.get("role") != "primary")
 
 
 def _gap_panels(claims: list[dict]) -> dict[str, dict[str, list]]:
@@ -417,34 +424,53 @@ def _section_sink(doc: _Doc, groups: Groups, analyses: list[tuple[str, dict]]) -
         return [statistics.fmean(f[eps] for f in found) if found and all(eps in f for f in found) else "–"
                 for eps in ("0.3", "0.8")]
 
+    refs: dict[str, dict[str, figures.Reference]] = {}  # {panel: {label: the score of uniform attention}}
+    unknown = []  # analyses written before analyze recorded its sequence length
+
     for panel, curve, group in groups.items():
-        lasts = [r.analysis[-1] for r in group if r.analysis]
+        measured = [r for r in group if r.analysis and r.analysis[-1].get("sink")]
+        lasts = [r.analysis[-1] for r in measured]
         if lasts:
             seeds = [[a["sink"][k] for k in sorted(a["sink"], key=int)] for a in lasts]
             panels.setdefault(panel, {})[curve] = seeds
+            lengths = sorted({int(r.config["data.seq_len"]) for r in measured})  # the callback's batch; no window
+            refs.setdefault(panel, {}).update((figures.uniform_label(T), uniform_sink(T)) for T in lengths)
             found = [a["sink_share"] for a in lasts if a.get("sink_share")]
             rows.append([Groups.name(panel, curve), len(seeds), lasts[0]["step"],
+                         uniform_sink(lengths[0]) if len(lengths) == 1 else "–",
                          *shares(found if len(found) == len(lasts) else []), *np.mean(seeds, axis=0)])
     for name, a in analyses:
+        if not a.get("sink"):
+            continue
         panels.setdefault("smallinit analyze", {})[name] = [a["sink"]["per_layer"]]
-        rows.append([name, 1, a.get("step", "–"), *shares([a["sink"]["share_above"]] if "share_above" in a["sink"]
-                                                          else []), *a["sink"]["per_layer"]])
+        ref = figures.sink_reference(a)
+        if ref:
+            refs.setdefault("smallinit analyze", {})[ref[0]] = ref[1]
+        else:
+            unknown.append(name)
+        rows.append([name, 1, a.get("step", "–"), "–" if ref is None else float(np.mean(ref[1])),
+                     *shares([a["sink"]["share_above"]] if "share_above" in a["sink"] else []), *a["sink"]["per_layer"]])
     if not panels:
         return
     doc.h2("Attention sink per layer (Fig. 1f/g)")
     doc.p("Sink score: mean attention weight that queries 2…T put on token 1, over sequences and heads, at the "
           "last measurement during training (line: mean over seeds, band: their range), and from smallinit "
-          "analyze. Sink_ε (Gu et al.): the share of (layer, head) pairs whose mean weight on token 1 exceeds ε.",
+          "analyze. Dashed: uniform attention, the score when each query spreads its weight evenly over the keys it "
+          "sees (1/i on token 1 at position i, mean over i = 2…T); a score near it is no sink, however the axis is "
+          "zoomed. Sink_ε (Gu et al.): the share of (layer, head) pairs whose mean weight on token 1 exceeds ε.",
           "note")
-    doc.raw(img(figures.sink_figure(panels, groups.legend_title), "sink scores per layer"))
-    layers = max(len(r) for r in rows) - 5
-    doc.raw(table(["model", "seeds", "step", "Sink_0.3", "Sink_0.8", "mean", *[f"L{i + 1}" for i in range(layers)]],
-                  [[*r[:5], statistics.fmean(r[5:]), *r[5:]] for r in rows]))
+    if unknown:
+        doc.p(f"No uniform reference for {', '.join(unknown)}: written before analyze recorded its sequence length "
+              "(run smallinit analyze again).", "note")
+    doc.raw(img(figures.sink_figure(panels, groups.legend_title, refs), "sink scores per layer"))
+    layers = max(len(r) for r in rows) - 6
+    doc.raw(table(["model", "seeds", "step", "uniform attention", "Sink_0.3", "Sink_0.8", "mean",
+                   *[f"L{i + 1}" for i in range(layers)]],
+                  [[*r[:6], statistics.fmean(r[6:]), *r[6:]] for r in rows]))
 
 
 def _section_residual(doc: _Doc, runs: list[Run], vary: list[str], sweeps: list[tuple[str, ResidualFlowSweep]]) -> None:
-    at_init = [(r, a) for r in runs for a in r.analysis[:1]  # against γ: runs that say their γ (a monitored run may not)
-               if a["step"] == 0 and "residual_flow" in a and r.config.get("model.gamma") is not None]
+    at_init = [(r, a) for r in runs for a in r.analysis[:1] if a["step"] == 0]
     if not at_init and not sweeps:
         return
     doc.h2("Residual flow (Fig. 3a)")
@@ -457,8 +483,15 @@ def _section_residual(doc: _Doc, runs: list[Run], vary: list[str], sweeps: list[
         by_setting: dict[str, list[tuple[Run, dict]]] = {}
         for r, a in at_init:
             by_setting.setdefault(json.dumps([r.config.get(k) for k in keys], default=str), []).append((r, a))
-        named = [k for k in SIZE_KEYS if k in keys] + [k for k in keys if k not in SIZE_KEYS]
-        label_keys = distinguishing([[r for r, _ in g] for g in by_setting.values()], named)
+        sizes: dict[str, list[Run]] = {}
+        for r, _ in at_init:
+            sizes.setdefault(json.dumps([r.config.get(k) for k in SIZE_KEYS], default=str), []).append(r)
+        # every setting that separates arms of one size (the gate, ε, the emulated saturation...) is named; of
+        # those that follow the size, the fewest that tell the sizes apart
+        arm = [k for k in keys if k not in SIZE_KEYS and any(_distinct(g, k) > 1 for g in sizes.values())]
+        follow = [k for k in SIZE_KEYS if k in keys] + [k for k in keys if k not in SIZE_KEYS and k not in arm]
+        chosen = distinguishing([[r for r, _ in g] for g in by_setting.values()], follow, arm)
+        label_keys = [k for k in dict.fromkeys([*SIZE_KEYS, *keys]) if k in chosen]  # the size first, as elsewhere
         series, rows = {}, []
         for group in by_setting.values():
             d = int(group[0][0].config["model.d_model"])
@@ -481,6 +514,18 @@ def _section_residual(doc: _Doc, runs: list[Run], vary: list[str], sweeps: list[
 HEATMAPS_SHOWN = 2  # settings whose row-cosine heatmaps are open; the others are folded away
 
 
+def _c6_judged(groups: Sequence[Sequence[Run]]) -> dict[int, int]:
+    """{id(group): rank} of the settings C6 judges, smallest size first: γ 0.5 and 1 of the first arm (fixed,
+    else the emulated baseline, else the plain one) that has runs, as claims.c6 chooses them; their heatmaps
+    are the ones a reader checks its verdict against, so they are shown first."""
+    for arm in (FIXED, EMULATED, BASELINE):
+        found = [g for g in groups if g and g[0].matches(arm) and g[0].config.get("model.gamma") in (0.5, 1.0)]
+        if found:
+            ordered = sorted(found, key=lambda g: (g[0].size, -float(g[0].config["model.gamma"])))
+            return {id(g): i for i, g in enumerate(ordered)}
+    return {}
+
+
 def _section_condensation(doc: _Doc, groups: Groups) -> None:
     panels: dict[str, dict[str, dict[str, list]]] = {}
     rows = []
@@ -494,8 +539,10 @@ def _section_condensation(doc: _Doc, groups: Groups) -> None:
         (steps, rank, _, _), (_, cos, _, _) = (figures.seed_mean(c[k]) for k in ("stable_rank", "mean_abs_cos"))
         if len(steps):
             rows += [[Groups.name(panel, curve), steps[i], rank[i], cos[i]] for i in (0, -1)]  # first, last
-    snaps = [(Groups.name(panel, curve), load_snapshots(group[0].path)) for panel, curve, group in groups.items()]
-    snaps = [(label, sn) for label, sn in snaps if sn]
+    judged = _c6_judged([group for _, _, group in groups.items()])
+    snaps = [(Groups.name(panel, curve), load_snapshots(group[0].path), id(group) in judged)
+             for panel, curve, group in sorted(groups.items(), key=lambda g: judged.get(id(g[2]), len(judged)))]
+    snaps = [(label, sn, j) for label, sn, j in snaps if sn]
     if not panels and not snaps:
         return
     doc.h2("Condensation: stable rank and row alignment over training")
@@ -507,9 +554,9 @@ def _section_condensation(doc: _Doc, groups: Groups) -> None:
         doc.raw(img(figures.condensation_figure(panels, groups.legend_title), "stable rank and mean cos over training"))
         doc.raw(table(["setting", "step (first, last)", "stable rank", "mean |cos|"], rows))
     heatmaps = []
-    for label, sn in snaps:  # early, one in between, late; the first seed of each setting
+    for label, sn, j in snaps:  # early, one in between, late; the first seed of each setting
         chosen = [sn[0], sn[len(sn) // 2], sn[-1]] if len(sn) > 2 else sn
-        heatmaps.append(f"<h3>Row |cos| heatmaps, {esc(label)} (first seed)</h3>"
+        heatmaps.append(f"<h3>Row |cos| heatmaps, {esc(label)} (first seed{'; an arm C6 judges' if j else ''})</h3>"
                         + img(figures.heatmaps_figure(chosen), f"row cosine heatmaps, {label}"))
     doc.raw("".join(heatmaps[:HEATMAPS_SHOWN]))
     if len(heatmaps) > HEATMAPS_SHOWN:
@@ -518,28 +565,72 @@ def _section_condensation(doc: _Doc, groups: Groups) -> None:
                 f'{"s" if more > 1 else ""}</summary>{"".join(heatmaps[HEATMAPS_SHOWN:])}</details>')
 
 
-def _section_tokens(doc: _Doc, compares: list[tuple[str, TokenGapResult]]) -> None:
+def _token_detail(name: str, res: TokenGapResult, heading: str) -> str:
+    """One comparison: its numbers, figure, bins and largest gaps (``heading``: h2 alone, h3 inside a pool)."""
+    la, lb = res.meta.get("label_a", "A"), res.meta.get("label_b", "B")
+    note = (f"{res.tokens:,} tokens; mean Δ_sym {res.mean_delta_sym:+.4f}; mean loss {la} {res.mean_loss_a:.4f}, "
+            f"{lb} {res.mean_loss_b:.4f}. Δ_sym = (p_A − p_B)/(p_A + p_B) on the true next token, A = {la}, B = {lb}; "
+            f"difficulty = mean of the two losses, quantile bins. ({name})")
+    parts = [f"<{heading}>Token level: {esc(la)} vs {esc(lb)}</{heading}>", f'<p class="note">{esc(note)}</p>',
+             img(figures.token_gap_figure(res, la, lb), "token gap by difficulty"),
+             table(["bin", "difficulty from", "to", "tokens", "mean Δ_sym", "Δ_sym SE", "loss B − A", "loss SE"],
+                   [[i + 1, b.lo, b.hi, b.count, b.mean_delta_sym, b.se_delta_sym, b.mean_loss_diff, b.se_loss_diff]
+                    for i, b in enumerate(res.bins)])]
+    for title, items in ((f"largest gaps where {la} is better", res.top_a), (f"largest gaps where {lb} is better", res.top_b)):
+        if not items:
+            continue
+        rows = "".join(
+            f"<tr><td><code class=\"tok\">{token_text(t.context_text, spaces=False)}</code></td>"
+            f"<td><code class=\"tok\">{token_text(t.target_text)}</code></td><td>{num(t.p_a)}</td>"
+            f"<td>{num(t.p_b)}</td><td>{num(t.delta_sym)}</td></tr>" for t in items)
+        parts.append(f"<details><summary>{esc(title)} ({len(items)} tokens)</summary>" + wide(
+            f"<table><thead><tr><th>context</th><th>true token (⏎ newline, ␠ space)</th><th>p {esc(la)}</th>"
+            f"<th>p {esc(lb)}</th><th>Δ_sym</th></tr></thead><tbody>{rows}</tbody></table>") + "</details>")
+    return "".join(parts)
+
+
+def _token_pools(compares: list[tuple[str, TokenGapResult]]) -> list[list[tuple[str, TokenGapResult]]]:
+    """Comparisons of the same two settings on different seeds, together (in order of first appearance); one
+    without recorded settings stands alone."""
+    pools: dict[str, list[tuple[str, TokenGapResult]]] = {}
     for name, res in compares:
-        la, lb = res.meta.get("label_a", "A"), res.meta.get("label_b", "B")
-        doc.h2(f"Token level: {la} vs {lb}")
-        doc.p(f"{res.tokens:,} tokens; mean Δ_sym {res.mean_delta_sym:+.4f}; mean loss {la} {res.mean_loss_a:.4f}, "
-              f"{lb} {res.mean_loss_b:.4f}. Δ_sym = (p_A − p_B)/(p_A + p_B) on the true next token, A = {la}, B = {lb}; "
-              f"difficulty = mean of the two losses, quantile bins. ({name})", "note")
-        doc.raw(img(figures.token_gap_figure(res, la, lb), "token gap by difficulty"))
-        doc.raw(table(["bin", "difficulty from", "to", "tokens", "mean Δ_sym", "Δ_sym SE", "loss B − A", "loss SE"],
-                      [[i + 1, b.lo, b.hi, b.count, b.mean_delta_sym, b.se_delta_sym, b.mean_loss_diff, b.se_loss_diff]
-                       for i, b in enumerate(res.bins)]))
-        for title, items in ((f"largest gaps where {la} is better", res.top_a),
-                             (f"largest gaps where {lb} is better", res.top_b)):
-            if not items:
-                continue
-            rows = "".join(
-                f"<tr><td><code class=\"tok\">{token_text(t.context_text, spaces=False)}</code></td>"
-                f"<td><code class=\"tok\">{token_text(t.target_text)}</code></td><td>{num(t.p_a)}</td>"
-                f"<td>{num(t.p_b)}</td><td>{num(t.delta_sym)}</td></tr>" for t in items)
-            doc.raw(f"<details><summary>{esc(title)} ({len(items)} tokens)</summary>" + wide(
-                f"<table><thead><tr><th>context</th><th>true token (⏎ newline, ␠ space)</th><th>p {esc(la)}</th>"
-                f"<th>p {esc(lb)}</th><th>Δ_sym</th></tr></thead><tbody>{rows}</tbody></table>") + "</details>")
+        a, b = res.meta.get("settings_a"), res.meta.get("settings_b")
+        key = json.dumps([{k: v for k, v in s.items() if k != "train.seed"} for s in (a, b)], sort_keys=True,
+                         default=str) if isinstance(a, dict) and isinstance(b, dict) else name
+        pools.setdefault(key, []).append((name, res))
+    return list(pools.values())
+
+
+def _pool_labels(res: TokenGapResult) -> tuple[str, str]:
+    """The two settings of a pool, named by what differs between them (γ=1 vs γ=0.5)."""
+    a, b = res.meta["settings_a"], res.meta["settings_b"]
+    keys = [k for k in a if k != "train.seed" and a.get(k) != b.get(k)] or ["model.gamma"]
+    return tuple(", ".join(f"{short_key(k)}={_value(s.get(k))}" for k in keys) for s in (a, b))  # type: ignore[return-value]
+
+
+def _section_tokens(doc: _Doc, compares: list[tuple[str, TokenGapResult]]) -> None:
+    for pool in _token_pools(compares):
+        if len(pool) == 1:
+            doc.raw(_token_detail(*pool[0], heading="h2"))
+            continue
+        results = [res for _, res in pool]
+        la, lb = _pool_labels(results[0])
+        gaps = [r.mean_delta_sym for r in results]
+        doc.h2(f"Token level: {la} vs {lb} ({len(pool)} seeds pooled)")
+        doc.p(f"{sum(r.tokens for r in results):,} tokens over {len(pool)} seeds; mean Δ_sym {statistics.fmean(gaps):+.4f} "
+              f"(seeds {min(gaps):+.4f} to {max(gaps):+.4f}); Δ_sym = (p_A − p_B)/(p_A + p_B) on the true next token, "
+              f"A = {la}, B = {lb}. Difficulty = mean of the two losses, in each seed's own quantile bins; a bar is "
+              "the mean over seeds, ± 2 SE over seeds (the seeds are the independent samples), a dot one seed.", "note")
+        doc.raw(img(figures.token_gap_pooled_figure(results, la, lb), "token gap by difficulty, seeds pooled"))
+        k = min(len(r.bins) for r in results)
+        cols = []  # per bin: mean over seeds and its SE, of Δ_sym and of the loss difference
+        for key in ("mean_delta_sym", "mean_loss_diff"):
+            per_seed = np.array([[getattr(b, key) for b in r.bins[:k]] for r in results])
+            cols += [per_seed.mean(axis=0), per_seed.std(axis=0, ddof=1) / math.sqrt(len(results))]
+        doc.raw(table(["bin", "tokens (all seeds)", "mean Δ_sym", "Δ_sym SE over seeds", "loss B − A", "loss SE over seeds"],
+                      [[i + 1, sum(r.bins[i].count for r in results), *(c[i] for c in cols)] for i in range(k)]))
+        doc.raw(f"<details><summary>each seed on its own: {len(pool)} comparisons (figure, bins, largest gaps)"
+                f"</summary>{''.join(_token_detail(name, res, heading='h3') for name, res in pool)}</details>")
 
 
 def _section_coordcheck(doc: _Doc, checks: list[tuple[str, CoordCheck]]) -> None:
