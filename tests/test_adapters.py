@@ -213,16 +213,46 @@ class _EpsilonlessNorm(torch.nn.Module):  # a norm whose ε is hard-coded in its
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
 
 
-def test_what_cannot_be_observed_is_said():
+class _ScaleNorm(torch.nn.Module):  # named a norm, but its output follows its input's scale
+    def __init__(self, d):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * self.weight
+
+
+def test_what_cannot_be_observed_is_said_and_the_rest_measured():
     with pytest.raises(ModelError, match="cannot observe a Linear"):
         sink_scores(torch.nn.Linear(3, 3), _ids())
-    model = _model(ARCHS[0])
-    model.model.norm = _EpsilonlessNorm(32)
-    with pytest.raises(ModelError, match="cannot read the ε of norm model.norm"):
-        measured_norm_factors(model, _ids())
-    model.model.norm = torch.nn.Identity()  # no norm after the last layer: h_L is unknown, not guessed
-    with pytest.raises(ModelError, match="no norm after its last layer"):
-        residual_flow_ratio(model, _ids())
+    model, ids = _model(ARCHS[0]), _ids()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(1e-3)  # inputs near ε, so that ε is felt
+    model.model.norm = _EpsilonlessNorm(32)  # ε read from the forward
+    assert as_adapter(model).norms()["model.norm"].eps == pytest.approx(1e-6, rel=1e-3)
+    seen = {}
+    handle = model.model.norm.register_forward_pre_hook(lambda _m, args: seen.__setitem__("h", args[0].double()))
+    factor = measured_norm_factors(model, ids)["model.norm"]
+    handle.remove()
+    ms = seen["h"].pow(2).mean(-1)
+    assert factor == pytest.approx(torch.sqrt(ms / (ms + 1e-6)).mean().item(), abs=1e-6) and factor < 0.9
+
+    model.model.norm = _ScaleNorm(32)  # that norm alone is named, everything else is measured
+    result = measure_activations(model, ids)
+    assert set(result["not_measured"]) == {"norm_factor:model.norm"}
+    assert "changing with its input's scale" in result["not_measured"]["norm_factor:model.norm"]
+    assert {"sink", "residual_flow"} <= set(result) and "model.norm" not in result["norm_factor"]
+    with pytest.raises(ModelError, match="norm model.norm: the output of _ScaleNorm keeps changing"):
+        measured_norm_factors(model, ids)
+
+    model.model.norm = torch.nn.Identity()  # no norm after the last layer: h_L is the last layer's output
+    with torch.no_grad():
+        hidden = model(ids, output_hidden_states=True).hidden_states
+    result = measure_activations(model, ids)
+    e, h = hidden[0].double(), hidden[-1].double()
+    assert result["residual_flow"] == pytest.approx(((h - e).norm(dim=-1) / e.norm(dim=-1)).mean().item(), rel=1e-9)
+    assert result["notes"] == ["residual_flow: h_L is the last layer's output: no norm of LlamaForCausalLM takes it "
+                               "after the last layer"]
 
 
 def test_coord_check_on_a_model_the_user_brings():

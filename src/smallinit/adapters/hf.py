@@ -1,16 +1,22 @@
 """The adapter for Hugging Face causal LMs, whatever attention backend the model was loaded with.
 
-Everything is observed from outside the ordinary forward, and nothing of it stays afterwards:
+Everything is observed from outside the ordinary forward, and nothing of it stays afterwards; what a model
+does not have is named in ``Observed.missing`` (one line each), so the rest is still measured:
 
 * the residual stream from forward pre-hooks: each decoder layer's input (the classes the architecture
-  declares in ``_no_split_modules``), and the final norm's input, h_L (the norm that runs outside the
-  layers after the last one; Hugging Face's last hidden state is that norm's *output*);
-* every norm's input from a pre-hook, and its ε and form from the module (protocol.norm_forms);
+  declares in ``_no_split_modules``), and h_L: the final norm's input (the norm that takes the last layer's
+  output; Hugging Face's last hidden state is that norm's *output*), or where no norm takes it (OpenAI-GPT,
+  post-norm BERTs), the last layer's output, with a note;
+* every norm's call (its input, and a gated norm's gate) from a pre-hook: the factor is read by re-running
+  the norm on it (measures.norm_factor), so an ε the module does not expose, a 2-D per-head weight or a
+  gate are what the forward makes of them;
 * every softmax attention call through transformers' attention interface: while observing,
   ``AttentionInterface.get_interface`` hands out the model's own backend (eager, sdpa, flash, ...) wrapped
   in a recorder that keeps the query and key (after position encoding), the mask, scale, sliding window,
-  logit soft-cap and learned sinks it is called with, then calls the backend unchanged. Layers that are
-  not softmax attention (linear attention, state-space) make no such call and have no sink score.
+  logit soft-cap and learned sinks it is called with, then calls the backend unchanged. Attention outside
+  the interface (Falcon, RoFormer, Bloom …) or with a position bias is read instead from the probabilities
+  the eager path returns (output_attentions, a second forward); a model that has neither (state-space,
+  linear attention) has no sink score.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from torch import nn
 
 from ..errors import ModelError
 from ..model.loss import cross_entropy
-from .protocol import AttentionInputs, NormForm, Observed, check_kinds, norm_forms, norm_modules
+from .protocol import AttentionInputs, NormForm, Observed, check_kinds, norm_modules, readable_norm_forms
 
 
 def is_hf_causal_lm(model: Any) -> bool:
@@ -38,55 +44,108 @@ class HFAdapter:
         self.module = model
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.vocab_size = int(config.vocab_size)
-        self.blocks = decoder_layers(model, getattr(config, "num_hidden_layers", None))
+        try:
+            self.blocks, self.no_blocks = decoder_layers(model, _layer_count(config)), None
+        except ModelError as e:  # the residual stream cannot be observed; everything else still can
+            self.blocks, self.no_blocks = [], str(e)
+        self.no_attention: str | None = None  # once a model returned no probabilities, it is not asked again
 
     def norms(self) -> dict[str, NormForm]:
-        return norm_forms(self.module)
+        """The form of each norm whose ε and form can be read (observe() names the others when asked)."""
+        return readable_norm_forms(self.module)[0]
 
     def observe(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
                 kinds: Collection[str] = ()) -> Observed:
         kinds = check_kinds(kinds)
-        seen: list[tuple[str, torch.Tensor]] = []  # (module name, its input) in call order
+        seen: list[tuple[str, tuple, dict]] = []  # (module name, its args, its kwargs) in call order
         attention: list[AttentionInputs] = []
+        problems: list[str] = []  # attention calls that cannot be rebuilt from q and k
+        blocks = dict(self.blocks) if "residual" in kinds else {}
         norms = norm_modules(self.module) if kinds & {"norms", "residual"} else {}
-        forms = self.norms() if "norms" in kinds else {}
-        watched = {**(dict(self.blocks) if "residual" in kinds else {}), **norms}
+        last: dict[str, torch.Tensor] = {}  # the last layer's output
         with contextlib.ExitStack() as stack:
-            for name, module in watched.items():
-                hook = module.register_forward_pre_hook(_keep_input(name, seen), with_kwargs=True)
+            for name, module in {**blocks, **norms}.items():
+                hook = module.register_forward_pre_hook(_keep_call(name, seen), with_kwargs=True)
+                stack.callback(hook.remove)
+            if blocks:
+                hook = self.blocks[-1][1].register_forward_hook(_keep_output(last))
                 stack.callback(hook.remove)
             if "attention" in kinds:
-                stack.enter_context(recording_attention(self.module, attention))
+                stack.enter_context(recording_attention(self.module, attention, problems))
             logits = self.module(input_ids=tokens, use_cache=False).logits
-        out = Observed(logits=logits, attention=attention)
+        out = Observed(logits=logits)
         if targets is not None:
             out.loss = cross_entropy(logits.flatten(0, 1), targets.flatten())
         if "residual" in kinds:
-            out.residual = self._residual(seen, set(norms))
+            self._residual(out, seen, set(norms), last.get("h"))
         if "norms" in kinds:
-            for name, h in seen:
-                if name in forms:  # a norm called more than once contributes all its rows
+            for name, args, kwargs in seen:
+                if name in norms:  # a norm called more than once contributes all its calls
+                    out.norm_calls.setdefault(name, []).append((args, kwargs))
+                    h = _first(args, kwargs)
                     prev = out.norm_inputs.get(name)
                     out.norm_inputs[name] = h if prev is None else torch.cat([prev.flatten(0, -2), h.flatten(0, -2)])
-        if "attention" in kinds and not attention:
-            raise ModelError(f"{type(self.module).__name__} made no call to transformers' attention interface, so "
-                             "its attention cannot be observed; adapt it yourself (docs/analysis.md, 'Your own model')")
+        if "attention" in kinds:
+            if problems or not attention:  # attention outside the interface, or not rebuildable: its probabilities
+                attention, why = ([], self.no_attention) if self.no_attention else self._eager_probabilities(tokens, problems)
+                if why:
+                    out.missing["attention"] = why
+                else:
+                    out.notes["attention"] = ("read from eager attention probabilities (output_attentions): "
+                                              + (problems[0] if problems else f"{type(self.module).__name__} makes "
+                                                 "no call to transformers' attention interface"))
+            out.attention = attention
         return out
 
-    def _residual(self, seen: list[tuple[str, torch.Tensor]], norms: set[str]) -> list[torch.Tensor]:
-        """Block inputs in order, then the input of the last norm called outside the blocks after the last block."""
-        blocks = [name for name, _ in self.blocks]
-        inputs = [(i, name, h) for i, (name, h) in enumerate(seen) if name in blocks]
-        if [name for _, name, _ in inputs] != blocks:
-            raise ModelError(f"the decoder layers of {type(self.module).__name__} did not each run once in order; "
-                             "adapt the model yourself (docs/analysis.md, 'Your own model')")
-        last = inputs[-1][0]
-        inside = tuple(f"{b}." for b in blocks)
-        final = [h for i, (name, h) in enumerate(seen) if i > last and name in norms and not name.startswith(inside)]
+    def _residual(self, out: Observed, seen: list[tuple[str, tuple, dict]], norms: set[str],
+                  last: torch.Tensor | None) -> None:
+        """e = the first layer's input, then each later layer's input, then h_L: the final norm's input (the
+        norm that takes the last layer's output), or where the model has none, the last layer's output."""
+        model = type(self.module).__name__
+        if self.no_blocks:
+            out.missing["residual"] = self.no_blocks
+            return
+        names = [name for name, _ in self.blocks]
+        inputs = [(i, name, _first(args, kwargs)) for i, (name, args, kwargs) in enumerate(seen) if name in names]
+        if [name for _, name, _ in inputs] != names or last is None:
+            out.missing["residual"] = (f"the decoder layers of {model} did not each run once in order (a recurrent "
+                                       "or looped architecture), so there is no single h_L")
+            return
+        after, inside = inputs[-1][0], tuple(f"{b}." for b in names)
+        final = [_first(args, kwargs) for i, (name, args, kwargs) in enumerate(seen)
+                 if i > after and name in norms and not name.startswith(inside)]
+        final = [h for h in final if h.shape == last.shape and torch.equal(h, last)]
         if not final:
-            raise ModelError(f"{type(self.module).__name__} has no norm after its last layer, so h_L (the final "
-                             "norm's input) is unknown; adapt the model yourself (docs/analysis.md, 'Your own model')")
-        return [h for _, _, h in inputs] + [final[-1]]
+            out.notes["residual"] = f"h_L is the last layer's output: no norm of {model} takes it after the last layer"
+        residual = [h for _, _, h in inputs] + [final[0] if final else last]
+        if residual[0].shape != residual[-1].shape:
+            out.missing["residual"] = (f"{model}'s first layer input {tuple(residual[0].shape)} and h_L "
+                                       f"{tuple(residual[-1].shape)} differ in shape, so ‖h_L − e‖/‖e‖ is undefined")
+            return
+        out.residual = residual
+
+    def _eager_probabilities(self, tokens: torch.Tensor, problems: list[str]) -> tuple[list[AttentionInputs], str]:
+        """The attention probabilities the model returns with output_attentions on its eager path, one record
+        per softmax layer (a key a query may not see has weight exactly 0), or why there are none."""
+        model, config = type(self.module).__name__, self.module.config
+        why = problems[0] if problems else f"{model} makes no call to transformers' attention interface"
+        backend = getattr(config, "_attn_implementation", None)
+        try:
+            config._attn_implementation = "eager"
+            probs = getattr(self.module(input_ids=tokens, use_cache=False, output_attentions=True), "attentions", None)
+        except (TypeError, ValueError, RuntimeError, AttributeError, NotImplementedError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            return [], f"no softmax attention observed: {why}, and its eager path failed ({type(e).__name__}: {first})"
+        finally:
+            config._attn_implementation = backend
+        names = [name for name, _ in self.blocks]
+        named = [(names[i] if len(probs or ()) == len(names) else f"attentions[{i}]", p)
+                 for i, p in enumerate(probs or ()) if isinstance(p, torch.Tensor) and p.dim() == 4]
+        if not named:
+            self.no_attention = (f"no softmax attention: {why}, and returns no attention probabilities "
+                                 "(state-space or linear-attention layers have none)")
+            return [], self.no_attention
+        return [AttentionInputs(name=n, probs=p.detach(), mask=p.detach() > 0) for n, p in named], ""
 
 
 def decoder_layers(model: nn.Module, n_layers: int | None) -> list[tuple[str, nn.Module]]:
@@ -99,22 +158,48 @@ def decoder_layers(model: nn.Module, n_layers: int | None) -> list[tuple[str, nn
     for name, m in model.named_modules():
         if isinstance(m, nn.ModuleList) and len(m) == n_layers:
             return [(f"{name}.{i}", block) for i, block in enumerate(m)]
-    raise ModelError(f"cannot find the {n_layers} decoder layers of {type(model).__name__}; adapt the model "
-                     "yourself (docs/analysis.md, 'Your own model')")
+    raise ModelError(f"cannot find the {n_layers} decoder layers of {type(model).__name__}, so the residual stream "
+                     "cannot be observed; adapt the model yourself (docs/analysis.md, 'Your own model')")
 
 
-def _keep_input(name: str, seen: list[tuple[str, torch.Tensor]]):
+def _layer_count(config) -> int | None:
+    """The number of decoder layers: ``decoder_layers`` where the config has it (an encoder–decoder family's
+    decoder-only model, whose ``num_hidden_layers`` counts the encoder's), else ``num_hidden_layers``."""
+    for key in ("decoder_layers", "num_hidden_layers"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _first(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    h = args[0] if args else kwargs.get("hidden_states")
+    return h if isinstance(h, torch.Tensor) else None
+
+
+def _keep_call(name: str, seen: list[tuple[str, tuple, dict]]):
     def hook(_module, args, kwargs):
-        h = args[0] if args else kwargs.get("hidden_states")
+        if isinstance(_first(args, kwargs), torch.Tensor):
+            detach = lambda v: v.detach() if isinstance(v, torch.Tensor) else v  # noqa: E731
+            seen.append((name, tuple(detach(a) for a in args), {k: detach(v) for k, v in kwargs.items()}))
+    return hook
+
+
+def _keep_output(last: dict[str, torch.Tensor]):
+    def hook(_module, _args, output):
+        h = output if isinstance(output, torch.Tensor) else output[0] if isinstance(output, (tuple, list)) else None
         if isinstance(h, torch.Tensor):
-            seen.append((name, h.detach()))
+            last["h"] = h.detach()
     return hook
 
 
 @contextlib.contextmanager
-def recording_attention(model: nn.Module, records: list[AttentionInputs]) -> Iterator[None]:
+def recording_attention(model: nn.Module, records: list[AttentionInputs],
+                        problems: list[str] | None = None) -> Iterator[None]:
     """While inside, every attention call of ``model``'s modules is recorded in ``records`` on its way to
-    the backend the model was loaded with; other models' calls pass untouched."""
+    the backend the model was loaded with; other models' calls pass untouched. A call that cannot be
+    rebuilt from q and k (a position bias, a flex-attention mask) raises, or with ``problems`` is said there
+    and the forward goes on."""
     from transformers import AttentionInterface
 
     names = {id(m): n for n, m in model.named_modules()}
@@ -125,7 +210,12 @@ def recording_attention(model: nn.Module, records: list[AttentionInputs]) -> Ite
 
         def recorded(module, query, key, value, *args, **kwargs):
             if id(module) in names:
-                records.append(_attention_inputs(names[id(module)], module, query, key, args, kwargs))
+                try:
+                    records.append(_attention_inputs(names[id(module)], module, query, key, args, kwargs))
+                except ModelError as e:
+                    if problems is None:
+                        raise
+                    problems.append(str(e))
             return backend(module, query, key, value, *args, **kwargs)
 
         return recorded
@@ -144,8 +234,7 @@ def _attention_inputs(name: str, module: nn.Module, q: torch.Tensor, k: torch.Te
         raise ModelError(f"{name}: attention masks of type {type(mask).__name__} (flex attention) cannot be read; "
                          "load the model with attn_implementation='sdpa' or 'eager' to measure it")
     if kwargs.get("position_bias") is not None:
-        raise ModelError(f"{name}: attention with a position bias cannot be rebuilt from q and k; adapt the model "
-                         "yourself (docs/analysis.md, 'Your own model')")
+        raise ModelError(f"{name}: attention with a position bias cannot be rebuilt from q and k")
     window = kwargs.get("sliding_window")
     T, S = q.shape[-2], k.shape[-2]
     if mask is not None and mask.dim() == 2:  # flash attention's key padding mask (B, S): 1 = a real token

@@ -29,8 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import ModelError
-from ..init import is_norm
-from ..init.eps import EPS_ATTRS
+from ..init.eps import EPS_ATTRS, norm_layers
 
 # What observe() can be asked for: the residual stream, the norms' inputs, the attention inputs.
 KINDS = ("residual", "norms", "attention")
@@ -79,7 +78,19 @@ class Observed:
     aux_loss: torch.Tensor | None = None  # what the model adds to the loss in training (MoE router losses)
     residual: list[torch.Tensor] = field(default_factory=list)
     norm_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    # each norm's calls as the forward made them, (args, kwargs) (a gated norm's gate included): where an
+    # adapter gives them the factor is read by re-running the norm (measures.norm_factor.factor_from_calls)
+    norm_calls: dict[str, list[tuple[tuple, dict]]] = field(default_factory=dict)
     attention: list[AttentionInputs] = field(default_factory=list)
+    # what was asked for but cannot be observed on this model, with why in one line: a kind ("attention",
+    # "residual"), or "norms:NAME" for one norm; and notes on how what was observed was obtained
+    missing: dict[str, str] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def require(self, kind: str) -> None:
+        """Raise the one-line reason when ``kind`` was asked for and could not be observed."""
+        if kind in self.missing:
+            raise ModelError(self.missing[kind])
 
 
 @runtime_checkable
@@ -100,18 +111,31 @@ def check_kinds(kinds: Collection[str]) -> set[str]:
     return set(kinds)
 
 
-def norm_forms(model: nn.Module) -> dict[str, NormForm]:
-    """Every norm layer of ``model`` (a leaf module whose class name says norm) with its own ε and form.
+def readable_norm_forms(model: nn.Module) -> tuple[dict[str, NormForm], dict[str, str]]:
+    """The forms of the norms whose ε and form can be read, and for each other norm why not (one line)."""
+    forms, problems = {}, {}
+    for name, m in norm_modules(model).items():
+        try:
+            forms[name] = NormForm(eps=_eps(name, m), centered=_centered(name, m))
+        except ModelError as e:
+            problems[name] = str(e)
+    return forms, problems
 
-    ε is read from the module (``eps``, ``variance_epsilon`` or ``epsilon``); a norm without one is an error,
-    never a guess. The form: LayerNorm subtracts the mean, a class named RMS… does not; any other norm is
-    probed (a centered norm ignores a shift of its input)."""
+
+def norm_forms(model: nn.Module) -> dict[str, NormForm]:
+    """Every norm layer of ``model`` (norm_modules) with its own ε and form.
+
+    ε is read from the module (``eps``, ``variance_epsilon`` or ``epsilon``), else from its forward (a norm
+    that hard-codes ε, OLMo's: :func:`probe_eps`); a norm whose ε neither gives is an error, never a guess.
+    The form: LayerNorm subtracts the mean, a class named RMS… does not; any other norm is probed (a
+    centered norm ignores a shift of its input)."""
     return {name: NormForm(eps=_eps(name, m), centered=_centered(name, m)) for name, m in norm_modules(model).items()}
 
 
 def norm_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """The norm layers of ``model`` by name: leaf modules whose class name says norm (smallinit.init.is_norm)."""
-    return {name: m for name, m in model.named_modules() if is_norm(m) and next(m.children(), None) is None}
+    """The norm layers of ``model`` by name (smallinit.init.eps.norm_layers: a class name that says norm,
+    and no parameters in submodules)."""
+    return norm_layers(model)
 
 
 def _eps(name: str, m: nn.Module) -> float:
@@ -121,8 +145,60 @@ def _eps(name: str, m: nn.Module) -> float:
             return float(value)
     if isinstance(m, nn.RMSNorm) and m.eps is None:  # torch's default: the machine epsilon of the input
         return float(torch.finfo(m.weight.dtype if m.weight is not None else torch.float32).eps)
-    raise ModelError(f"cannot read the ε of norm {name} ({type(m).__name__}): it has none of "
-                     f"{', '.join(EPS_ATTRS)}; adapt the model yourself (docs/analysis.md, 'Your own model')")
+    eps = probe_eps(m)
+    if eps is None:
+        raise ModelError(f"cannot read the ε of norm {name} ({type(m).__name__}): it has none of "
+                         f"{', '.join(EPS_ATTRS)} and its forward does not scale as a norm with an ε; adapt the "
+                         "model yourself (docs/analysis.md, 'Your own model')")
+    return eps
+
+
+def _probe_input(m: nn.Module) -> tuple[tuple[int, ...], torch.dtype, torch.device]:
+    """The shape one row of ``m``'s input has (its weight's, 2-D for per-head norms, or its
+    ``normalized_shape``; any width for a weightless norm that keeps neither), and the dtype and device of
+    its parameters."""
+    weight, p = getattr(m, "weight", None), next(m.parameters(), None)
+    dtype, device = (p.dtype, p.device) if p is not None else (torch.float32, torch.device("cpu"))
+    if isinstance(weight, torch.Tensor) and weight.dim() >= 1:
+        return tuple(weight.shape), weight.dtype, weight.device
+    shape = getattr(m, "normalized_shape", None)
+    if isinstance(shape, (tuple, list)) and shape and all(isinstance(n, int) for n in shape):
+        return tuple(shape), dtype, device
+    return (8,), dtype, device
+
+
+@torch.no_grad()
+def probe_eps(m: nn.Module) -> float | None:
+    """ε as the norm's forward uses it, or None when the forward does not scale like (σ² + ε)^(−1/2).
+
+    A row u of mean 0 and mean square 1 scaled by a leaves the norm (less its output at 0, the bias) as
+    a/√(a² + ε) times what a large scale A gives, so ε = a²(1/f² − 1); a is moved to √ε, where f is most
+    sensitive to it. Rounded to 4 significant digits: the probe runs in the norm's dtype."""
+    shape, dtype, device = _probe_input(m)
+    width = shape[-1]
+    u = torch.tensor([(-1.0) ** i for i in range(width)], dtype=torch.float64)
+    if width % 2:
+        u[-1] = 0.0
+    u = (u / u.pow(2).mean().sqrt()).expand(1, *shape).to(device=device, dtype=dtype)
+    try:
+        zero = m(torch.zeros_like(u)).double()
+        zero = torch.where(zero.isfinite(), zero, 0.0)
+        big, a, eps = 1e2, 1e-3, None
+        ref = (m(big * u).double() - zero).norm().item()
+        for _ in range(6):
+            f = (m(a * u).double() - zero).norm().item() / ref
+            if not 0 < f <= 1 + 1e-3:
+                return None
+            if f >= 1 - 1e-6:  # ε ≪ a², below what the dtype resolves: try a smaller a
+                a *= 1e-3
+                continue
+            eps = a * a * (1 / (f * f) - 1)
+            a = eps**0.5
+        if eps is None:
+            return 0.0 if a < 1e-12 else None
+    except (TypeError, RuntimeError, ValueError):
+        return None
+    return float(f"{eps:.4g}")
 
 
 @torch.no_grad()
@@ -131,10 +207,10 @@ def _centered(name: str, m: nn.Module) -> bool:
         return True
     if isinstance(m, nn.RMSNorm) or "rms" in type(m).__name__.lower():
         return False
-    weight = getattr(m, "weight", None)
-    width = weight.shape[-1] if isinstance(weight, torch.Tensor) else None
+    shape, dtype, device = _probe_input(m)
     try:
-        x = torch.randn(2, width, generator=torch.Generator().manual_seed(0), dtype=weight.dtype, device=weight.device)
+        x = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        x = x.to(device=device, dtype=dtype)
         return bool(torch.allclose(m(x), m(x + 1.0), atol=1e-4))
     except (TypeError, RuntimeError, AttributeError) as exc:
         raise ModelError(f"cannot tell whether norm {name} ({type(m).__name__}) subtracts the mean: probing it "

@@ -68,6 +68,7 @@ def _rms(t: torch.Tensor) -> float:
 def _activation_rows(adapter: ModelAdapter, x: torch.Tensor, y: torch.Tensor) -> tuple[list[tuple[str, float]], torch.Tensor]:
     """RMS of e ("embed"), of each block's output ("blocks.i"), of the logits; and the training loss."""
     out = adapter.observe(x, y, kinds=("residual",))
+    out.require("residual")  # a model whose layers cannot be read is refused in one line
     names = ["embed"] + [f"blocks.{i}" for i in range(len(out.residual) - 1)]
     rows = [(n, _rms(h)) for n, h in zip(names, out.residual)]
     rows.append(("logits", _rms(out.logits)))

@@ -124,17 +124,24 @@ def analyze_model(
     model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *, cosine_rows: int = 1024
 ) -> dict:
     """Every single-model measurement, averaged over ``batches`` (equal-sized batches weigh equally), for any
-    model an adapter reads."""
+    model an adapter reads: what does not apply to the model is named in ``not_measured`` (measure_activations),
+    the rest measured."""
     adapter = as_adapter(model)
     module = adapter.module
     device = next(module.parameters()).device
-    per_batch, n_tokens = [], 0
+    per_batch, n_tokens, not_measured, notes = [], 0, {}, {}
     for x, y in batches:
-        per_batch.append(measure_activations(adapter, x.to(device), y.to(device)))
+        acts = measure_activations(adapter, x.to(device), y.to(device))
+        not_measured.update(acts.pop("not_measured"))  # what does not apply, the same in every batch
+        notes.update(dict.fromkeys(acts.pop("notes", ())))
+        per_batch.append(acts)
         n_tokens += y.numel()
     if not per_batch:
         raise DataError("no complete sequence to analyse; pass more text with --data or a smaller --seq-len")
     result = _mean_dicts(per_batch)
+    result["not_measured"] = not_measured
+    if notes:
+        result["notes"] = list(notes)
     result["tokens"] = n_tokens
     result["seq_len"] = int(x.shape[1])  # the sink's reference (uniform attention) depends on it
     result["matrices"] = [s.to_dict() for s in matrix_stats(module, max_rows=cosine_rows)]

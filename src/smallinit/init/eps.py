@@ -14,6 +14,14 @@ class NormEpsError(ConfigError):
     """A norm whose ε is not an attribute that can be set (hard-coded in its forward)."""
 
 
+def norm_layers(module: nn.Module) -> dict[str, nn.Module]:
+    """The norm layers of ``module`` by name: a class name that says norm (is_norm) and no parameters in
+    submodules. A module that holds norms or other layers is not one, whatever its name: StableLM's per-head
+    norm (a list of nn.LayerNorm), roberta-prelayernorm's encoder and attention ("…PreLayerNorm…")."""
+    return {name: m for name, m in module.named_modules()
+            if is_norm(m) and not any(True for c in m.children() for _ in c.parameters())}
+
+
 def set_norm_eps_(module: nn.Module, eps: float) -> list[str]:
     """Set ε of every norm layer (ours, torch's, Hugging Face's naming); returns the names touched.
 
@@ -22,9 +30,7 @@ def set_norm_eps_(module: nn.Module, eps: float) -> list[str]:
     if not eps > 0:
         raise ConfigError(f"norm eps must be positive, got {eps}")
     touched, fixed = [], []
-    for name, mod in module.named_modules():
-        if not is_norm(mod) or any(is_norm(c) for c in mod.children()):  # a wrapper: its inner norm counts
-            continue
+    for name, mod in norm_layers(module).items():
         for attr in EPS_ATTRS:
             if isinstance(getattr(mod, attr, None), float):
                 setattr(mod, attr, float(eps))

@@ -30,8 +30,10 @@ from ..model import Transformer
 @torch.no_grad()
 def residual_flow_ratio(model, tokens: torch.Tensor) -> float:
     """Mean over tokens of ‖h_L − e‖ / ‖e‖, for any model an adapter reads (e: the first block's input,
-    h_L: the final norm's input)."""
-    return flow_from_hidden(as_adapter(model).observe(tokens, kinds=("residual",)).residual)
+    h_L: the final norm's input, or the last block's output where the model has no final norm)."""
+    observed = as_adapter(model).observe(tokens, kinds=("residual",))
+    observed.require("residual")
+    return flow_from_hidden(observed.residual)
 
 
 def flow_from_hidden(residual: list[torch.Tensor]) -> float:

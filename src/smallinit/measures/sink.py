@@ -10,6 +10,10 @@ weight of query i on key 0 (0-based) is exp(s_i0 − logsumexp_j s_ij) over the 
 see, s = scale·q·k (soft-capped and with learned sink logits where the model has them). The log-sum-exp
 is computed over blocks of ``chunk`` queries, so memory is O(chunk × T) per head instead of O(T²).
 
+Its reference is uniform attention: a query that spreads its weight evenly over the keys it may see puts
+1/(number of those keys) on key 1 (:func:`uniform_sink`; within a sliding window W, at most W keys), and
+each layer's reference is computed from the same mask as its score, so a score near it is no sink.
+
 Beside it, the sink literature's metric (Gu et al., ICLR 2025): Sink_ε, the share of (layer, head) pairs
 whose mean attention on the first token exceeds ε (they report ε = 0.3), so numbers compare with theirs.
 """
@@ -22,13 +26,20 @@ import numpy as np
 import torch
 
 from ..adapters import AttentionInputs, as_adapter
+from ..errors import ModelError
 
 
 @dataclass
 class SinkScores:
     per_layer: list[float]  # one score per layer
-    per_head: np.ndarray  # (layers, heads)
+    per_head: np.ndarray  # (layers, heads); NaN past a layer's own heads where layers differ in heads
     layers: list[str] = field(default_factory=list)  # the attention modules, in order
+    uniform_per_layer: list[float] = field(default_factory=list)  # the score uniform attention would give
+
+    @property
+    def uniform(self) -> float:
+        """The score uniform attention would give, averaged over layers as :attr:`mean` is."""
+        return float(np.mean(self.uniform_per_layer)) if self.uniform_per_layer else float("nan")
 
     @property
     def mean(self) -> float:
@@ -36,14 +47,17 @@ class SinkScores:
 
     def share_above(self, eps: float) -> float:
         """Sink_ε: the share of (layer, head) pairs whose mean attention on the first token exceeds ε."""
-        return float(np.mean(self.per_head > eps))
+        heads = self.per_head[~np.isnan(self.per_head)]
+        return float(np.mean(heads > eps))
 
     def to_dict(self) -> dict:
         return {
             "per_layer": self.per_layer,
-            "per_head": self.per_head.tolist(),
+            "per_head": [row[~np.isnan(row)].tolist() for row in self.per_head],
             "mean": self.mean,
             "layers": self.layers,
+            "uniform": self.uniform,
+            "uniform_per_layer": self.uniform_per_layer,
             "share_above": {str(eps): self.share_above(eps) for eps in SINK_EPS},
         }
 
@@ -51,20 +65,33 @@ class SinkScores:
 SINK_EPS = (0.3, 0.8)  # the thresholds Gu et al. report
 
 
-def key0_weights(att: AttentionInputs, *, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each query's attention weight on key 0 and whether it may attend to key 0 at all: two (B, H, T)
-    tensors (weight in fp32, 0 where unseen). Keys with fewer heads (grouped-query attention) are shared
-    across their group of query heads, as in the model."""
+def uniform_sink(seq_len: int, window: int | None = None) -> float:
+    """The sink score of uniform attention on causal sequences of ``seq_len`` tokens: query i (1-based,
+    i ≥ 2) puts 1/i on token 1, averaged over the queries that see token 1 (with a sliding ``window`` W,
+    queries i ≤ W)."""
+    last = seq_len if window is None else min(seq_len, window)
+    if last < 2:
+        raise ValueError(f"no query i ≥ 2 sees token 1 with seq_len={seq_len}, window={window}")
+    return float(np.mean([1 / i for i in range(2, last + 1)]))
+
+
+def key0_weights(att: AttentionInputs, *, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each query's attention weight on key 0, whether it may attend to key 0 at all, and the weight uniform
+    attention over the keys it may see would put there: three (B, H, T) tensors (weights in fp32, 0 where
+    unseen). Keys with fewer heads (grouped-query attention) are shared across their group of query heads,
+    as in the model."""
     if att.probs is not None:
         B, H, T, S = att.probs.shape
-        sees = _allowed(att, 0, T, S, att.probs.device).expand(B, H, T, S)[..., 0]
-        return att.probs[..., 0].float() * sees, sees
+        allowed = _allowed(att, 0, T, S, att.probs.device).expand(B, H, T, S)
+        sees = allowed[..., 0]
+        return att.probs[..., 0].float() * sees, sees, sees / allowed.sum(-1).clamp_min(1)
     q, k = att.q.float(), att.k.float()
     B, H, T, hd = q.shape
     S, rep = k.shape[-2], H // k.shape[1]
     k = k.repeat_interleave(rep, dim=1) if rep > 1 else k
     scale = att.scale if att.scale is not None else hd**-0.5
     weight = torch.zeros(B, H, T, dtype=torch.float32, device=q.device)
+    uniform = torch.zeros(B, H, T, dtype=torch.float32, device=q.device)
     sees = torch.zeros(B, H, T, dtype=torch.bool, device=q.device)
     for lo in range(0, T, chunk):
         hi = min(lo + chunk, T)
@@ -81,7 +108,8 @@ def key0_weights(att: AttentionInputs, *, chunk: int = 256) -> tuple[torch.Tenso
         seen = allowed[..., 0]
         weight[:, :, lo:hi] = torch.where(seen, torch.exp(s[..., 0] - lse), 0.0)
         sees[:, :, lo:hi] = seen
-    return weight, sees
+        uniform[:, :, lo:hi] = seen / allowed.sum(-1).clamp_min(1)
+    return weight, sees, uniform
 
 
 def _allowed(att: AttentionInputs, lo: int, hi: int, S: int, device: torch.device) -> torch.Tensor:
@@ -105,18 +133,26 @@ def sink_scores(model, tokens: torch.Tensor, *, chunk: int = 256) -> SinkScores:
     """Per-layer and per-head sink scores of ``model`` (any model an adapter reads) on ``tokens`` (B, T), T ≥ 2."""
     if tokens.dim() != 2 or tokens.shape[1] < 2:
         raise ValueError(f"sink_scores needs tokens of shape (batch, T ≥ 2), got {tuple(tokens.shape)}")
-    return sink_from_attention(as_adapter(model).observe(tokens, kinds=("attention",)).attention, chunk=chunk)
+    observed = as_adapter(model).observe(tokens, kinds=("attention",))
+    observed.require("attention")
+    return sink_from_attention(observed.attention, chunk=chunk)
 
 
 def sink_from_attention(attention: list[AttentionInputs], *, chunk: int = 256) -> SinkScores:
     """Sink scores from observed attention calls (``Observed.attention``), one layer per call."""
-    per_head = []
+    if not attention:
+        raise ModelError("no softmax attention was observed, so there is no sink score")
+    per_head, uniform = [], []
     for att in attention:
-        w, sees = key0_weights(att, chunk=chunk)
-        w, sees = w[:, :, 1:], sees[:, :, 1:]  # queries i ≥ 2 (1-based)
+        w, sees, even = key0_weights(att, chunk=chunk)
+        w, sees, even = w[:, :, 1:], sees[:, :, 1:], even[:, :, 1:]  # queries i ≥ 2 (1-based)
         per_head.append((w.double().sum(dim=(0, 2)) / sees.sum(dim=(0, 2))).cpu().numpy())
-    heads = np.stack(per_head)
-    return SinkScores(per_layer=heads.mean(axis=1).tolist(), per_head=heads, layers=[a.name for a in attention])
+        uniform.append((even.double().sum() / sees.sum()).item())
+    heads = np.full((len(per_head), max(len(h) for h in per_head)), np.nan)
+    for i, h in enumerate(per_head):
+        heads[i, :len(h)] = h
+    return SinkScores(per_layer=[float(h.mean()) for h in per_head], per_head=heads, layers=[a.name for a in attention],
+                      uniform_per_layer=uniform)
 
 
 @torch.no_grad()
