@@ -12,6 +12,7 @@ from ..analysis.measure import ANALYSIS_FILE, default_output_dir
 from ..analysis.tokens import TokenGapResult
 from ..io import write_result
 from ..measures.residual_flow import ResidualFlowSweep
+from ..measures.sink import uniform_sink
 from . import figures
 from .html import build_report
 
@@ -30,28 +31,33 @@ def analysis_lines(result: dict, seq_len: int | None) -> list[str]:
     """What ``smallinit analyze`` prints of a result (a run's, or a Hugging Face model's, which has no γ or
     step): each number with what it is and what to compare it with."""
     m = result.get("config", {}).get("model")
-    sink = result["sink"]
+    sink = result.get("sink")
     seq_len = result.get("seq_len", seq_len)  # what it measured on (a Hugging Face model's default included)
     where = f"step {result['step']}" if m else Path(result["checkpoint"]).name
     span = f"queries 2…{seq_len}" if seq_len else "queries 2…T"
-    uniform = (f"attention spread evenly gives {sum(1 / t for t in range(2, seq_len + 1)) / max(1, seq_len - 1):.4f}; "
-               if seq_len else "")
+    even = sink.get("uniform") if sink else None  # from the layers' own masks (a sliding window included)
+    if even is None and seq_len and seq_len >= 2:
+        even = uniform_sink(seq_len)
+    uniform = f"attention spread evenly gives {even:.4f}; " if even is not None else ""
     flow_scale = (f"at initialisation the paper has it scale as d^(1−γ), here {m['d_model'] ** (1 - m['gamma']):.3g} "
                   f"for d = {m['d_model']}, γ = {m['gamma']:g}, up to a constant: " if m else "")
     factor_init = (f"; at initialisation this config gives {result['norm_factor_analytic']:.4f}"
                    if "norm_factor_analytic" in result else "")
-    return [
-        f"{where}: loss {result['loss']:.4f} nats/token on {result['tokens']:,} tokens",
-        f"sink score {sink['mean']:.4f}: mean attention weight on token 1 of {span}, over layers and heads "
-        f"({uniform}1 = every query looks only at token 1)",
-        f"Sink_0.3 {sink['share_above']['0.3']:.0%}: the share of (layer, head) pairs whose mean attention on token 1 "
-        f"exceeds 0.3, the sink literature's measure (Gu et al. 2025)",
-        f"residual flow {result['residual_flow']:.4g}: ‖h_L − e‖/‖e‖, how far the final norm's input moved from the "
-        f"embedding ({flow_scale}compare it with models of another γ or width at the same step)",
-        f"min norm factor {min(result['norm_factor'].values()):.4f}: the smallest norm factor over the ideal 1/σ of "
-        f"its input (1 = the norm sees the input's scale{factor_init})",
-        *_stable_rank_lines(result["matrices"]),
-    ]
+    lines = [f"{where}: loss {result['loss']:.4f} nats/token on {result['tokens']:,} tokens"]
+    if sink:
+        lines += [f"sink score {sink['mean']:.4f}: mean attention weight on token 1 of {span}, over layers and heads "
+                  f"({uniform}1 = every query looks only at token 1)",
+                  f"Sink_0.3 {sink['share_above']['0.3']:.0%}: the share of (layer, head) pairs whose mean attention on "
+                  "token 1 exceeds 0.3, the sink literature's measure (Gu et al. 2025)"]
+    if "residual_flow" in result:
+        lines.append(f"residual flow {result['residual_flow']:.4g}: ‖h_L − e‖/‖e‖, how far the final norm's input "
+                     f"moved from the embedding ({flow_scale}compare it with models of another γ or width at the same step)")
+    if result.get("norm_factor"):
+        lines.append(f"min norm factor {min(result['norm_factor'].values()):.4f}: the smallest norm factor over the "
+                     f"ideal 1/σ of its input (1 = the norm sees the input's scale{factor_init})")
+    lines += _stable_rank_lines(result["matrices"])
+    lines += [f"not measured, {key}: {why}" for key, why in result.get("not_measured", {}).items()]
+    return lines + [f"note, {note}" for note in result.get("notes", ())]
 
 
 def _stable_rank_lines(mats: list[dict]) -> list[str]:
