@@ -110,3 +110,25 @@ def test_xlnet_merged_heads_output_projection_drawn():
     assert_drawn_for(attn.o, d_in)
     # r, the relative-position projection: einsum("ibh,hnd->ibnd") contracts d_model
     assert_drawn_for(attn.r, gain_d_in(lambda p: torch.einsum("ibh,hnd->ibnd", p, attn.r), (256, 8, 64), attn.r))
+
+
+def test_inkling_relative_position_projection_drawn_with_d_rel():
+    # proj (d_rel, rel_extent) = (16, 512) is applied as relative_states @ proj: the forward contracts d_rel;
+    # each distance's bias then gathers one column. Measured on the valid distances only (the rest are
+    # masked to 0 and would dilute the gain), d_in is d_rel, not rel_extent.
+    hf_tiny = pytest.importorskip("hf_tiny")
+    model = hf_tiny.build("inkling_text")
+    report = gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0)).by_name()
+    rel = model.model.layers[0].self_attn.rel_logits_proj
+    assert tuple(rel.proj.shape) == (16, 512)
+    pos = torch.arange(64)
+
+    def contract(rs):
+        bias = rel(rs, pos, pos)  # (batch, heads, q, k)
+        valid = (pos[:, None] - pos[None, :] >= 0).expand_as(bias)
+        return bias[valid]
+
+    d_in = gain_d_in(contract, (8, 64, 4, 16), rel.proj)
+    assert d_in == pytest.approx(16, rel=0.1)
+    assert_drawn_for(rel.proj, d_in)
+    assert report["model.layers.0.self_attn.rel_logits_proj.proj"].fan_in == 16
