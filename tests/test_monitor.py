@@ -64,11 +64,13 @@ def test_a_plain_loop_is_measured_and_reported(tmp_path):
     assert recs[-1]["residual_flow"] == pytest.approx(again["residual_flow"], rel=1e-6)
     assert recs[-1]["loss"] == pytest.approx(again["loss"], rel=1e-6) and recs[-1]["loss"] < recs[0]["loss"] - 1
     assert set(recs[0]["sink"]) == {"0", "1"} and recs[0]["stable_rank"] and recs[0]["norm_factor"]
+    val = [r for r in records(out, None) if "val_loss" in r]  # the held-out loss, as the report's validation curve
+    assert [(r["step"], r["val_loss"]) for r in val] == [(r["step"], r["loss"]) for r in recs]
     assert sorted(p.name for p in (out / "analysis").glob("*.npz"))[0] == "rowcos_step_0000000.npz"
     (run,) = find_runs(tmp_path)
     assert run.config["model.gamma"] == 1.0 and run.config["model.class"] == "Qwen3ForCausalLM"
     html = build_report(out).read_text()
-    for section in ("Attention sink", "Residual flow", "Condensation"):
+    for section in ("Loss curves", "Attention sink", "Residual flow", "Condensation"):
         assert section in html, section
 
 

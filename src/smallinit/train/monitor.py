@@ -11,7 +11,9 @@ smallinit's Transformer, any Hugging Face causal LM, or an adapter of your own) 
 layer and Sink_ε, the residual flow, every norm's factor, the loss, and the stable rank and mean |cos| of
 chosen matrices: one ``{"event": "analysis", "step": ...}`` record in metrics.jsonl, the format that
 ``smallinit report`` reads, and row-cosine heatmaps as analysis/rowcos_step_NNNNNNN.npz at a few steps.
-At its first measurement of a fresh run it warns, in one line, when a norm is saturated (factor < 0.5).
+In a folder of its own it also writes the held-out loss as ``{"step", "val_loss"}``, the validation curve
+of the report. At its first measurement of a fresh run it warns, in one line, when a norm is saturated
+(factor < 0.5).
 
 It observes and never changes training: eval mode and no gradients while measuring, the model's mode
 restored. Under torch.distributed every rank must call it at the same steps (a sharded model's forward and
@@ -217,6 +219,8 @@ class Monitor:
         self.last_loss = rec.get("loss")
         self._guard(step, rec.get("norm_factor", {}))
         self._log(rec)
+        if self._log == self._append and self.last_loss is not None:  # its own folder: the loss curve the report draws
+            self._log({"step": step, "val_loss": self.last_loss})
         if step in self.snapshot_steps:
             self._snapshot(step, {n: W for n, W in mats.items() if n in self.heatmaps})
         return rec
