@@ -470,7 +470,8 @@ def _section_sink(doc: _Doc, groups: Groups, analyses: list[tuple[str, dict]]) -
 
 
 def _section_residual(doc: _Doc, runs: list[Run], vary: list[str], sweeps: list[tuple[str, ResidualFlowSweep]]) -> None:
-    at_init = [(r, a) for r in runs for a in r.analysis[:1] if a["step"] == 0]
+    at_init = [(r, a) for r in runs for a in r.analysis[:1]  # against γ: runs that say their γ (a monitored run may not)
+               if a["step"] == 0 and "residual_flow" in a and r.config.get("model.gamma") is not None]
     if not at_init and not sweeps:
         return
     doc.h2("Residual flow (Fig. 3a)")
