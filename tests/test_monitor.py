@@ -143,3 +143,7 @@ def test_smallinits_own_trainer_honours_analysis_every_from_python(tmp_path):
     assert [r["step"] for r in records(tmp_path / "run")] == [0, 3, 6]
     assert sorted(p.name for p in (tmp_path / "run" / "analysis").glob("*.npz")) == [
         "rowcos_step_0000000.npz", "rowcos_step_0000006.npz"]
+    cfg.analysis.every, cfg.analysis.norm_every = 0, 2  # the norm factors alone
+    Trainer(cfg, tmp_path / "norms", callbacks=[]).fit()
+    assert not records(tmp_path / "norms")
+    assert [r["step"] for r in records(tmp_path / "norms", "norm_factor")] == [0, 2, 4, 6]

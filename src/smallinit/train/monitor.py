@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from .. import io
-from ..adapters import as_adapter
+from ..adapters import TransformerAdapter, as_adapter
 from ..config import AnalysisConfig
 from ..errors import ConfigError
 from ..init import param_roles
@@ -56,7 +56,7 @@ SNAPSHOT_DIR = "analysis"
 MONITOR_FILE = "monitor.json"  # what a folder written by a monitor outside smallinit's trainer holds
 COS_ROWS = 512  # rows sampled for the logged mean |cos| of large matrices
 SATURATED = 0.5  # a norm factor below this at init: ε, not the input, sets the norm's scale
-DEFAULT_EVERY = 100  # the monitor's cost at this interval is benchmarked in benchmarks/bench_monitor.py
+DEFAULT_EVERY = 100  # the monitor's cost at this interval is benchmarked in benchmarks/bench_callbacks.py
 # Matrices measured on models that are not smallinit's (whose names AnalysisConfig's defaults follow)
 OTHER_MATRICES = ["*.self_attn.q_proj.weight", "*.attn.c_attn.weight", "*.mlp.up_proj.weight", "*.mlp.c_fc.weight"]
 
@@ -74,9 +74,9 @@ class Monitor:
     (a DataLoader, a tokenized dataset), of which the first ``batch_size`` sequences are kept.
     ``out``: the folder the records and heatmaps go to, held by this monitor alone while it runs; with ``log``
     each record goes to that writer of the caller's instead (smallinit's Trainer: its metrics.jsonl), and the
-    caller holds the folder. ``total_steps`` spreads the heatmap
-    snapshots over the run; ``start_step`` continues records of a resumed run (later ones are dropped);
-    ``settings`` (e.g. ``{"model.gamma": 1.0}``) are what the report groups runs by.
+    caller holds the folder. ``total_steps`` spreads the heatmap snapshots over the run; ``start_step``
+    continues the records of a resumed run (later ones are dropped); ``settings`` (e.g.
+    ``{"model.gamma": 1.0}``) are what the report groups runs by. Without ``cfg``, ``every`` is 100.
     """
 
     def __init__(
@@ -85,8 +85,8 @@ class Monitor:
         total_steps: int | None = None, start_step: int = 0, settings: Mapping[str, Any] | None = None,
         engine: str = "loop", **fields: Any,
     ):
-        if "every" not in fields and (cfg is None or not cfg.every):
-            fields["every"] = DEFAULT_EVERY
+        if cfg is None:
+            fields.setdefault("every", DEFAULT_EVERY)
         cfg = dataclasses.replace(cfg or AnalysisConfig(), **fields)
         cfg.validate()
         if cfg.every < 1 and cfg.norm_every < 1:
@@ -115,7 +115,7 @@ class Monitor:
 
     @property
     def _ours(self) -> bool:
-        return type(self.adapter).__name__ == "TransformerAdapter"
+        return isinstance(self.adapter, TransformerAdapter)
 
     def _held_out(self, batch: Any, data: Iterable | None) -> tuple[torch.Tensor, torch.Tensor]:
         if (batch is None) == (data is None):
