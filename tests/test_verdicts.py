@@ -164,7 +164,9 @@ def test_the_table_corrects_over_its_primaries():
 def test_an_inconclusive_primary_says_what_it_could_see_and_a_decided_one_its_magnitude():
     c = claim_of(Comparison("gap", [0.10, 0.02, 0.06], paper_value=0.05)).primary
     assert c.verdict == INCONCLUSIVE and c.mde == pytest.approx(0.1305, rel=0.01)  # 3.26 sd at n = 3, α = 0.05
-    assert c.magnitude == "contains the paper's +0.05; cannot see effects below 0.131 (80% power, n = 3, seed sd 0.04)"
+    assert c.magnitude == ("contains the paper's +0.05; an effect of 0.131 would be seen at 80% power if the seed sd is "
+                           "the measured 0.04 (n = 3), 0.276 if it is as large as its 80% upper bound 0.0847; smaller "
+                           "effects may have been missed")
     big = claim_of(Comparison("gap", [0.20, 0.19, 0.21], paper_value=0.05)).primary
     assert big.verdict == AGREE and big.magnitude == "above the paper's +0.05" and big.mde is None
     small = claim_of(Comparison("gap", [0.010, 0.011, 0.012], paper_value=0.05)).primary

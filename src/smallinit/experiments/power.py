@@ -15,6 +15,7 @@ from scipy import optimize, stats
 
 ALPHA = 0.05  # the table-level error rate: Holm over the claims' primary estimates
 POWER = 0.8
+SD_BOUND = 0.8  # one-sided confidence of the seed sd's upper bound, for the MDE a study could be sure of
 N_CLAIMS = 7  # C1–C7: the size of the table's family
 CLAIM_ALPHA = ALPHA / N_CLAIMS  # the level each primary is guaranteed under Holm over the table (its first step)
 
@@ -69,3 +70,22 @@ def seeds_for_power(effect: float, sd: float, alpha: float = CLAIM_ALPHA, power:
         if power_of_test(effect, sd, n, alpha) >= power:
             return n
     return max_seeds + 1
+
+
+def sd_upper_bound(sd: float, n: int, level: float = SD_BOUND) -> float:
+    """The one-sided ``level`` upper confidence bound of a normal population's sd from the sample sd of n seeds:
+    sd·√((n − 1)/χ²_{1−level}(n − 1)); the true sd is above it with probability 1 − level."""
+    if n < MIN_SEEDS or not math.isfinite(sd):
+        return math.inf
+    return float(sd * math.sqrt((n - 1) / stats.chi2.ppf(1 - level, n - 1)))
+
+
+def mde_line(sd: float, n: int, alpha: float, what: str = "an effect of") -> tuple[float, float, str]:
+    """(the MDE at the sample sd, the MDE at its upper bound, the words beside an inconclusive verdict). The sample
+    sd of a few seeds is itself a guess (at 3 seeds the MDE at it is below the true MDE ~63 % of the time), so the
+    line gives both: the bound's is below the true MDE only with probability 1 − SD_BOUND."""
+    point = minimum_detectable_effect(sd, n, alpha, POWER)
+    upper = minimum_detectable_effect(sd_upper_bound(sd, n), n, alpha, POWER)
+    return point, upper, (f"{what} {point:.3g} would be seen at {POWER:.0%} power if the seed sd is the measured "
+                          f"{sd:.3g} (n = {n}), {upper:.3g} if it is as large as its {SD_BOUND:.0%} upper bound "
+                          f"{sd_upper_bound(sd, n):.3g}; smaller effects may have been missed")

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..power import ALPHA, POWER, minimum_detectable_effect
+from ..power import ALPHA, mde_line
 from ..verdicts import AGREE, DISAGREE, INCONCLUSIVE, NOT_TESTABLE, TTest, holm, holm_levels, t_test
 
 PRIMARY, SECONDARY = "primary", "secondary"
@@ -196,9 +196,9 @@ class ClaimResult:
                     f"α = {self.alpha:.3g} ({family})" + ("; not rejected: Holm stopped at a smaller p" if self.held else ""))
         c.magnitude = magnitude(lo, hi, c.paper_value)
         if c.verdict == INCONCLUSIVE:
-            c.mde = minimum_detectable_effect(t.sd, t.n, self.alpha, POWER)
-            what = "effects below" if c.expected == "positive" else f"deviations beyond ±{c.tolerance:g} smaller than"
-            c.magnitude += f"; cannot see {what} {c.mde:.3g} ({POWER:.0%} power, n = {t.n}, seed sd {t.sd:.3g})"
+            what = "an effect of" if c.expected == "positive" else f"a deviation beyond ±{c.tolerance:g} of"
+            c.mde, _, words = mde_line(t.sd, t.n, self.alpha, what)  # the sd is a guess too: both MDEs shown
+            c.magnitude += f"; {words}"
 
     @property
     def verdict(self) -> str:
