@@ -12,10 +12,11 @@ import pytest
 from smallinit.cli import main
 from smallinit.errors import ExperimentError
 from smallinit.experiments import plan as plan_module
-from smallinit.experiments.claims import preconditions
+from smallinit.experiments.claims import ClaimResult, Comparison, preconditions
+from smallinit.experiments.claims.comparison import PRIMARY, judge_table
 from smallinit.experiments.findings import FINDINGS, JUDGES
-from smallinit.experiments.plan import CPU_STUDY_SEED_SD, Hardware, plan_recipe, plan_sweep
-from smallinit.experiments.power import CLAIM_ALPHA, minimum_detectable_effect
+from smallinit.experiments.plan import CPU_STUDY_SDS, CPU_STUDY_SEED_SD, Hardware, plan_recipe, plan_sweep
+from smallinit.experiments.power import ALPHA, minimum_detectable_effect, power_of_test
 from smallinit.experiments.recipes import load_recipe, recipe_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,7 +137,52 @@ def test_mde_comes_from_the_power_module(tmp_path):
     long = ["train.steps=8000", "train.eval_every=1000", "analysis.every=1000"]
     plan = plan_recipe(tiny_recipe(tmp_path, GATE_GRID), "s", Hardware.make("cpu", 2), overrides=long, seed_sd=0.01)
     c3 = next(c for c in plan.claims if c.claim == "C3")
-    assert c3.mde == pytest.approx(minimum_detectable_effect(0.01, 2, CLAIM_ALPHA))
+    assert c3.mde == pytest.approx(minimum_detectable_effect(0.01, 2, c3.alpha))
+
+
+def _judged_alpha(claims: list) -> float:
+    """The level the table's correction gives its first primary, on studies where every primary is testable."""
+    judge_table(claims)
+    return min(c.alpha for c in claims)
+
+
+def test_each_recipe_is_planned_at_the_level_its_table_judges():
+    """The sink recipe judges C3 alone: its table's level is 0.05, not 0.05/7 (planned at 0.05/7 its MDE had power 0.43
+    at the level it is judged at); a table of several decided claims, Holm's first step over them."""
+    (c3,) = plan_recipe("sink", "cpu", Hardware.make("cpu", 2)).claims
+    assert c3.alpha == _judged_alpha([ClaimResult("C3", "s", "p", [Comparison("g", [0.1, 0.2, 0.3], role=PRIMARY)])])
+    assert c3.alpha == ALPHA and c3.mde == pytest.approx(minimum_detectable_effect(0.0396, c3.seeds, ALPHA))
+    assert power_of_test(c3.mde, 0.0396, c3.seeds, ALPHA) == pytest.approx(0.8, abs=1e-4)
+    claims = plan_recipe("demo", "quick", Hardware.make("cpu", 2)).claims
+    decided = [c for c in claims if c.decides]
+    assert len(decided) >= 2 and all(c.alpha == pytest.approx(ALPHA / len(decided)) for c in claims)
+
+
+def test_each_claim_is_planned_in_its_own_unit_from_a_seed_sd_of_that_quantity(capsys):
+    """C5's MDE is a flow exponent, C6's a stable rank, C7's a Δ_sym, each from the CPU study's sd of that quantity
+    (as docs/findings-cpu.md prints it), never the loss gaps' sd relabelled; --seed-sd CLAIM=X sets one claim's; an
+    accuracy nothing measured gets its MDE in seed sds and says how to give one."""
+    findings = (ROOT / "docs" / "findings-cpu.md").read_text(encoding="utf-8")
+    for claim, label, n in (("C5", "flow exponent − (1−γ) at γ1", 5), ("C6", "srank rebound γ1", 10),
+                            ("C7", "Δ_sym mid−easy deciles (profile half)", 3)):
+        sd = CPU_STUDY_SDS[claim][0]
+        assert re.search(re.escape(label) + rf"[^\n]*: [+-][\d.]+ ± {sd:.3f} \(n={n}\)", findings), claim
+    claims = {c.claim: c for c in plan_recipe("demo", "quick", Hardware.make("cpu", 2), seed_sd=0.02,
+                                              claim_sd={"C6": 0.1}).claims}
+    assert {k: claims[k].unit for k in ("C4", "C5", "C6", "C7")} == {
+        "C4": "nats", "C5": "flow exponent", "C6": "stable rank", "C7": "Δ_sym"}
+    assert [claims[k].seed_sd for k in ("C4", "C5", "C6", "C7")] == [0.02, CPU_STUDY_SDS["C5"][0], 0.1,
+                                                                     CPU_STUDY_SDS["C7"][0]]
+    for c in claims.values():
+        if c.decides:
+            assert c.mde == pytest.approx(minimum_detectable_effect(c.seed_sd, c.seeds, c.alpha))
+    assert main(["plan", "reasoning", "--scale", "cpu", "--seed-sd", "C6=0.1"]) == 2
+    assert "recipe reasoning does not judge C6" in capsys.readouterr().err
+    assert main(["plan", "reasoning", "--scale", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "MDE 3.26 seed sds (no seed sd of accuracy measured: pass --seed-sd R=X)" in out and "nats" not in out
+    assert main(["plan", "reasoning", "--scale", "cpu", "--seed-sd", "R=0.05"]) == 0
+    assert "(0.163 accuracy at seed sd 0.05)" in capsys.readouterr().out
 
 
 def test_cpu_study_seed_sd_is_the_documented_median():
@@ -157,7 +203,7 @@ def test_a_recipes_own_pilot_prices_its_mde(tmp_path):
     plan = plan_recipe(tiny_recipe(tmp_path, text), "s", Hardware.make("cpu", 2), overrides=long)
     assert (plan.seed_sd, plan.seed_sd_source) == (0.03, "a pilot")
     c3 = next(c for c in plan.claims if c.claim == "C3")
-    assert c3.mde == pytest.approx(minimum_detectable_effect(0.03, 2, CLAIM_ALPHA))
+    assert c3.mde == pytest.approx(minimum_detectable_effect(0.03, 2, c3.alpha))
     assert plan_recipe(tiny_recipe(tmp_path, text), "s", Hardware.make("cpu", 2), seed_sd=0.01).seed_sd == 0.01
     # the shipped sink recipe's pilot is the sd its cpu scale measured, as docs/findings-cpu.md prints it
     findings = (ROOT / "docs" / "findings-cpu.md").read_text(encoding="utf-8")
@@ -199,6 +245,8 @@ def test_cli_plan_json_and_plan_flags(tmp_path, capsys):
     (["--gpus", "0"], "--gpus must be ≥ 1"),
     (["--mfu", "1.5"], "--mfu must be in (0, 1]"),
     (["--seed-sd", "0"], "--seed-sd must be > 0"),
+    (["--seed-sd", "C9=0.1"], "--seed-sd C9=0.1: unknown claim 'C9'"),
+    (["--seed-sd", "C6=x"], "--seed-sd C6=x: not a number"),
     (["--scale", "nope"], "has no scale 'nope'"),
 ])
 def test_bad_plan_input_is_one_line(tmp_path, capsys, argv, message):

@@ -137,11 +137,12 @@ def _print_plan(plan, as_json: bool) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .experiments.plan import plan_recipe
+    from .experiments.plan import parse_seed_sd, plan_recipe
 
     presets = [p.strip() for p in args.presets.split(",") if p.strip()] if args.presets else None
+    loss_sd, claim_sd = parse_seed_sd(args.seed_sd)
     return _print_plan(plan_recipe(args.name, args.scale, _hardware(args), presets=presets, overrides=args.overrides,
-                                   seed_sd=args.seed_sd), args.json)
+                                   seed_sd=loss_sd, claim_sd=claim_sd), args.json)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -150,9 +151,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.plan:
         if not args.file:
             raise SmallinitError("pass a sweep file to plan: smallinit sweep SWEEP.toml --plan")
-        from .experiments.plan import plan_sweep
+        from .experiments.plan import parse_seed_sd, plan_sweep
 
-        return _print_plan(plan_sweep(args.file, _hardware(args), seed_sd=args.seed_sd), args.json)
+        loss_sd, claim_sd = parse_seed_sd(args.seed_sd)
+        return _print_plan(plan_sweep(args.file, _hardware(args), seed_sd=loss_sd, claim_sd=claim_sd), args.json)
     if args.status:
         print(format_table(sweep_rows(args.status)))
         return 0
@@ -388,8 +390,9 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
                    "stated one the plan prints)")
     p.add_argument("--tokens-per-s", type=float, metavar="X", help="training tokens/s of all devices together, "
                    "instead of an MFU")
-    p.add_argument("--seed-sd", type=float, metavar="X", help="sd over seeds of a paired final-loss gap, for the "
-                   "minimum detectable effects (default: the recipe's pilot, else the CPU study's)")
+    p.add_argument("--seed-sd", action="append", metavar="X|CLAIM=X", help="sd over seeds of a paired final-loss gap "
+                   "(nats), or CLAIM=X of that claim's primary in its own unit (C6=0.06: a stable rank), for the minimum "
+                   "detectable effects; repeatable (default: the recipe's pilot, else the CPU study's)")
     p.add_argument("--json", action="store_true", help="the plan as JSON")
 
 

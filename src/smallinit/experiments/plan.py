@@ -18,8 +18,10 @@ evaluations, the sink sample, ε's saturation, sizes — and will fail whatever 
 themselves mean nothing and are never shown.
 
 Power. For each claim, the minimum detectable effect at 80 % power of its paired t-test over the planned
-seeds (smallinit.experiments.power), given a seed sd: ``--seed-sd``, the recipe's pilot (``recipe.seed_sd``), or
-the CPU study's.
+seeds (smallinit.experiments.power), at the level its table judges it (Holm over the primaries the design decides:
+α/k for k of them, 0.05 for a recipe that decides one), in the claim's own unit (nats for a loss gap, the flow
+exponent, the stable rank, Δ_sym, an accuracy) from a seed sd of that quantity: ``--seed-sd CLAIM=X``, else for a
+loss gap ``--seed-sd X`` or the recipe's pilot (``recipe.seed_sd``), else the CPU study's measured sd of it.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from ..train.flops import train_flops_per_token
 from ..train.memory import GIB, device_memory, estimate_memory
 from .claims import FIXED, ClaimResult, Runs, effective_eps
 from .findings import JUDGES
-from .power import CLAIM_ALPHA, MIN_SEEDS, POWER, minimum_detectable_effect
+from .power import ALPHA, MIN_SEEDS, POWER, minimum_detectable_effect
 from .recipes import Recipe, Scale, apply_budget, customise, load_recipe
 from .runs import Run, model_shape
 from .sweep import Sweep, resolve_config
@@ -65,6 +67,15 @@ CPU_MFU = 0.20
 # The seed sd of a paired final-loss gap, when neither --seed-sd nor the recipe gives one: the median sd over
 # 3 seeds of the 15 paired loss gaps of the CPU study's earlier run (docs/findings-cpu.md, its verdict table), in nats.
 CPU_STUDY_SEED_SD = 0.017
+# Each claim's primary in its own unit. Loss claims take the loss seed sd above (or the recipe's pilot); the others
+# the sd of their own primary as the CPU study measured it (docs/findings-cpu.md, "Verdicts"); none for an accuracy.
+UNITS = {"C1": "nats", "C2": "nats", "C3": "nats", "C4": "nats", "C5": "flow exponent", "C6": "stable rank",
+         "C7": "Δ_sym", "R": "accuracy"}
+CPU_STUDY_SDS = {
+    "C5": (0.028, "the CPU study's sd over 5 seeds of the flow exponent − (1−γ) at γ1 (docs/findings-cpu.md)"),
+    "C6": (0.061, "the CPU study's sd over 10 seeds of the srank rebound at d16 (docs/findings-cpu.md)"),
+    "C7": (0.013, "the CPU study's sd over 3 seeds of Δ_sym mid−easy deciles (docs/findings-cpu.md)"),
+}
 
 
 # The preconditions that depend on what the runs show (claims/*.py checks them); the plan assumes they hold.
@@ -151,7 +162,12 @@ class ClaimPlan:
     primary: str  # the primary comparison's label
     decides: bool  # the primary passes the design-level preconditions
     seeds: int  # the primary's paired seeds …
-    mde: float  # … and its minimum detectable effect at 80 % power, in the seed sd's units (inf: none)
+    mde: float  # … and its minimum detectable effect at 80 % power, in ``unit`` (inf: none, or no seed sd)
+    unit: str = "nats"
+    alpha: float = ALPHA  # the level its table judges its primary at (Holm's first step over the decided primaries)
+    mde_sds: float = math.inf  # the MDE in seed sds, which needs no seed sd
+    seed_sd: float | None = None  # in ``unit``; None where nothing measured it
+    seed_sd_source: str = ""
     fewest_seeds: int = 0  # over every testable comparison, primary and secondary
     most_seeds: int = 0
     failing: dict[str, str] = field(default_factory=dict)  # comparison → why it cannot be judged, by design
@@ -168,7 +184,7 @@ class Plan:
     recipe: str
     scale: str
     hardware: Hardware
-    seed_sd: float
+    seed_sd: float  # of a paired final-loss gap (nats): the loss claims'
     seed_sd_source: str
     cells: list[CellPlan]
     claims: list[ClaimPlan]
@@ -204,7 +220,7 @@ class Plan:
                 "seed_sd": self.seed_sd, "seed_sd_source": self.seed_sd_source, "flops": self.flops,
                 "wall_s": self.wall_s, "device_hours": self.device_hours,
                 "cells": [asdict(c) for c in self.cells],
-                "claims": [{**asdict(c), "mde": _finite(c.mde)} for c in self.claims],
+                "claims": [{**asdict(c), "mde": _finite(c.mde), "mde_sds": _finite(c.mde_sds)} for c in self.claims],
                 "notes": self.notes}
 
 
@@ -366,19 +382,54 @@ def _planned_anchor(runs: Runs) -> dict[Path, dict[str, float]]:
             for r in runs if str(r.config.get("data.corpus", "")).startswith("builtin:anchor")}
 
 
-def _claim_plan(res: ClaimResult, seed_sd: float) -> ClaimPlan:
-    res.judge()
-    failing = {c.label: c.reason for c in res.comparisons if c.verdict == NOT_TESTABLE}
-    testable = [c for c in res.comparisons if c.verdict != NOT_TESTABLE]
-    counts = [len(c.samples) for c in testable if c.samples] or [0]
-    primary = res.primary
-    n = len(primary.samples) if primary.verdict != NOT_TESTABLE else 0
-    return ClaimPlan(res.claim, res.statement, primary.label, primary.verdict != NOT_TESTABLE, n, _mde(seed_sd, n),
-                     min(counts), max(counts), failing, [c.label for c in testable])
+def _claim_plans(results: list[ClaimResult], loss_sd: tuple[float, str], claim_sd: dict[str, float]) -> list[ClaimPlan]:
+    """Each claim's plan at the level its table judges it: Holm over the k primaries the design decides gives the
+    first of them α/k (a recipe that decides one claim judges it at α), in the claim's unit from its seed sd."""
+    plans = []
+    for res in results:
+        res.judge()
+        failing = {c.label: c.reason for c in res.comparisons if c.verdict == NOT_TESTABLE}
+        testable = [c for c in res.comparisons if c.verdict != NOT_TESTABLE]
+        counts = [len(c.samples) for c in testable if c.samples] or [0]
+        primary = res.primary
+        n = len(primary.samples) if primary.verdict != NOT_TESTABLE else 0
+        key = res.claim.split()[0]
+        unit = UNITS.get(key, "the primary's units")
+        sd, source = ((claim_sd[key], f"--seed-sd {key}={claim_sd[key]:g}") if key in claim_sd
+                      else loss_sd if unit == "nats" else CPU_STUDY_SDS.get(key, (None, "")))
+        plans.append(ClaimPlan(res.claim, res.statement, primary.label, primary.verdict != NOT_TESTABLE, n, math.inf,
+                               unit=unit, seed_sd=sd, seed_sd_source=source, fewest_seeds=min(counts),
+                               most_seeds=max(counts), failing=failing, testable=[c.label for c in testable]))
+    alpha = ALPHA / max(1, sum(c.decides for c in plans))
+    for c in plans:
+        c.alpha = alpha
+        c.mde_sds = _mde(1.0, c.seeds, alpha)
+        c.mde = c.mde_sds * c.seed_sd if c.seed_sd is not None else math.inf
+    return plans
 
 
-def _mde(seed_sd: float, seeds: int) -> float:
-    return minimum_detectable_effect(seed_sd, seeds, CLAIM_ALPHA, POWER) if seeds >= MIN_SEEDS else math.inf
+def _mde(seed_sd: float, seeds: int, alpha: float) -> float:
+    return minimum_detectable_effect(seed_sd, seeds, alpha, POWER) if seeds >= MIN_SEEDS else math.inf
+
+
+def parse_seed_sd(values: list[str] | None) -> tuple[float | None, dict[str, float]]:
+    """``--seed-sd`` as given (repeatable): X, the loss gaps' sd in nats, or CLAIM=X, one claim's in its unit."""
+    loss, claims = None, {}
+    for value in values or []:
+        key, _, number = value.rpartition("=")
+        if key and key not in UNITS:
+            raise ExperimentError(f"--seed-sd {value}: unknown claim {key!r}; use one of {', '.join(UNITS)}")
+        try:
+            sd = float(number)
+        except ValueError:
+            raise ExperimentError(f"--seed-sd {value}: not a number; give X or CLAIM=X (e.g. C6=0.06)") from None
+        if not sd > 0:
+            raise ExperimentError(f"--seed-sd must be > 0, got {value}")
+        if key:
+            claims[key] = sd
+        else:
+            loss = sd
+    return loss, claims
 
 
 # -- the plan ------------------------------------------------------------------------------------------------------
@@ -392,17 +443,20 @@ def default_hardware(recipe: Recipe, scale: str) -> Hardware:
     return Hardware.make("cpu", os.cpu_count() or 1)
 
 
-def plan_sweep(path: str | os.PathLike, hardware: Hardware | None = None, *, seed_sd: float | None = None) -> Plan:
+def plan_sweep(path: str | os.PathLike, hardware: Hardware | None = None, *, seed_sd: float | None = None,
+               claim_sd: dict[str, float] | None = None) -> Plan:
     """The plan of a sweep file: its cost, and which of C1–C7 its runs could decide (judged as the demo judges)."""
     sweep = Sweep.load(path)
     recipe = Recipe(Path(path).stem, sweep.name or Path(path).stem, [], "claims",
                     {"sweep": Scale("sweep", sweep.description, {"sweep": sweep})}, Path(path))
-    return plan_recipe(recipe, "sweep", hardware, seed_sd=seed_sd)
+    return plan_recipe(recipe, "sweep", hardware, seed_sd=seed_sd, claim_sd=claim_sd)
 
 
 def plan_recipe(recipe: Recipe | str, scale: str, hardware: Hardware | None = None, *, presets: list[str] | None = None,
-                overrides: list[str] = (), seed_sd: float | None = None) -> Plan:
-    """The cost and decidability of ``recipe --scale scale`` on ``hardware``; trains nothing."""
+                overrides: list[str] = (), seed_sd: float | None = None,
+                claim_sd: dict[str, float] | None = None) -> Plan:
+    """The cost and decidability of ``recipe --scale scale`` on ``hardware``; trains nothing. ``seed_sd``: the loss
+    gaps' seed sd (nats); ``claim_sd``: a claim's own (C6: a stable rank), over the CPU study's."""
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     recipe.scale(scale)  # an unknown scale: one clear line
     hardware = hardware or default_hardware(recipe, scale)
@@ -426,7 +480,10 @@ def plan_recipe(recipe: Recipe | str, scale: str, hardware: Hardware | None = No
     measured = {"flow": _planned_flow(sc.options), "gaps": _planned_gaps(all_runs, sc.options),
                 "anchor": _planned_anchor(all_runs)}
     judged = JUDGES[recipe.analysis](all_runs, measured, {**sc.options, "n_boot": 20})
-    claims = [_claim_plan(r, sd) for r in judged]
+    claims = _claim_plans(judged, (sd, source), claim_sd or {})
+    unjudged = sorted(set(claim_sd or {}) - {c.claim.split()[0] for c in claims})
+    if unjudged:
+        raise ExperimentError(f"--seed-sd {unjudged[0]}=…: recipe {recipe.name} does not judge {unjudged[0]}")
     notes = []
     if hardware.kind != "cpu":
         too_big = [c for c in cells if c.memory_gib > hardware.memory_gib]
@@ -467,14 +524,18 @@ def format_plan(plan: Plan) -> str:
     unit = "CPU-core" if hw.kind == "cpu" else "GPU"
     lines.append(f"  total: {len(plan.cells)} runs, {plan.flops:.3g} FLOPs, {_hours(plan.wall_s)} wall, "
                  f"{plan.device_hours:,.1f} {unit}-hours")
-    lines.append(f"claims (minimum detectable effect of a paired comparison at {POWER:.0%} power, two-sided "
-                 f"α = {CLAIM_ALPHA:.3g}, in seed sds; seed sd {plan.seed_sd:g} nats of final loss from "
-                 f"{plan.seed_sd_source}):")
+    decided = sum(c.decides for c in plan.claims)
+    alpha = plan.claims[0].alpha if plan.claims else ALPHA
+    lines.append(f"claims (minimum detectable effect of each primary at {POWER:.0%} power, two-sided, at the level its "
+                 f"table judges it: α = {alpha:.3g}, Holm's first step over the {decided} primar"
+                 f"{'y' if decided == 1 else 'ies'} this design decides; in the claim's own unit):")
     for c in plan.claims:
         if c.decides:
-            lines.append(f"  {c.claim:<12} decides: primary {c.primary} on {c.seeds} seeds, MDE "
-                         f"{c.mde / plan.seed_sd:.2f} sd ({c.mde:.3g} at sd {plan.seed_sd:g}); {len(c.testable)} of "
-                         f"{len(c.testable) + len(c.failing)} comparisons testable, {c.fewest_seeds}–{c.most_seeds} seeds")
+            at = (f"{c.mde:.3g} {c.unit} at seed sd {c.seed_sd:g}" if c.seed_sd is not None
+                  else f"no seed sd of {c.unit} measured: pass --seed-sd {c.claim.split()[0]}=X")
+            lines.append(f"  {c.claim:<12} decides: primary {c.primary} on {c.seeds} seeds, MDE {c.mde_sds:.2f} seed sds "
+                         f"({at}); {len(c.testable)} of {len(c.testable) + len(c.failing)} comparisons testable, "
+                         f"{c.fewest_seeds}–{c.most_seeds} seeds")
         else:
             lines.append(f"  {c.claim:<12} cannot decide: its primary ({c.primary}) fails a precondition by design"
                          + (f"; {len(c.testable)} secondary comparison(s) testable" if c.testable else ""))
@@ -484,6 +545,8 @@ def format_plan(plan: Plan) -> str:
     if outcome:
         lines.append("still decided by the runs themselves (the plan cannot know them): "
                      + "; ".join(f"{k} {DECIDED_BY_THE_RUNS[k]}" for k in outcome))
+    sources = {f"{c.seed_sd:g} {c.unit}: {c.seed_sd_source}" for c in plan.claims if c.decides and c.seed_sd is not None}
+    lines += [f"seed sd {s}" for s in sorted(sources)]
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)
 
