@@ -13,7 +13,15 @@ from ..errors import ModelError
 from ..model import Transformer
 from .hf import HFAdapter, is_hf_causal_lm, recording_attention
 from .hf_folder import HFModel, HFTokenizer, hf_folder_problem, load_hf_folder
-from .protocol import AttentionInputs, ModelAdapter, NormForm, Observed, norm_forms, norm_modules
+from .protocol import (
+    AttentionInputs,
+    ModelAdapter,
+    NormForm,
+    Observed,
+    norm_forms,
+    norm_modules,
+    realised_factor,
+)
 from .transformer import TransformerAdapter
 
 
@@ -31,4 +39,4 @@ def as_adapter(model: Any) -> ModelAdapter:
 
 __all__ = ["AttentionInputs", "HFAdapter", "HFModel", "HFTokenizer", "ModelAdapter", "NormForm", "Observed",
            "TransformerAdapter", "as_adapter", "hf_folder_problem", "is_hf_causal_lm", "load_hf_folder", "norm_forms",
-           "norm_modules", "recording_attention"]
+           "norm_modules", "realised_factor", "recording_attention"]

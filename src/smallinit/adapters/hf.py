@@ -7,9 +7,9 @@ does not have is named in ``Observed.missing`` (one line each), so the rest is s
   declares in ``_no_split_modules``), and h_L: the final norm's input (the norm that takes the last layer's
   output; Hugging Face's last hidden state is that norm's *output*), or where no norm takes it (OpenAI-GPT,
   post-norm BERTs), the last layer's output, with a note;
-* every norm's call (its input, and a gated norm's gate) from a pre-hook: the factor is read by re-running
-  the norm on it (measures.norm_factor), so an ε the module does not expose, a 2-D per-head weight or a
-  gate are what the forward makes of them;
+* every norm's input from a pre-hook, and its factor from a forward hook that re-runs the norm on the
+  same call (protocol.realised_factor), so an ε the module does not expose, a 2-D per-head weight or a
+  gated norm's gate are what the forward makes of them;
 * every softmax attention call through transformers' attention interface: while observing,
   ``AttentionInterface.get_interface`` hands out the model's own backend (eager, sdpa, flash, ...) wrapped
   in a recorder that keeps the query and key (after position encoding), the mask, scale, sliding window,
@@ -30,7 +30,15 @@ from torch import nn
 
 from ..errors import ModelError
 from ..model.loss import cross_entropy
-from .protocol import AttentionInputs, NormForm, Observed, check_kinds, norm_modules, readable_norm_forms
+from .protocol import (
+    AttentionInputs,
+    NormForm,
+    Observed,
+    check_kinds,
+    norm_modules,
+    readable_norm_forms,
+    realised_factor,
+)
 
 
 def is_hf_causal_lm(model: Any) -> bool:
@@ -63,6 +71,7 @@ class HFAdapter:
         blocks = dict(self.blocks) if "residual" in kinds else {}
         norms = norm_modules(self.module) if kinds & {"norms", "residual"} else {}
         last: dict[str, torch.Tensor] = {}  # the last layer's output
+        out = Observed(logits=torch.empty(0))
         with contextlib.ExitStack() as stack:
             for name, module in {**blocks, **norms}.items():
                 hook = module.register_forward_pre_hook(_keep_call(name, seen), with_kwargs=True)
@@ -70,18 +79,20 @@ class HFAdapter:
             if blocks:
                 hook = self.blocks[-1][1].register_forward_hook(_keep_output(last))
                 stack.callback(hook.remove)
+            if "norms" in kinds:  # each norm's factor, read inside the forward (a sharded model's weights are whole)
+                for name, module in norms.items():
+                    hook = module.register_forward_hook(_read_factor(name, out), with_kwargs=True)
+                    stack.callback(hook.remove)
             if "attention" in kinds:
                 stack.enter_context(recording_attention(self.module, attention, problems))
-            logits = self.module(input_ids=tokens, use_cache=False).logits
-        out = Observed(logits=logits)
+            out.logits = logits = self.module(input_ids=tokens, use_cache=False).logits
         if targets is not None:
             out.loss = cross_entropy(logits.flatten(0, 1), targets.flatten())
         if "residual" in kinds:
             self._residual(out, seen, set(norms), last.get("h"))
         if "norms" in kinds:
             for name, args, kwargs in seen:
-                if name in norms:  # a norm called more than once contributes all its calls
-                    out.norm_calls.setdefault(name, []).append((args, kwargs))
+                if name in norms:  # a norm called more than once contributes all its rows
                     h = _first(args, kwargs)
                     prev = out.norm_inputs.get(name)
                     out.norm_inputs[name] = h if prev is None else torch.cat([prev.flatten(0, -2), h.flatten(0, -2)])
@@ -182,6 +193,22 @@ def _keep_call(name: str, seen: list[tuple[str, tuple, dict]]):
         if isinstance(_first(args, kwargs), torch.Tensor):
             detach = lambda v: v.detach() if isinstance(v, torch.Tensor) else v  # noqa: E731
             seen.append((name, tuple(detach(a) for a in args), {k: detach(v) for k, v in kwargs.items()}))
+    return hook
+
+
+def _read_factor(name: str, out: Observed):
+    def hook(module, args, kwargs, output):
+        if f"norms:{name}" in out.missing or _first(args, kwargs) is None:
+            return
+        try:
+            f = realised_factor(module, args, kwargs, output)
+        except (ModelError, RuntimeError, TypeError, ValueError) as e:  # that norm alone is not measured
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            out.missing[f"norms:{name}"] = first
+            out.norm_factors.pop(name, None)
+            return
+        prev = out.norm_factors.get(name)
+        out.norm_factors[name] = f if prev is None else torch.cat([prev, f])
     return hook
 
 

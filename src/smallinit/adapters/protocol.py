@@ -78,9 +78,9 @@ class Observed:
     aux_loss: torch.Tensor | None = None  # what the model adds to the loss in training (MoE router losses)
     residual: list[torch.Tensor] = field(default_factory=list)
     norm_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
-    # each norm's calls as the forward made them, (args, kwargs) (a gated norm's gate included): where an
-    # adapter gives them the factor is read by re-running the norm (measures.norm_factor.factor_from_calls)
-    norm_calls: dict[str, list[tuple[tuple, dict]]] = field(default_factory=dict)
+    # per norm, each row's factor read off the norm's own forward (realised_factor), where the adapter
+    # measures it so; the measurements then use it instead of norm_inputs with norms()
+    norm_factors: dict[str, torch.Tensor] = field(default_factory=dict)
     attention: list[AttentionInputs] = field(default_factory=list)
     # what was asked for but cannot be observed on this model, with why in one line: a kind ("attention",
     # "residual"), or "norms:NAME" for one norm; and notes on how what was observed was obtained
@@ -215,3 +215,40 @@ def _centered(name: str, m: nn.Module) -> bool:
     except (TypeError, RuntimeError, AttributeError) as exc:
         raise ModelError(f"cannot tell whether norm {name} ({type(m).__name__}) subtracts the mean: probing it "
                          f"failed ({exc}); adapt the model yourself (docs/analysis.md, 'Your own model')") from None
+
+
+@torch.no_grad()
+def realised_factor(norm: nn.Module, args: tuple, kwargs: dict, output) -> torch.Tensor:
+    """Per row (token) of one call, the norm's realised factor over the ideal, read from its own forward:
+    ‖N(x) − N(0)‖ / ‖N(c·x) − N(0)‖ with c large enough that N no longer changes with it (ε negligible).
+
+    ``output`` is N(x) as the forward made it; the others re-run ``norm.forward`` (no hooks) on the same
+    call, so this runs inside the forward (a forward hook), where a sharded model's parameters are whole.
+    N(0) is the bias; the weight (w or 1 + w) and a gate multiply both sides alike, and ε, its form (RMS,
+    LayerNorm, L2, grouped) and what it normalises (a gated norm's x·act(z)) are what the forward makes of
+    them, none read from attributes: for an RMSNorm of x this is σ(x)/√(σ²(x) + ε) exactly. A module whose
+    output keeps changing with the input's scale is not measured as a norm (ModelError)."""
+    x = args[0] if args else kwargs["hidden_states"]
+
+    def first(out) -> torch.Tensor:
+        return (out[0] if isinstance(out, (tuple, list)) else out).double()
+
+    def run(h: torch.Tensor) -> torch.Tensor:
+        return first(norm.forward(h, *args[1:], **kwargs) if args else norm.forward(**{**kwargs, "hidden_states": h}))
+
+    rms = x.double().pow(2).mean(-1, keepdim=True).sqrt()
+    zero = run(torch.zeros_like(x))
+    zero = torch.where(zero.isfinite(), zero, 0.0)
+    tol = max(1e-5, 16 * torch.finfo(x.dtype).eps)
+    scale = 1e2 / rms.clamp_min(torch.finfo(torch.float64).tiny)
+    for _ in range(4):  # ×100 until the output stops moving (a gate can shrink what is normalised)
+        ideal, further = (run((x.double() * c * scale).to(x.dtype)) - zero for c in (1.0, 10.0))
+        if not (ideal.isfinite().all() and further.isfinite().all()):
+            raise ModelError(f"{type(norm).__name__} overflows its dtype before ε becomes negligible, so its "
+                             "factor cannot be read from its forward")
+        if (further - ideal).abs().max() <= tol * ideal.abs().max():
+            f = (first(output) - zero).norm(dim=-1) / ideal.norm(dim=-1).clamp_min(torch.finfo(torch.float64).tiny)
+            return torch.where(rms.squeeze(-1) > 0, f, 0.0).flatten()
+        scale = scale * 1e2
+    raise ModelError(f"the output of {type(norm).__name__} keeps changing with its input's scale, so it is not "
+                     "measured as a norm")

@@ -12,7 +12,6 @@ import math
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..adapters import NormForm, Observed, as_adapter
 from ..config import ModelConfig
@@ -90,20 +89,16 @@ def measured_norm_factors(model, tokens: torch.Tensor) -> dict[str, float]:
 def norm_factors_from_observed(adapter, observed: Observed) -> tuple[dict[str, float], dict[str, str]]:
     """The factor of every norm the forward called, and for each norm that cannot be measured why (one line).
 
-    Where the adapter gives the norms' calls (Hugging Face models) each norm is re-run on them
-    (:func:`factor_from_calls`); else the factor comes from its input with its form (``adapter.norms()``)."""
-    factors, missing = {}, {k.partition(":")[2]: v for k, v in observed.missing.items() if k.startswith("norms:")}
-    if observed.norm_calls:
-        for name, calls in observed.norm_calls.items():
-            try:
-                factors[name] = factor_from_calls(adapter.module.get_submodule(name), calls).mean().item()
-            except ModelError as e:
-                missing[name] = str(e)
-        return factors, missing
+    Where the adapter read the factors off the norms' own forward (Hugging Face models:
+    smallinit.adapters.realised_factor) those; else the factor comes from its input with its form
+    (``adapter.norms()``)."""
+    missing = {k.partition(":")[2]: v for k, v in observed.missing.items() if k.startswith("norms:")}
+    if observed.norm_factors:
+        return {name: f.double().mean().item() for name, f in observed.norm_factors.items()}, missing
     forms = adapter.norms()
     missing.update({name: "its ε or form cannot be read" for name in observed.norm_inputs if name not in forms})
     known = {name: h for name, h in observed.norm_inputs.items() if name in forms}
-    return {**factors, **norm_factors_from_inputs(forms, known)}, missing
+    return norm_factors_from_inputs(forms, known), missing
 
 
 def norm_factors_from_inputs(forms: dict[str, NormForm], norm_inputs: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -115,47 +110,3 @@ def norm_factors_from_inputs(forms: dict[str, NormForm], norm_inputs: dict[str, 
         var = h.var(-1, unbiased=False) if form.centered else h.pow(2).mean(-1)
         result[name] = torch.sqrt(var / (var + form.eps)).mean().item()
     return result
-
-
-@torch.no_grad()
-def factor_from_calls(norm: nn.Module, calls: list[tuple[tuple, dict]]) -> torch.Tensor:
-    """Per row (token) of each call, the norm's realised factor over the ideal, read from its own forward:
-    ‖N(x) − N(0)‖ / ‖N(c·x) − N(0)‖ with c large enough that N no longer changes with it (ε negligible).
-
-    N(0) is the bias; the weight (w or 1 + w) and a gate multiply both sides alike, and ε, its form (RMS,
-    LayerNorm, L2, grouped) and what it normalises (a gated norm's x·act(z)) are what the forward makes of
-    them, none read from attributes: for an RMSNorm of x this is σ(x)/√(σ²(x) + ε) exactly. A module whose
-    output keeps changing with the input's scale is not measured as a norm (ModelError)."""
-    rows = []
-    for i, (args, kwargs) in enumerate(calls):
-        x = args[0] if args else kwargs["hidden_states"]
-
-        def run(h: torch.Tensor, args=args, kwargs=kwargs) -> torch.Tensor:
-            if args:
-                out = norm(h, *args[1:], **kwargs)
-            else:
-                out = norm(**{**kwargs, "hidden_states": h})
-            out = out[0] if isinstance(out, (tuple, list)) else out
-            return out.double()
-
-        rms = x.double().pow(2).mean(-1, keepdim=True).sqrt()
-        zero = run(torch.zeros_like(x))
-        zero = torch.where(zero.isfinite(), zero, 0.0)
-        tol = max(1e-5, 16 * torch.finfo(x.dtype).eps)
-        scale = 1e2 / rms.clamp_min(torch.finfo(torch.float64).tiny)
-        for _ in range(4):  # ×100 until the output stops moving (a gate can shrink what is normalised)
-            ideal, further = (run((x.double() * c * scale).to(x.dtype)) - zero for c in (1.0, 10.0))
-            if not (ideal.isfinite().all() and further.isfinite().all()):
-                break  # overflow: the dtype ran out before ε became negligible
-            if (further - ideal).abs().max() <= tol * ideal.abs().max():
-                f = (run(x) - zero).norm(dim=-1) / ideal.norm(dim=-1).clamp_min(torch.finfo(torch.float64).tiny)
-                rows.append(torch.where(rms.squeeze(-1) > 0, f, 0.0).flatten())
-                break
-            scale = scale * 1e2
-        else:
-            raise ModelError(f"the output of {type(norm).__name__} keeps changing with its input's scale, so it is "
-                             "not measured as a norm")
-        if len(rows) == i:
-            raise ModelError(f"{type(norm).__name__} overflows its dtype before ε becomes negligible, so its "
-                             "factor cannot be read from its forward")
-    return torch.cat(rows)
