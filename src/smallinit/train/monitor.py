@@ -42,7 +42,7 @@ from ..errors import ConfigError
 from ..init import param_roles
 from ..measures.activations import measure_activations
 from ..measures.condensation import named_matrices, row_cosine, sampled_mean_abs_cos, stable_rank
-from ..measures.norm_factor import norm_factors_from_inputs
+from ..measures.norm_factor import norm_factors_from_observed
 from .callbacks import Callback
 from .checkpoint import kept
 from .metrics import append_record, set_aside_metrics, truncate_metrics
@@ -231,7 +231,7 @@ class Monitor:
         if factors is None:
             with _eval_mode(self.module):
                 observed = self.adapter.observe(self.tokens, kinds=("norms",))
-            factors = norm_factors_from_inputs(self.adapter.norms(), observed.norm_inputs)
+            factors = norm_factors_from_observed(self.adapter, observed)[0]  # as measure's: read off each norm's forward
         self._guard(step, factors)
         rec = {"event": "norm_factor", "step": step, "norm_factor": factors}
         self._log(rec)
