@@ -238,6 +238,7 @@ def test_what_cannot_be_observed_is_said_and_the_rest_measured():
     assert factor == pytest.approx(torch.sqrt(ms / (ms + 1e-6)).mean().item(), abs=1e-6) and factor < 0.9
 
     model.model.norm = _ScaleNorm(32)  # that norm alone is named, everything else is measured
+    assert "model.norm" not in as_adapter(model).norms()  # no ε is read off a forward that is no norm's
     result = measure_activations(model, ids)
     assert set(result["not_measured"]) == {"norm_factor:model.norm"}
     assert "changing with its input's scale" in result["not_measured"]["norm_factor:model.norm"]
