@@ -29,6 +29,7 @@ class Run:
     name: str
     config: dict[str, Any]
     summary: dict[str, Any] = field(default_factory=dict)  # empty until the run finished
+    error: str = ""  # why the run failed, where its sweep recorded a failure
 
     @staticmethod
     def load(path: str | Path, name: str | None = None) -> Run | None:
@@ -60,10 +61,35 @@ class Run:
         """The analysis callback's records, in step order."""
         return sorted(self.records("analysis"), key=lambda r: r.get("step", 0))
 
+    @cached_property
+    def diverged_at(self) -> int | None:
+        """The step at which the run's loss or gradient first went non-finite, if the run ended diverged: its
+        final validation loss is not finite, or training stopped there (``train.nonfinite = stop``, or more
+        skipped batches than ``train.max_skips``) before writing a summary. None for a run that did not diverge."""
+        final = self.summary.get("val_loss")
+        if self.summary and not (_number(final) and not math.isfinite(final)):  # a loss, or no evaluation at all
+            return None
+        bad = [int(r["step"]) for r in self.metrics if isinstance(r.get("step"), int)
+               and (r.get("event") == "nonfinite" or (_number(r.get("val_loss")) and not _finite(r["val_loss"])))]
+        if self.summary:
+            return min(bad, default=int(self.summary.get("step") or 0))
+        skipped = sum(r.get("event") == "nonfinite" for r in self.metrics)  # the trainer stops on the first, or
+        stopped = skipped and (self.config.get("train.nonfinite", "stop") == "stop"  # past max_skips
+                               or skipped > int(self.config.get("train.max_skips", 10)))
+        return min(bad, default=0) if stopped else None
+
+    @property
+    def lost(self) -> bool:
+        """The run is not a loss to compare: it diverged, or failed (its sweep says so)."""
+        return bool(self.error) or self.diverged_at is not None
+
     @property
     def val_loss(self) -> float | None:
         """The final validation loss: the summary's (None if not finite: the run ended diverged, and an earlier
-        evaluation is not its end state), else, before the run has finished, the last one logged."""
+        evaluation is not its end state), else, before the run has finished, the last one logged (None for a run
+        that failed or diverged)."""
+        if self.lost:
+            return None
         if "val_loss" in self.summary:
             v = self.summary["val_loss"]
             return float(v) if _finite(v) else None
@@ -135,6 +161,10 @@ def find_runs(root: str | Path) -> list[Run]:
     return runs
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return _number(v) and math.isfinite(v)
 

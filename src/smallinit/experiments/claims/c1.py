@@ -30,7 +30,7 @@ def claim_c1(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
         problem, note = emulation_problem(base.where({"model.gamma": 1.0, "size": n}), size_label(n))
         res.notes += [note] if note else []
         c.untestable = problem or c.untestable
-        if c.samples:
+        if c.samples or c.lost:
             gains[n] = c
             res.comparisons.append(c)
     if len(gains) >= 2:

@@ -18,7 +18,7 @@ from ..runs import Run
 from .comparison import PRIMARY, ClaimResult, Comparison, judged
 from .loss import loss_comparison
 from .preconditions import lr_bracket_problem
-from .selection import FIXED, Runs, size_label, val_loss
+from .selection import FIXED, Runs, lost_problem, lost_seeds, size_label, val_loss
 
 PAPER_EFFECTIVE_SIZE = 0.44  # γ = 1 with both fixes is worth a 44 % larger model
 
@@ -27,15 +27,17 @@ def best_lr_comparison(runs: Runs, size: tuple, min_tpp: float) -> tuple[Compari
     """L(γ.5) − L(γ1) with each γ at its best learning rate (fixed arm), and a note of the rates chosen.
 
     Each seed's rates are chosen on the other seeds' mean loss, so the seed that is tested did not pick its own
-    rate: picking on the same losses that are then tested would favour whichever γ's best run was luckiest.
+    rate: picking on the same losses that are then tested would favour whichever γ's best run was luckiest. A
+    diverged or failed run counts as an infinite loss at its rate, so a rate where a seed diverged is not chosen
+    for its survivors; where the chosen rate's run of the tested seed was lost, the comparison counts it.
     """
     at = runs.where(FIXED).where(size=size)
     lrs = at.values("train.lr")
     if len(lrs) < 2:
         return None
     cells = {(g, lr): at.where({"model.gamma": g, "train.lr": lr}) for g in (0.5, 1.0) for lr in lrs}
-    loss = {k: cell.by_seed(val_loss) for k, cell in cells.items()}
-    by_seed = {k: cell.run_by_seed() for k, cell in cells.items()}
+    loss = {k: {**cell.by_seed(val_loss), **{r.seed: math.inf for r in cell.lost}} for k, cell in cells.items()}
+    by_seed = {k: {**cell.run_by_seed(), **{r.seed: r for r in cell.lost}} for k, cell in cells.items()}
     chosen: dict[float, dict[int, Run]] = {0.5: {}, 1.0: {}}  # each seed's run at the rate the other seeds chose
     for g in (0.5, 1.0):
         for seed in sorted({s for lr in lrs for s in loss[g, lr]}):
@@ -70,7 +72,7 @@ def claim_c4(runs: Runs, *, arm: dict[str, Any] = FIXED, n_boot: int = 1000, all
     for n in fixed.values("size"):
         c = loss_comparison(f"L(γ.5)−L(γ1) {tag} @{size_label(n)}", g05.where(size=n), g1.where(size=n), "> 0",
                             min_tpp)
-        if c.samples:
+        if c.samples or c.lost:
             res.comparisons.append(c)
             first = first or c
         best = best_lr_comparison(all_lrs, n, min_tpp) if all_lrs is not None and arm is FIXED else None
@@ -90,6 +92,9 @@ def _effective_size(res: ClaimResult, g05: Runs, g1: Runs, n_boot: int, min_tpp:
     sizes = sorted(set(g05.values("size")) & set(g1.values("size")))
     if len(sizes) < MIN_SIZES:
         return Comparison.missing(label, f"needs ≥ {MIN_SIZES} sizes with both γ, has {len(sizes)}", paper)
+    lost = lost_seeds(g05, g1)
+    if lost:  # the fit over sizes would silently lose those seeds
+        return Comparison.missing(label, lost_problem(lost), paper, lost=lost)
     seeds = min(len(sel.where(size=n).by_seed(val_loss)) for sel in (g05, g1) for n in sizes)
     if seeds < 2:
         return Comparison.missing(label, f"{seeds} seed(s) at some size: needs ≥ 2 per arm and size", paper)

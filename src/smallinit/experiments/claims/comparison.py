@@ -51,6 +51,7 @@ class Comparison:
     reason: str = ""
     magnitude: str = ""  # the primary's interval against the paper's number
     mde: float | None = None  # the primary's minimum detectable effect when it is inconclusive
+    lost: str = ""  # per arm, the seeds that diverged or failed (selection.lost_seeds)
 
     def __post_init__(self) -> None:
         kept = [i for i, x in enumerate(self.samples) if x is not None and math.isfinite(x)]
@@ -104,19 +105,19 @@ class Comparison:
         if self.estimate is not None:
             return f"{self.label}: {self.estimate:+.3f} [{self.lo:+.3f}, {self.hi:+.3f}]"
         if not self.samples:
-            return f"{self.label}: not measured"
+            return f"{self.label}: not measured" + (f"; {self.lost}" if self.lost else "")
         sd = f" ± {self.sd:.3f}" if len(self.samples) > 1 else ""
         text = f"{self.label}: {self.mean:+.3f}{sd} (n={len(self.samples)})"
         if self.trend:  # a loss gap: the verdict is at this budget (how it moves is its trend)
             text += f" at {self.trend['tokens_per_param']:.3g} tokens/param"
-        return text
+        return text + (f"; {self.lost}" if self.lost else "")
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "role": self.role, "samples": self.samples, "seeds": self.seeds, "mean": self.mean,
                 "sd": self.sd, "n": len(self.samples), "expected": self.expected, "tolerance": self.tolerance,
                 "estimate": self.estimate, "lo": self.lo, "hi": self.hi, "verdict": self.verdict, "reason": self.reason,
                 "paper": self.paper, "paper_value": self.paper_value, "magnitude": self.magnitude, "mde": self.mde,
-                "trajectory": self.trajectory, "trend": self.trend, "text": self.text()}
+                "trajectory": self.trajectory, "trend": self.trend, "lost": self.lost, "text": self.text()}
 
 
 def magnitude(lo: float, hi: float, paper_value: float | None) -> str:

@@ -25,33 +25,40 @@ FIXED = {"model.norm_eps": 1e-12, "model.gate": "elementwise"}
 
 
 class Runs:
-    """The finished runs of one or more sweep folders, selectable by config values."""
+    """The finished runs of one or more sweep folders, selectable by config values. ``runs`` are those whose
+    loss is a result to compare; ``lost`` those that diverged or failed, kept apart so that no metric reads
+    their partial records as an end state, and counted by every comparison of their arm (:func:`lost_seeds`)."""
 
     def __init__(self, runs: list[Run]):
-        self.runs = runs
+        self.runs = [r for r in runs if not r.lost]
+        self.lost = [r for r in runs if r.lost]
 
     @staticmethod
     def load(*folders: str | os.PathLike) -> Runs:
-        """Every done cell of the given sweep folders (folders with a sweep.json below them are searched)."""
+        """Every done or failed cell of the given sweep folders (folders with a sweep.json below them are
+        searched); a failed cell keeps its error line, a result about its arm like a diverged one."""
         runs = []
         for folder in folders:
             for spec in sorted(Path(folder).rglob("sweep.json")):
                 states = cell_states(spec.parent)
                 for cell in load_cells(spec.parent):
-                    run = Run.load(cell_dir(spec.parent, cell.id), cell.id) \
-                        if states.get(cell.id, {}).get("status") == "done" else None
+                    state = states.get(cell.id, {})
+                    if state.get("status") not in ("done", "failed"):
+                        continue
+                    run = Run.load(cell_dir(spec.parent, cell.id), cell.id)
                     if run is not None:
+                        run.error = (state.get("error") or "failed") if state["status"] == "failed" else ""
                         runs.append(run)
         return Runs(runs)
 
     @staticmethod
     def finished(runs: Iterable[Run]) -> Runs:
-        """The runs that wrote their summary (a run still training, or killed, is not judged)."""
-        return Runs([r for r in runs if r.summary])
+        """The runs that wrote their summary or stopped diverged (a run still training, or killed, is not judged)."""
+        return Runs([r for r in runs if r.summary or r.diverged_at is not None])
 
     def where(self, conditions: dict[str, Any] | None = None, **more: Any) -> Runs:
         cond = {**(conditions or {}), **more}
-        return Runs([r for r in self.runs if r.matches(cond)])
+        return Runs([r for r in (*self.runs, *self.lost) if r.matches(cond)])
 
     def values(self, key: str) -> list[Any]:
         vals = {r.size if key == "size" else r.config.get(key) for r in self.runs}
@@ -70,8 +77,8 @@ class Runs:
         """The run of each seed (the last one if a seed has several, which one selection should not)."""
         return {r.seed: r for r in self.runs}
 
-    def __len__(self) -> int:
-        return len(self.runs)
+    def __len__(self) -> int:  # lost runs count: the arm was run
+        return len(self.runs) + len(self.lost)
 
     def __iter__(self):
         return iter(self.runs)
@@ -85,6 +92,51 @@ def paired(a: Runs, b: Runs, metric: Callable[[Run], float | None] = val_loss) -
     """metric(a) − metric(b) by seed, for every seed both selections finished."""
     ma, mb = a.by_seed(metric), b.by_seed(metric)
     return {s: ma[s] - mb[s] for s in sorted(set(ma) & set(mb))}
+
+
+ARM_KEYS = {"model.gamma": "γ", "model.norm_eps": "ε", "model.norm_eps_width": "ε emulated at d", "model.gate": "gate",
+            "train.lr": "lr"}
+
+
+def arm_names(a: Runs, b: Runs) -> tuple[str, str]:
+    """Each arm of a comparison named by the settings that tell it from the other: ("γ=0.5", "γ=1")."""
+    def settings(sel: Runs) -> dict[str, Any]:
+        values = {k: {r.config.get(k) for r in (*sel.runs, *sel.lost)} for k in ARM_KEYS}
+        return {k: v.pop() for k, v in values.items() if len(v) == 1}
+
+    sa, sb = settings(a), settings(b)
+    keys = [k for k in ARM_KEYS if k in sa and k in sb and sa[k] != sb[k]]
+    if not keys:
+        return "the first arm", "the second arm"
+
+    def name(s: dict[str, Any]) -> str:
+        return ", ".join(f"{ARM_KEYS[k]}={s[k]:g}" if isinstance(s[k], (int, float)) else f"{ARM_KEYS[k]} {s[k]}"
+                         for k in keys)
+
+    return name(sa), name(sb)
+
+
+def lost_seeds(a: Runs, b: Runs) -> str:
+    """Per arm that lost seeds, how many of its seeds diverged (and at which step) or failed (and why):
+    "γ=1: 1 of 4 seeds diverged (step 120)"; "" when none did."""
+    parts = []
+    for name, sel in zip(arm_names(a, b), (a, b)):
+        if not sel.lost:
+            continue
+        n = len({r.seed for r in (*sel.runs, *sel.lost)})
+        steps = sorted(r.diverged_at for r in sel.lost if r.diverged_at is not None)
+        failed = [r.error for r in sel.lost if r.diverged_at is None]
+        what = [f"{len(steps)} of {n} seeds diverged (step{'s' if len(steps) > 1 else ''} "
+                f"{', '.join(str(s) for s in steps)})"] if steps else []
+        what += [f"{len(failed)} of {n} seeds failed ({failed[0][:80]})"] if failed else []
+        parts.append(f"{name}: {', '.join(what)}")
+    return "; ".join(parts)
+
+
+def lost_problem(lost: str) -> str:
+    """The rule for a comparison whose arms lost seeds (``lost`` from :func:`lost_seeds`; "" when none did)."""
+    return (f"{lost}: a diverged or failed seed is a result about its arm, not missing data, so the other seeds' "
+            "gap is not judged (rerun at a stable learning rate, or report the divergence)") if lost else ""
 
 
 def size_label(size: tuple) -> str:
