@@ -7,7 +7,7 @@ nearest half the budget and every one after: with evaluations every ⌊T/8⌋ st
 short of T/2, is in), tested across seeds with Student-t. Per doubling of tokens the gap moves by
 slope·ln 2. At α = 0.05 the trend is
 
-* **moving** (closing or widening) when the slope's interval excludes 0: a flat gap is called moving 5 % of
+* **moving** (where it heads: below) when the slope's interval excludes 0: a flat gap is called moving 5 % of
   the time;
 * **settled** when the interval of the movement per doubling lies within ±½ the gap's seed sd at the budget:
   a gap moving one seed sd per half budget is called settled at most 2.5 % of the time;
