@@ -220,6 +220,27 @@ def test_a_moving_gap_is_judged_at_its_budget_with_its_trend(tmp_path):
     assert c.trend["state"] == "settled" and "crossing_tokens_per_param" not in c.trend, c.trend
 
 
+def test_a_converging_gap_predicts_no_crossing_and_a_late_flip_says_where_it_crossed(tmp_path):
+    def trend(root, gap):
+        runs = []
+        for seed in range(4):
+            runs.append(make_run(root, gamma=0.5, seed=seed, arm=EMULATED, final=0,
+                                 curve=lambda f, s=seed: 3.0 + (1 - f) + gap(max(f, 0.1)) + 0.002 * s
+                                 + 1e-3 * math.sin(37 * f + s)))
+            runs.append(make_run(root, gamma=1.0, seed=seed, arm=EMULATED, final=0, curve=lambda f: 3.0 + (1 - f)))
+        return claim_c1(Runs(runs)).comparisons[0].trend
+
+    converging = trend(tmp_path / "c", lambda f: 0.05 / f**2)  # γ = 1 ahead by 0.2 at half the budget, 0.05 at it
+    assert converging["state"] == "moving" and converging["direction"] == "converging", converging
+    assert converging["summary"].startswith("converging, no crossing predicted")
+    assert "crossing_tokens_per_param" not in converging and converging["from_tokens_per_param"] == pytest.approx(20)
+    flip = trend(tmp_path / "f", lambda f: 0.1 * math.log(f / 0.75) / math.log(4 / 3))  # 0 at 30 tokens/param
+    assert flip["direction"] == "crossed" and "widening" not in flip["summary"], flip
+    est, lo, hi = flip["crossed_tokens_per_param"]
+    assert 20 < lo < est < hi < 40 and est == pytest.approx(30, rel=0.05)
+    assert flip["summary"].startswith(f"crossed 0 at ≈ {est:.3g} tokens/param [")
+
+
 def test_shrink_across_a_sign_change_is_not_testable(tmp_path):
     runs = pair_runs(tmp_path, EMULATED, [0.07, 0.08, 0.06], d=16) + pair_runs(tmp_path, EMULATED, [-0.2, -0.25, -0.22], d=32)
     c1 = claim_c1(Runs(runs))

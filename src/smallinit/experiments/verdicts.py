@@ -159,7 +159,9 @@ its t-interval at the level shown lies inside / outside the paper's region (> 0,
 the table's primaries at α = 0.05; inconclusive otherwise, with the smallest effect its seeds could see at
 80 % power. · marks secondary comparisons, each with its own uncorrected 95 % verdict: shown, never deciding.
 not testable here: a precondition failed (reason below the line). A loss gap's trend: its per-seed slope
-against log tokens over the second half of training, tested across seeds (settled / moving / undetermined)."""
+against log tokens over the second half of training, tested across seeds (settled / moving / undetermined);
+a moving gap crossed 0 there, is closing (a crossing extrapolated only while it is still moving at the end),
+converging (no crossing predicted) or widening."""
 
 
 def verdict_table(claims: list[dict[str, Any]]) -> str:
