@@ -7,11 +7,11 @@ import json
 import math
 from pathlib import Path
 
-from smallinit.experiments.claims import Runs, claim_c4, loss_comparison
+from smallinit.experiments.claims import Runs, claim_c4, claim_c6, loss_comparison
 from smallinit.experiments.runs import Run
 from smallinit.experiments.verdicts import NOT_TESTABLE, verdict_table
 from smallinit.report.html import _Doc, _section_findings
-from test_verdicts import FIXED, make_run
+from test_verdicts import FIXED, PARAMS, _srank_records, make_run
 
 # L(γ.5) − L(γ1) per seed: seed 3 is the one where γ = 1 did worst; without it the other three agree
 GAPS = [0.10, 0.11, 0.09, -0.30]
@@ -135,3 +135,18 @@ def test_a_nan_final_loss_after_finite_evaluations_is_a_divergence_at_the_last_s
     c = loss_comparison("gap", Runs(runs[0::2]), Runs(runs[1::2]), "", min_tpp=20)
     assert c.seeds == [0, 2] and c.lost == f"γ=0.5: 1 of 3 seeds diverged (step {STEPS})"
     assert c.untestable.startswith(c.lost)
+
+
+def test_c6_counts_a_diverged_seed_rather_than_judging_the_rebound_on_the_others(tmp_path):
+    """The stable-rank claim pairs seeds too: a γ = 1 seed that diverged is named, and the rebound is not judged."""
+    steps = int(40 * PARAMS / 10)
+    runs = []
+    for seed in range(4):
+        runs.append(make_run(tmp_path, gamma=1.0, seed=seed, arm=FIXED, final=3.0,
+                             analysis=_srank_records([20, 5, 4, 6, 8, 10, 12 + 0.3 * seed**2], steps)))
+        runs.append(make_run(tmp_path, gamma=0.5, seed=seed, arm=FIXED, final=3.1,
+                             analysis=_srank_records([20 + 0.1 * seed] * 7, steps)))
+    runs[6] = _diverge(runs[6])  # γ = 1, seed 3
+    c6 = claim_c6(Runs(runs))
+    assert c6.verdict == NOT_TESTABLE, c6.primary.reason
+    assert all(c.lost == f"γ=1: 1 of 4 seeds diverged (step {DIVERGED_AT})" for c in c6.comparisons)

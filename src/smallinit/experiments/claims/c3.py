@@ -10,7 +10,7 @@ from ..power import MIN_TOKENS_PER_PARAM
 from .comparison import ClaimResult, Comparison, declare_primary, judged
 from .loss import loss_comparison
 from .preconditions import sink_formed
-from .selection import Runs, paired, sink_mean, size_label
+from .selection import Runs, lost_problem, lost_seeds, paired, sink_mean, size_label
 
 PAPER_GAIN = 0.047  # nats: the gate at γ = 1, ε = 1e-12, 1.5B
 
@@ -40,7 +40,9 @@ def claim_c3(runs: Runs, *, min_tpp: float = MIN_TOKENS_PER_PARAM) -> ClaimResul
             (f"sink no gate − gate at γ1 (Fig. 1g) @{size_label(n)}", cells[1.0, "none"],
              cells[1.0, "elementwise"], "> 0"),
         ):
-            at_size.append(Comparison.by_seed(label, paired(a, b, sink_mean), paper))
+            lost = lost_seeds(a, b)  # counted, not dropped (selection.lost_problem)
+            at_size.append(Comparison.by_seed(label, paired(a, b, sink_mean), paper, lost=lost,
+                                              untestable=lost_problem(lost)))
         for c in at_size:  # this size's precondition (the gate's gain is the paper's cure for the sink)
             c.untestable = problem or c.untestable
         res.comparisons += at_size

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..power import LATE_MINIMUM
 from .comparison import PRIMARY, ClaimResult, Comparison, judged
-from .selection import BASELINE, EMULATED, FIXED, Runs, size_label
+from .selection import BASELINE, EMULATED, FIXED, Runs, lost_problem, lost_seeds, size_label
 
 
 def _mean_stable_rank(rec: dict[str, Any]) -> float:
@@ -73,12 +73,16 @@ def claim_c6(runs: Runs) -> ClaimResult:
                                         "the last third of training: no minimum yet to rebound from")
             if not res.comparisons:
                 expansion.role = PRIMARY  # the smallest size of the arm
-            res.comparisons += [
+            compared = [
                 Comparison(f"early srank γ.5−γ1 (step {steps[1]}) {tag}", [r05[s][1] - r1[s][1] for s in seeds], "> 0"),
                 expansion,
                 Comparison(f"srank path length γ1−γ.5 {tag}", [
                     float(np.abs(np.diff(r1[s][:k])).sum() - np.abs(np.diff(r05[s][:k])).sum()) for s in seeds], "> 0"),
             ]
+            lost = lost_seeds(at.where({"model.gamma": 0.5}), at.where({"model.gamma": 1.0}))
+            for c in compared:  # a diverged or failed seed is counted, not dropped (selection.lost_problem)
+                c.lost, c.untestable = lost, lost_problem(lost) or c.untestable
+            res.comparisons += compared
             res.extra[f"stable_rank{tag}"] = {f"seed{s}": {"steps": steps[:k], "gamma1": r1[s][:k], "gamma0.5": r05[s][:k]}
                                               for s in seeds}
         if res.comparisons:
