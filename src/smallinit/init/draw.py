@@ -17,7 +17,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .branches import branch_note, renormalised_branches
-from .own import own_init_, uninitialised
+from .own import own_buffers_, own_init_, uninitialised
 from .roles import ParamRole, named_parameters_once, resolve_roles
 
 
@@ -199,8 +199,12 @@ def _own_init(module: nn.Module, report: InitReport) -> None:
     if not fresh:
         return
     kept = [r.name for r in report.rows if r.rule == "kept" and r.name in fresh]
-    if not kept and any(_is_dtensor(p) for p in module.parameters()):
-        return  # sharded, and nothing kept: every parameter is the rule's; buffers are the caller's (to_empty)
+    if not kept and any(_is_dtensor(p) for p in module.parameters()):  # sharded: every parameter is the rule's
+        buffers = own_buffers_(module)
+        if buffers:
+            report.notes.append(f"note: not initialised by its architecture (as after building on the meta device): "
+                                f"the buffers of {', '.join(buffers)} got {type(module).__name__}'s own init")
+        return
     own_init_(module, kept)
     done = set(kept)
     report.rows = [replace(r, reason=f"{r.reason}; not initialised (as built on meta): the architecture's init"

@@ -32,6 +32,20 @@ def uninitialised(model: nn.Module) -> set[str]:
 
 
 @torch.no_grad()
+def own_buffers_(model: nn.Module) -> list[str]:
+    """On a sharded model, where the architecture's init cannot run on the parameters: the modules not yet
+    initialised that hold buffers and no parameters (rotary tables; buffers are never sharded) get it. Their
+    names."""
+    done = []
+    for name, m in model.named_modules():
+        if (not getattr(m, "_is_hf_initialized", False) and next(m.buffers(recurse=False), None) is not None
+                and next(m.parameters(recurse=False), None) is None):
+            model._init_weights(m)
+            done.append(name)
+    return done
+
+
+@torch.no_grad()
 def own_init_(model: nn.Module, names: list[str]) -> None:
     """Run the architecture's own initialisation on the modules not yet initialised (their buffers too, such
     as rotary tables), for ``names`` (parameters γ-init keeps); refuse, in one line, those it does not set
