@@ -203,3 +203,13 @@ def test_set_norm_eps_sets_norms_it_used_to_refuse(arch):
     assert set(touched) == layer_norms and all(model.get_submodule(n).eps == 1e-12 for n in touched)
     if arch == "stablelm":
         assert any(".q_layernorm.norms." in n for n in touched)
+
+
+def test_the_report_shows_an_analysis_without_a_sink_and_says_why(tmp_path):
+    from smallinit.analysis import analyze_model
+    from smallinit.report import build_report, write_analysis
+
+    x = torch.randint(0, 256, (2, 33), generator=torch.Generator().manual_seed(0))
+    write_analysis(analyze_model(hf_tiny.build("mamba"), [(x[:, :-1], x[:, 1:])]), tmp_path)
+    html = build_report(tmp_path).read_text()
+    assert "Single-model analyses" in html and "sink not measured: no softmax attention" in html

@@ -367,13 +367,12 @@ def _section_norm_factor(doc: _Doc, runs: list[Run], analyses: list[tuple[str, d
           "note")
     rows = []
     for r in runs:
-        recs = r.analysis
-        if recs:
-            nf = recs[0]["norm_factor"]
-            rows.append([r.name, recs[0]["step"], min(nf.values()), statistics.fmean(nf.values())])
+        nf = r.analysis[0].get("norm_factor") if r.analysis else None
+        if nf:
+            rows.append([r.name, r.analysis[0]["step"], min(nf.values()), statistics.fmean(nf.values())])
     for name, a in analyses:
-        nf = a["norm_factor"]
-        rows.append([name, a.get("step", "–"), min(nf.values()), statistics.fmean(nf.values())])
+        if nf := a.get("norm_factor"):  # none where no norm could be measured (analyze says why)
+            rows.append([name, a.get("step", "–"), min(nf.values()), statistics.fmean(nf.values())])
     if rows:
         doc.p("Measured factor relative to the ideal 1/σ(h) (1 = the norm sees the scale), over the norms:")
         doc.raw(table(["model", "step", "min over norms", "mean over norms"], rows))
@@ -651,11 +650,15 @@ def _section_analyses(doc: _Doc, analyses: list[tuple[str, dict]]) -> None:
     doc.h2("Single-model analyses (smallinit analyze)")
     doc.raw(table(["file", "step", "loss", "tokens", "sink mean", "Sink_0.3 (share of heads)", "residual flow",
                    "min norm factor", "median stable rank / min(m,n)", "median mean |cos|"],
-                  [[n, a.get("step", "–"), a.get("loss"), a.get("tokens"), a["sink"]["mean"],
-                    a["sink"].get("share_above", {}).get("0.3", "–"), a["residual_flow"],
-                    min(a["norm_factor"].values()),
-                    float(np.median([m["stable_rank_fraction"] for m in a["matrices"]])),
-                    float(np.median([m["mean_abs_cos"] for m in a["matrices"]]))] for n, a in analyses]))
+                  [[n, a.get("step", "–"), a.get("loss"), a.get("tokens"), a.get("sink", {}).get("mean", "–"),
+                    a.get("sink", {}).get("share_above", {}).get("0.3", "–"), a.get("residual_flow", "–"),
+                    min(a["norm_factor"].values()) if a.get("norm_factor") else "–",
+                    float(np.median([m["stable_rank_fraction"] for m in a["matrices"]])) if a["matrices"] else "–",
+                    float(np.median([m["mean_abs_cos"] for m in a["matrices"]])) if a["matrices"] else "–"]
+                   for n, a in analyses]))
+    for n, a in analyses:  # what analyze could not measure on that model, and why
+        for what, why in (a.get("not_measured") or {}).items():
+            doc.p(f"{n}: {what} not measured: {why}", "note")
 
 
 def _section_evals(doc: _Doc, evals: list[tuple[str, dict]]) -> None:
@@ -680,9 +683,9 @@ def _evals(raw: dict) -> dict:
 
 
 def _analysis(raw: dict) -> dict:
-    for key in ("sink", "residual_flow", "norm_factor", "matrices"):
-        if key not in raw:
-            raise KeyError(key)
+    """An analyze result; a measurement that does not apply to its model is absent (named in not_measured)."""
+    if "matrices" not in raw or not any(k in raw for k in ("sink", "residual_flow", "norm_factor")):
+        raise KeyError("matrices")
     return raw
 
 
