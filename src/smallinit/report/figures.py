@@ -346,21 +346,28 @@ def heatmaps_figure(snapshots: Sequence[Mapping]) -> Figure:
     return fig
 
 
+# the two panels of a token-level comparison: (result field, y label, title)
+TOKEN_PANELS = (("delta_sym", "mean Δ_sym (> 0: A better)", "symmetric probability gap"),
+                ("loss_diff", "mean loss(B) − loss(A)", "loss difference"))
+
+
+def _token_axes(ax, ylabel: str, title: str) -> None:
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xlabel("difficulty bin (1 = easiest)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="y")
+
+
 def token_gap_figure(result: TokenGapResult, label_a: str = "A", label_b: str = "B") -> Figure:
     """Δ_sym and loss difference (B − A) by difficulty quantile bin, ± 2 SE (tokens as independent)."""
     fig, axes = _fig(ncols=2, w=5.2)
     x = np.arange(1, len(result.bins) + 1)
-    for ax, key, ylabel in ((axes[0, 0], "delta_sym", "mean Δ_sym (> 0: A better)"),
-                            (axes[0, 1], "loss_diff", "mean loss(B) − loss(A)")):
+    for ax, (key, ylabel, title) in zip(axes[0], TOKEN_PANELS):
         m = np.array([getattr(b, f"mean_{key}") for b in result.bins])
         se = np.array([getattr(b, f"se_{key}") for b in result.bins])
         ax.bar(x, m, yerr=2 * np.nan_to_num(se), color=np.where(m >= 0, "C0", "C3"), capsize=2)
-        ax.axhline(0, color="k", lw=0.8)
-        ax.set_xlabel("difficulty bin (1 = easiest)")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3, axis="y")
-    axes[0, 0].set_title("symmetric probability gap")
-    axes[0, 1].set_title("loss difference")
+        _token_axes(ax, ylabel, title)
     fig.suptitle(f"A = {label_a}, B = {label_b}; bars ± 2 SE", fontsize=SMALL)
     return fig
 
@@ -372,8 +379,7 @@ def token_gap_pooled_figure(results: Sequence[TokenGapResult], label_a: str = "A
     fig, axes = _fig(ncols=2, w=5.2)
     k = min(len(r.bins) for r in results)
     x = np.arange(1, k + 1)
-    for ax, key, ylabel in ((axes[0, 0], "delta_sym", "mean Δ_sym (> 0: A better)"),
-                            (axes[0, 1], "loss_diff", "mean loss(B) − loss(A)")):
+    for ax, (key, ylabel, title) in zip(axes[0], TOKEN_PANELS):
         per_seed = np.array([[getattr(b, f"mean_{key}") for b in r.bins[:k]] for r in results])
         m = per_seed.mean(axis=0)
         se = per_seed.std(axis=0, ddof=1) / math.sqrt(len(results)) if len(results) > 1 else np.zeros(k)
@@ -382,12 +388,7 @@ def token_gap_pooled_figure(results: Sequence[TokenGapResult], label_a: str = "A
         for row in per_seed:
             ax.plot(x, row, "o", color="k", ms=2.5, alpha=0.6)
         ax.plot([], [], "o", color="k", ms=2.5, alpha=0.6, label="one seed")
-        ax.axhline(0, color="k", lw=0.8)
-        ax.set_xlabel("difficulty bin (1 = easiest)")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3, axis="y")
-    axes[0, 0].set_title("symmetric probability gap")
-    axes[0, 1].set_title("loss difference")
+        _token_axes(ax, ylabel, title)
     fig.suptitle(f"A = {label_a}, B = {label_b}; {len(results)} seeds pooled", fontsize=SMALL)
     _shared_legend(fig, None)
     return fig
