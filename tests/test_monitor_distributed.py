@@ -63,3 +63,18 @@ def test_two_ranks_record_what_one_process_records(tmp_path, single, layout):
     assert two[-1]["loss"] < two[0]["loss"] - 1  # it trained
     assert json.loads((out / "monitor.json").read_text())["world_size"] == 2
     assert main(["report", str(out)]) == 0
+
+
+def test_smallinits_trainer_measures_under_fsdp_as_in_one_process(tmp_path):
+    from helpers import TINY_MODEL
+
+    sets = [a for s in [*TINY_MODEL, "data.corpus=shakespeare", "train.batch_size=8", "train.steps=6",
+                        "train.warmup_steps=2", "train.eval_every=3", "analysis.every=3", "analysis.snapshots=2"]
+            for a in ("--set", s)]
+    assert main(["train", "--out", str(tmp_path / "single"), *sets]) == 0
+    run("-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", "-m", "smallinit", "train", "--out",
+        str(tmp_path / "fsdp"), *sets, "--set", "train.parallel=fsdp")
+    one, two = records(tmp_path / "single"), records(tmp_path / "fsdp")
+    assert [r["step"] for r in two] == [0, 3, 6]  # it measured (it was off under FSDP), each step once
+    for a, b in zip(one, two):
+        assert flat(b) == pytest.approx(flat(a), rel=1e-4, abs=1e-6)

@@ -241,12 +241,10 @@ def _evaluations(steps: int, every: int) -> list[int]:
     return sorted(points | {steps})
 
 
-def _analysis_steps(cfg: Config, ranks: int) -> list[int]:
-    """The steps the analysis callback measures at (none when off, or under FSDP, where it is ignored)."""
+def _analysis_steps(cfg: Config) -> list[int]:
+    """The steps the analysis callback measures at (none when off)."""
     every = cfg.analysis.every
-    if not every or (ranks > 1 and cfg.train.parallel == "fsdp"):
-        return []
-    return list(range(0, cfg.train.steps + 1, every))
+    return list(range(0, cfg.train.steps + 1, every)) if every else []
 
 
 def _ranks(launcher: str, hardware: Hardware) -> int:
@@ -293,14 +291,14 @@ def plan_cell(sweep: str, cell_id: str, size: str, cfg: Config, ranks: int, hard
                             precision="fp32" if hardware.kind == "cpu" or tc.precision == "fp32" else "bf16",
                             activation_checkpointing=tc.activation_checkpointing)
     return CellPlan(sweep, cell_id, size, total, nonembed, tc.steps, tokens, tokens / max(1, nonembed),
-                    len(_evaluations(tc.steps, tc.eval_every)), len(_analysis_steps(cfg, ranks)),
+                    len(_evaluations(tc.steps, tc.eval_every)), len(_analysis_steps(cfg)),
                     tokens * flops_per_token, ranks, mem)
 
 
 # -- decidability: the planned runs, judged by the recipe's own analysis -------------------------------------------
 
 
-def _planned_run(sweep: str, cell_id: str, cfg: Config, ranks: int, nonembed: int) -> Run:
+def _planned_run(sweep: str, cell_id: str, cfg: Config, nonembed: int) -> Run:
     """A run holding what this cell will record, with outcomes that meet every outcome-dependent precondition:
     losses on one power law in N with γ = 1 ahead (more with the fixes), a formed sink, the analytic RMSNorm
     factor at init (saturated for as few steps as Adam allows), γ = 1's stable rank lowest a third of the way in."""
@@ -323,7 +321,7 @@ def _planned_run(sweep: str, cell_id: str, cfg: Config, ranks: int, nonembed: in
         return {"0": factor if step < recovered else 1.0}
 
     sink = (0.6 if cfg.model.gate == "none" else 0.05) * (1 + 0.3 * (g - 1.0)) + 0.01 * noise
-    for s in _analysis_steps(cfg, ranks):
+    for s in _analysis_steps(cfg):
         t = s / max(1, steps)
         rank = 10.0 + (abs(t - 1 / 3) * 9 if g == 1.0 else 8.0) + 0.1 * noise * (1 + t)
         metrics.append({"event": "analysis", "step": s, "norm_factor": factor_at(s),
@@ -472,7 +470,7 @@ def plan_recipe(recipe: Recipe | str, scale: str, hardware: Hardware | None = No
             shape = model_shape(flatten(cfg.to_dict()))
             size = cell.size or f"d{shape[0]}×{shape[1]}"
             cells.append(plan_cell(name, cell.id, size, cfg, ranks, hardware, shapes))
-            runs.append(_planned_run(name, cell.id, cfg, ranks, cells[-1].params_nonembed))
+            runs.append(_planned_run(name, cell.id, cfg, cells[-1].params_nonembed))
     all_runs = Runs(runs)
     sd, source = ((seed_sd, "--seed-sd") if seed_sd else recipe.seed_sd or
                   (CPU_STUDY_SEED_SD, "the CPU study's median paired loss-gap sd (docs/findings-cpu.md); pass "
