@@ -147,3 +147,14 @@ def test_smallinits_own_trainer_honours_analysis_every_from_python(tmp_path):
     Trainer(cfg, tmp_path / "norms", callbacks=[]).fit()
     assert not records(tmp_path / "norms")
     assert [r["step"] for r in records(tmp_path / "norms", "norm_factor")] == [0, 2, 4, 6]
+
+
+def test_the_trainers_guard_is_silent_where_saturation_is_asked_for(tmp_path, caplog):
+    base = [*TINY_MODEL, "model.gamma=1.0", "train.steps=1", "train.batch_size=2", "train.eval_every=0",
+            "train.warmup_steps=1", "analysis.every=1", "analysis.snapshots=0"]
+    for name, extra, warns in (("saturated", ["model.norm_eps=1e-2"], True),
+                               ("emulated", ["model.norm_eps=1e-5", "model.norm_eps_width=2048"], False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="smallinit"):
+            Trainer(Config.load(None, overrides=[*base, *extra]), tmp_path / name, callbacks=[]).fit()
+        assert any("saturated at step 0" in r.getMessage() for r in caplog.records) == warns, name

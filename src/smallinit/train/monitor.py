@@ -76,14 +76,15 @@ class Monitor:
     each record goes to that writer of the caller's instead (smallinit's Trainer: its metrics.jsonl), and the
     caller holds the folder. ``total_steps`` spreads the heatmap snapshots over the run; ``start_step``
     continues the records of a resumed run (later ones are dropped); ``settings`` (e.g.
-    ``{"model.gamma": 1.0}``) are what the report groups runs by. Without ``cfg``, ``every`` is 100.
+    ``{"model.gamma": 1.0}``) are what the report groups runs by; ``guard=False`` silences the saturation
+    warning where saturation is asked for. Without ``cfg``, ``every`` is 100.
     """
 
     def __init__(
         self, model: Any, cfg: AnalysisConfig | None = None, *, batch: Any = None, data: Iterable | None = None,
         out: str | Path, log: Callable[[dict[str, Any]], None] | None = None,
         total_steps: int | None = None, start_step: int = 0, settings: Mapping[str, Any] | None = None,
-        engine: str = "loop", **fields: Any,
+        engine: str = "loop", guard: bool = True, **fields: Any,
     ):
         if cfg is None:
             fields.setdefault("every", DEFAULT_EVERY)
@@ -102,7 +103,7 @@ class Monitor:
         self.heatmaps = set(named_matrices(self.module, cfg.heatmaps, roles=self.roles) if "heatmaps" in fields
                             or self._ours else _first_of_each(self.matrices, OTHER_MATRICES))
         self.snapshot_steps = self._snapshot_steps()
-        self.warned = start_step > 0  # the saturation guard speaks at the start of a fresh run only
+        self.warned = start_step > 0 or not guard  # the saturation guard speaks at the start of a fresh run only
         self.last_step: int | None = None
         self.last_loss: float | None = None
         self.out = Path(out)
@@ -301,7 +302,8 @@ class AnalysisCallback(Callback):
     def on_train_start(self, trainer: Trainer) -> None:
         batch = next(iter(trainer.data.eval_batches(self.cfg.batch_size, trainer.cfg.data.seq_len, 1)))
         self.monitor = Monitor(trainer.model, self.cfg, batch=batch, out=trainer.run_dir, log=trainer.log,
-                               total_steps=trainer.cfg.train.steps, start_step=trainer.step)
+                               total_steps=trainer.cfg.train.steps, start_step=trainer.step,
+                               guard=not trainer.cfg.model.norm_eps_width)  # ε emulation saturates on purpose
         if trainer.step == 0:
             self.monitor(0)
 
