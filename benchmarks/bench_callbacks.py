@@ -43,7 +43,7 @@ def make_config(args: argparse.Namespace) -> Config:
 
 
 def timed_fit(cfg: Config, root: Path, name: str, analysis: bool) -> tuple[float, Trainer]:
-    off = dataclasses.replace(cfg, analysis=dataclasses.replace(cfg.analysis, every=0))
+    off = dataclasses.replace(cfg, analysis=dataclasses.replace(cfg.analysis, every=0, norm_every=0))
     trainer = Trainer(cfg if analysis else off, root / name, callbacks=[])  # the Trainer attaches the monitor
     t0 = time.perf_counter()
     trainer.fit()

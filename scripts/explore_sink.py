@@ -15,11 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-from smallinit.analysis.during_training import AnalysisCallback
 from smallinit.config import Config, parse_override, set_dotted
 from smallinit.data.sink import SinkData, SinkTask
 from smallinit.experiments.claims import uniform_sink
-from smallinit.train import Trainer
+from smallinit.train import AnalysisCallback, Trainer
 from smallinit.train.callbacks import Progress
 from smallinit.train.metrics import read_metrics
 

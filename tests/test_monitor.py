@@ -158,3 +158,21 @@ def test_the_trainers_guard_is_silent_where_saturation_is_asked_for(tmp_path, ca
         with caplog.at_level(logging.WARNING, logger="smallinit"):
             Trainer(Config.load(None, overrides=[*base, *extra]), tmp_path / name, callbacks=[]).fit()
         assert any("saturated at step 0" in r.getMessage() for r in caplog.records) == warns, name
+
+
+def test_a_step_due_for_both_returns_the_full_record_and_a_dropped_monitor_frees_its_folder(tmp_path):
+    import gc
+
+    mon = Monitor(tiny_qwen3(), every=2, norm_every=1, batch=tokens(2), out=tmp_path / "m")
+    assert mon(1)["event"] == "norm_factor" and mon(2)["event"] == "analysis"  # what an engine's loggers get
+    del mon  # never closed: a training that raised
+    gc.collect()
+    Monitor(tiny_qwen3(), every=1, batch=tokens(2), out=tmp_path / "m").close()
+
+
+def test_analyze_averages_ragged_heads_and_norms_some_batches_missed():
+    from smallinit.analysis.measure import _mean_dicts
+
+    a = {"per_head": [[0.1, 0.3], [0.5]], "norm_factor": {"n1": 1.0, "n2": 0.5}}
+    b = {"per_head": [[0.3, 0.5], [0.7]], "norm_factor": {"n1": 0.0}}
+    assert _mean_dicts([a, b]) == {"per_head": [[0.2, 0.4], [0.6]], "norm_factor": {"n1": 0.5, "n2": 0.5}}

@@ -110,12 +110,15 @@ def _check_seq_len(seq_len: int, max_seq_len: int) -> int:
 
 
 def _mean_dicts(items: list[dict]) -> dict:
-    """Element-wise mean of nested dicts / lists of numbers with the same structure."""
+    """Element-wise mean of nested dicts / lists of numbers; a key missing from some batches (a norm one batch
+    did not reach) is the mean over those that have it, and ragged rows (heads per layer) are averaged row by row."""
     first = items[0]
     if isinstance(first, dict):
-        return {k: _mean_dicts([it[k] for it in items]) for k in first}
+        return {k: _mean_dicts([it[k] for it in items if k in it]) for k in dict.fromkeys(k for it in items for k in it)}
     if isinstance(first, list) and first and isinstance(first[0], str):
         return first  # names, the same in every batch
+    if isinstance(first, list) and first and isinstance(first[0], list):
+        return [_mean_dicts([it[i] for it in items]) for i in range(len(first))]
     return np.mean(np.asarray(items, dtype=float), axis=0).tolist()
 
 

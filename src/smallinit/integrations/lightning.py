@@ -12,6 +12,7 @@ Hugging Face causal LM), else its attribute ``model`` (or the one named by ``att
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,8 @@ class SmallinitCallback(L.Callback):
                 raise ConfigError("smallinit's monitor needs held-out text: pass a val dataloader to fit, or "
                                   "SmallinitCallback(batch=TOKEN_IDS) or data=ROWS")
             kw["batch"] = next(iter(loader))
-        total = trainer.max_steps if trainer.max_steps > 0 else int(trainer.estimated_stepping_batches)
+        estimated = trainer.estimated_stepping_batches  # inf when neither max_steps nor max_epochs bounds it
+        total = trainer.max_steps if trainer.max_steps > 0 else (int(estimated) if math.isfinite(estimated) else None)
         self.monitor = Monitor(self._model(pl_module), out=Path(trainer.default_root_dir) / OUT, total_steps=total,
                                start_step=trainer.global_step, engine="lightning", **kw)
         if trainer.global_step == 0:
@@ -54,6 +56,9 @@ class SmallinitCallback(L.Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         if self.monitor is not None:
             self.monitor.close()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self.on_train_end(trainer, pl_module)
 
     def _measure(self, trainer, step: int) -> None:
         record = self.monitor(step)

@@ -27,6 +27,7 @@ import dataclasses
 import fnmatch
 import logging
 import os
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -86,7 +87,8 @@ class Monitor:
         total_steps: int | None = None, start_step: int = 0, settings: Mapping[str, Any] | None = None,
         engine: str = "loop", guard: bool = True, **fields: Any,
     ):
-        if cfg is None:
+        cfg_given = cfg is not None
+        if not cfg_given:
             fields.setdefault("every", DEFAULT_EVERY)
         cfg = dataclasses.replace(cfg or AnalysisConfig(), **fields)
         cfg.validate()
@@ -98,10 +100,11 @@ class Monitor:
         self.writes = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
         self.tokens, self.targets = self._held_out(batch, data)
         self.roles = param_roles(self.module)  # traced once: roles do not change in training
-        patterns = fields.get("matrices", cfg.matrices if self._ours else OTHER_MATRICES)
+        chosen = self._ours or cfg_given  # else AnalysisConfig's defaults name smallinit's matrices, not these
+        patterns = fields.get("matrices", cfg.matrices if chosen else OTHER_MATRICES)
         self.matrices = list(named_matrices(self.module, patterns, roles=self.roles))
         self.heatmaps = set(named_matrices(self.module, cfg.heatmaps, roles=self.roles) if "heatmaps" in fields
-                            or self._ours else _first_of_each(self.matrices, OTHER_MATRICES))
+                            or chosen else _first_of_each(self.matrices, OTHER_MATRICES))
         self.snapshot_steps = self._snapshot_steps()
         self.warned = start_step > 0 or not guard  # the saturation guard speaks at the start of a fresh run only
         self.last_step: int | None = None
@@ -150,6 +153,8 @@ class Monitor:
         self._lock = io.lock_exclusive(out / ".lock")
         if self._lock is None:
             raise ConfigError(f"monitor folder {out} is being written by another process; choose another out")
+        # the folder is given up when the monitor goes, closed or not (a training that raised)
+        self._release = weakref.finalize(self, os.close, self._lock)
         if self.start_step:
             truncate_metrics(out, self.start_step)
             for path in (out / SNAPSHOT_DIR).glob("rowcos_step_*.npz"):
@@ -171,12 +176,14 @@ class Monitor:
     def close(self) -> None:
         """The run's summary (the last step measured and its loss), and the folder given up."""
         if self._lock is not None:
-            io.write_json_atomic(self.out / "summary.json", {
-                "step": self.last_step, "val_loss": self.last_loss,
-                "params": sum(p.numel() for p in self.module.parameters()),
-                "params_nonembed": _params_nonembed(self.module)})
-            os.close(self._lock)
-            self._lock = None
+            try:
+                io.write_json_atomic(self.out / "summary.json", {
+                    "step": self.last_step, "val_loss": self.last_loss,
+                    "params": sum(p.numel() for p in self.module.parameters()),
+                    "params_nonembed": _params_nonembed(self.module)})
+            finally:
+                self._release()
+                self._lock = None
 
     def __enter__(self) -> Monitor:
         return self
@@ -192,14 +199,15 @@ class Monitor:
 
     def __call__(self, step: int) -> dict[str, Any] | None:
         """Measure at ``step`` what is due there (the full record, the norms' record, or both from one forward);
-        the last record written, else None."""
+        the full record where one was taken, else the norms', else None."""
         if step == self.last_step or not self.due(step):
             return None
         self.last_step = step
         every, norm_every = self.cfg.every, self.cfg.norm_every
         full = self.measure(step) if every and step % every == 0 else None
         if norm_every and step % norm_every == 0:
-            return self.measure_norms(step, None if full is None else full.get("norm_factor"))
+            norms = self.measure_norms(step, None if full is None else full.get("norm_factor"))
+            return full or norms
         return full
 
     @torch.no_grad()
@@ -361,6 +369,7 @@ def _unwrapped(model: Any) -> Any:
 
 def _context(module: nn.Module) -> int | None:
     cfg = getattr(module, "cfg", None) or getattr(module, "config", None)
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg  # a multimodal model's text part
     for name in ("max_seq_len", "max_position_embeddings", "n_positions"):
         value = getattr(cfg, name, None)
         if isinstance(value, int):
