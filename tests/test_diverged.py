@@ -150,3 +150,18 @@ def test_c6_counts_a_diverged_seed_rather_than_judging_the_rebound_on_the_others
     c6 = claim_c6(Runs(runs))
     assert c6.verdict == NOT_TESTABLE, c6.primary.reason
     assert all(c.lost == f"γ=1: 1 of 4 seeds diverged (step {DIVERGED_AT})" for c in c6.comparisons)
+
+
+def test_c6_names_a_size_whose_whole_gamma1_arm_diverged(tmp_path):
+    """No seed pair is left to compare: the lost seeds are the result (not 'no analysis records')."""
+    steps = int(40 * PARAMS / 10)
+    runs = []
+    for seed in range(3):
+        runs.append(_diverge(make_run(tmp_path, gamma=1.0, seed=seed, arm=FIXED, final=3.0,
+                                      analysis=_srank_records([20, 5, 4, 6, 8, 10, 12], steps))))
+        runs.append(make_run(tmp_path, gamma=0.5, seed=seed, arm=FIXED, final=3.1,
+                             analysis=_srank_records([20 + 0.1 * seed] * 7, steps)))
+    c6 = claim_c6(Runs(runs))
+    assert c6.verdict == NOT_TESTABLE
+    assert c6.primary.lost == f"γ=1: 3 of 3 seeds diverged (steps {DIVERGED_AT}, {DIVERGED_AT}, {DIVERGED_AT})"
+    assert "analysis.every" not in c6.primary.reason

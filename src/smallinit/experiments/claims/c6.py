@@ -46,12 +46,19 @@ def claim_c6(runs: Runs) -> ClaimResult:
                       "changes slowly", "qualitative (heatmaps, stable rank)")
     for arm in (FIXED, EMULATED, BASELINE):  # the paper's setting; a baseline only when there is no fixed run
         sel = runs.where(arm)
-        for n in sel.values("size"):
+        for n in sorted({*sel.values("size"), *(r.size for r in sel.lost)}):  # a size whose runs were all lost too
             at = sel.where(size=n)
             traj = {g: {seed: r.analysis for seed, r in at.where({"model.gamma": g}).run_by_seed().items()}
                     for g in (0.5, 1.0)}
             seeds = sorted(s for s in set(traj[0.5]) & set(traj[1.0]) if len(traj[0.5][s]) >= 3 and len(traj[1.0][s]) >= 3)
+            lost = lost_seeds(at.where({"model.gamma": 0.5}), at.where({"model.gamma": 1.0}))
             if not seeds:
+                if lost:  # no seed pair left to compare: the lost seeds are the result, never dropped
+                    lone = Comparison.missing(f"srank rebound γ1 @{size_label(n)}{' fixed' if arm is FIXED else ' baseline'}",
+                                              lost_problem(lost), lost=lost)
+                    if not res.comparisons:
+                        lone.role = PRIMARY  # the smallest size of the arm
+                    res.comparisons.append(lone)
                 continue
             steps = [r["step"] for r in traj[1.0][seeds[0]]]
             r1 = {s: [_mean_stable_rank(r) for r in traj[1.0][s]] for s in seeds}
@@ -79,7 +86,6 @@ def claim_c6(runs: Runs) -> ClaimResult:
                 Comparison(f"srank path length γ1−γ.5 {tag}", [
                     float(np.abs(np.diff(r1[s][:k])).sum() - np.abs(np.diff(r05[s][:k])).sum()) for s in seeds], "> 0"),
             ]
-            lost = lost_seeds(at.where({"model.gamma": 0.5}), at.where({"model.gamma": 1.0}))
             for c in compared:  # a diverged or failed seed is counted, not dropped (selection.lost_problem)
                 c.lost, c.untestable = lost, lost_problem(lost) or c.untestable
             res.comparisons += compared
