@@ -191,7 +191,7 @@ def init_plan(
     return InitReport(gamma=gamma, rows=rows, notes=notes, renormalised=renormalised)
 
 
-def _own_init(module: nn.Module, report: InitReport) -> None:
+def _own_init(module: nn.Module, report: InitReport, generator: torch.Generator | None) -> None:
     """A model whose architecture has not initialised it (built on meta, then ``to_empty``) gets the
     architecture's own init first: what γ-init keeps and the buffers never hold leftover memory. The rows
     and a note say so."""
@@ -205,7 +205,7 @@ def _own_init(module: nn.Module, report: InitReport) -> None:
             report.notes.append(f"note: not initialised by its architecture (as after building on the meta device): "
                                 f"the buffers of {', '.join(buffers)} got {type(module).__name__}'s own init")
         return
-    own_init_(module, kept)
+    own_init_(module, kept, generator)
     done = set(kept)
     report.rows = [replace(r, reason=f"{r.reason}; not initialised (as built on meta): the architecture's init"
                            if r.reason else "not initialised (as built on meta): the architecture's init")
@@ -233,7 +233,7 @@ def gamma_init_(
     _check_materialised(module)
     ties = _restore_ties(module)
     report = init_plan(module, gamma, example_inputs=example_inputs, roles=roles)
-    _own_init(module, report)
+    _own_init(module, report, generator)
     params = {name: p for name, _, _, p in named_parameters_once(module)}
     for row in report.rows:
         p = params[row.name]

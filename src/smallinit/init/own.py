@@ -46,7 +46,7 @@ def own_buffers_(model: nn.Module) -> list[str]:
 
 
 @torch.no_grad()
-def own_init_(model: nn.Module, names: list[str]) -> None:
+def own_init_(model: nn.Module, names: list[str], generator: torch.Generator | None = None) -> None:
     """Run the architecture's own initialisation on the modules not yet initialised (their buffers too, such
     as rotary tables), for ``names`` (parameters γ-init keeps); refuse, in one line, those it does not set
     or cannot set (a sharded parameter)."""
@@ -61,7 +61,10 @@ def own_init_(model: nn.Module, names: list[str]) -> None:
     for n in floats:  # NaN marks what the architecture's init leaves unset
         params[n].fill_(float("nan"))
     try:
-        model.initialize_weights()
+        with torch.random.fork_rng(devices=[]):  # its random draws (Mamba's dt bias) follow the caller's seed
+            if generator is not None:
+                torch.manual_seed(generator.initial_seed())
+            model.initialize_weights()
     except Exception as e:
         what = f"{len(names)} parameters with an initialisation of their own (first: {names[0]})" if names \
             else "the buffers"
