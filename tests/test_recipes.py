@@ -185,3 +185,13 @@ def test_no_demo_run_reads_its_corpus_twice():
                     size[corpus] = sum(len(d.encode("utf-8")) + 1 for d in iter_documents(corpus))
                 tokens = cfg.train.steps * cfg.train.batch_size * cfg.data.seq_len
                 assert tokens < 0.8 * size[corpus], (scale, cell.id, corpus, tokens, size[corpus])
+
+
+def test_recipe_refuses_an_out_that_is_a_file(tmp_path, capsys):
+    from smallinit.cli import main
+
+    taken = tmp_path / "taken"
+    taken.write_text("mine")
+    assert main(["recipe", "tokens", "--out", str(taken)]) == 2
+    assert "is a file, not a folder; choose another --out" in capsys.readouterr().err
+    assert taken.read_text() == "mine"

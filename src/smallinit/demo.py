@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from .errors import ConfigError
-from .experiments.recipes import RecipeResult, load_recipe, run_recipe
+from .experiments.recipes import RecipeResult, check_out, load_recipe, run_recipe
 from .experiments.verdicts import verdict_table
 from .io import write_json_atomic, write_text_atomic
 from .report import build_report
@@ -31,7 +30,7 @@ def run_demo(
     """Run (or continue) the demo at ``scale`` ("full", "quick" or "micro"), report and judge it."""
     t0 = time.monotonic()
     out = Path(out) if out is not None else Path("runs") / f"demo-{scale}"
-    _check_out(out)
+    check_out(out)
     if echo is not None:  # what this scale tests and cannot test, before anything runs
         print(f"[demo] {scale}: {load_recipe('demo').scale(scale).description}", file=echo, flush=True)
     result = run_recipe("demo", scale, out, jobs=jobs, echo=echo)
@@ -48,11 +47,3 @@ def run_demo(
     wall = time.monotonic() - t0
     write_json_atomic(out / "demo.json", {"scale": scale, "wall_s": wall, "report": str(report)})
     return DemoResult(result, report, table, wall)
-
-
-def _check_out(out: Path) -> None:
-    """Refuse, before anything is written, an --out that is (or lies below) a file, as train does."""
-    existing = next((p for p in (out, *out.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        where = "" if existing == out else f" lies below {existing}, which"
-        raise ConfigError(f"--out {out}{where} is a file, not a folder; choose another --out")

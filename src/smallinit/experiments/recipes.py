@@ -41,7 +41,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from ..config import flatten, parse_override, read_toml
-from ..errors import ExperimentError, Preempted, SmallinitError
+from ..errors import ConfigError, ExperimentError, Preempted, SmallinitError
 from ..io import write_json_atomic
 from .budget import budget_schedule, budget_steps
 from .findings import FINDINGS, FINDINGS_FILE
@@ -231,6 +231,15 @@ class RecipeResult:
         return Preempted.exit_code if Preempted.exit_code in codes else (1 if any(codes) else 0)
 
 
+def check_out(out: Path) -> None:
+    """Refuse, before anything is written, an --out that is (or lies below) a file, as train does."""
+    existing = next((p for p in (out, *out.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "" if existing == out else f" lies below {existing}, which"
+        raise ConfigError(f"--out {out}{where} is a file, not a folder; choose another --out")
+
+
+
 def run_recipe(
     recipe: Recipe | str, scale: str = "cpu", out: str | os.PathLike | None = None, *, jobs: int | None = None,
     presets: list[str] | None = None, overrides: list[str] = (), echo: TextIO | None = sys.stderr,
@@ -244,6 +253,7 @@ def run_recipe(
     vocab: dict[str, int] = {}
     sc = apply_budget(customise(recipe.scale(scale), presets=presets, overrides=list(overrides)), vocab)
     out = Path(out) if out is not None else Path("runs") / f"{recipe.name}-{scale}"
+    check_out(out)
     work: dict[str, float] = {}  # every cell of every sweep is checked before anything runs
     for name, sw in sc.sweeps.items():
         for cell in sw.cells():
