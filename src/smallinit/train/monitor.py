@@ -112,7 +112,8 @@ class Monitor:
         self.out = Path(out)
         self._lock: int | None = None
         self._log = log or self._append
-        if log is None and self.writes:
+        self.own_folder = log is None  # else the caller writes the records and holds the folder
+        if self.own_folder and self.writes:
             self._open(engine, dict(settings or {}))
 
     # -- the held-out batch and what is measured ------------------------------------------------------------
@@ -228,7 +229,7 @@ class Monitor:
         self.last_loss = rec.get("loss")
         self._guard(step, rec.get("norm_factor", {}))
         self._log(rec)
-        if self._log == self._append and self.last_loss is not None:  # its own folder: the loss curve the report draws
+        if self.own_folder and self.last_loss is not None:  # the validation curve the report draws
             self._log({"step": step, "val_loss": self.last_loss})
         if step in self.snapshot_steps:
             self._snapshot(step, {n: W for n, W in mats.items() if n in self.heatmaps})
