@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from .. import io
-from ..adapters import TransformerAdapter, as_adapter
+from ..adapters import ModelAdapter, TransformerAdapter, as_adapter
 from ..config import AnalysisConfig
 from ..errors import ConfigError
 from ..init import param_roles
@@ -164,7 +164,7 @@ class Monitor:
         else:
             set_aside_metrics(out)  # a fresh start keeps an earlier attempt's records beside it
         io.write_json_atomic(out / MONITOR_FILE, {
-            "engine": engine, "model": describe_model(self.module), "settings": settings,
+            "engine": engine, "model": describe_model(self.adapter), "settings": settings,
             "every": self.cfg.every, "norm_every": self.cfg.norm_every, "total_steps": self.total_steps,
             "batch": list(self.tokens.shape),
             "world_size": torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
@@ -338,8 +338,9 @@ def scalars(record: dict[str, Any], prefix: str = "smallinit/") -> dict[str, flo
     return out
 
 
-def describe_model(module: nn.Module) -> dict[str, Any]:
+def describe_model(adapter: ModelAdapter) -> dict[str, Any]:
     """What a monitored folder says of its model, under the keys smallinit's own runs use where they exist."""
+    module = adapter.module
     config = getattr(module, "config", None)
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     if config is None and hasattr(module, "cfg"):  # smallinit's Transformer
@@ -352,7 +353,7 @@ def describe_model(module: nn.Module) -> dict[str, Any]:
         value = next((getattr(config, n) for n in names if isinstance(getattr(config, n, None), int)), None)
         if value is not None:
             desc[key] = value
-    eps = [form.eps for form in as_adapter(module).norms().values()]
+    eps = [form.eps for form in adapter.norms().values()]
     if eps:
         desc["norm_eps"] = min(eps)
     return desc
