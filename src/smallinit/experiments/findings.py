@@ -49,6 +49,7 @@ from .claims import (
     claim_c7,
     judge_all,
     judge_table,
+    not_run,
     paired,
     reference_lr,
     sink_layers,
@@ -240,19 +241,25 @@ JUDGES: dict[str, Judge] = {
 }
 
 
+def judge(analysis: str, runs: Runs, measured: dict[str, Any], options: dict[str, Any]) -> list[ClaimResult]:
+    """The claims ``analysis`` judges on ``runs``, those its design does not run (``options["dropped"]``: claim →
+    why) as one row each saying so. The findings and the plan both judge through here."""
+    return not_run(JUDGES[analysis](runs, measured, options), options.get("dropped", {}))
+
+
 def claims_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     """All of C1–C7 (the demo)."""
     runs = _load(out, say)
     flow = flow_sweep(options, out, say)
     gaps = token_gaps(runs, options, out, say)
     say(f"judging the claims ({int(options.get('n_boot', 1000))} bootstrap resamples for C4)")
-    return {"claims": _claims(JUDGES["claims"](runs, {"flow": flow, "gaps": gaps}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
+    return {"claims": _claims(judge("claims", runs, {"flow": flow, "gaps": gaps}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
             "norm_factors": norm_factor_table(runs), "n_runs": len(runs)}
 
 
 def fig1_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
-    return {"claims": _claims(JUDGES["fig1"](runs, {}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
+    return {"claims": _claims(judge("fig1", runs, {}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
             "norm_factors": norm_factor_table(runs), "n_runs": len(runs)}
 
 
@@ -278,14 +285,14 @@ def scaling_fits(runs: Runs) -> list[dict[str, Any]]:
 def fig2_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     c4_base = claim_c4(runs, arm=BASELINE, n_boot=int(options.get("n_boot", 1000)))  # contrast: no fixes
-    return {"claims": _claims(JUDGES["fig2"](runs, {}, options)), "fits": scaling_fits(runs), "losses": loss_table(runs),
+    return {"claims": _claims(judge("fig2", runs, {}, options)), "fits": scaling_fits(runs), "losses": loss_table(runs),
             "effective_size_without_fixes": c4_base.extra.get("effective_size_gain"), "n_runs": len(runs)}
 
 
 def fig3_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     flow = flow_sweep(options, out, say)
-    return {"claims": _claims(JUDGES["fig3"](runs, {"flow": flow}, options)), "residual_flow": flow, "losses": loss_table(runs),
+    return {"claims": _claims(judge("fig3", runs, {"flow": flow}, options)), "residual_flow": flow, "losses": loss_table(runs),
             "n_runs": len(runs)}
 
 
@@ -305,14 +312,14 @@ def trajectories(runs: Runs) -> list[dict[str, Any]]:
 
 def condensation_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
-    return {"claims": _claims(JUDGES["condensation"](runs, {}, options)), "trajectories": trajectories(runs), "losses": loss_table(runs),
+    return {"claims": _claims(judge("condensation", runs, {}, options)), "trajectories": trajectories(runs), "losses": loss_table(runs),
             "n_runs": len(runs)}
 
 
 def tokens_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     gaps = token_gaps(runs, options, out, say)
-    return {"claims": _claims(JUDGES["tokens"](runs, {"gaps": gaps}, options)), "losses": loss_table(runs), "n_runs": len(runs)}
+    return {"claims": _claims(judge("tokens", runs, {"gaps": gaps}, options)), "losses": loss_table(runs), "n_runs": len(runs)}
 
 
 def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
@@ -335,7 +342,7 @@ def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) ->
     summary = [{**_size_fields(size), "gamma": g, "n": len(rows), **{k: float(np.mean([x[k] for x in rows]))
                for k in ("in_distribution", "heldout_reasoning", "heldout_memorising", "heldout_other")}}
                for (size, g), rows in sorted(by_arm.items())]
-    claim = JUDGES["reasoning"](runs, {"anchor": scores}, options)[0]
+    claim = judge("reasoning", runs, {"anchor": scores}, options)[0]
     if per_run:
         acc = [row["in_distribution"] for row in per_run]
         claim.notes.append(f"in-distribution accuracy {min(acc):.2f}–{max(acc):.2f}")
@@ -395,7 +402,7 @@ def sink_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict
         found = attention_roles(load_model(r.path), torch.from_numpy(data.tokens(symbols)), trigger)
         roles.append({"cell": r.name, **_size_fields(r.size), **_arm_fields(_group_key(r)[1:]), "seed": r.seed,
                       "roles": found})
-    return {"claims": _claims(JUDGES["sink"](runs, {}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
+    return {"claims": _claims(judge("sink", runs, {}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
             "sink_along_training": sink_along_training(runs), "attention_roles": roles, "optimal_loss": optimal,
             "n_runs": len(runs)}
 

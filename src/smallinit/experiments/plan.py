@@ -43,8 +43,8 @@ from ..measures.norm_factor import relative_factor
 from ..model import Transformer
 from ..train.flops import train_flops_per_token
 from ..train.memory import GIB, device_memory, estimate_memory
-from .claims import FIXED, ClaimResult, Runs, effective_eps
-from .findings import JUDGES
+from .claims import FIXED, NOT_RUN, ClaimResult, Runs, effective_eps
+from .findings import judge
 from .power import ALPHA, MIN_SEEDS, POWER, minimum_detectable_effect
 from .recipes import Recipe, Scale, apply_budget, customise, load_recipe
 from .runs import Run, model_shape
@@ -172,6 +172,7 @@ class ClaimPlan:
     most_seeds: int = 0
     failing: dict[str, str] = field(default_factory=dict)  # comparison → why it cannot be judged, by design
     testable: list[str] = field(default_factory=list)
+    not_run: str = ""  # why the design does not run the claim at all (the recipe scale's options.dropped)
 
     @property
     def partly(self) -> bool:
@@ -206,11 +207,13 @@ class Plan:
         """One line: the wall time and device-hours, and which claims it decides (its primary can be judged)."""
         decided = [c.claim + (f" ({len(c.testable)} of {len(c.testable) + len(c.failing)} comparisons)" if c.partly
                               else "") for c in self.claims if c.decides]
-        undecided = [c.claim for c in self.claims if not c.decides]
+        undecided = [c.claim for c in self.claims if not c.decides and not c.not_run]
+        dropped = [c.claim for c in self.claims if c.not_run]
         unit = "core" if self.hardware.kind == "cpu" else "GPU"
         where = (f"{self.hardware.devices} CPU cores" if unit == "core"
                  else f"{self.hardware.devices} × {self.hardware.kind.upper()}")
-        said = "; ".join(f"{k} {', '.join(v)}" for k, v in (("decides", decided), ("not", undecided)) if v)
+        said = "; ".join(f"{k} {', '.join(v)}" for k, v in (("decides", decided), ("not", undecided),
+                                                             ("not run by design", dropped)) if v)
         if not decided:
             said += ": an illustration, its design decides no claim (smallinit plan shows why)"
         return f"plan on {where}: {_hours(self.wall_s)} wall, {self.device_hours:,.1f} {unit}-hours; {said}"
@@ -382,6 +385,7 @@ def _planned_anchor(runs: Runs) -> dict[Path, dict[str, float]]:
 
 def _claim_plans(results: list[ClaimResult], loss_sd: tuple[float, str], claim_sd: dict[str, float]) -> list[ClaimPlan]:
     """Each claim's plan at the level its table judges it: Holm over the k primaries the design decides gives the
+        dropped = res.untestable.removeprefix(f"{NOT_RUN}: ") if res.untestable.startswith(NOT_RUN) else ""
     first of them α/k (a recipe that decides one claim judges it at α), in the claim's unit from its seed sd."""
     plans = []
     for res in results:
@@ -397,7 +401,8 @@ def _claim_plans(results: list[ClaimResult], loss_sd: tuple[float, str], claim_s
                       else loss_sd if unit == "nats" else CPU_STUDY_SDS.get(key, (None, "")))
         plans.append(ClaimPlan(res.claim, res.statement, primary.label, primary.verdict != NOT_TESTABLE, n, math.inf,
                                unit=unit, seed_sd=sd, seed_sd_source=source, fewest_seeds=min(counts),
-                               most_seeds=max(counts), failing=failing, testable=[c.label for c in testable]))
+                               most_seeds=max(counts), failing={} if dropped else failing,
+                               testable=[c.label for c in testable], not_run=dropped))
     alpha = ALPHA / max(1, sum(c.decides for c in plans))
     for c in plans:
         c.alpha = alpha
@@ -477,7 +482,7 @@ def plan_recipe(recipe: Recipe | str, scale: str, hardware: Hardware | None = No
                    "--seed-sd from a pilot"))
     measured = {"flow": _planned_flow(sc.options), "gaps": _planned_gaps(all_runs, sc.options),
                 "anchor": _planned_anchor(all_runs)}
-    judged = JUDGES[recipe.analysis](all_runs, measured, {**sc.options, "n_boot": 20})
+    judged = judge(recipe.analysis, all_runs, measured, {**sc.options, "n_boot": 20})
     claims = _claim_plans(judged, (sd, source), claim_sd or {})
     unjudged = sorted(set(claim_sd or {}) - {c.claim.split()[0] for c in claims})
     if unjudged:
@@ -521,6 +526,8 @@ def format_plan(plan: Plan) -> str:
                      f"{c.flops:>10.2e} {c.memory_gib:>8.2f} {_hours(wall):>9}")
     unit = "CPU-core" if hw.kind == "cpu" else "GPU"
     lines.append(f"  total: {len(plan.cells)} runs, {plan.flops:.3g} FLOPs, {_hours(plan.wall_s)} wall, "
+        elif c.not_run:
+            lines.append(f"  {c.claim:<12} {NOT_RUN}: {c.not_run}")
                  f"{plan.device_hours:,.1f} {unit}-hours")
     decided = sum(c.decides for c in plan.claims)
     alpha = plan.claims[0].alpha if plan.claims else ALPHA

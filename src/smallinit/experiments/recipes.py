@@ -44,6 +44,7 @@ from ..config import flatten, parse_override, read_toml
 from ..errors import ConfigError, ExperimentError, Preempted, SmallinitError
 from ..io import write_json_atomic
 from .budget import budget_schedule, budget_steps
+from .claims import NOT_RUN
 from .findings import FINDINGS, FINDINGS_FILE
 from .runs import model_shape
 from .sweep import Progress, Sweep, SweepOutcome, cell_dir, cell_work, resolve_config, run_sweep
@@ -127,6 +128,7 @@ def load_recipe(name: str | os.PathLike) -> Recipe:
         if not sweeps:
             raise ExperimentError(f"{where}: scale {sname} has no [scales.{sname}.sweeps.NAME]")
         options = dict(_table(table.get("options", {}), f"{where}: scales.{sname}.options"))
+        _check_dropped(options.get("dropped", {}), list(meta.get("claims", [])), f"{where}: scales.{sname}.options.dropped")
         budget = dict(_table(table.get("budget", {}), f"{where}: scales.{sname}.budget"))
         bad = sorted(set(budget) - set(_BUDGET_KEYS))
         if bad or (budget and not float(budget.get("tokens_per_param", 0)) > 0):
@@ -137,6 +139,14 @@ def load_recipe(name: str | os.PathLike) -> Recipe:
         raise ExperimentError(f"{where}: no [scales.NAME]")
     return Recipe(path.stem, str(meta.get("title", path.stem)), list(meta.get("claims", [])), analysis, scales, path,
                   seed_sd)
+
+
+def _check_dropped(dropped: Any, claims: list[str], where: str) -> None:
+    """A scale's ``dropped`` names claims of the recipe that it does not run, each with why."""
+    if not isinstance(dropped, dict) or any(k not in claims or not isinstance(v, str) or not v.strip()
+                                            for k, v in dropped.items()):
+        raise ExperimentError(f"{where} maps claims of recipe.claims ({', '.join(claims) or 'none'}) to why this "
+                              "scale does not run them, e.g. C3 = \"no sink forms at these widths\"")
 
 
 def _pilot_sd(meta: dict[str, Any], where: str) -> tuple[float, str] | None:
@@ -271,6 +281,8 @@ def run_recipe(
     if echo is not None:
         print(f"[recipe] {recipe.name} ({sc.name}): {len(sc.sweeps)} sweep(s), {progress.total} of {len(work)} runs "
               f"to train; folder {out}", file=echo, flush=True)
+        for claim, why in sc.options.get("dropped", {}).items():
+            print(f"[recipe] {recipe.name} ({sc.name}): {claim} {NOT_RUN}: {why}", file=echo, flush=True)
     outcomes = {}
     for name, sw in sc.sweeps.items():
         if echo is not None:

@@ -54,7 +54,7 @@ from .c4 import best_lr_comparison, claim_c4
 from .c5 import FLOW_TOLERANCE, claim_c5
 from .c6 import claim_c6
 from .c7 import EASY_BINS, MID_BINS, NOISY_BINS, claim_c7, gaps_from_compares
-from .comparison import PRIMARY, SECONDARY, ClaimResult, Comparison, judge_table
+from .comparison import NOT_RUN, PRIMARY, SECONDARY, ClaimResult, Comparison, judge_table, not_run
 from .judge import judge_all
 from .loss import gap_trajectory, loss_comparison
 from .preconditions import regime_problem, sink_formed
@@ -77,9 +77,9 @@ from .selection import (
 
 __all__ = [
     "BASELINE", "EASY_BINS", "EMULATED", "EMULATED_WIDTH", "FIXED", "FLOW_TOLERANCE", "MAX_SIZE_RATIO", "MID_BINS",
-    "MIN_EVALS", "MIN_TOKENS_PER_PARAM", "NOISY_BINS", "SATURATED", "SINK_RATIO", "SINK_SEQS", "SINK_TOKENS",
+    "MIN_EVALS", "MIN_TOKENS_PER_PARAM", "NOISY_BINS", "NOT_RUN", "SATURATED", "SINK_RATIO", "SINK_SEQS", "SINK_TOKENS",
     "PRIMARY", "SECONDARY", "ClaimResult", "Comparison", "Run", "Runs", "best_lr_comparison", "claim_c1", "claim_c2", "claim_c3", "claim_c4",
     "claim_c5", "claim_c6", "claim_c7", "effective_eps", "gap_trajectory", "gaps_from_compares",
-    "judge_all", "judge_table", "loss_comparison", "measured_factor_at_init", "paired", "reference_lr", "regime_problem",
+    "judge_all", "judge_table", "loss_comparison", "not_run", "measured_factor_at_init", "paired", "reference_lr", "regime_problem",
     "sink_formed", "sink_layers", "sink_mean", "size_label", "uniform_sink", "val_loss",
 ]

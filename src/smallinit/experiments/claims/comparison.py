@@ -244,6 +244,25 @@ def judge_table(claims: Sequence[ClaimResult], alpha: float = ALPHA) -> None:
             c.judge()
 
 
+NOT_RUN = "not run by design"
+
+
+def not_run(claims: Sequence[ClaimResult], dropped: dict[str, str]) -> list[ClaimResult]:
+    """The claims with each one a design does not run (``dropped``: claim → why) replaced by a single row that says
+    so: its primary is untestable, so it is outside Holm's family, and no leftover comparison of other runs shows."""
+    out = []
+    for res in claims:
+        why = dropped.get(res.claim.split()[0])
+        if why is None:
+            out.append(res)
+            continue
+        reason = f"{NOT_RUN}: {why}"
+        out.append(ClaimResult(res.claim, res.statement, res.paper, untestable=reason,
+                               comparisons=[Comparison.missing(res.primary.label, reason, res.primary.paper,
+                                                               role=PRIMARY)]))
+    return out
+
+
 def judged(claim: Callable[..., ClaimResult]) -> Callable[..., ClaimResult]:
     """A claim function whose result comes back judged (verdicts and reasons set), as if alone in its table."""
 
