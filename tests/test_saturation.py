@@ -22,6 +22,7 @@ from smallinit.experiments.findings import norm_factor_table
 from smallinit.experiments.runs import Run
 from smallinit.experiments.verdicts import AGREE, NOT_TESTABLE
 from smallinit.measures.norm_factor import relative_factor
+from smallinit.train.records import NormFactorRecord
 
 
 def test_share_is_bracketed_by_the_measurement_spacing():
@@ -38,8 +39,7 @@ def test_share_is_bracketed_by_the_measurement_spacing():
 
 
 def test_each_norm_and_their_mean():
-    recs = [{"event": "norm_factor", "step": s, "norm_factor": {"a": fa, "b": fb}}
-            for s, fa, fb in [(0, 0.1, 0.1), (10, 0.3, 0.9), (20, 0.6, 1.0)]]
+    recs = [NormFactorRecord(s, {"a": fa, "b": fb}) for s, fa, fb in [(0, 0.1, 0.1), (10, 0.3, 0.9), (20, 0.6, 1.0)]]
     shares = run_saturation(recs, 20)
     assert list(shares) == [MEAN, "a", "b"]
     assert (shares["a"].lo, shares["a"].hi) == (0.5, 1.0)
@@ -99,7 +99,7 @@ def test_a_short_emulated_run_is_saturated_far_longer_than_the_paper_scale(tmp_p
     first = next(iter(recs[0]["norm_factor"]))
     assert first == "blocks.0.attn_norm"
     assert recs[0]["norm_factor"][first] == pytest.approx(relative_factor(1.0, 1e-5, 2048), rel=0.15)  # d = 2048 at init
-    e = emulation(cfg, recs)
+    e = emulation(cfg, Run.load(run).norm_records)
     assert e.first.lo == 1.0 and e.rate is None  # never left saturation in 12 steps
     assert e.far and "d = 2048" in e.describe()
     assert e.paper == (paper_scale_share(), paper_scale_share())

@@ -25,13 +25,14 @@ from d^(−γ) instead of W^(−γ), so by (W/d)^γ times more in absolute terms
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from ..config import Config
 from ..train.optim import lr_at
+from ..train.records import AnalysisRecord, NormFactorRecord
 
 SATURATED = 0.5  # a norm factor below this (σ² < ε/3) counts as saturated
 MEAN = "mean"  # the series of the mean factor over all of a model's norms
@@ -81,13 +82,13 @@ def saturated_share(steps: Iterable[int], factors: Iterable[float], total_steps:
     return SaturatedShare(lo, hi, int(total_steps), int(width.max()) if len(width) else 0)
 
 
-def norm_series(records: Iterable[Mapping]) -> dict[str, list[tuple[int, float]]]:
-    """(step, factor) per norm and for their mean (key ``MEAN``), from records with a ``norm_factor`` dict,
+def norm_series(records: Iterable[AnalysisRecord | NormFactorRecord]) -> dict[str, list[tuple[int, float]]]:
+    """(step, factor) per norm and for their mean (key ``MEAN``), from the records that measured the norms,
     one per step (the last one wins), in step order."""
-    by_step: dict[int, Mapping[str, float]] = {}
+    by_step: dict[int, dict[str, float]] = {}
     for r in records:
-        if isinstance(r.get("norm_factor"), Mapping) and r["norm_factor"] and isinstance(r.get("step"), int):
-            by_step[r["step"]] = r["norm_factor"]
+        if r.norm_factor:
+            by_step[r.step] = r.norm_factor
     series: dict[str, list[tuple[int, float]]] = {MEAN: []}
     for step in sorted(by_step):
         factors = by_step[step]
@@ -97,7 +98,7 @@ def norm_series(records: Iterable[Mapping]) -> dict[str, list[tuple[int, float]]
     return series if series[MEAN] else {}
 
 
-def run_saturation(records: Iterable[Mapping], total_steps: int) -> dict[str, SaturatedShare]:
+def run_saturation(records: Iterable[AnalysisRecord | NormFactorRecord], total_steps: int) -> dict[str, SaturatedShare]:
     """The saturated share of every norm and of their mean, from a run's norm-factor records (empty when none
     was measured at step 0)."""
     out = {}

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..analysis.saturation import (
     MEAN,
@@ -26,9 +26,9 @@ from ..analysis.saturation import (
     steps_to_unsaturate,
 )
 from ..config import Config, flatten, read_toml
-from ..config.overrides import set_dotted
+from ..train.records import AnalysisRecord, NormFactorRecord
 from .budget import budget_schedule, budget_steps
-from .runs import Run
+from .runs import Run, config_from_flat
 
 PAPER_RECIPE = Path(__file__).resolve().parent / "recipes" / "paper-fig1.toml"
 PAPER_SCALE = "gpu"
@@ -44,17 +44,10 @@ def paper_scale_config(gamma: float = 1.0, eps: float = 1e-5) -> Config:
     keys = {**flatten(recipe.get("base", {})), **flatten(scale.get("base", {})),
             **flatten(scale["sweeps"]["grid"]["sizes"][PAPER_SIZE]),
             "model.gamma": gamma, "model.norm_eps": eps, "model.gate": "none", "model.norm_eps_width": 0}
-    cfg = _config(keys)
+    cfg = config_from_flat(keys)
     if "budget" in scale:  # the length follows from the model's size, as the recipe resolves it
-        cfg = _config({**keys, **budget_schedule(budget_steps(cfg, scale["budget"]), scale["budget"])})
+        cfg = config_from_flat({**keys, **budget_schedule(budget_steps(cfg, scale["budget"]), scale["budget"])})
     return cfg
-
-
-def _config(keys: dict[str, Any]) -> Config:
-    raw: dict[str, Any] = {}
-    for key, value in keys.items():
-        set_dotted(raw, key, value)
-    return Config.from_dict(raw)
 
 
 @functools.lru_cache(maxsize=64)  # a pure function of its arguments and the shipped recipe; asked once per run
@@ -104,11 +97,11 @@ def pooled(found: list[Emulation]) -> Emulation:
 def run_emulation(run: Run) -> Emulation | None:
     """``emulation`` of a run, from its norm-factor records (else its coarser analysis records). The config is the
     run's own (flat) one, so a planned run that has no folder yet is read the same way."""
-    records = run.records("norm_factor") or run.analysis
-    return emulation(_config(run.config), records) if records else None
+    records = run.norm_records or run.analysis
+    return emulation(run.cfg, records) if records and run.cfg else None
 
 
-def emulation(config: Config, records: list[dict[str, Any]]) -> Emulation | None:
+def emulation(config: Config, records: Sequence[AnalysisRecord | NormFactorRecord]) -> Emulation | None:
     """The run's saturation beside the paper scale's, or None where its norm factors were not measured at step 0."""
     shares = run_saturation(records, config.train.steps)
     if MEAN not in shares:

@@ -31,6 +31,7 @@ from ..measures.norm_factor import relative_factor
 from ..measures.residual_flow import residual_flow_sweep
 from ..measures.sink import attention_roles
 from ..train import load_model
+from ..train.records import AnalysisRecord
 from .claims import (
     BASELINE,
     FIXED,
@@ -109,10 +110,10 @@ def sink_table(runs: Runs) -> list[dict[str, Any]]:
             for k, v in sorted(groups.items())]
 
 
-def _mean_shares(records: list[dict[str, Any]]) -> dict[str, float]:
-    """Sink_ε per ε, averaged over analysis records (of several seeds)."""
-    shares = [rec["sink_share"] for rec in records if rec.get("sink_share")]
-    return {eps: float(np.mean([s[eps] for s in shares])) for eps in (shares[0] if shares else {})}
+def _mean_shares(records: list[AnalysisRecord]) -> dict[str, float]:
+    """Sink_ε per ε ("0.3" → share), averaged over analysis records (of several seeds)."""
+    shares = [rec.sink_share for rec in records if rec.sink_share]
+    return {str(eps): float(np.mean([s[eps] for s in shares])) for eps in (shares[0] if shares else {})}
 
 
 def sink_along_training(runs: Runs) -> list[dict[str, Any]]:
@@ -120,14 +121,13 @@ def sink_along_training(runs: Runs) -> list[dict[str, Any]]:
     seeds), from init (step 0) to the end, so the moment a sink forms is visible."""
     groups: dict[tuple, list[Run]] = {}
     for r in runs:
-        if r.analysis and "sink" in r.analysis[0]:
+        if r.analysis and r.analysis[0].sink:
             groups.setdefault(_group_key(r), []).append(r)
     rows = []
     for k, group in sorted(groups.items()):
-        by_step = [{rec["step"]: rec for rec in r.analysis} for r in group]
+        by_step = [{rec.step: rec for rec in r.analysis} for r in group]
         steps = sorted(set.intersection(*[set(b) for b in by_step]))
-        per_layer = [np.mean([[b[t]["sink"][i] for i in sorted(b[t]["sink"], key=int)] for b in by_step], axis=0)
-                     for t in steps]
+        per_layer = [np.mean([b[t].sink for b in by_step], axis=0) for t in steps]
         rows.append({**_size_fields(k[0]), **_arm_fields(k[1:]), "n": len(group), "steps": steps,
                      "per_layer": [p.tolist() for p in per_layer], "max_layer": [float(p.max()) for p in per_layer],
                      "share_above": [_mean_shares([b[t] for b in by_step]) for t in steps]})
@@ -145,10 +145,10 @@ def norm_factor_table(runs: Runs) -> dict[str, Any]:
     saturated: dict[tuple, list[Emulation]] = {}
     for r in runs:
         recs = r.analysis
-        if recs and "norm_factor" in recs[0]:
+        if recs and recs[0].norm_factor:
             m = measured.setdefault(_group_key(r), {"start": [], "end": []})
-            m["start"].append(float(np.mean(list(recs[0]["norm_factor"].values()))))
-            m["end"].append(float(np.mean(list(recs[-1]["norm_factor"].values()))))
+            m["start"].append(float(np.mean(list(recs[0].norm_factor.values()))))
+            m["end"].append(float(np.mean(list(recs[-1].norm_factor.values()))))
         e = run_emulation(r)
         if e is not None:
             saturated.setdefault(_group_key(r), []).append(e)
@@ -301,12 +301,12 @@ def trajectories(runs: Runs) -> list[dict[str, Any]]:
     out = []
     for r in runs:
         recs = r.analysis
-        if not recs or "stable_rank" not in recs[0]:
+        if not recs or not recs[0].stable_rank:
             continue
         out.append({"cell": r.name, "dir": str(r.path), **_size_fields(r.size), "gamma": float(r.config["model.gamma"]),
-                    "seed": r.seed, "steps": [x["step"] for x in recs],
-                    "stable_rank": {m: [x["stable_rank"][m] for x in recs] for m in recs[0]["stable_rank"]},
-                    "mean_abs_cos": {m: [x["mean_abs_cos"][m] for x in recs] for m in recs[0].get("mean_abs_cos", {})}})
+                    "seed": r.seed, "steps": [x.step for x in recs],
+                    "stable_rank": {m: [x.stable_rank[m] for x in recs] for m in recs[0].stable_rank},
+                    "mean_abs_cos": {m: [x.mean_abs_cos[m] for x in recs] for m in recs[0].mean_abs_cos}})
     return out
 
 

@@ -14,22 +14,26 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, flatten
+from ..config import Config, flatten, set_dotted
 from ..io import read_json
 from ..model import Transformer
 from ..train.metrics import METRICS_FILE, read_metrics
 from ..train.monitor import MONITOR_FILE
+from ..train.records import AnalysisRecord, EvalRecord, NormFactorRecord, Record, StepRecord, parse_record
 
 
 @dataclass
 class Run:
-    """A run folder: ``config`` is flat ("model.gamma" → 1.0); metrics are read when first asked for."""
+    """A run folder: ``config`` is flat ("model.gamma" → 1.0), the selections' keys, and ``cfg`` the same as a
+    Config; metrics.jsonl is read when first asked for and parsed once into its records' types
+    (smallinit.train.records): ``evals``, ``train_log``, ``nonfinite``, ``analysis``, ``norm_records``."""
 
     path: Path
     name: str
     config: dict[str, Any]
     summary: dict[str, Any] = field(default_factory=dict)  # empty until the run finished
     error: str = ""  # why the run failed, where its sweep recorded a failure
+    monitored: bool = False  # a Monitor's folder beside another engine's training: its config is no Config
 
     @staticmethod
     def load(path: str | Path, name: str | None = None) -> Run | None:
@@ -37,29 +41,57 @@ class Run:
         path = Path(path)
         raw = read_json(path / "config.json")
         if isinstance(raw, dict) and isinstance(raw.get("model"), dict):
-            config = flatten(raw)
+            config, monitored = flatten(raw), False
             config.setdefault("model.norm_eps_width", 0)  # runs written before ε emulation existed
-        elif isinstance(monitored := read_json(path / MONITOR_FILE), dict) and isinstance(monitored.get("model"), dict):
-            batch = monitored.get("batch") or [None, None]  # the held-out batch: its length is what was measured
-            config = {**flatten({"model": monitored["model"]}), "train.steps": monitored.get("total_steps"),
-                      "data.seq_len": batch[-1], "analysis.batch_size": batch[0], "engine": monitored.get("engine"),
-                      **(monitored.get("settings") or {})}
+        elif isinstance(known := read_json(path / MONITOR_FILE), dict) and isinstance(known.get("model"), dict):
+            batch = known.get("batch") or [None, None]  # the held-out batch: its length is what was measured
+            config = {**flatten({"model": known["model"]}), "train.steps": known.get("total_steps"),
+                      "data.seq_len": batch[-1], "analysis.batch_size": batch[0], "engine": known.get("engine"),
+                      **(known.get("settings") or {})}
+            monitored = True
         else:
             return None
         summary = read_json(path / "summary.json")
-        return Run(path, name or path.name, config, summary if isinstance(summary, dict) else {})
+        return Run(path, name or path.name, config, summary if isinstance(summary, dict) else {}, monitored=monitored)
+
+    @cached_property
+    def cfg(self) -> Config | None:
+        """The run's resolved config; None for a monitored folder, whose config holds what the monitor knew."""
+        return None if self.monitored else config_from_flat(self.config)
 
     @cached_property
     def metrics(self) -> list[dict[str, Any]]:
+        """The lines of metrics.jsonl as written (the typed views below are parsed from these)."""
         return read_metrics(self.path)
 
-    def records(self, event: str) -> list[dict[str, Any]]:
-        return [r for r in self.metrics if r.get("event") == event]
+    @cached_property
+    def _records(self) -> list[Record]:
+        return [rec for rec in map(parse_record, self.metrics) if rec is not None]
 
     @cached_property
-    def analysis(self) -> list[dict[str, Any]]:
+    def evals(self) -> list[EvalRecord]:
+        """The held-out evaluations, as logged."""
+        return [r for r in self._records if isinstance(r, EvalRecord)]
+
+    @cached_property
+    def train_log(self) -> list[StepRecord]:
+        """The logged training steps (not the non-finite ones), as logged."""
+        return [r for r in self._records if isinstance(r, StepRecord) and not r.nonfinite]
+
+    @cached_property
+    def nonfinite(self) -> list[StepRecord]:
+        """The steps whose loss or gradient was not finite."""
+        return [r for r in self._records if isinstance(r, StepRecord) and r.nonfinite]
+
+    @cached_property
+    def analysis(self) -> list[AnalysisRecord]:
         """The analysis callback's records, in step order."""
-        return sorted(self.records("analysis"), key=lambda r: r.get("step", 0))
+        return sorted((r for r in self._records if isinstance(r, AnalysisRecord)), key=lambda r: r.step)
+
+    @cached_property
+    def norm_records(self) -> list[NormFactorRecord]:
+        """The norm-factor records of ``analysis.norm_every``, as logged."""
+        return [r for r in self._records if isinstance(r, NormFactorRecord)]
 
     @cached_property
     def diverged_at(self) -> int | None:
@@ -69,11 +101,10 @@ class Run:
         final = self.summary.get("val_loss")
         if self.summary and not (_number(final) and not math.isfinite(final)):  # a loss, or no evaluation at all
             return None
-        bad = [int(r["step"]) for r in self.metrics if isinstance(r.get("step"), int)
-               and (r.get("event") == "nonfinite" or (_number(r.get("val_loss")) and not _finite(r["val_loss"])))]
+        bad = [r.step for r in self.nonfinite] + [e.step for e in self.evals if not e.finite]
         if self.summary:
             return min(bad, default=int(self.summary.get("step") or 0))
-        skipped = sum(r.get("event") == "nonfinite" for r in self.metrics)  # the trainer stops on the first, or
+        skipped = len(self.nonfinite)  # the trainer stops on the first, or
         stopped = skipped and (self.config.get("train.nonfinite", "stop") == "stop"  # past max_skips
                                or skipped > int(self.config.get("train.max_skips", 10)))
         return min(bad, default=0) if stopped else None
@@ -93,15 +124,13 @@ class Run:
         if "val_loss" in self.summary:
             v = self.summary["val_loss"]
             return float(v) if _finite(v) else None
-        vals = [r["val_loss"] for r in self.metrics if _finite(r.get("val_loss"))]
-        return float(vals[-1]) if vals else None
+        vals = [e.val_loss for e in self.evals if e.finite]
+        return vals[-1] if vals else None
 
     @cached_property
     def val_curve(self) -> list[tuple[int, float]]:
         """(step, validation loss) at every evaluation, in step order (the last one per step)."""
-        by_step = {int(r["step"]): float(r["val_loss"]) for r in self.metrics
-                   if _finite(r.get("val_loss")) and isinstance(r.get("step"), int)}
-        return sorted(by_step.items())
+        return sorted({e.step: e.val_loss for e in self.evals if e.finite}.items())
 
     @property
     def tokens_per_step(self) -> int:
@@ -137,6 +166,14 @@ class Run:
             elif have != want:
                 return False
         return True
+
+
+def config_from_flat(keys: dict[str, Any]) -> Config:
+    """The Config of a flat one ("model.gamma" → 1.0), checked as a config file is."""
+    raw: dict[str, Any] = {}
+    for key, value in keys.items():
+        set_dotted(raw, key, value)
+    return Config.from_dict(raw)
 
 
 def model_shape(config: dict[str, Any]) -> tuple[int, int, int, int, int]:

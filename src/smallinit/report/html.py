@@ -39,6 +39,7 @@ from ..measures.residual_flow import ResidualFlowSweep
 from ..measures.sink import uniform_sink
 from ..train.distributed import LAYOUT_KEYS
 from ..train.monitor import load_snapshots
+from ..train.records import AnalysisRecord
 from ..version import __version__
 from . import figures
 
@@ -367,9 +368,9 @@ def _section_norm_factor(doc: _Doc, runs: list[Run], analyses: list[tuple[str, d
           "note")
     rows = []
     for r in runs:
-        nf = r.analysis[0].get("norm_factor") if r.analysis else None
+        nf = r.analysis[0].norm_factor if r.analysis else None
         if nf:
-            rows.append([r.name, r.analysis[0]["step"], min(nf.values()), statistics.fmean(nf.values())])
+            rows.append([r.name, r.analysis[0].step, min(nf.values()), statistics.fmean(nf.values())])
     for name, a in analyses:
         if nf := a.get("norm_factor"):  # none where no norm could be measured (analyze says why)
             rows.append([name, a.get("step", "–"), min(nf.values()), statistics.fmean(nf.values())])
@@ -381,8 +382,8 @@ def _section_norm_factor(doc: _Doc, runs: list[Run], analyses: list[tuple[str, d
 def _section_losses(doc: _Doc, runs: list[Run], vary: list[str], groups: Groups) -> None:
     panels: dict[str, dict[str, dict[str, list]]] = {}
     for panel, curve, group in groups.items():
-        train = [[(m["step"], m["loss"]) for m in r.metrics if "loss" in m and "event" not in m] for r in group]
-        val = [[(m["step"], m["val_loss"]) for m in r.metrics if "val_loss" in m] for r in group]
+        train = [[(m.step, m.loss) for m in r.train_log] for r in group]
+        val = [[(e.step, e.val_loss) for e in r.evals] for r in group]
         c = {k: v for k, v in (("train", train), ("val", val)) if all(v)}
         if c:
             panels.setdefault(panel, {})[curve] = c
@@ -427,15 +428,15 @@ def _section_sink(doc: _Doc, groups: Groups, analyses: list[tuple[str, dict]]) -
     unknown = []  # analyses written before analyze recorded its sequence length
 
     for panel, curve, group in groups.items():
-        measured = [r for r in group if r.analysis and r.analysis[-1].get("sink")]
+        measured = [r for r in group if r.analysis and r.analysis[-1].sink]
         lasts = [r.analysis[-1] for r in measured]
         if lasts:
-            seeds = [[a["sink"][k] for k in sorted(a["sink"], key=int)] for a in lasts]
+            seeds = [list(a.sink) for a in lasts]
             panels.setdefault(panel, {})[curve] = seeds
             lengths = sorted({int(r.config["data.seq_len"]) for r in measured})  # the callback's batch; no window
             refs.setdefault(panel, {}).update((figures.uniform_label(T), uniform_sink(T)) for T in lengths)
-            found = [a["sink_share"] for a in lasts if a.get("sink_share")]
-            rows.append([Groups.name(panel, curve), len(seeds), lasts[0]["step"],
+            found = [{str(eps): v for eps, v in a.sink_share.items()} for a in lasts if a.sink_share]
+            rows.append([Groups.name(panel, curve), len(seeds), lasts[0].step,
                          uniform_sink(lengths[0]) if len(lengths) == 1 else "–",
                          *shares(found if len(found) == len(lasts) else []), *np.mean(seeds, axis=0)])
     for name, a in analyses:
@@ -470,7 +471,7 @@ def _section_sink(doc: _Doc, groups: Groups, analyses: list[tuple[str, dict]]) -
 
 def _section_residual(doc: _Doc, runs: list[Run], vary: list[str], sweeps: list[tuple[str, ResidualFlowSweep]]) -> None:
     at_init = [(r, a) for r in runs for a in r.analysis[:1]  # against γ: runs that say their γ (a monitored run may not)
-               if a["step"] == 0 and "residual_flow" in a and r.config.get("model.gamma") is not None]
+               if a.step == 0 and a.residual_flow is not None and r.config.get("model.gamma") is not None]
     if not at_init and not sweeps:
         return
     doc.h2("Residual flow (Fig. 3a)")
@@ -480,7 +481,7 @@ def _section_residual(doc: _Doc, runs: list[Run], vary: list[str], sweeps: list[
           "dashed: the paper's d^(1−γ) scaled to meet its points at the γ nearest 1.", "note")
     if at_init:
         keys = [k for k in vary if k not in ("model.gamma", "train.seed")]
-        by_setting: dict[str, list[tuple[Run, dict]]] = {}
+        by_setting: dict[str, list[tuple[Run, AnalysisRecord]]] = {}
         for r, a in at_init:
             by_setting.setdefault(json.dumps([r.config.get(k) for k in keys], default=str), []).append((r, a))
         sizes: dict[str, list[Run]] = {}
@@ -495,11 +496,11 @@ def _section_residual(doc: _Doc, runs: list[Run], vary: list[str], sweeps: list[
         series, rows = {}, []
         for group in by_setting.values():
             d = int(group[0][0].config["model.d_model"])
-            points = sorted((float(r.config["model.gamma"]), float(a["residual_flow"])) for r, a in group)
+            points = sorted((float(r.config["model.gamma"]), a.residual_flow) for r, a in group)
             label = _setting(group[0][0], label_keys) or f"d_model={d}"
             series[label] = (d, points)
             c = figures.residual_prediction(points, d)
-            rows += [[r.name, float(r.config["model.gamma"]), a["residual_flow"], c * d ** (1 - r.config["model.gamma"])]
+            rows += [[r.name, float(r.config["model.gamma"]), a.residual_flow, c * d ** (1 - r.config["model.gamma"])]
                      for r, a in sorted(group, key=lambda ra: (ra[0].config["model.gamma"], ra[0].name))]
         doc.raw(img(figures.residual_flow_figure(series), "residual flow against gamma"))
         doc.raw(table(["run", "γ", "ratio at init", "paper c·d^(1−γ), c through the γ = 1 points"], rows))
@@ -530,11 +531,13 @@ def _section_condensation(doc: _Doc, groups: Groups) -> None:
     panels: dict[str, dict[str, dict[str, list]]] = {}
     rows = []
     for panel, curve, group in groups.items():
-        recs = [r.analysis for r in group if r.analysis and r.analysis[0].get("stable_rank")]
+        recs = [r.analysis for r in group if r.analysis and r.analysis[0].stable_rank]
         if not recs:
             continue
-        c = {key: [[(a["step"], statistics.fmean(a[key].values())) for a in rr if a.get(key)] for rr in recs]
-             for key in ("stable_rank", "mean_abs_cos")}
+        c = {"stable_rank": [[(a.step, statistics.fmean(a.stable_rank.values())) for a in rr if a.stable_rank]
+                             for rr in recs],
+             "mean_abs_cos": [[(a.step, statistics.fmean(a.mean_abs_cos.values())) for a in rr if a.mean_abs_cos]
+                              for rr in recs]}
         panels.setdefault(panel, {})[curve] = c
         (steps, rank, _, _), (_, cos, _, _) = (figures.seed_mean(c[k]) for k in ("stable_rank", "mean_abs_cos"))
         if len(steps):

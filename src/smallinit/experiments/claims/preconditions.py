@@ -24,7 +24,7 @@ from ..power import (
     uniform_sink,
 )
 from ..runs import Run
-from .selection import Runs, last_analysis, sink_layers
+from .selection import Runs, sink_layers, sink_share
 
 
 def regime_problem(runs: Iterable[Run], traj: dict[str, Any] | None, min_tpp: float) -> str:
@@ -91,7 +91,7 @@ def sink_formed(runs: Runs) -> tuple[str, str]:
     seqs, tokens = min(m[1] for m in measured), min(m[2] for m in measured)
     per_layer = np.mean([m[0] for m in measured], axis=0)
     uniform = uniform_sink(tokens)
-    shares = [rec["sink_share"] for rec in (last_analysis(r) for r in runs) if rec and rec.get("sink_share")]
+    shares = [s for s in map(sink_share, runs) if s]
     share = "".join(f", Sink_{eps} {np.mean([s[eps] for s in shares]):.2f}" for eps in (shares[0] if shares else {}))
     note = (f"sink per layer, no gate, γ=1 (mean of {len(measured)} runs, {seqs} × {tokens} tokens): "
             + ", ".join(f"{v:.3f}" for v in per_layer) + f"; uniform attention {uniform:.3f}{share}")

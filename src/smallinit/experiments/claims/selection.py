@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ...config import emulated_eps
+from ...train.records import AnalysisRecord
 from ..runs import Run
 from ..sweep import cell_dir, cell_states, load_cells
 
@@ -158,17 +159,28 @@ def baselines(runs: Runs) -> list[tuple[str, dict[str, Any]]]:
     return found or [("", BASELINE)]
 
 
-def last_analysis(run: Run) -> dict[str, Any] | None:
+def last_analysis(run: Run) -> AnalysisRecord | None:
     """The run's last analysis record, if it was taken in the last sixth of training (the end state)."""
     recs = run.analysis
     steps = int(run.config.get("train.steps") or 0)
-    return recs[-1] if recs and recs[-1].get("step", 0) >= 5 / 6 * steps else None
+    return recs[-1] if recs and recs[-1].step >= 5 / 6 * steps else None
 
 
 def sink_mean(run: Run) -> float | None:
     """Mean sink score over layers at the end of training (the analysis record of the last step)."""
     rec = last_analysis(run)
-    return float(rec["sink_mean"]) if rec and "sink_mean" in rec else None
+    return rec.sink_mean if rec else None
+
+
+def sink_share(run: Run) -> dict[float, float]:
+    """Sink_ε per ε at the end of training; empty where it was not recorded."""
+    rec = last_analysis(run)
+    return rec.sink_share if rec else {}
+
+
+def mean_stable_rank(rec: AnalysisRecord) -> float:
+    """The stable rank of an analysis record, averaged over its matrices."""
+    return float(np.mean(list(rec.stable_rank.values())))
 
 
 def effective_eps(run: Run) -> float:
@@ -181,14 +193,13 @@ def effective_eps(run: Run) -> float:
 def measured_factor_at_init(run: Run) -> float | None:
     """The mean measured RMSNorm factor over the model's norms at step 0 (the analysis callback's, else the
     norm-factor records of ``analysis.norm_every``)."""
-    recs = [r for r in (*run.analysis, *run.records("norm_factor")) if r.get("step") == 0 and r.get("norm_factor")]
-    return float(np.mean(list(recs[0]["norm_factor"].values()))) if recs else None
+    recs = [r for r in (*run.analysis, *run.norm_records) if r.step == 0 and r.norm_factor]
+    return float(np.mean(list(recs[0].norm_factor.values()))) if recs else None
 
 
 def sink_layers(run: Run) -> tuple[list[float], int, int] | None:
     """Per-layer sink scores at the end of training, with the sequences and tokens they were measured on."""
     rec = last_analysis(run)
-    if not rec or "sink" not in rec:
+    if not rec or not rec.sink:
         return None
-    layers = [float(rec["sink"][k]) for k in sorted(rec["sink"], key=int)]
-    return layers, int(run.config.get("analysis.batch_size", 0)), int(run.config.get("data.seq_len", 0))
+    return list(rec.sink), int(run.config.get("analysis.batch_size", 0)), int(run.config.get("data.seq_len", 0))
