@@ -358,9 +358,10 @@ def test_analyze_and_compare_read_an_exported_run_as_they_read_the_run(corpus, t
                                  "train.batch_size=2", "train.warmup_steps=1", "train.eval_every=0",
                                  "train.eval_batches=1", "train.checkpoint_every=0", f"data.corpus={corpus}"])
     Trainer(cfg, tmp_path / "run", callbacks=[]).fit()
-    assert main(["export-hf", str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
+    assert main(["export-hf", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "qwen3_next"
-    common = ["--data", str(corpus), "--batches", "1", "--batch-size", "2", "--seq-len", "32"]
+    common = ["--data", str(corpus), "--set", "train.eval_batches=1", "--set", "train.batch_size=2", "--set",
+              "data.seq_len=32"]
     for name in ("run", "hf"):
         assert main(["analyze", str(tmp_path / name), *common, "--out", str(tmp_path / f"a-{name}")]) == 0
     ours, theirs = (json.loads((tmp_path / f"a-{n}" / "analysis.json").read_text()) for n in ("run", "hf"))
@@ -373,7 +374,7 @@ def test_analyze_and_compare_read_an_exported_run_as_they_read_the_run(corpus, t
     assert "Sink_0.3" in capsys.readouterr().out
 
     assert main(["compare", str(tmp_path / "run"), str(tmp_path / "hf"), "--data", str(corpus), "--max-tokens",
-                 "128", "--seq-len", "32", "--out", str(tmp_path / "cmp")]) == 0
+                 "128", "--set", "data.seq_len=32", "--out", str(tmp_path / "cmp")]) == 0
     gap = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert abs(gap["mean_delta_sym"]) < 1e-5 and gap["tokens"] >= 128
 
@@ -382,8 +383,8 @@ def test_cli_on_hf_folders_and_on_a_folder_that_is_neither(corpus, tmp_path, cap
     from smallinit.cli import main
 
     a, b = _hf_folder(tmp_path / "a"), _hf_folder(tmp_path / "b", tokenizer="default")
-    assert main(["analyze", str(a), "--data", str(corpus), "--batches", "1", "--batch-size", "2",
-                 "--seq-len", "16"]) == 0
+    assert main(["analyze", str(a), "--data", str(corpus), "--set", "train.eval_batches=1", "--set",
+                 "train.batch_size=2", "--set", "data.seq_len=16"]) == 0
     assert (a / "analysis" / "analysis.json").is_file() and (a / "analysis" / "norms_matrices.png").is_file()
     capsys.readouterr()
 

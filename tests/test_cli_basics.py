@@ -37,7 +37,7 @@ def test_a_command_group_alone_prints_its_help(argv, usage, capsys):
 def test_a_subcommand_still_runs_and_a_wrong_one_is_one_line(tmp_path, capsys):
     corpus = tmp_path / "c.txt"
     corpus.write_text("to be or not to be, that is the question\n" * 50)
-    assert main(["tokenizer", "train", str(corpus), "--vocab-size", "270", "--out", str(tmp_path / "t.json")]) == 0
+    assert main(["tokenizer", "train", str(corpus), "--vocab-size", "270", "--out", str(tmp_path / "t")]) == 0
     assert "(vocab 270)" in capsys.readouterr().out
     with pytest.raises(SystemExit) as e:
         main(["tokenizer", "bogus"])
@@ -110,15 +110,16 @@ def test_the_licence_is_an_spdx_expression():
 
 
 def test_the_demo_times_quoted_agree_and_meet_their_budgets(capsys):
-    """README, `smallinit --help` and docs/experiments.md quote the same measured demo times (the slowest of several
-    runs), and those meet the demos' budgets: the full demo ≤ 20 min, --quick ≤ 3 min."""
+    """README and docs/experiments.md quote the same measured demo times (the slowest of several runs), and those
+    meet the demos' budgets: the full demo ≤ 20 min, --quick ≤ 3 min. `smallinit --help` quotes none (times drift
+    with the code and the machine): it points to the README."""
     root = Path(__file__).resolve().parents[1]
-    for argv in (["--help"], ["demo", "--help"]):  # the full demo's time is in the first, --quick's in both
+    for argv in (["--help"], ["demo", "--help"]):
         with pytest.raises(SystemExit):
             main(argv)
-    helps = capsys.readouterr().out
+    helps = " ".join(capsys.readouterr().out.split())
+    assert not re.findall(r"\d+ min|\d+ s\b", helps) and "how long it takes: README.md" in helps
     texts = {"README.md": (root / "README.md").read_text(encoding="utf-8").split("```")[1],
-             "--help": helps[:helps.index("usage: smallinit demo")],
              "docs/experiments.md": (root / "docs" / "experiments.md").read_text(encoding="utf-8").split("```")[1]}
     for where, text in texts.items():
         times = [int(m) * 60 + int(s) for m, s in re.findall(r"(\d+) min (\d+) s", " ".join(text.split()))]

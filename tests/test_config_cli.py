@@ -103,7 +103,7 @@ def test_bad_files(tmp_path):
     ["train", "--config", "/nonexistent.toml"],
     ["train", "--set", "data.corpus=/nonexistent/corpus.txt", "--set", "data.tokenizer=bytes"],
     ["info", "--set", "model.gate=x"],
-    ["tokenizer", "train", "/nonexistent/dir", "--out", "x.json"],
+    ["tokenizer", "train", "/nonexistent/dir", "--out", "x"],
 ])
 def test_cli_errors_are_one_line_exit_2(argv, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)

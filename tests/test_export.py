@@ -136,13 +136,13 @@ def test_export_refuses_occupied_folder_and_cli(corpus, tmp_path, capsys):
     (occupied / "notes.txt").write_text("keep me")
     with pytest.raises(ExportError, match="not empty"):
         export_hf(run, occupied)
-    assert main(["export-hf", str(run), str(occupied)]) == 2
+    assert main(["export-hf", str(run), "--out", str(occupied)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "not empty" in err
     assert [p.name for p in occupied.iterdir()] == ["notes.txt"]
     assert (occupied / "notes.txt").read_text() == "keep me"
 
-    assert main(["export-hf", str(run / "checkpoints" / "step_0000003"), str(tmp_path / "hf")]) == 0
+    assert main(["export-hf", str(run / "checkpoints" / "step_0000003"), "--out", str(tmp_path / "hf")]) == 0
     assert "SmallinitForCausalLM" in capsys.readouterr().out
     names = {p.name for p in (tmp_path / "hf").iterdir()}
     assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json",
@@ -173,7 +173,8 @@ def test_init_hf_sets_every_std_and_eps(raw, gamma, as_folder, tmp_path, capsys)
     src.mkdir()
     (src / "config.json").write_text(json.dumps(raw))
     arg = src if as_folder else src / "config.json"
-    assert main(["init-hf", str(arg), str(tmp_path / "out"), "--gamma", str(gamma), "--norm-eps", "1e-12"]) == 0
+    assert main(["init-hf", str(arg), "--out", str(tmp_path / "out"), "--set", f"model.gamma={gamma}", "--set",
+                 "model.norm_eps=1e-12"]) == 0
     printed = capsys.readouterr().out
     assert f"γ = {gamma:g}" in printed and "model.embed_tokens.weight" in printed
 
@@ -216,6 +217,6 @@ def test_init_hf_errors_are_one_line(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("{not json")
     (tmp_path / "unknown.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
     for arg in ("missing.json", "bad.json", "unknown.json"):
-        assert main(["init-hf", str(tmp_path / arg), str(tmp_path / "out")]) == 2
+        assert main(["init-hf", str(tmp_path / arg), "--out", str(tmp_path / "out")]) == 2
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()

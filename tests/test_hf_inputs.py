@@ -17,12 +17,12 @@ from smallinit.data import EOS_TOKEN, load_tokenizer  # noqa: E402
 
 LLAMA = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
-SMALL = ["--batches", "1", "--batch-size", "2", "--seq-len", "32"]
+SMALL = ["--set", "train.eval_batches=1", "--set", "train.batch_size=2", "--set", "data.seq_len=32"]
 
 
 def _init_hf(tmp_path, name: str, vocab: int, *extra: str) -> tuple[int, str]:
     (tmp_path / f"{name}.json").write_text(json.dumps({**LLAMA, "vocab_size": vocab}))
-    return main(["init-hf", str(tmp_path / f"{name}.json"), str(tmp_path / name), *extra]), name
+    return main(["init-hf", str(tmp_path / f"{name}.json"), "--out", str(tmp_path / name), *extra]), name
 
 
 def _gpt2(path, seed: int = 0, tokenizer: bool = True):
@@ -103,7 +103,8 @@ def test_compare_on_hf_folders_stops_at_its_default_budget_with_progress(corpus,
     """Without a budget, compare read the whole text silently (30 minutes on the builtin corpus)."""
     a, b = _gpt2(tmp_path / "a", seed=0), _gpt2(tmp_path / "b", seed=1)
     capsys.readouterr()
-    assert main(["compare", str(a), str(b), "--data", str(corpus), "--seq-len", "64", "--batch-size", "64", "--out",
+    assert main(["compare", str(a), str(b), "--data", str(corpus), "--set", "data.seq_len=64", "--set",
+                 "train.batch_size=64", "--out",
                  str(tmp_path / "cmp")]) == 0  # the corpus holds ~60,000 tokens, past the budget
     gap = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert gap["tokens"] == COMPARE_TOKENS  # the whole text (60,032 tokens) before the budget

@@ -548,7 +548,8 @@ def test_hostile_corpus_and_names_cannot_inject_into_the_report(tmp_path):
                                      f"model.gamma={gamma}"])
         Trainer(cfg, root / f"g{gamma}", callbacks=[]).fit()
     code, _, err = cli(["compare", str(root / "g1.0"), str(root / "g0.5"), "--out", str(root / "cmp"),
-                        "--data", str(corpus), "--top-k", "5", "--batch-size", "2", "--bins", "2", "--max-tokens", "600",
+                        "--data", str(corpus), "--top-k", "5", "--set", "train.batch_size=2", "--bins", "2",
+                        "--max-tokens", "600",
                         "--labels", '<b onmouseover=alert(6)>A</b>,"B<script>"'])
     assert code == 0, err
     code, _, err = cli(["report", str(root)])

@@ -283,11 +283,11 @@ def test_init_hf_eps_it_cannot_keep_exits_2(raw, tmp_path, capsys):
 
     pytest.importorskip("transformers")
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    assert main(["init-hf", str(tmp_path / "config.json"), str(tmp_path / "out")]) == 2
+    assert main(["init-hf", str(tmp_path / "config.json"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "ε" in err[0] and "--keep-norm-eps" in err[0]
     assert not (tmp_path / "out").exists()
-    assert main(["init-hf", str(tmp_path / "config.json"), str(tmp_path / "out"), "--keep-norm-eps"]) == 0
+    assert main(["init-hf", str(tmp_path / "config.json"), "--out", str(tmp_path / "out"), "--keep-norm-eps"]) == 0
     assert "the architecture's, kept" in capsys.readouterr().out
 
 
@@ -337,7 +337,7 @@ def test_init_hf_prints_the_post_branch_note(arch, noted, tmp_path, capsys):
 
     hf_tiny = pytest.importorskip("hf_tiny")
     hf_tiny.tiny_config(arch).save_pretrained(tmp_path / "cfg")
-    assert main(["init-hf", str(tmp_path / "cfg"), str(tmp_path / "out"), "--keep-norm-eps"]) == 0
+    assert main(["init-hf", str(tmp_path / "cfg"), "--out", str(tmp_path / "out"), "--keep-norm-eps"]) == 0
     out = capsys.readouterr().out
     assert ("renormalise a branch's output right before it is added to the residual stream" in out) == noted
 

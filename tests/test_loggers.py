@@ -87,7 +87,7 @@ def test_tensorboard_is_off_by_default(corpus, tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed")
 def test_wandb_flag_without_the_package_is_a_one_line_error(corpus, tmp_path, capsys):
-    argv = ["train", "--wandb", "--out", str(tmp_path / "run")]
+    argv = ["train", "--set", "train.wandb=true", "--out", str(tmp_path / "run")]
     for item in tiny(corpus):
         argv += ["--set", item]
     assert main(argv) == 2

@@ -427,7 +427,7 @@ def test_cli_tokenizer_and_cache_unwritable(tmp_path, capsys, monkeypatch):
     corpus.write_text("some text to tokenise " * 50)
     with failing_writes(tmp_path / "ro", errno.EROFS):
         assert main(["tokenizer", "train", str(corpus), "--vocab-size", "300", "--out",
-                     str(tmp_path / "ro" / "tok.json")]) == 2
+                     str(tmp_path / "ro" / "tok")]) == 2
     assert "Read-only file system" in one_line(capsys.readouterr().err)
     monkeypatch.setenv("SMALLINIT_CACHE", str(corpus))  # the cache "folder" is a file
     sets = [a for s in (*TINY, f"data.corpus={corpus}") for a in ("--set", s)]
@@ -444,7 +444,7 @@ def test_report_and_export_cut_short_mid_write_leave_no_partial_files(reference,
     with file_size_limit(16 << 10):  # the report (base64 figures) and the exported weights are larger
         assert main(["report", str(run)]) == 2
         assert "File too large" in one_line(capsys.readouterr().err)
-        assert main(["export-hf", str(run), str(tmp_path / "hf")]) == 2
+        assert main(["export-hf", str(run), "--out", str(tmp_path / "hf")]) == 2
         assert "File too large" in one_line(capsys.readouterr().err)
     assert snapshot(run) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]

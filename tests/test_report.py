@@ -61,11 +61,13 @@ def report_dir(tmp_path_factory):
     for name, extra in RUNS.items():
         assert main(["train", "--out", str(runs / name), *_sets(TINY + extra),
                      "--set", f"data.corpus={json.dumps(str(corpus))}"]) == 0
-    assert main(["analyze", str(runs / "g1.0"), "--batches", "1", "--batch-size", "2"]) == 0
+    assert main(["analyze", str(runs / "g1.0"), "--set", "train.eval_batches=1", "--set", "train.batch_size=2"]) == 0
     with pytest.MonkeyPatch.context() as mp:  # compare without --out writes beside run A, not here
         mp.chdir(root)
-        assert main(["compare", str(runs / "g1.0"), str(runs / "g0.5"), "--top-k", "3", "--batch-size", "2"]) == 0
-    assert main(["coordcheck", "--out", str(root / "cc"), "--gammas", "0.5,1", "--steps", "1", "--batch-size", "2",
+        assert main(["compare", str(runs / "g1.0"), str(runs / "g0.5"), "--top-k", "3", "--set",
+                     "train.batch_size=2"]) == 0
+    assert main(["coordcheck", "--out", str(root / "cc"), "--gammas", "0.5,1", "--steps", "1", "--set",
+                 "train.batch_size=2",
                  *_sets(["model.n_layers=2", "model.vocab_size=257", "data.seq_len=16"]), "--residual-flow",
                  "--widths", "32,64", "--seeds", "0,1"]) == 0
     assert main(["report", str(root)]) == 0
@@ -128,8 +130,8 @@ def test_report_numbers_come_from_the_files(report_dir):
 def test_analyze_says_what_each_number_is(report_dir, tmp_path, capsys):
     """No number alone: each line names what it measures and what to compare it with."""
     capsys.readouterr()
-    assert main(["analyze", str(report_dir / "runs" / "g1.0"), "--batches", "1", "--batch-size", "2",
-                 "--out", str(tmp_path)]) == 0
+    assert main(["analyze", str(report_dir / "runs" / "g1.0"), "--set", "train.eval_batches=1", "--set",
+                 "train.batch_size=2", "--out", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("step 4: loss ") and "nats/token" in lines[0]
     assert lines[1].startswith("sink score ") and "attention spread evenly gives" in lines[1]
@@ -139,7 +141,7 @@ def test_analyze_says_what_each_number_is(report_dir, tmp_path, capsys):
     assert lines[5].startswith("stable rank ‖W‖_F²/‖W‖_2²: median ") and "of min(m, n) over" in lines[5]
     assert ("this loss is on 2 windows of 32 tokens from the start of the validation split, training's val "
             "loss on 32 windows of 32 tokens, so the two differ a little; to measure on training's windows "
-            "add --batches 8 --batch-size 4 --seq-len 32") in lines[6:]
+            "add --set train.eval_batches=8 --set train.batch_size=4 --set data.seq_len=32") in lines[6:]
 
 
 def test_report_refuses_an_empty_folder(tmp_path, capsys):
@@ -329,7 +331,7 @@ def test_compare_writes_beside_run_a_and_says_where(report_dir, capsys):
     assert {p.name for p in out.iterdir()} == {"compare.json", "token_gap.png"}
     assert not (report_dir / "compare").exists()  # the fixture ran it from report_dir
     assert main(["compare", str(report_dir / "runs" / "d16"), str(report_dir / "runs" / "g1.0"), "--labels",
-                 "small,γ = 1 / big", "--top-k", "1", "--batch-size", "2", "--max-tokens", "64"]) == 0
+                 "small,γ = 1 / big", "--top-k", "1", "--set", "train.batch_size=2", "--max-tokens", "64"]) == 0
     printed = capsys.readouterr().out
     target = report_dir / "runs" / "d16" / "analysis" / "compare-γ-=-1-big"
     assert f"wrote {target / 'compare.json'}" in printed and (target / "token_gap.png").is_file()
@@ -337,7 +339,7 @@ def test_compare_writes_beside_run_a_and_says_where(report_dir, capsys):
 
 def test_coordcheck_writes_under_runs_and_says_where(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert main(["coordcheck", "--gammas", "1", "--steps", "1", "--batch-size", "2",
+    assert main(["coordcheck", "--gammas", "1", "--steps", "1", "--set", "train.batch_size=2",
                  *_sets(["model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.n_kv_heads=2",
                          "model.d_ff=32", "model.vocab_size=257", "data.seq_len=8"])]) == 0
     assert [p.name for p in tmp_path.iterdir()] == ["runs"]
@@ -348,10 +350,10 @@ def test_coordcheck_writes_under_runs_and_says_where(tmp_path, monkeypatch, caps
 def test_report_of_several_folders_needs_out(report_dir, tmp_path, capsys):
     assert main(["report", str(report_dir / "runs"), str(report_dir / "cc")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "--out FILE.html" in err
+    assert err.count("\n") == 0 and "--out DIR" in err
     assert not (report_dir / "runs" / "report.html").exists()
-    assert main(["report", str(report_dir / "runs"), str(tmp_path / "missing"), "--out", str(tmp_path / "r.html")]) == 2
-    assert "is not a folder" in capsys.readouterr().err and not (tmp_path / "r.html").exists()
+    assert main(["report", str(report_dir / "runs"), str(tmp_path / "missing"), "--out", str(tmp_path / "r")]) == 2
+    assert "is not a folder" in capsys.readouterr().err and not (tmp_path / "r").exists()
 
 
 def test_loss_gaps_along_training_are_drawn_from_the_findings(tmp_path):

@@ -114,7 +114,7 @@ def test_a_file_cannot_choose_the_program_but_the_command_line_can(tmp_path, cor
 def test_bad_jobs_and_status_of_a_non_sweep(tmp_path, capsys, corpus):
     path = sweep_file(tmp_path, corpus, '[grid]\n"model.gamma" = [1.0]\n')
     assert main(["sweep", str(path), "--out", str(tmp_path / "o"), "--jobs", "0"]) == 2
-    assert main(["sweep", "--status", str(tmp_path)]) == 2
+    assert main(["status", str(tmp_path)]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and "--jobs 0" in err[0] and "not a sweep folder" in err[1]
 
@@ -173,7 +173,7 @@ def test_kill_mid_cell_then_rerun_finishes_without_redoing(tmp_path, corpus, cap
     assert [status[c]["status"] for c in ("seed-0", "seed-1")] == ["done", "running"]
     first = _mtimes(out / "cells" / "seed-0")
 
-    assert main(["sweep", "--status", str(out)]) == 0
+    assert main(["status", str(out)]) == 0
     table = capsys.readouterr().out
     assert "seed-1" in table and "running" in table and "1 done, 1 running" in table
 

@@ -141,9 +141,11 @@ def test_analyze_says_which_batches_its_loss_is_on(tmp_path, capsys):
     run = tmp_path / "run"
     Trainer(tiny("train.steps=4"), run, callbacks=[]).fit()
     val = json.loads((run / "summary.json").read_text())["val_loss"]
-    assert main(["analyze", str(run), "--batches", "2", "--batch-size", "8", "--out", str(tmp_path / "x")]) == 0
+    assert main(["analyze", str(run), "--set", "train.eval_batches=2", "--set", "train.batch_size=8",
+                 "--out", str(tmp_path / "x")]) == 0
     out = capsys.readouterr().out
     assert "the validation windows training's val loss is measured on" in out
     assert float(out.split("loss ")[1].split()[0]) == pytest.approx(val, abs=1e-4)
-    assert main(["analyze", str(run), "--batches", "1", "--out", str(tmp_path / "y")]) == 0
-    assert "to measure on training's windows add --batches 2 --batch-size 8 --seq-len 32" in capsys.readouterr().out
+    assert main(["analyze", str(run), "--set", "train.eval_batches=1", "--out", str(tmp_path / "y")]) == 0
+    assert ("to measure on training's windows add --set train.eval_batches=2 --set train.batch_size=8 --set "
+            "data.seq_len=32") in capsys.readouterr().out

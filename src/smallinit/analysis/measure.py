@@ -105,7 +105,7 @@ def held_out_batches(
 def _check_seq_len(seq_len: int, max_seq_len: int) -> int:
     if not 1 <= seq_len <= max_seq_len:
         raise ConfigError(f"sequence length {seq_len} is outside 1..{max_seq_len} (the model's max_seq_len); "
-                          "pass a smaller --seq-len")
+                          "pass a smaller data.seq_len (--set data.seq_len=N)")
     return seq_len
 
 
@@ -140,7 +140,8 @@ def analyze_model(
         per_batch.append(acts)
         n_tokens += y.numel()
     if not per_batch:
-        raise DataError("no complete sequence to analyse; pass more text with --data or a smaller --seq-len")
+        raise DataError("no complete sequence to analyse; pass more text with --data or a smaller data.seq_len "
+                        "(--set data.seq_len=N)")
     result = _mean_dicts(per_batch)
     result["not_measured"] = not_measured
     if notes:

@@ -386,7 +386,7 @@ def init_hf(
     tok, tok_line = init_tokenizer(tokenizer, text_config.vocab_size,
                                    getattr(text_config, "max_position_embeddings", None) or 1 << 30)
     if norm_eps is not None and not norm_eps > 0:
-        raise ConfigError(f"--norm-eps must be > 0 (the paper uses 1e-12), got {norm_eps}")
+        raise ConfigError(f"model.norm_eps must be > 0 (the paper uses 1e-12), got {norm_eps}")
     fields = []
     if norm_eps is not None:
         for cfg in {id(c): c for c in (config, config.get_text_config())}.values():

@@ -732,7 +732,7 @@ def build_report(roots: str | os.PathLike | Sequence[str | os.PathLike],
         if not root.is_dir():
             raise ReportError(f"{root} is not a folder; pass run, sweep or recipe folders")
     if not roots or (out is None and len(roots) > 1):
-        raise ReportError("one report from several folders needs a place of its own: add --out FILE.html"
+        raise ReportError("one report from several folders needs a place of its own: add --out DIR"
                           if roots else "pass at least one run, sweep or recipe folder")
     base = Path(os.path.commonpath([r.resolve() for r in roots]))  # the folder itself when there is one
     runs = _find_runs(roots, base)

@@ -83,7 +83,7 @@ class WandbLogger(Callback):
         try:
             import wandb
         except ImportError:
-            raise ConfigError("--wandb needs the wandb package, which is not installed; pip install wandb") from None
+            raise ConfigError("train.wandb needs the wandb package, which is not installed; pip install wandb") from None
         self.wandb = wandb
         self.run = None
 

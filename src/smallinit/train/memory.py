@@ -159,7 +159,7 @@ def describe_memory(cfg: Config, gpus: int = 1) -> str:
     """The estimate for a resolved config on ``gpus`` GPUs (``smallinit info --memory``), as a table."""
     tc = cfg.train
     if gpus < 1:
-        raise ConfigError(f"--gpus must be ≥ 1, got {gpus}")
+        raise ConfigError(f"--num-devices must be ≥ 1, got {gpus}")
     if tc.batch_size % (gpus * tc.grad_accum):
         raise ConfigError(f"train.batch_size={tc.batch_size} does not divide into {gpus} GPUs × "
                           f"train.grad_accum={tc.grad_accum} micro-batches; change one of them")
