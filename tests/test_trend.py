@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
+from smallinit.config import TrainConfig
 from smallinit.experiments.budget import budget_schedule
 from smallinit.experiments.claims.loss import MOVING, second_half, trend_course
-from smallinit.experiments.plan import _evaluations
 
 DRAWS = 20000
 DEMO_STEPS = (142, 563, 708, 1586, 2815)  # the demo's quick/full (d16, d32) and cpu-long (d16/24/32) run lengths
@@ -20,7 +20,7 @@ DEMO_STEPS = (142, 563, 708, 1586, 2815)  # the demo's quick/full (d16, d32) and
 def schedule(steps: int, tokens_per_param: float = 20.0) -> np.ndarray:
     """Tokens per parameter at each evaluation the trainer makes in a recipe run of ``steps`` (eval_points 8)."""
     every = budget_schedule(steps, {"eval_points": 8})["train.eval_every"]
-    return tokens_per_param * np.asarray(_evaluations(steps, every), dtype=float) / steps
+    return tokens_per_param * np.asarray(TrainConfig(steps=steps, eval_every=every).eval_steps(), dtype=float) / steps
 
 
 def draws(rng: np.random.Generator, course: np.ndarray, n: int, sd_seed: float = 0.8,

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -206,6 +207,17 @@ class TrainConfig:
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"train.grad_accum={self.grad_accum} must divide train.batch_size={self.batch_size}")
 
+    # -- the evaluation schedule: the trainer evaluates where this says, the planner counts what it says --------
+
+    def evaluates(self, step: int) -> bool:
+        """Whether the validation loss is measured at ``step`` (0: before the first step): every ``eval_every``
+        steps from 0, and always the last."""
+        return (bool(self.eval_every) and step % self.eval_every == 0) or step == self.steps
+
+    def eval_steps(self, start: int = 0) -> list[int]:
+        """The steps a run evaluates at when training starts from step ``start`` (a resumed run's checkpoint)."""
+        return _due_steps(self.evaluates, self.eval_every, self.steps, start)
+
 
 @dataclass
 class DataConfig:
@@ -251,6 +263,24 @@ class AnalysisConfig:
                 raise ConfigError(f"analysis.{key} must be a list of name patterns, got {value!r}")
         if self.snapshots < 0 or self.heatmap_rows < 2 or self.batch_size < 1:
             raise ConfigError("analysis.snapshots must be ≥ 0, analysis.heatmap_rows ≥ 2, analysis.batch_size ≥ 1")
+
+    # -- the analysis schedule: the Monitor measures where this says, the planner counts what it says ----------
+
+    def analyses(self, step: int) -> bool:
+        """Whether the full analysis record is taken at ``step`` (0: before the first step)."""
+        return bool(self.every) and step % self.every == 0
+
+    def measures_norms(self, step: int) -> bool:
+        """Whether a norm-factor record is taken at ``step`` (beside the full record where both are due)."""
+        return bool(self.norm_every) and step % self.norm_every == 0
+
+    def steps(self, total: int, start: int = 0) -> list[int]:
+        """The steps of a ``total``-step run with a full analysis record, training from step ``start``."""
+        return _due_steps(self.analyses, self.every, total, start)
+
+    def norm_steps(self, total: int, start: int = 0) -> list[int]:
+        """The steps of a ``total``-step run with a norm-factor record, training from step ``start``."""
+        return _due_steps(self.measures_norms, self.norm_every, total, start)
 
 
 @dataclass
@@ -364,6 +394,15 @@ def config_keys() -> list[KeyDoc]:
     for section in ("model", "train", "data", "analysis"):
         walk(getattr(default, section), f"{section}.")
     return keys
+
+
+def _due_steps(due: Callable[[int], bool], every: int, last: int, start: int) -> list[int]:
+    """The steps from ``start`` to ``last`` at which ``due`` holds; ``start`` itself only when it is 0, since a run
+    resumed from step ``start`` measured that step before it stopped. ``due`` can hold only at multiples of
+    ``every`` and at ``last``, so only those are asked (a long run is not walked step by step)."""
+    first = start + 1 if start else 0
+    asked = {last}.union(range(-(-first // every) * every, last + 1, every) if every else ())
+    return sorted(s for s in asked if s >= first and due(s))
 
 
 def _positive(obj: Any, *names: str) -> None:

@@ -140,7 +140,7 @@ class Monitor:
             return set()
         if self.total_steps is None:  # length unknown: the start, then at doubling intervals
             return {0} | {every * 2**k for k in range(n - 1)}
-        measured = list(range(0, self.total_steps + 1, every))
+        measured = self.cfg.steps(self.total_steps)
         targets = [round(i * self.total_steps / (n - 1)) for i in range(n)] if n > 1 else [0]
         return {next((s for s in measured if s >= t), measured[-1]) for t in targets}
 
@@ -195,8 +195,7 @@ class Monitor:
     # -- measuring -----------------------------------------------------------------------------------------
 
     def due(self, step: int) -> bool:
-        every, norm_every = self.cfg.every, self.cfg.norm_every
-        return bool((every and step % every == 0) or (norm_every and step % norm_every == 0))
+        return self.cfg.analyses(step) or self.cfg.measures_norms(step)
 
     def __call__(self, step: int) -> dict[str, Any] | None:
         """Measure at ``step`` what is due there (the full record, the norms' record, or both from one forward);
@@ -204,9 +203,8 @@ class Monitor:
         if step == self.last_step or not self.due(step):
             return None
         self.last_step = step
-        every, norm_every = self.cfg.every, self.cfg.norm_every
-        full = self.measure(step) if every and step % every == 0 else None
-        if norm_every and step % norm_every == 0:
+        full = self.measure(step) if self.cfg.analyses(step) else None
+        if self.cfg.measures_norms(step):
             norms = self.measure_norms(step, None if full is None else full.get("norm_factor"))
             return full or norms
         return full

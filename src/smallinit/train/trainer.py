@@ -339,7 +339,7 @@ class Trainer:
         tokens_per_step = tc.batch_size * self.cfg.data.seq_len
         for cb in self.callbacks:
             cb.on_train_start(self)
-        if self.step == 0 and tc.eval_every:
+        if self.step == 0 and tc.evaluates(0):  # a resumed run measured its checkpoint's step before it stopped
             self._eval_and_log()
         t_last, step_last = time.perf_counter(), self.step
         # the newest measured value, so a resumed run's summary keeps it (read_metrics skips torn lines)
@@ -357,7 +357,7 @@ class Trainer:
                     record["tokens_per_s"] = float("nan")
                 for cb in self.callbacks:
                     cb.on_step_end(self, record)
-                if (tc.eval_every and self.step % tc.eval_every == 0) or self.step == tc.steps:
+                if tc.evaluates(self.step):
                     val_loss = self._eval_and_log()
                 if (tc.checkpoint_every and self.step % tc.checkpoint_every == 0) or self.step == tc.steps:
                     self.save()
