@@ -385,7 +385,6 @@ def _planned_anchor(runs: Runs) -> dict[Path, dict[str, float]]:
 
 def _claim_plans(results: list[ClaimResult], loss_sd: tuple[float, str], claim_sd: dict[str, float]) -> list[ClaimPlan]:
     """Each claim's plan at the level its table judges it: Holm over the k primaries the design decides gives the
-        dropped = res.untestable.removeprefix(f"{NOT_RUN}: ") if res.untestable.startswith(NOT_RUN) else ""
     first of them α/k (a recipe that decides one claim judges it at α), in the claim's unit from its seed sd."""
     plans = []
     for res in results:
@@ -399,6 +398,7 @@ def _claim_plans(results: list[ClaimResult], loss_sd: tuple[float, str], claim_s
         unit = UNITS.get(key, "the primary's units")
         sd, source = ((claim_sd[key], f"--seed-sd {key}={claim_sd[key]:g}") if key in claim_sd
                       else loss_sd if unit == "nats" else CPU_STUDY_SDS.get(key, (None, "")))
+        dropped = res.untestable.removeprefix(f"{NOT_RUN}: ") if res.untestable.startswith(NOT_RUN) else ""
         plans.append(ClaimPlan(res.claim, res.statement, primary.label, primary.verdict != NOT_TESTABLE, n, math.inf,
                                unit=unit, seed_sd=sd, seed_sd_source=source, fewest_seeds=min(counts),
                                most_seeds=max(counts), failing={} if dropped else failing,
@@ -526,8 +526,6 @@ def format_plan(plan: Plan) -> str:
                      f"{c.flops:>10.2e} {c.memory_gib:>8.2f} {_hours(wall):>9}")
     unit = "CPU-core" if hw.kind == "cpu" else "GPU"
     lines.append(f"  total: {len(plan.cells)} runs, {plan.flops:.3g} FLOPs, {_hours(plan.wall_s)} wall, "
-        elif c.not_run:
-            lines.append(f"  {c.claim:<12} {NOT_RUN}: {c.not_run}")
                  f"{plan.device_hours:,.1f} {unit}-hours")
     decided = sum(c.decides for c in plan.claims)
     alpha = plan.claims[0].alpha if plan.claims else ALPHA
@@ -541,6 +539,8 @@ def format_plan(plan: Plan) -> str:
             lines.append(f"  {c.claim:<12} decides: primary {c.primary} on {c.seeds} seeds, MDE {c.mde_sds:.2f} seed sds "
                          f"({at}); {len(c.testable)} of {len(c.testable) + len(c.failing)} comparisons testable, "
                          f"{c.fewest_seeds}–{c.most_seeds} seeds")
+        elif c.not_run:
+            lines.append(f"  {c.claim:<12} {NOT_RUN}: {c.not_run}")
         else:
             lines.append(f"  {c.claim:<12} cannot decide: its primary ({c.primary}) fails a precondition by design"
                          + (f"; {len(c.testable)} secondary comparison(s) testable" if c.testable else ""))
