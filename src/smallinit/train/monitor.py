@@ -9,8 +9,9 @@
 Each measurement takes one forward of the held-out batch through the model's adapter (smallinit.adapters:
 smallinit's Transformer, any Hugging Face causal LM, or an adapter of your own) and records the sink per
 layer and Sink_ε, the residual flow, every norm's factor, the loss, and the stable rank and mean |cos| of
-chosen matrices: one ``{"event": "analysis", "step": ...}`` record in metrics.jsonl, the format that
-``smallinit report`` reads, and row-cosine heatmaps as analysis/rowcos_step_NNNNNNN.npz at a few steps.
+chosen matrices: one ``{"event": "analysis", "step": ...}`` record in metrics.jsonl (its type and schema:
+smallinit.train.records.AnalysisRecord), the format that ``smallinit report`` reads, and row-cosine
+heatmaps as analysis/rowcos_step_NNNNNNN.npz at a few steps.
 In a folder of its own it also writes the held-out loss as ``{"step", "val_loss"}``, the validation curve
 of the report. At its first measurement of a fresh run it warns, in one line, when a norm is saturated
 (factor < 0.5).
@@ -47,6 +48,7 @@ from ..measures.norm_factor import norm_factors_from_observed
 from .callbacks import Callback
 from .checkpoint import kept
 from .metrics import append_record, set_aside_metrics, truncate_metrics
+from .records import AnalysisRecord, EvalRecord, NormFactorRecord
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -215,23 +217,23 @@ class Monitor:
         with _eval_mode(self.module):
             acts = measure_activations(self.adapter, self.tokens, self.targets)
             mats = self._gathered()
-        rec: dict[str, Any] = {"event": "analysis", "step": step}
-        if "sink" in acts:
-            rec.update(sink={str(i): v for i, v in enumerate(acts["sink"]["per_layer"])},
-                       sink_mean=acts["sink"]["mean"], sink_share=acts["sink"]["share_above"])
-        for key in ("residual_flow", "norm_factor", "loss", "not_measured"):
-            if key in acts:
-                rec[key] = acts[key]
-        rec["stable_rank"] = {n: stable_rank(W) for n, W in mats.items()}
-        rec["mean_abs_cos"] = {n: sampled_mean_abs_cos(W, max_rows=COS_ROWS) for n, W in mats.items()}
-        self.last_loss = rec.get("loss")
-        self._guard(step, rec.get("norm_factor", {}))
-        self._log(rec)
+        sink = acts.get("sink") or {}
+        rec = AnalysisRecord(
+            step, sink=tuple(sink.get("per_layer", ())), sink_mean=sink.get("mean"),
+            sink_share={float(eps): v for eps, v in sink.get("share_above", {}).items()},
+            residual_flow=acts.get("residual_flow"), norm_factor=acts.get("norm_factor", {}), loss=acts.get("loss"),
+            stable_rank={n: stable_rank(W) for n, W in mats.items()},
+            mean_abs_cos={n: sampled_mean_abs_cos(W, max_rows=COS_ROWS) for n, W in mats.items()},
+            not_measured=acts["not_measured"])
+        self.last_loss = rec.loss
+        self._guard(step, rec.norm_factor)
+        written = rec.to_dict()
+        self._log(written)
         if self.own_folder and self.last_loss is not None:  # the validation curve the report draws
-            self._log({"step": step, "val_loss": self.last_loss})
+            self._log(EvalRecord(step, self.last_loss).to_dict())
         if step in self.snapshot_steps:
             self._snapshot(step, {n: W for n, W in mats.items() if n in self.heatmaps})
-        return rec
+        return written
 
     @torch.no_grad()
     def measure_norms(self, step: int, factors: dict[str, float] | None = None) -> dict[str, Any]:
@@ -241,7 +243,7 @@ class Monitor:
                 observed = self.adapter.observe(self.tokens, kinds=("norms",))
             factors = norm_factors_from_observed(self.adapter, observed)[0]  # as measure's: read off each norm's forward
         self._guard(step, factors)
-        rec = {"event": "norm_factor", "step": step, "norm_factor": factors}
+        rec = NormFactorRecord(step, factors).to_dict()
         self._log(rec)
         return rec
 

@@ -48,6 +48,7 @@ from .metrics import append_record, read_metrics, set_aside_metrics, truncate_me
 from .moe_log import RouterLog, has_moe
 from .monitor import AnalysisCallback
 from .optim import build_optimizer, lr_at, wsd_decay_start
+from .records import NONFINITE, EvalRecord, StepRecord, parse_record
 
 log = logging.getLogger("smallinit")
 # How to continue a stopped run, when a sweep, recipe or demo started it (their runner sets it for each cell):
@@ -305,14 +306,14 @@ class Trainer:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        record = {"step": self.step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm.item()}
+        record = StepRecord(self.step, loss_value, lr, grad_norm.item()).to_dict()
         if not finite:
             self._nonfinite(record)
         return record
 
     def _nonfinite(self, record: dict[str, Any]) -> None:
         self.skipped += 1
-        self.log({**record, "event": "nonfinite"})
+        self.log({**record, "event": NONFINITE})
         last = ckpt.latest_checkpoint(self.run_dir)
         where = f"the last good checkpoint is {last.path}" if last else "no checkpoint was written yet"
         if self.cfg.train.nonfinite == "stop" or self.skipped > self.cfg.train.max_skips:
@@ -343,8 +344,8 @@ class Trainer:
             self._eval_and_log()
         t_last, step_last = time.perf_counter(), self.step
         # the newest measured value, so a resumed run's summary keeps it (read_metrics skips torn lines)
-        val_loss = next((r["val_loss"] for r in reversed(read_metrics(self.run_dir)) if "val_loss" in r),
-                        None) if self.runtime.is_main else None
+        val_loss = next((r.val_loss for r in map(parse_record, reversed(read_metrics(self.run_dir)))
+                         if isinstance(r, EvalRecord)), None) if self.runtime.is_main else None
         with stop_requests() as stop:
             while self.step < tc.steps:
                 record = self.train_step()
@@ -382,7 +383,7 @@ class Trainer:
 
     def _eval_and_log(self) -> float:
         val = self.evaluate()
-        record = {"step": self.step, "val_loss": val}
+        record = EvalRecord(self.step, val).to_dict()
         self.log(record)
         for cb in self.callbacks:
             cb.on_eval(self, record)
