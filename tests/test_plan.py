@@ -12,10 +12,10 @@ import pytest
 from smallinit.cli import main
 from smallinit.errors import ExperimentError
 from smallinit.experiments import plan as plan_module
-from smallinit.experiments.claims import ClaimResult, Comparison, preconditions
+from smallinit.experiments.claims import CLAIMS, ClaimResult, Comparison, preconditions
 from smallinit.experiments.claims.comparison import PRIMARY, judge_table
-from smallinit.experiments.findings import FINDINGS, JUDGES
-from smallinit.experiments.plan import CPU_STUDY_SDS, CPU_STUDY_SEED_SD, Hardware, plan_recipe, plan_sweep
+from smallinit.experiments.findings import FINDINGS
+from smallinit.experiments.plan import CPU_STUDY_SEED_SD, Hardware, plan_recipe, plan_sweep
 from smallinit.experiments.power import ALPHA, minimum_detectable_effect, power_of_test
 from smallinit.experiments.recipes import load_recipe, recipe_names
 
@@ -165,14 +165,14 @@ def test_each_claim_is_planned_in_its_own_unit_from_a_seed_sd_of_that_quantity(c
     findings = (ROOT / "docs" / "findings-cpu.md").read_text(encoding="utf-8")
     for claim, label, n in (("C5", "flow exponent − (1−γ) at γ1", 5), ("C6", "srank rebound γ1", 10),
                             ("C7", "Δ_sym mid−easy deciles (profile half)", 3)):
-        sd = CPU_STUDY_SDS[claim][0]
+        sd = CLAIMS[claim].seed_sd[0]
         assert re.search(re.escape(label) + rf"[^\n]*: [+-][\d.]+ ± {sd:.3f} \(n={n}\)", findings), claim
     claims = {c.claim: c for c in plan_recipe("demo", "quick", Hardware.make("cpu", 2), seed_sd=0.02,
                                               claim_sd={"C6": 0.1}).claims}
     assert {k: claims[k].unit for k in ("C4", "C5", "C6", "C7")} == {
         "C4": "nats", "C5": "flow exponent", "C6": "stable rank", "C7": "Δ_sym"}
-    assert [claims[k].seed_sd for k in ("C4", "C5", "C6", "C7")] == [0.02, CPU_STUDY_SDS["C5"][0], 0.1,
-                                                                     CPU_STUDY_SDS["C7"][0]]
+    assert [claims[k].seed_sd for k in ("C4", "C5", "C6", "C7")] == [0.02, CLAIMS["C5"].seed_sd[0], 0.1,
+                                                                     CLAIMS["C7"].seed_sd[0]]
     for c in claims.values():
         if c.decides:
             assert c.mde == pytest.approx(minimum_detectable_effect(c.seed_sd, c.seeds, c.alpha))
@@ -242,7 +242,7 @@ def test_cli_plan_json_and_plan_flags(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,message", [
     (["--accelerator", "v100"], "unknown GPU 'v100'"),
-    (["--num-devices", "0"], "--gpus must be ≥ 1"),
+    (["--num-devices", "0"], "--num-devices must be ≥ 1"),
     (["--mfu", "1.5"], "--mfu must be in (0, 1]"),
     (["--seed-sd", "0"], "--seed-sd must be > 0"),
     (["--seed-sd", "C9=0.1"], "--seed-sd C9=0.1: unknown claim 'C9'"),
@@ -264,7 +264,8 @@ def test_unknown_gpu_is_an_experiment_error():
 def test_every_shipped_recipe_can_be_planned():
     """The plan judges through the same table the findings do, so no recipe's analysis is missing from it."""
     for name in recipe_names():
-        assert load_recipe(name).analysis in FINDINGS.keys() & JUDGES.keys(), name
+        recipe = load_recipe(name)
+        assert recipe.analysis in FINDINGS and set(recipe.claims) <= set(CLAIMS), name
     (claim,) = plan_recipe("sink", "gpu", Hardware.make("h100", 8)).claims
     assert claim.claim == "C3"
 

@@ -65,6 +65,7 @@ class Emulation:
     first: SaturatedShare  # the norm that reads the embedding
     rate: float | None  # the run's embedding growth rate (None: its first norm never saturated)
     paper: tuple[float, float]  # paper-scale share at rate 1 and at the run's rate, the smaller first
+    predicted: bool = False  # by the formula at the fastest growth Adam allows (a plan), not measured
 
     @property
     def far(self) -> bool:
@@ -79,6 +80,9 @@ class Emulation:
     def describe(self) -> str:
         lo, hi = self.paper
         paper = f"{100 * lo:.2f} %" if math.isclose(lo, hi, rel_tol=0.05) else f"{100 * lo:.2f}–{100 * hi:.2f} %"
+        if self.predicted:
+            return (f"the embedding's norm would stay saturated for ≥ {self.first.describe()} of training (the formula, "
+                    f"at the fastest growth Adam allows), at d = 2048 for {paper} (formula)")
         return (f"the embedding's norm was saturated for {self.first.describe()} of training (mean over all norms: "
                 f"{self.measured.describe()}), at d = 2048 for {paper} (formula)")
 
@@ -97,8 +101,21 @@ def pooled(found: list[Emulation]) -> Emulation:
 def run_emulation(run: Run) -> Emulation | None:
     """``emulation`` of a run, from its norm-factor records (else its coarser analysis records). The config is the
     run's own (flat) one, so a planned run that has no folder yet is read the same way."""
+    if run.planned:
+        return predicted_emulation(run.cfg)
     records = run.norm_records or run.analysis
     return emulation(run.cfg, records) if records and run.cfg else None
+
+
+def predicted_emulation(config: Config) -> Emulation:
+    """What the formula says a run of ``config`` will show, before it runs: its embedding's norm recovers as fast as
+    Adam allows (rate 1), the shortest saturation the emulation can have."""
+    steps = config.train.steps
+    share = min(1.0, steps_to_unsaturate(config, rate=1.0) / steps) if steps else 0.0
+    least = SaturatedShare(share, share, steps, 0)
+    g, eps = config.model.gamma, config.model.norm_eps
+    paper = paper_scale_share(1.0, g, eps)
+    return Emulation(least, least, 1.0, (paper, paper), predicted=True)
 
 
 def emulation(config: Config, records: Sequence[AnalysisRecord | NormFactorRecord]) -> Emulation | None:

@@ -35,26 +35,15 @@ from ..train.records import AnalysisRecord
 from .claims import (
     BASELINE,
     FIXED,
-    PRIMARY,
-    SECONDARY,
     ClaimResult,
-    Comparison,
     Run,
     Runs,
-    claim_c1,
-    claim_c2,
-    claim_c3,
     claim_c4,
-    claim_c5,
-    claim_c6,
-    claim_c7,
-    judge_all,
+    judge,
     judge_table,
-    not_run,
-    paired,
     reference_lr,
+    registered,
     sink_layers,
-    size_label,
 )
 from .emulation import Emulation, pooled, run_emulation
 from .reasoning import anchor_scores
@@ -225,41 +214,20 @@ def _claims(results: list[ClaimResult]) -> list[dict[str, Any]]:
     return [c.to_dict() for c in results]
 
 
-Judge = Callable[[Runs, dict[str, Any], dict[str, Any]], list[ClaimResult]]
-# The claims each analysis judges, from its runs and what it measured beside them ("flow": the residual-flow
-# sweep, "gaps": the token comparisons, "anchor": the anchor probe's scores per run folder), with its options:
-# what findings.json holds, and what smallinit.experiments.plan judges on the planned runs before anything trains.
-JUDGES: dict[str, Judge] = {
-    "claims": lambda runs, m, o: judge_all(runs, m.get("flow"), m.get("gaps"), n_boot=int(o.get("n_boot", 1000))),
-    "fig1": lambda runs, m, o: [claim_c2(runs), claim_c3(runs)],
-    "fig2": lambda runs, m, o: [claim_c1(runs), claim_c4(runs, n_boot=int(o.get("n_boot", 1000)))],
-    "fig3": lambda runs, m, o: [claim_c5(runs, m.get("flow"))],
-    "condensation": lambda runs, m, o: [claim_c6(runs)],
-    "tokens": lambda runs, m, o: [claim_c7(m.get("gaps"))],
-    "reasoning": lambda runs, m, o: [reasoning_claim(runs, m.get("anchor") or {})],
-    "sink": lambda runs, m, o: [claim_c3(runs)],
-}
-
-
-def judge(analysis: str, runs: Runs, measured: dict[str, Any], options: dict[str, Any]) -> list[ClaimResult]:
-    """The claims ``analysis`` judges on ``runs``, those its design does not run (``options["dropped"]``: claim →
-    why) as one row each saying so. The findings and the plan both judge through here."""
-    return not_run(JUDGES[analysis](runs, measured, options), options.get("dropped", {}))
-
-
-def claims_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
-    """All of C1–C7 (the demo)."""
+def claims_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+    """The recipe's claims (the demo's: C1–C7), with the residual flow and the token gaps where they need them."""
     runs = _load(out, say)
-    flow = flow_sweep(options, out, say)
-    gaps = token_gaps(runs, options, out, say)
+    needs = {need for key in claims for need in registered(key).needs}  # measure only what the claims read
+    flow = flow_sweep(options, out, say) if "flow" in needs else None
+    gaps = token_gaps(runs, options, out, say) if "gaps" in needs else None
     say(f"judging the claims ({int(options.get('n_boot', 1000))} bootstrap resamples for C4)")
-    return {"claims": _claims(judge("claims", runs, {"flow": flow, "gaps": gaps}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
+    return {"claims": _claims(judge(claims, runs, {"flow": flow, "gaps": gaps}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
             "norm_factors": norm_factor_table(runs), "n_runs": len(runs)}
 
 
-def fig1_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+def fig1_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
-    return {"claims": _claims(judge("fig1", runs, {}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
+    return {"claims": _claims(judge(claims, runs, {}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
             "norm_factors": norm_factor_table(runs), "n_runs": len(runs)}
 
 
@@ -282,17 +250,17 @@ def scaling_fits(runs: Runs) -> list[dict[str, Any]]:
     return fits
 
 
-def fig2_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+def fig2_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     c4_base = claim_c4(runs, arm=BASELINE, n_boot=int(options.get("n_boot", 1000)))  # contrast: no fixes
-    return {"claims": _claims(judge("fig2", runs, {}, options)), "fits": scaling_fits(runs), "losses": loss_table(runs),
+    return {"claims": _claims(judge(claims, runs, {}, options)), "fits": scaling_fits(runs), "losses": loss_table(runs),
             "effective_size_without_fixes": c4_base.extra.get("effective_size_gain"), "n_runs": len(runs)}
 
 
-def fig3_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+def fig3_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     flow = flow_sweep(options, out, say)
-    return {"claims": _claims(judge("fig3", runs, {"flow": flow}, options)), "residual_flow": flow, "losses": loss_table(runs),
+    return {"claims": _claims(judge(claims, runs, {"flow": flow}, options)), "residual_flow": flow, "losses": loss_table(runs),
             "n_runs": len(runs)}
 
 
@@ -310,19 +278,19 @@ def trajectories(runs: Runs) -> list[dict[str, Any]]:
     return out
 
 
-def condensation_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+def condensation_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
-    return {"claims": _claims(judge("condensation", runs, {}, options)), "trajectories": trajectories(runs), "losses": loss_table(runs),
+    return {"claims": _claims(judge(claims, runs, {}, options)), "trajectories": trajectories(runs), "losses": loss_table(runs),
             "n_runs": len(runs)}
 
 
-def tokens_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+def tokens_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     gaps = token_gaps(runs, options, out, say)
-    return {"claims": _claims(judge("tokens", runs, {"gaps": gaps}, options)), "losses": loss_table(runs), "n_runs": len(runs)}
+    return {"claims": _claims(judge(claims, runs, {"gaps": gaps}, options)), "losses": loss_table(runs), "n_runs": len(runs)}
 
 
-def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+def reasoning_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     """Anchor probe per run, summarised by γ; judged against Zhang et al.: small init favours reasoning."""
     runs = _load(out, say)
     n = int(options.get("anchor_probes", 256))
@@ -342,46 +310,16 @@ def reasoning_findings(out: Path, options: dict[str, Any], say: Say = _quiet) ->
     summary = [{**_size_fields(size), "gamma": g, "n": len(rows), **{k: float(np.mean([x[k] for x in rows]))
                for k in ("in_distribution", "heldout_reasoning", "heldout_memorising", "heldout_other")}}
                for (size, g), rows in sorted(by_arm.items())]
-    claim = judge("reasoning", runs, {"anchor": scores}, options)[0]
+    judged = judge(claims, runs, {"anchor": scores}, options)
     if per_run:
         acc = [row["in_distribution"] for row in per_run]
-        claim.notes.append(f"in-distribution accuracy {min(acc):.2f}–{max(acc):.2f}")
-    return {"claims": _claims([claim]), "anchor": per_run, "anchor_by_gamma": summary, "losses": loss_table(runs),
+        for claim in judged:
+            claim.notes.append(f"in-distribution accuracy {min(acc):.2f}–{max(acc):.2f}")
+    return {"claims": _claims(judged), "anchor": per_run, "anchor_by_gamma": summary, "losses": loss_table(runs),
             "n_runs": len(runs)}
 
 
-def reasoning_claim(runs: Runs, scores: dict[Path, dict[str, Any]]) -> ClaimResult:
-    """R from the anchor probe's scores per run folder: held-out reasoning and memorising, the largest γ against
-    the smallest, seeds paired within one size (the smallest size is the primary)."""
-    claim = ClaimResult("R", "Small init favours the reasoning (compositional) solution over memorising the mirror pair",
-                        "Zhang et al. 2024: small γ → inferential, large init → symmetric")
-
-    def metric(key: str) -> Callable[[Run], float | None]:
-        return lambda run: scores[run.path][key] if run.path in scores else None
-
-    probed = Runs([r for r in runs if r.path in scores])
-    sizes = probed.values("size")
-    for size in sizes:  # seeds are paired within one size
-        at = probed.where(size=size)
-        gammas = at.values("model.gamma")
-        if len(gammas) < 2:
-            continue
-        small, large = at.where({"model.gamma": gammas[-1]}), at.where({"model.gamma": gammas[0]})
-        tag = f" @{size_label(size)}" if len(sizes) > 1 else ""
-        claim.comparisons += [
-            Comparison.by_seed(f"reasoning γ{gammas[-1]:g}−γ{gammas[0]:g}{tag}",
-                               paired(small, large, metric("heldout_reasoning")),
-                               role=SECONDARY if claim.comparisons else PRIMARY),  # primary: the smallest size
-            Comparison.by_seed(f"memorising γ{gammas[0]:g}−γ{gammas[-1]:g}{tag}",
-                               paired(large, small, metric("heldout_memorising"))),
-        ]
-    if not claim.comparisons:
-        claim.comparisons.append(Comparison.missing("reasoning", "needs ≥ 2 γ at one size", role=PRIMARY))
-    claim.judge()
-    return claim
-
-
-def sink_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+def sink_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     """C3 on the sink task: its comparisons and precondition as everywhere, with the sink of every arm (headwise
     gate included) along training, where each final model's heads attend on trigger and other queries (first
     token, self, previous token: which no-op a head found), and the task's Bayes-optimal loss beside the losses."""
@@ -402,12 +340,13 @@ def sink_findings(out: Path, options: dict[str, Any], say: Say = _quiet) -> dict
         found = attention_roles(load_model(r.path), torch.from_numpy(data.tokens(symbols)), trigger)
         roles.append({"cell": r.name, **_size_fields(r.size), **_arm_fields(_group_key(r)[1:]), "seed": r.seed,
                       "roles": found})
-    return {"claims": _claims(judge("sink", runs, {}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
+    return {"claims": _claims(judge(claims, runs, {}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
             "sink_along_training": sink_along_training(runs), "attention_roles": roles, "optimal_loss": optimal,
             "n_runs": len(runs)}
 
 
-FINDINGS: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
+# Each analysis measures what its figures show (and its claims need) and judges the recipe's claims.
+FINDINGS: dict[str, Callable[[Path, list[str], dict[str, Any], Say], dict[str, Any]]] = {
     "claims": claims_findings, "fig1": fig1_findings, "fig2": fig2_findings, "fig3": fig3_findings,
     "condensation": condensation_findings, "tokens": tokens_findings, "reasoning": reasoning_findings,
     "sink": sink_findings,

@@ -9,13 +9,13 @@ non-embedding parameter, the configured tokenizer's vocabulary, ``--presets`` an
     device-hours     = wall time × devices
     memory per device: smallinit.train.memory.estimate_memory for the cell's layout.
 
-Decidability. The claims code itself decides: every planned cell becomes a run that holds exactly what the
-real one will record (its config, evaluations at the planned steps, analysis records where the analysis
-callback will run), with outcomes chosen so that every outcome-dependent precondition holds (a formed sink, the
-analytic RMSNorm factor, a stable-rank minimum mid-training, a sane scaling fit, γ = 1 ahead on tokens). The recipe's own analysis judges
-these runs; whatever it still calls "not testable here" fails by design — seeds, tokens per parameter,
-evaluations, the sink sample, ε's saturation, sizes — and will fail whatever the runs show. The outcomes
-themselves mean nothing and are never shown.
+Decidability. The claims code itself decides: every planned cell becomes a run holding what the design fixes
+(its config, size, tokens per parameter, and the evaluation and analysis steps its config's schedule rules give)
+with every outcome unknown (``PlannedRun``). The recipe's claims, from the one registry
+(smallinit.experiments.claims.registry), are judged on these runs: whatever is "not testable here" fails by
+design — seeds, tokens per parameter, evaluations, the sink sample, ε's saturation by the formula, sizes — and
+will fail whatever the runs show. The preconditions that depend on outcomes are skipped on planned runs and
+named, per claim, as decided by the runs. No outcome is invented.
 
 Power. For each claim, the minimum detectable effect at 80 % power of its paired t-test over the planned
 seeds (smallinit.experiments.power), at the level its table judges it (Holm over the primaries the design decides:
@@ -29,27 +29,24 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..analysis.saturation import SATURATED, steps_to_unsaturate
 from ..config import Config, flatten
 from ..errors import ExperimentError, SmallinitError
-from ..measures.norm_factor import relative_factor
 from ..model import Transformer
 from ..train.flops import train_flops_per_token
 from ..train.memory import GIB, device_memory, estimate_memory
-from .claims import FIXED, NOT_RUN, ClaimResult, Runs, effective_eps
-from .findings import judge
+from ..train.records import AnalysisRecord, EvalRecord, NormFactorRecord
+from .claims import CLAIMS, FIXED, NOT_RUN, PAPER, ClaimResult, Comparison, Runs, judge, registered
 from .power import ALPHA, MIN_SEEDS, POWER, minimum_detectable_effect
 from .recipes import Recipe, Scale, apply_budget, customise, load_recipe
 from .runs import Run, model_shape
 from .sweep import Sweep, resolve_config
-from .verdicts import NOT_TESTABLE
+from .verdicts import seeds_problem
 
 # Dense bf16 peak per GPU (FLOP/s, without sparsity) and memory (GiB), from the vendors' data sheets.
 GPUS: dict[str, tuple[float, float]] = {
@@ -67,28 +64,6 @@ CPU_MFU = 0.20
 # The seed sd of a paired final-loss gap, when neither --seed-sd nor the recipe gives one: the median sd over
 # 3 seeds of the 15 paired loss gaps of the CPU study's earlier run (docs/findings-cpu.md, its verdict table), in nats.
 CPU_STUDY_SEED_SD = 0.017
-# Each claim's primary in its own unit. Loss claims take the loss seed sd above (or the recipe's pilot); the others
-# the sd of their own primary as the CPU study measured it (docs/findings-cpu.md, "Verdicts"); none for an accuracy.
-UNITS = {"C1": "nats", "C2": "nats", "C3": "nats", "C4": "nats", "C5": "flow exponent", "C6": "stable rank",
-         "C7": "Δ_sym", "R": "accuracy"}
-CPU_STUDY_SDS = {
-    "C5": (0.028, "the CPU study's sd over 5 seeds of the flow exponent − (1−γ) at γ1 (docs/findings-cpu.md)"),
-    "C6": (0.061, "the CPU study's sd over 10 seeds of the srank rebound at d16 (docs/findings-cpu.md)"),
-    "C7": (0.013, "the CPU study's sd over 3 seeds of Δ_sym mid−easy deciles (docs/findings-cpu.md)"),
-}
-
-
-# The preconditions that depend on what the runs show (claims/*.py checks them); the plan assumes they hold.
-DECIDED_BY_THE_RUNS = {
-    "C1": "γ = 1 ahead at the smallest and the largest size (for the shrink)",
-    "C2": "the measured RMSNorm factor at init < 0.5",
-    "C3": "a sink formed (some layer > 3× uniform attention)",
-    "C4": "a sane effective-size fit (N_eff/N within 10×)",
-    "C6": "γ = 1's stable-rank minimum before the last third of training",
-    "C7": "γ = 1 better on average and both models below a bigram model",
-}
-
-
 @dataclass(frozen=True)
 class Hardware:
     """Where a plan runs: ``devices`` GPUs of one kind, or CPU cores (kind "cpu")."""
@@ -106,7 +81,7 @@ class Hardware:
              tokens_per_s: float | None = None) -> Hardware:
         kind = kind.lower()
         if devices < 1:
-            raise ExperimentError(f"--gpus must be ≥ 1, got {devices}")
+            raise ExperimentError(f"--num-devices must be ≥ 1, got {devices}")
         if mfu is not None and not 0 < mfu <= 1:
             raise ExperimentError(f"--mfu must be in (0, 1], got {mfu}")
         if tokens_per_s is not None and not tokens_per_s > 0:
@@ -238,18 +213,6 @@ def _hours(seconds: float) -> str:
 # -- cost --------------------------------------------------------------------------------------------------------
 
 
-def _evaluations(steps: int, every: int) -> list[int]:
-    """The steps the trainer evaluates at: 0 and every ``every`` when set, and always the last."""
-    points = set(range(0, steps + 1, every)) if every else set()
-    return sorted(points | {steps})
-
-
-def _analysis_steps(cfg: Config) -> list[int]:
-    """The steps the analysis callback measures at (none when off)."""
-    every = cfg.analysis.every
-    return list(range(0, cfg.train.steps + 1, every)) if every else []
-
-
 def _ranks(launcher: str, hardware: Hardware) -> int:
     """Processes per cell: a torchrun launcher spreads each cell over every device."""
     return hardware.devices if hardware.kind != "cpu" and "torchrun" in launcher else 1
@@ -294,93 +257,61 @@ def plan_cell(sweep: str, cell_id: str, size: str, cfg: Config, ranks: int, hard
                             precision="fp32" if hardware.kind == "cpu" or tc.precision == "fp32" else "bf16",
                             activation_checkpointing=tc.activation_checkpointing)
     return CellPlan(sweep, cell_id, size, total, nonembed, tc.steps, tokens, tokens / max(1, nonembed),
-                    len(_evaluations(tc.steps, tc.eval_every)), len(_analysis_steps(cfg)),
+                    len(tc.eval_steps()), len(cfg.analysis.steps(tc.steps)),
                     tokens * flops_per_token, ranks, mem)
 
 
 # -- decidability: the planned runs, judged by the recipe's own analysis -------------------------------------------
 
 
-def _planned_run(sweep: str, cell_id: str, cfg: Config, nonembed: int) -> Run:
-    """A run holding what this cell will record, with outcomes that meet every outcome-dependent precondition:
-    losses on one power law in N with γ = 1 ahead (more with the fixes), a formed sink, the analytic RMSNorm
-    factor at init (saturated for as few steps as Adam allows), γ = 1's stable rank lowest a third of the way in."""
-    flat = flatten(cfg.to_dict())
-    flat.setdefault("model.norm_eps_width", 0)
-    g, d = float(cfg.model.gamma), cfg.model.d_model
-    fixes = (cfg.model.norm_eps < 1e-6) + (cfg.model.gate != "none")
-    # the paper's ordering: γ = 1 best (C5), its gain larger with each fix (C2, C3), and shrinking with size (C1)
-    n_eff = nonembed * (1.44 if g == 1.0 else 1.0) * (1 + 0.1 * fixes * (g == 1.0))
-    noise = _noise(f"{sweep}/{cell_id}")  # differs between runs, so paired differences have a spread
-    loss = 2.0 + 400.0 * n_eff ** -0.3 + 0.2 * (g - 1.0) ** 2 + 0.003 * noise
-    evals = _evaluations(cfg.train.steps, cfg.train.eval_every)
-    metrics: list[dict[str, Any]] = [{"step": s, "val_loss": loss + 1.0 / (1 + s)} for s in evals]
-    steps = cfg.train.steps
-    factor = float(_relative_factor(g, flat, d))
-    # a saturated norm recovers as fast as Adam allows (rate 1): the shortest saturation the emulation can have
-    recovered = steps_to_unsaturate(cfg, rate=1.0) if factor < SATURATED else 0.0
-
-    def factor_at(step: int) -> dict[str, float]:
-        return {"0": factor if step < recovered else 1.0}
-
-    sink = (0.6 if cfg.model.gate == "none" else 0.05) * (1 + 0.3 * (g - 1.0)) + 0.01 * noise
-    for s in _analysis_steps(cfg):
-        t = s / max(1, steps)
-        rank = 10.0 + (abs(t - 1 / 3) * 9 if g == 1.0 else 8.0) + 0.1 * noise * (1 + t)
-        metrics.append({"event": "analysis", "step": s, "norm_factor": factor_at(s),
-                        "sink": {str(i): sink for i in range(cfg.model.n_layers)}, "sink_mean": sink,
-                        "stable_rank": {"q": rank}})
-    if cfg.analysis.norm_every:
-        metrics += [{"event": "norm_factor", "step": s, "norm_factor": factor_at(s)}
-                    for s in range(0, steps + 1, cfg.analysis.norm_every)]
-    metrics[len(evals) - 1]["val_loss"] = loss + 1.0 / (1 + steps)
-    run = Run(Path(sweep) / cell_id, cell_id, flat, {"step": steps, "val_loss": loss + 1.0 / (1 + steps),
-                                              "params_nonembed": nonembed})
-    run.__dict__["metrics"] = metrics  # what metrics.jsonl will hold
-    return run
+UNKNOWN = math.nan  # an outcome the plan cannot know
 
 
-def _noise(key: str) -> float:
-    """A fixed number in [−1, 1] for each run."""
-    return math.sin(zlib.crc32(key.encode()))
+class PlannedRun(Run):
+    """A cell as its design fixes it, read like a finished run: its config, size, tokens per parameter and schedule
+    (the evaluations and analysis steps the config's own rules give), with every outcome unknown (NaN). The claims
+    check their design preconditions on it and skip their outcome preconditions (``Run.planned``)."""
+
+    planned = True
+
+    def __init__(self, sweep: str, cell_id: str, cfg: Config, nonembed: int):
+        flat = flatten(cfg.to_dict())
+        flat.setdefault("model.norm_eps_width", 0)
+        super().__init__(Path(sweep) / cell_id, cell_id, flat, {"step": cfg.train.steps, "params_nonembed": nonembed})
+        steps, layers = cfg.train.steps, cfg.model.n_layers
+        self.__dict__.update(
+            cfg=cfg, metrics=[], evals=[EvalRecord(s, UNKNOWN) for s in cfg.train.eval_steps()],
+            val_curve=[(s, UNKNOWN) for s in cfg.train.eval_steps()],
+            norm_records=[NormFactorRecord(s, {}) for s in cfg.analysis.norm_steps(steps)],
+            analysis=[AnalysisRecord(s, sink=(UNKNOWN,) * layers, sink_mean=UNKNOWN, stable_rank={"q": UNKNOWN})
+                      for s in cfg.analysis.steps(steps)])
+
+    @property
+    def lost(self) -> bool:
+        return False
+
+    @property
+    def val_loss(self) -> float:
+        return UNKNOWN
 
 
-def _relative_factor(gamma: float, flat: dict[str, Any], d: int) -> float:
-    probe = Run(Path("."), "", flat)
-    return relative_factor(gamma, effective_eps(probe), d)
-
-
-def _planned_flow(options: dict[str, Any]) -> dict[str, Any] | None:
-    """What the residual-flow sweep yields: one fitted exponent per γ and seed, where it has widths to fit."""
+def _planned_measurements(runs: Runs, options: dict[str, Any]) -> dict[str, Any]:
+    """What the analysis will measure beside the runs, as the design fixes it (which γ, widths and seeds; which
+    model pairs), every value unknown."""
+    out: dict[str, Any] = {"anchor": {r.path: {"heldout_reasoning": UNKNOWN, "heldout_memorising": UNKNOWN}
+                                      for r in runs if str(r.config.get("data.corpus", "")).startswith("builtin:anchor")}}
     gammas, widths = options.get("flow_gammas"), options.get("flow_widths")
-    if not gammas or not widths or len(widths) < 2:
-        return None
-    seeds = list(options.get("flow_seeds", [0, 1, 2]))
-    return {"gammas": list(gammas), "seed_slopes": [[1 - g + 0.01 * _noise(f"{g}/{s}") for s in seeds] for g in gammas]}
-
-
-def _planned_gaps(runs: Runs, options: dict[str, Any]) -> dict[int, dict[str, Any]] | None:
-    """What the token comparison yields: one Δ_sym profile per seed of the largest size with both γ fixed."""
-    if "gap_batches" not in options:
-        return None
+    if gammas and widths and len(widths) >= 2:  # one fitted exponent per γ and seed
+        out["flow"] = {"gammas": list(gammas), "seed_slopes": [[UNKNOWN] * len(options.get("flow_seeds", [0, 1, 2]))
+                                                               for _ in gammas]}
     fixed = runs.where(FIXED)
     sizes = sorted(set(fixed.where({"model.gamma": 0.5}).values("size"))
                    & set(fixed.where({"model.gamma": 1.0}).values("size")))
-    if not sizes:
-        return None
-    at = fixed.where(size=sizes[-1])
-    seeds = sorted(set(at.where({"model.gamma": 0.5}).run_by_seed()) & set(at.where({"model.gamma": 1.0}).run_by_seed()))
-    profile = [0.0, 0.001, 0.002, 0.004, 0.02, 0.03, 0.03, 0.02, 0.015, 0.002]
-    return {s: {"meta": {"split": {"profile_bins": [v + 0.001 * _noise(f"{s}/{i}") for i, v in enumerate(profile)],
-                                   "gate_mean_delta_sym": 0.012 + 0.001 * _noise(str(s))}},
-                "bigram_loss": 9.0, "mean_loss_a": 3.0, "mean_loss_b": 3.1} for s in seeds}
-
-
-def _planned_anchor(runs: Runs) -> dict[Path, dict[str, float]]:
-    """What the anchor probe yields per run of the anchor task: held-out reasoning falling with γ, memorising rising."""
-    return {r.path: {"heldout_reasoning": 0.8 - 0.3 * float(r.config["model.gamma"]) + 0.01 * _noise(r.name),
-                     "heldout_memorising": 0.1 + 0.3 * float(r.config["model.gamma"]) + 0.01 * _noise(r.name)}
-            for r in runs if str(r.config.get("data.corpus", "")).startswith("builtin:anchor")}
+    if "gap_batches" in options and sizes:  # one token comparison per seed of the largest size with both γ fixed
+        at = fixed.where(size=sizes[-1])
+        out["gaps"] = {s: None for s in sorted(set(at.where({"model.gamma": 0.5}).run_by_seed())
+                                               & set(at.where({"model.gamma": 1.0}).run_by_seed()))}
+    return out
 
 
 def _claim_plans(results: list[ClaimResult], loss_sd: tuple[float, str], claim_sd: dict[str, float]) -> list[ClaimPlan]:
@@ -388,18 +319,19 @@ def _claim_plans(results: list[ClaimResult], loss_sd: tuple[float, str], claim_s
     first of them α/k (a recipe that decides one claim judges it at α), in the claim's unit from its seed sd."""
     plans = []
     for res in results:
-        res.judge()
-        failing = {c.label: c.reason for c in res.comparisons if c.verdict == NOT_TESTABLE}
-        testable = [c for c in res.comparisons if c.verdict != NOT_TESTABLE]
-        counts = [len(c.samples) for c in testable if c.samples] or [0]
+        problems = {c.label: _design_problem(res, c) for c in res.comparisons}
+        failing = {label: why for label, why in problems.items() if why}
+        testable = [c for c in res.comparisons if not problems[c.label]]
+        counts = [_seeds(c) for c in testable if _seeds(c)] or [0]
         primary = res.primary
-        n = len(primary.samples) if primary.verdict != NOT_TESTABLE else 0
+        n = 0 if problems[primary.label] else _seeds(primary)
         key = res.claim.split()[0]
-        unit = UNITS.get(key, "the primary's units")
+        claim = registered(key)
+        unit = claim.unit
         sd, source = ((claim_sd[key], f"--seed-sd {key}={claim_sd[key]:g}") if key in claim_sd
-                      else loss_sd if unit == "nats" else CPU_STUDY_SDS.get(key, (None, "")))
+                      else loss_sd if unit == "nats" else claim.seed_sd or (None, ""))
         dropped = res.untestable.removeprefix(f"{NOT_RUN}: ") if res.untestable.startswith(NOT_RUN) else ""
-        plans.append(ClaimPlan(res.claim, res.statement, primary.label, primary.verdict != NOT_TESTABLE, n, math.inf,
+        plans.append(ClaimPlan(res.claim, res.statement, primary.label, not problems[primary.label], n, math.inf,
                                unit=unit, seed_sd=sd, seed_sd_source=source, fewest_seeds=min(counts),
                                most_seeds=max(counts), failing={} if dropped else failing,
                                testable=[c.label for c in testable], not_run=dropped))
@@ -411,6 +343,17 @@ def _claim_plans(results: list[ClaimResult], loss_sd: tuple[float, str], claim_s
     return plans
 
 
+def _design_problem(res: ClaimResult, c: Comparison) -> str:
+    """Why the design cannot judge ``c`` ("" if it can): a failed precondition, or too few paired seeds for a
+    t-test (its planned values are unknown, so counted, not tested)."""
+    return res.untestable or c.untestable or ("" if c.estimate is not None else seeds_problem(_seeds(c)))
+
+
+def _seeds(c: Comparison) -> int:
+    """The seeds a comparison of planned runs pairs (their values are all unknown)."""
+    return len(c.samples) + len(c.unknown)
+
+
 def _mde(seed_sd: float, seeds: int, alpha: float) -> float:
     return minimum_detectable_effect(seed_sd, seeds, alpha, POWER) if seeds >= MIN_SEEDS else math.inf
 
@@ -420,8 +363,8 @@ def parse_seed_sd(values: list[str] | None) -> tuple[float | None, dict[str, flo
     loss, claims = None, {}
     for value in values or []:
         key, _, number = value.rpartition("=")
-        if key and key not in UNITS:
-            raise ExperimentError(f"--seed-sd {value}: unknown claim {key!r}; use one of {', '.join(UNITS)}")
+        if key and key not in CLAIMS:
+            raise ExperimentError(f"--seed-sd {value}: unknown claim {key!r}; use one of {', '.join(CLAIMS)}")
         try:
             sd = float(number)
         except ValueError:
@@ -450,7 +393,7 @@ def plan_sweep(path: str | os.PathLike, hardware: Hardware | None = None, *, see
                claim_sd: dict[str, float] | None = None) -> Plan:
     """The plan of a sweep file: its cost, and which of C1–C7 its runs could decide (judged as the demo judges)."""
     sweep = Sweep.load(path)
-    recipe = Recipe(Path(path).stem, sweep.name or Path(path).stem, [], "claims",
+    recipe = Recipe(Path(path).stem, sweep.name or Path(path).stem, list(PAPER), "claims",
                     {"sweep": Scale("sweep", sweep.description, {"sweep": sweep})}, Path(path))
     return plan_recipe(recipe, "sweep", hardware, seed_sd=seed_sd, claim_sd=claim_sd)
 
@@ -475,14 +418,12 @@ def plan_recipe(recipe: Recipe | str, scale: str, hardware: Hardware | None = No
             shape = model_shape(flatten(cfg.to_dict()))
             size = cell.size or f"d{shape[0]}×{shape[1]}"
             cells.append(plan_cell(name, cell.id, size, cfg, ranks, hardware, shapes))
-            runs.append(_planned_run(name, cell.id, cfg, cells[-1].params_nonembed))
+            runs.append(PlannedRun(name, cell.id, cfg, cells[-1].params_nonembed))
     all_runs = Runs(runs)
     sd, source = ((seed_sd, "--seed-sd") if seed_sd else recipe.seed_sd or
                   (CPU_STUDY_SEED_SD, "the CPU study's median paired loss-gap sd (docs/findings-cpu.md); pass "
                    "--seed-sd from a pilot"))
-    measured = {"flow": _planned_flow(sc.options), "gaps": _planned_gaps(all_runs, sc.options),
-                "anchor": _planned_anchor(all_runs)}
-    judged = judge(recipe.analysis, all_runs, measured, {**sc.options, "n_boot": 20})
+    judged = judge(recipe.claims, all_runs, _planned_measurements(all_runs, sc.options), {**sc.options, "n_boot": 20})
     claims = _claim_plans(judged, (sd, source), claim_sd or {})
     unjudged = sorted(set(claim_sd or {}) - {c.claim.split()[0] for c in claims})
     if unjudged:
@@ -546,10 +487,10 @@ def format_plan(plan: Plan) -> str:
                          + (f"; {len(c.testable)} secondary comparison(s) testable" if c.testable else ""))
         for reason in _distinct(c.failing):
             lines.append(f"      ↳ {reason}")
-    outcome = sorted({c.claim.split()[0] for c in plan.claims if c.decides} & set(DECIDED_BY_THE_RUNS))
+    outcome = [k for k in (c.claim.split()[0] for c in plan.claims if c.decides) if CLAIMS[k].decided_by_the_runs]
     if outcome:
         lines.append("still decided by the runs themselves (the plan cannot know them): "
-                     + "; ".join(f"{k} {DECIDED_BY_THE_RUNS[k]}" for k in outcome))
+                     + "; ".join(f"{k} {CLAIMS[k].decided_by_the_runs}" for k in outcome))
     sources = {f"{c.seed_sd:g} {c.unit}: {c.seed_sd_source}" for c in plan.claims if c.decides and c.seed_sd is not None}
     lines += [f"seed sd {s}" for s in sorted(sources)]
     lines += [f"note: {n}" for n in plan.notes]

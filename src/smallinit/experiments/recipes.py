@@ -44,7 +44,7 @@ from ..config import flatten, parse_override, read_toml
 from ..errors import ConfigError, ExperimentError, Preempted, SmallinitError
 from ..io import write_json_atomic
 from .budget import budget_schedule, budget_steps
-from .claims import NOT_RUN
+from .claims import CLAIMS, NOT_RUN
 from .findings import FINDINGS, FINDINGS_FILE
 from .runs import model_shape
 from .sweep import Progress, Sweep, SweepOutcome, cell_dir, cell_work, resolve_config, run_sweep
@@ -111,6 +111,10 @@ def load_recipe(name: str | os.PathLike) -> Recipe:
     if not isinstance(analysis, str) or analysis not in FINDINGS:
         raise ExperimentError(f"{where}: analysis {analysis!r} is not one of {', '.join(FINDINGS)}")
     seed_sd = _pilot_sd(meta, where)
+    unknown = [c for c in meta.get("claims", []) if c not in CLAIMS]
+    if unknown:
+        raise ExperimentError(f"{where}: claims names {unknown[0]!r}, which no module registers; the registered claims "
+                              f"are {', '.join(CLAIMS)}")
     common = flatten(raw.get("base", {}))
     scales = {}
     for sname, table in raw.get("scales", {}).items():
@@ -294,7 +298,7 @@ def run_recipe(
         print(f"[recipe] {recipe.name}: analysis", file=echo, flush=True)
     train_wall = time.monotonic() - t0
     cpu0 = time.process_time()
-    analysis = FINDINGS[recipe.analysis](out, sc.options, _stage_printer(echo))
+    analysis = FINDINGS[recipe.analysis](out, recipe.claims, sc.options, _stage_printer(echo))
     cells_cpu = sum(r.get("cpu_s") or 0.0 for o in outcomes.values() for r in o.rows)
     if echo is not None:
         print(f"[analysis] done in {time.monotonic() - t0 - train_wall:.0f} s", file=echo, flush=True)
@@ -332,7 +336,7 @@ def _jsonable(obj: Any) -> Any:
 
 
 def describe(recipe: Recipe, headline: Callable[[str], str] | None = None) -> str:
-    """The recipe and its scales; ``headline(scale)`` adds a line under each (``smallinit recipe --list`` adds its plan)."""
+    """The recipe and its scales; ``headline(scale)`` adds a line under each (``smallinit recipes`` adds its plan)."""
     lines = [f"{recipe.name}: {recipe.title}" + (f" [{', '.join(recipe.claims)}]" if recipe.claims else "")]
     for sc in recipe.scales.values():
         n = sum(len(sw.cells()) for sw in sc.sweeps.values())

@@ -34,6 +34,7 @@ class Run:
     summary: dict[str, Any] = field(default_factory=dict)  # empty until the run finished
     error: str = ""  # why the run failed, where its sweep recorded a failure
     monitored: bool = False  # a Monitor's folder beside another engine's training: its config is no Config
+    planned = False  # a cell of a plan (smallinit.experiments.plan.PlannedRun): its outcomes are unknown
 
     @staticmethod
     def load(path: str | Path, name: str | None = None) -> Run | None:

@@ -102,6 +102,11 @@ def _region_p(mean: np.ndarray, se: np.ndarray, df: int, expected: str, toleranc
     return np.minimum(p_in, p_out), p_in <= p_out
 
 
+def seeds_problem(n: int) -> str:
+    """Why ``n`` paired seeds cannot be tested ("" when they can)."""
+    return f"{n} seed(s): needs ≥ {MIN_SEEDS} paired seeds for a spread to judge against" if n < MIN_SEEDS else ""
+
+
 def t_test(samples: Sequence[float], expected: str = "positive", tolerance: float = 0.0) -> TTest | str:
     """The test of per-seed ``samples``, or the reason there is none (fewer than 2 seeds, no spread)."""
     if expected not in EXPECTED:
@@ -109,7 +114,7 @@ def t_test(samples: Sequence[float], expected: str = "positive", tolerance: floa
     v = [float(x) for x in samples if x is not None and math.isfinite(float(x))]
     n = len(v)
     if n < MIN_SEEDS:
-        return f"{n} seed(s): needs ≥ {MIN_SEEDS} paired seeds for a spread to judge against"
+        return seeds_problem(n)
     m, se = (float(a) for a in paired_t(np.asarray(v)))
     if se == 0.0:
         return "no spread over seeds (identical values): nothing to judge the difference against"

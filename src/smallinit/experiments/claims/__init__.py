@@ -37,6 +37,9 @@ with the elementwise gate. Runs at another learning rate than the most common on
 learning-rate check (each γ at its own best rate).
 """
 
+import importlib
+import pkgutil
+
 from ..power import (
     MAX_SIZE_RATIO,
     MIN_EVALS,
@@ -55,9 +58,10 @@ from .c5 import FLOW_TOLERANCE, claim_c5
 from .c6 import claim_c6
 from .c7 import EASY_BINS, MID_BINS, NOISY_BINS, claim_c7, gaps_from_compares
 from .comparison import NOT_RUN, PRIMARY, SECONDARY, ClaimResult, Comparison, judge_table, not_run
-from .judge import judge_all
+from .judge import PAPER, judge_all, with_contrasts
 from .loss import gap_trajectory, loss_comparison
 from .preconditions import regime_problem, sink_formed
+from .registry import CLAIMS, Claim, judge, register, registered
 from .selection import (
     BASELINE,
     EMULATED,
@@ -76,10 +80,15 @@ from .selection import (
 )
 
 __all__ = [
-    "BASELINE", "EASY_BINS", "EMULATED", "EMULATED_WIDTH", "FIXED", "FLOW_TOLERANCE", "MAX_SIZE_RATIO", "MID_BINS",
+    "BASELINE", "CLAIMS", "Claim", "EASY_BINS", "EMULATED", "EMULATED_WIDTH", "FIXED", "FLOW_TOLERANCE", "MAX_SIZE_RATIO", "MID_BINS",
     "MIN_EVALS", "MIN_TOKENS_PER_PARAM", "NOISY_BINS", "NOT_RUN", "SATURATED", "SINK_RATIO", "SINK_SEQS", "SINK_TOKENS",
     "PRIMARY", "SECONDARY", "ClaimResult", "Comparison", "Run", "Runs", "best_lr_comparison", "claim_c1", "claim_c2", "claim_c3", "claim_c4",
     "claim_c5", "claim_c6", "claim_c7", "effective_eps", "gap_trajectory", "gaps_from_compares",
-    "judge_all", "judge_table", "loss_comparison", "not_run", "measured_factor_at_init", "paired", "reference_lr", "regime_problem",
+    "PAPER", "judge", "judge_all", "judge_table", "register", "registered", "with_contrasts", "loss_comparison", "not_run", "measured_factor_at_init", "paired", "reference_lr", "regime_problem",
     "sink_formed", "sink_layers", "sink_mean", "size_label", "uniform_sink", "val_loss",
 ]
+
+# Every module of this package is imported, so a claim that registers itself in a module of its own is in the
+# registry without another file naming it.
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

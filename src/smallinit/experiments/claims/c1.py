@@ -9,9 +9,11 @@ from typing import Any
 
 from ..power import MIN_TOKENS_PER_PARAM
 from .comparison import PRIMARY, ClaimResult, Comparison, judged
+from .judge import with_contrasts
 from .loss import loss_comparison
 from .preconditions import emulation_problem
-from .selection import Runs, baselines, size_label
+from .registry import Claim, register
+from .selection import Runs, baselines, reference_lr, size_label
 
 PAPER_GAIN = 0.05  # nats, at 0.1B: the paper's smallest model (0.003 at 1.5B)
 
@@ -30,7 +32,7 @@ def claim_c1(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
         problem, note = emulation_problem(base.where({"model.gamma": 1.0, "size": n}), size_label(n))
         res.notes += [note] if note else []
         c.untestable = problem or c.untestable
-        if c.samples or c.lost:
+        if c.samples or c.unknown or c.lost:  # unknown: a plan's seeds
             gains[n] = c
             res.comparisons.append(c)
     if len(gains) >= 2:
@@ -52,3 +54,7 @@ def claim_c1(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
         res.comparisons.append(Comparison.missing("L(γ.5)−L(γ1) without fixes", "no baseline runs at γ 0.5 and 1",
                                                   role=PRIMARY))
     return res
+
+
+register(Claim("C1", lambda runs, measured, options: with_contrasts(claim_c1, reference_lr(runs)),
+               decided_by_the_runs="γ = 1 ahead at the smallest and the largest size (for the shrink)"))

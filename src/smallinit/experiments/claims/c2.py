@@ -15,9 +15,19 @@ import numpy as np
 from ...measures.norm_factor import relative_factor
 from ..power import MIN_TOKENS_PER_PARAM
 from .comparison import ClaimResult, Comparison, declare_primary, judged
+from .judge import with_contrasts
 from .loss import loss_comparison
 from .preconditions import emulation_problem, saturation_problem
-from .selection import EMULATED_WIDTH, Runs, baselines, effective_eps, measured_factor_at_init, size_label
+from .registry import Claim, planned, register
+from .selection import (
+    EMULATED_WIDTH,
+    Runs,
+    baselines,
+    effective_eps,
+    measured_factor_at_init,
+    reference_lr,
+    size_label,
+)
 
 PAPER_GAIN = 0.038  # nats: ε 1e-5 → 1e-12 at γ = 1, 1.5B
 
@@ -38,6 +48,8 @@ def claim_c2(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
         analytic = float(np.mean([relative_factor(1.0, effective_eps(r), n[0]) for r in b1]))
         measured = [m for m in (measured_factor_at_init(r) for r in b1) if m is not None]
         m = float(np.mean(measured)) if measured else math.nan
+        if planned(b1):  # the design measures the factor at init if the analysis runs at step 0; its value is the runs'
+            m = analytic if all(any(rec.step == 0 for rec in (*r.analysis, *r.norm_records)) for r in b1) else math.nan
         res.notes.append(f"γ=1 baseline norm factor at init @{size_label(n)}: analytic {analytic:.3f}, measured "
                          f"{m:.3f} (target {relative_factor(1.0, 1e-5, EMULATED_WIDTH):.3f} at d=2048)")
         # ε must saturate at init and, emulated, for about as long as at the paper's scale: a saturation that
@@ -55,3 +67,7 @@ def claim_c2(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
         candidates.append((problem, fix1))
     declare_primary(res, candidates, "ε-fix gain", "needs γ {0.5, 1} × ε {1e-5, 1e-12} without gate")
     return res
+
+
+register(Claim("C2", lambda runs, measured, options: with_contrasts(claim_c2, reference_lr(runs)),
+               decided_by_the_runs="the measured RMSNorm factor at init < 0.5"))

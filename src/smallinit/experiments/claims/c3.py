@@ -10,7 +10,8 @@ from ..power import MIN_TOKENS_PER_PARAM
 from .comparison import ClaimResult, Comparison, declare_primary, judged
 from .loss import loss_comparison
 from .preconditions import sink_formed
-from .selection import Runs, lost_problem, lost_seeds, paired, sink_mean, size_label
+from .registry import Claim, register
+from .selection import Runs, lost_problem, lost_seeds, paired, reference_lr, sink_mean, size_label
 
 PAPER_GAIN = 0.047  # nats: the gate at γ = 1, ε = 1e-12, 1.5B
 
@@ -49,3 +50,7 @@ def claim_c3(runs: Runs, *, min_tpp: float = MIN_TOKENS_PER_PARAM) -> ClaimResul
         candidates.append((problem, gate1))
     declare_primary(res, candidates, "gate gain", "needs γ {0.5, 1} × gate {none, elementwise} at ε 1e-12")
     return res
+
+
+register(Claim("C3", lambda runs, measured, options: claim_c3(reference_lr(runs)),
+               decided_by_the_runs="a sink formed (some layer > 3× uniform attention)"))

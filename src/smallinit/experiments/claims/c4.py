@@ -18,7 +18,8 @@ from ..runs import Run
 from .comparison import PRIMARY, ClaimResult, Comparison, judged
 from .loss import loss_comparison
 from .preconditions import lr_bracket_problem
-from .selection import FIXED, Runs, lost_problem, lost_seeds, size_label, val_loss
+from .registry import Claim, planned, register
+from .selection import FIXED, Runs, lost_problem, lost_seeds, reference_lr, size_label, val_loss
 
 PAPER_EFFECTIVE_SIZE = 0.44  # γ = 1 with both fixes is worth a 44 % larger model
 
@@ -54,7 +55,7 @@ def best_lr_comparison(runs: Runs, size: tuple, min_tpp: float) -> tuple[Compari
             + ", ".join(f"seed {s} {lr[0.5][s]:g} / {lr[1.0][s]:g}" for s in seeds))
     c = loss_comparison(f"L(γ.5)−L(γ1) fixed @{size_label(size)}, each γ at its best lr",
                         Runs(list(chosen[0.5].values())), Runs(list(chosen[1.0].values())), "> 0", min_tpp)
-    c.untestable = lr_bracket_problem(lr, lrs) or c.untestable
+    c.untestable = ("" if planned(at) else lr_bracket_problem(lr, lrs)) or c.untestable  # the best lr is an outcome
     return c, note
 
 
@@ -72,7 +73,7 @@ def claim_c4(runs: Runs, *, arm: dict[str, Any] = FIXED, n_boot: int = 1000, all
     for n in fixed.values("size"):
         c = loss_comparison(f"L(γ.5)−L(γ1) {tag} @{size_label(n)}", g05.where(size=n), g1.where(size=n), "> 0",
                             min_tpp)
-        if c.samples or c.lost:
+        if c.samples or c.unknown or c.lost:  # unknown: a plan's seeds
             res.comparisons.append(c)
             first = first or c
         best = best_lr_comparison(all_lrs, n, min_tpp) if all_lrs is not None and arm is FIXED else None
@@ -106,6 +107,8 @@ def _effective_size(res: ClaimResult, g05: Runs, g1: Runs, n_boot: int, min_tpp:
         return Comparison.missing(label, f"tokens per parameter differ {max(tpp) / min(tpp):.1f}× across sizes: not "
                                   "a scaling law at matched training", paper)
     level = 1 - ALPHA  # a secondary comparison, judged by its own interval
+    if planned(g05):  # the fit and its sanity are the runs'
+        return Comparison.interval(f"{label} (bootstrap over seeds)", math.nan, math.nan, math.nan, level, paper)
     base = [r for r in g05 if r.val_loss and r.size in sizes]
     treat = [r for r in g1 if r.val_loss and r.size in sizes]
     try:
@@ -123,3 +126,9 @@ def _effective_size(res: ClaimResult, g05: Runs, g1: Runs, n_boot: int, min_tpp:
                                   f"({'; '.join(esg.notes) or 'outside [0.1, 10]'})", paper)
     return Comparison.interval(f"{label} (bootstrap over seeds)", esg.gain, esg.lo, esg.hi, level, paper,
                                paper_value=PAPER_EFFECTIVE_SIZE)
+
+
+register(Claim("C4", lambda runs, measured, options: claim_c4(reference_lr(runs), all_lrs=runs,
+                                                              n_boot=int(options.get("n_boot", 1000))),
+               decided_by_the_runs="each γ's best learning rate inside the grid; a sane effective-size fit "
+                                   "(N_eff/N within 10×)"))

@@ -11,7 +11,8 @@ from typing import Any
 from ..power import MIN_TOKENS_PER_PARAM
 from .comparison import PRIMARY, SECONDARY, ClaimResult, Comparison, judged
 from .loss import loss_comparison
-from .selection import FIXED, Runs, size_label
+from .registry import Claim, register
+from .selection import FIXED, Runs, reference_lr, size_label
 
 FLOW_TOLERANCE = 0.15  # |fitted exponent − (1 − γ)| allowed for C5 (as in the analysis acceptance)
 
@@ -44,3 +45,9 @@ def claim_c5(runs: Runs, flow: dict[str, Any] | None, *, min_tpp: float = MIN_TO
     if len(res.comparisons) == n_loss:
         res.comparisons.append(Comparison.missing("loss best at γ = 1", "needs ≥ 3 γ values with the fixes"))
     return res
+
+
+register(Claim("C5", lambda runs, measured, options: claim_c5(reference_lr(runs), measured.get("flow")),
+               unit="flow exponent", needs=("flow",),
+               seed_sd=(0.028, "the CPU study's sd over 5 seeds of the flow exponent − (1−γ) at γ1 "
+                                "(docs/findings-cpu.md)")))

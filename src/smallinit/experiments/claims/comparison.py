@@ -52,9 +52,13 @@ class Comparison:
     magnitude: str = ""  # the primary's interval against the paper's number
     mde: float | None = None  # the primary's minimum detectable effect when it is inconclusive
     lost: str = ""  # per arm, the seeds that diverged or failed (selection.lost_seeds)
+    unknown: list[int] = field(default_factory=list)  # seeds (else positions) whose value is not a number: on a
+    # plan's runs every value is unknown, so these are the seeds the design pairs; nothing judges them
 
     def __post_init__(self) -> None:
         kept = [i for i, x in enumerate(self.samples) if x is not None and math.isfinite(x)]
+        names = self.seeds if self.seeds is not None else list(range(len(self.samples)))
+        self.unknown = self.unknown or [names[i] for i in range(len(self.samples)) if i not in set(kept)]
         self.samples = [float(self.samples[i]) for i in kept]
         if self.seeds is not None:
             self.seeds = [self.seeds[i] for i in kept]
@@ -68,8 +72,9 @@ class Comparison:
     def difference(label: str, x: Comparison, y: Comparison, paper: str = "", **kw: Any) -> Comparison:
         """x's per-seed values minus y's, for the seeds both have; not testable where either is not."""
         xs, ys = dict(zip(x.seeds or [], x.samples)), dict(zip(y.seeds or [], y.samples))
+        unknown = sorted(({*xs, *x.unknown} & {*ys, *y.unknown}) - (xs.keys() & ys.keys()))
         return Comparison.by_seed(label, {s: xs[s] - ys[s] for s in sorted(xs.keys() & ys.keys())}, paper,
-                                  untestable=x.untestable or y.untestable, **kw)
+                                  untestable=x.untestable or y.untestable, unknown=unknown, **kw)
 
     @staticmethod
     def interval(label: str, estimate: float, lo: float, hi: float, level: float, paper: str = "",

@@ -97,7 +97,7 @@ def sink_formed(runs: Runs) -> tuple[str, str]:
             + ", ".join(f"{v:.3f}" for v in per_layer) + f"; uniform attention {uniform:.3f}{share}")
     if seqs < SINK_SEQS or tokens < SINK_TOKENS:
         return f"sink measured on {seqs} sequences of {tokens} tokens, needs ≥ {SINK_SEQS} of ≥ {SINK_TOKENS}", note
-    if per_layer.max() <= sink_threshold(tokens):
+    if not any(r.planned for r in runs) and per_layer.max() <= sink_threshold(tokens):  # a plan's sink is unknown
         return (f"no sink has formed: largest layer sink {per_layer.max():.3f} ≤ {SINK_RATIO:g} × {uniform:.3f} "
                 "(uniform attention)"), note
     return "", note

@@ -70,7 +70,7 @@ class Runs:
         acc: dict[int, list[float]] = {}
         for r in self.runs:
             v = metric(r)
-            if v is not None and math.isfinite(v):
+            if v is not None and (math.isfinite(v) or r.planned):  # a plan's value is unknown (NaN), not missing
                 acc.setdefault(r.seed, []).append(v)
         return {s: float(np.mean(v)) for s, v in acc.items()}
 
