@@ -48,7 +48,7 @@ from ..measures.norm_factor import norm_factors_from_observed
 from .callbacks import Callback
 from .checkpoint import kept
 from .metrics import append_record, set_aside_metrics, truncate_metrics
-from .records import AnalysisRecord, EvalRecord, NormFactorRecord
+from .records import AnalysisRecord, EvalRecord, NormFactorRecord, parse_record
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -321,20 +321,24 @@ class AnalysisCallback(Callback):
 
 
 def scalars(record: dict[str, Any], prefix: str = "smallinit/") -> dict[str, float]:
-    """A monitor record as flat scalars, for an engine's own loggers (TensorBoard, W&B, …)."""
+    """A monitor record (what a :class:`Monitor` call returns) as flat scalars, for an engine's own loggers
+    (TensorBoard, W&B, …)."""
+    rec = parse_record(record)
+    full = isinstance(rec, AnalysisRecord)  # else a norm-factor record: its factors alone
     out: dict[str, float] = {}
-    for key in ("sink_mean", "residual_flow", "loss"):
-        if isinstance(record.get(key), (int, float)):
-            out[prefix + key] = float(record[key])
-    if record.get("sink_share"):
-        out[prefix + "sink_share_0.3"] = float(record["sink_share"]["0.3"])
-    factors = record.get("norm_factor") or {}
+    if full:
+        for key, value in (("sink_mean", rec.sink_mean), ("residual_flow", rec.residual_flow), ("loss", rec.loss)):
+            if value is not None:
+                out[prefix + key] = value
+        if rec.sink_share:
+            out[prefix + "sink_share_0.3"] = rec.sink_share[0.3]
+    factors = rec.norm_factor if isinstance(rec, (AnalysisRecord, NormFactorRecord)) else {}
     if factors:
         out[prefix + "norm_factor_min"] = min(factors.values())
         out[prefix + "norm_factor_mean"] = float(np.mean(list(factors.values())))
-    for stat in ("stable_rank", "mean_abs_cos"):
-        for name, v in (record.get(stat) or {}).items():
-            out[f"{prefix}{stat}/{name}"] = float(v)
+    for stat in ("stable_rank", "mean_abs_cos") if full else ():
+        for name, v in getattr(rec, stat).items():
+            out[f"{prefix}{stat}/{name}"] = v
     return out
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from ...errors import ExperimentError
 from ...io import read_json, write_json_atomic, write_text_atomic
 from ...train.metrics import read_metrics
+from ...train.records import EvalRecord, StepRecord, parse_record
 from .spec import Cell, cell_dir
 
 
@@ -33,9 +34,10 @@ def cell_row(sweep_dir: Path, cell: Cell, state: dict[str, Any]) -> dict[str, An
     run = cell_dir(sweep_dir, cell.id)
     summary = read_json(run / "summary.json") or {}
     records = read_metrics(run)
-    train = [r for r in records if "loss" in r and r.get("event") is None]
-    vals = [r for r in records if "val_loss" in r]
-    speeds = [r["tokens_per_s"] for r in train if isinstance(r.get("tokens_per_s"), (int, float))]
+    typed = [rec for rec in map(parse_record, records) if rec is not None]
+    train = [r for r in typed if isinstance(r, StepRecord) and not r.nonfinite]
+    vals = [r for r in typed if isinstance(r, EvalRecord)]
+    speeds = [r.tokens_per_s for r in train if r.tokens_per_s is not None]
     row: dict[str, Any] = {"cell": cell.id, "status": state.get("status", "pending")}
     if cell.size is not None:
         row["size"] = cell.size
@@ -43,8 +45,8 @@ def cell_row(sweep_dir: Path, cell: Cell, state: dict[str, Any]) -> dict[str, An
         row["arm"] = cell.arm
     row.update(cell.values)
     row.update({
-        "val_loss": summary.get("val_loss", vals[-1]["val_loss"] if vals else None),
-        "final_loss": train[-1]["loss"] if train else None,
+        "val_loss": summary.get("val_loss", vals[-1].val_loss if vals else None),
+        "final_loss": train[-1].loss if train else None,
         "step": summary.get("step", max((r.get("step", 0) for r in records), default=0)),
         "params": summary.get("params", state.get("params")),
         "params_active": summary.get("params_active"),
