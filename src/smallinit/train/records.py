@@ -119,11 +119,6 @@ class AnalysisRecord:
         rec.update(not_measured=self.not_measured, stable_rank=self.stable_rank, mean_abs_cos=self.mean_abs_cos)
         return rec
 
-    def __getitem__(self, key: str) -> Any:
-        # the record as the dict it was written as: claims/c6.py still reads it so until it reads attributes
-        # (issue 33); remove then
-        return self.to_dict()[key]
-
     @staticmethod
     def from_dict(raw: Mapping[str, Any]) -> AnalysisRecord | None:
         step = _int(raw.get("step"))

@@ -11,18 +11,23 @@ condensed start) and the path length γ1 − γ.5 (γ = 0.5 changes slowly)."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
 from ..power import LATE_MINIMUM
 from .comparison import PRIMARY, ClaimResult, Comparison, judged
 from .registry import Claim, planned, register
-from .selection import BASELINE, EMULATED, FIXED, Runs, lost_problem, lost_seeds, reference_lr, size_label
-
-
-def _mean_stable_rank(rec: dict[str, Any]) -> float:
-    return float(np.mean(list(rec["stable_rank"].values())))
+from .selection import (
+    BASELINE,
+    EMULATED,
+    FIXED,
+    Runs,
+    lost_problem,
+    lost_seeds,
+    mean_stable_rank,
+    reference_lr,
+    size_label,
+)
 
 
 def selection_seeds(n: int) -> int:
@@ -61,9 +66,9 @@ def claim_c6(runs: Runs) -> ClaimResult:
                         lone.role = PRIMARY  # the smallest size of the arm
                     res.comparisons.append(lone)
                 continue
-            steps = [r["step"] for r in traj[1.0][seeds[0]]]
-            r1 = {s: [_mean_stable_rank(r) for r in traj[1.0][s]] for s in seeds}
-            r05 = {s: [_mean_stable_rank(r) for r in traj[0.5][s]] for s in seeds}
+            steps = [r.step for r in traj[1.0][seeds[0]]]
+            r1 = {s: [mean_stable_rank(r) for r in traj[1.0][s]] for s in seeds}
+            r05 = {s: [mean_stable_rank(r) for r in traj[0.5][s]] for s in seeds}
             k = min(len(v) for v in (*r1.values(), *r05.values()))
             tag = f"@{size_label(n)}{' fixed' if arm is FIXED else ' baseline'}"
             chosen, tested = seeds[:selection_seeds(len(seeds))], seeds[selection_seeds(len(seeds)):]
