@@ -4,13 +4,21 @@
     report = gamma_init_(model, gamma=1.0)   # W ~ N(0, d_in^(−2γ)) for every weight matrix
 """
 
-from .config import AnalysisConfig, Config, DataConfig, ModelConfig, MoEConfig, TrainConfig
-from .errors import SmallinitError
-from .generate import Sampling, generate, load_pretrained
-from .init import InitReport, ParamRole, as_out_in, gamma_init_, gamma_normal_, param_roles, set_norm_eps_
-from .model import ModelOutput, Transformer
-from .train import Monitor, load_model
-from .version import __version__
+from smallinit.config import AnalysisConfig, Config, DataConfig, ModelConfig, MoEConfig, TrainConfig
+from smallinit.errors import SmallinitError
+from smallinit.generate import Sampling, generate, load_pretrained
+from smallinit.init import (
+    InitReport,
+    ParamRole,
+    as_out_in,
+    gamma_init_,
+    gamma_normal_,
+    param_roles,
+    set_norm_eps_,
+)
+from smallinit.model import ModelOutput, Transformer
+from smallinit.train import Monitor, load_model
+from smallinit.version import __version__
 
 __all__ = [
     "__version__", "AnalysisConfig", "Config", "DataConfig", "InitReport", "ModelConfig", "ModelOutput", "MoEConfig", "Monitor", "ParamRole", "Sampling",

@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import ConfigError, ExperimentError, Preempted, SmallinitError
+from smallinit.errors import ConfigError, ExperimentError, Preempted, SmallinitError
 
 # -- the grammar's parts ---------------------------------------------------------------------------------------
 
@@ -108,7 +108,7 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load_config(args: argparse.Namespace):
-    from .config import Config
+    from smallinit.config import Config
 
     return Config.load(args.config, preset=args.preset, overrides=args.overrides)
 
@@ -214,10 +214,10 @@ def add_train(sub) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .analysis import check_norm_saturation
-    from .config import Config
-    from .train import Trainer
-    from .train.distributed import shutdown
+    from smallinit.analysis import check_norm_saturation
+    from smallinit.config import Config
+    from smallinit.train import Trainer
+    from smallinit.train.distributed import shutdown
 
     out = Path(args.out)
     if args.init_from:  # a new run from that run's weights, and from its config unless --config/--preset
@@ -276,9 +276,9 @@ def add_info(sub) -> None:
 def cmd_info(args: argparse.Namespace) -> int:
     import torch
 
-    from .analysis import check_norm_saturation
-    from .init import init_plan
-    from .model import Transformer
+    from smallinit.analysis import check_norm_saturation
+    from smallinit.init import init_plan
+    from smallinit.model import Transformer
 
     cfg = _load_config(args)
     check_norm_saturation(cfg.model)
@@ -287,7 +287,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     total, active = model.num_params(), model.num_params(active=True)
     print(f"parameters: {total:,} total, {active:,} active, {model.num_params(embeddings=False):,} without embeddings")
     if args.memory:
-        from .train.memory import describe_memory
+        from smallinit.train.memory import describe_memory
 
         print(describe_memory(cfg, args.num_devices))
         return 0
@@ -323,7 +323,7 @@ PLAN_FLAGS = ("--num-devices", "--accelerator", "--mfu", "--tokens-per-s", "--se
 
 
 def _hardware(args: argparse.Namespace):
-    from .experiments.plan import Hardware
+    from smallinit.experiments.plan import Hardware
 
     kind, devices = getattr(args, "accelerator", None), getattr(args, "num_devices", None)
     if kind is None and devices is None and args.mfu is None and args.tokens_per_s is None:
@@ -339,7 +339,7 @@ def _presets(args: argparse.Namespace) -> list[str] | None:
 
 def _is_sweep_file(target: str) -> bool:
     """A .toml without [recipe] or [scales.NAME] is a sweep file; anything else names a recipe."""
-    from .config.files import read_toml
+    from smallinit.config.files import read_toml
 
     path = Path(target)
     if not (path.suffix == ".toml" and path.is_file()):
@@ -364,7 +364,7 @@ def add_plan(sub) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .experiments.plan import format_plan, parse_seed_sd, plan_recipe, plan_sweep
+    from smallinit.experiments.plan import format_plan, parse_seed_sd, plan_recipe, plan_sweep
 
     if not args.target:  # the old `sweep --plan` without a file
         raise ExperimentError("pass a sweep file to plan: smallinit plan SWEEP.toml")
@@ -388,8 +388,8 @@ def add_recipes(sub) -> None:
 
 
 def cmd_recipes(_args: argparse.Namespace) -> int:
-    from .experiments.plan import scale_headline
-    from .experiments.recipes import describe, load_recipe, recipe_names
+    from smallinit.experiments.plan import scale_headline
+    from smallinit.experiments.recipes import describe, load_recipe, recipe_names
 
     for name in recipe_names():
         recipe = load_recipe(name)
@@ -415,9 +415,9 @@ def add_recipe(sub) -> None:
 
 
 def cmd_recipe(args: argparse.Namespace) -> int:
-    from .experiments.plan import plan_recipe
-    from .experiments.recipes import run_recipe
-    from .experiments.verdicts import verdict_table
+    from smallinit.experiments.plan import plan_recipe
+    from smallinit.experiments.recipes import run_recipe
+    from smallinit.experiments.verdicts import verdict_table
 
     if not args.target:
         _deprecated("smallinit recipe", "smallinit recipes")
@@ -450,7 +450,7 @@ def add_sweep(sub) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from .experiments import Sweep, format_table, run_sweep
+    from smallinit.experiments import Sweep, format_table, run_sweep
 
     if not args.target:
         raise SmallinitError("pass a sweep file: smallinit sweep SWEEP.toml (smallinit status DIR shows a sweep "
@@ -473,7 +473,7 @@ def add_status(sub) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .experiments import format_table, sweep_rows
+    from smallinit.experiments import format_table, sweep_rows
 
     print(format_table(sweep_rows(args.folder)))
     return 0
@@ -491,7 +491,7 @@ def add_demo(sub) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from smallinit.demo import run_demo
 
     scale = args.scale or ("quick" if args.quick else "full")
     demo = run_demo(scale=scale, out=args.out, jobs=args.jobs)
@@ -526,7 +526,7 @@ def add_tokenizer(sub) -> None:
 
 
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
-    from .data import iter_documents, train_tokenizer
+    from smallinit.data import iter_documents, train_tokenizer
 
     out = _out_file(args.out, "tokenizer.json", "tokenizer train")
     tok = train_tokenizer(iter_documents(args.corpus, text_field=args.text_field), args.vocab_size, out)
@@ -542,7 +542,7 @@ def add_export_hf(sub) -> None:
 
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
-    from .export.hf import export_hf
+    from smallinit.export.hf import export_hf
 
     r = export_hf(args.checkpoint, _required_out(args, "export-hf"))
     remote = " (load with trust_remote_code=True)" if r.remote_code else ""
@@ -568,7 +568,7 @@ def add_generate(sub) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .generate import Sampling, generate, load_pretrained
+    from smallinit.generate import Sampling, generate, load_pretrained
 
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed).validate()
     if args.prompt is None and sys.stdin.isatty():
@@ -601,7 +601,7 @@ def add_init_hf(sub) -> None:
 
 
 def cmd_init_hf(args: argparse.Namespace) -> int:
-    from .export.hf import init_hf
+    from smallinit.export.hf import init_hf
 
     out, sets = _required_out(args, "init-hf"), _model_sets(args, INIT_HF_KEYS)
     norm_eps = None if args.keep_norm_eps else sets["model.norm_eps"]
@@ -625,7 +625,7 @@ def add_eval(sub) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .export.lmeval import run_eval
+    from smallinit.export.lmeval import run_eval
 
     limit = None if args.limit is None else (int(args.limit) if args.limit.is_integer() else args.limit)
     r = run_eval(args.checkpoint, args.tasks.split(","), limit=limit, include_path=args.include_path,
@@ -670,10 +670,10 @@ def add_analyze(sub) -> None:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from .analysis import analyze_checkpoint, check_norm_saturation
-    from .analysis.measure import default_output_dir
-    from .config import Config
-    from .report import analysis_lines, write_analysis
+    from smallinit.analysis import analyze_checkpoint, check_norm_saturation
+    from smallinit.analysis.measure import default_output_dir
+    from smallinit.config import Config
+    from smallinit.report import analysis_lines, write_analysis
 
     sets = _model_sets(args, ANALYZE_KEYS)
     batches, batch_size, seq_len = sets["train.eval_batches"], sets["train.batch_size"], sets["data.seq_len"]
@@ -733,8 +733,8 @@ def add_compare(sub) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .analysis.measure import compare_checkpoints
-    from .report import write_compare
+    from smallinit.analysis.measure import compare_checkpoints
+    from smallinit.report import write_compare
 
     sets = _model_sets(args, COMPARE_KEYS)
     labels = tuple(args.labels.split(",", 1)) if args.labels else None
@@ -767,8 +767,8 @@ def add_coordcheck(sub) -> None:
 
 
 def cmd_coordcheck(args: argparse.Namespace) -> int:
-    from .analysis import coord_check, residual_flow_sweep
-    from .report import write_coordcheck, write_sweep
+    from smallinit.analysis import coord_check, residual_flow_sweep
+    from smallinit.report import write_coordcheck, write_sweep
 
     args.overrides.insert(0, "train.batch_size=8")  # its few steps need no more; before --set, which may change it
     cfg = _load_config(args)
@@ -795,7 +795,7 @@ def add_report(sub) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import build_report
+    from smallinit.report import build_report
 
     out = _out_file(args.out, "report.html", "report")
     print(f"wrote {build_report(args.dirs, out, include_unfinished=args.include_unfinished)}")
@@ -814,7 +814,7 @@ def _version() -> str:
 
     import torch
 
-    from .version import __version__
+    from smallinit.version import __version__
 
     return f"smallinit {__version__} (torch {torch.__version__}, Python {platform.python_version()})"
 

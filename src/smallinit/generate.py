@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import Config
-from .data import Tokenizer
-from .data.tokenizer import run_tokenizer
-from .errors import ConfigError
-from .model import Transformer
-from .train.checkpoint import load_model, resolve_checkpoint
+from smallinit.config import Config
+from smallinit.data import Tokenizer
+from smallinit.data.tokenizer import run_tokenizer
+from smallinit.errors import ConfigError
+from smallinit.model import Transformer
+from smallinit.train.checkpoint import load_model, resolve_checkpoint
 
 
 def load_pretrained(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> tuple[Transformer, Tokenizer]:

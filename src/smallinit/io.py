@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 
 from safetensors import SafetensorError
 
-from .errors import StorageError
+from smallinit.errors import StorageError
 
 Kept = Callable[[], str]  # says, at the time of a failure, what the failed write left intact
 

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ModelError
-from ..model import Transformer
-from .hf import HFAdapter, is_hf_causal_lm, recording_attention
-from .hf_folder import HFModel, HFTokenizer, hf_folder_problem, load_hf_folder
-from .protocol import (
+from smallinit.adapters.hf import HFAdapter, is_hf_causal_lm, recording_attention
+from smallinit.adapters.hf_folder import HFModel, HFTokenizer, hf_folder_problem, load_hf_folder
+from smallinit.adapters.protocol import (
     AttentionInputs,
     ModelAdapter,
     NormForm,
@@ -22,7 +20,9 @@ from .protocol import (
     norm_modules,
     realised_factor,
 )
-from .transformer import TransformerAdapter
+from smallinit.adapters.transformer import TransformerAdapter
+from smallinit.errors import ModelError
+from smallinit.model import Transformer
 
 
 def as_adapter(model: Any) -> ModelAdapter:

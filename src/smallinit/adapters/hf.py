@@ -28,9 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import ModelError
-from ..model.loss import cross_entropy
-from .protocol import (
+from smallinit.adapters.protocol import (
     AttentionInputs,
     NormForm,
     Observed,
@@ -39,6 +37,8 @@ from .protocol import (
     readable_norm_forms,
     realised_factor,
 )
+from smallinit.errors import ModelError
+from smallinit.model.loss import cross_entropy
 
 
 def is_hf_causal_lm(model: Any) -> bool:

@@ -21,8 +21,8 @@ from typing import Any
 
 from torch import nn
 
-from ..errors import ModelError
-from ..io import read_json
+from smallinit.errors import ModelError
+from smallinit.io import read_json
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 WHAT_IT_HOLDS = "config.json with a model_type, and model.safetensors, as save_pretrained writes them"

@@ -28,8 +28,8 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from ..errors import ModelError
-from ..init.eps import EPS_ATTRS, norm_layers
+from smallinit.errors import ModelError
+from smallinit.init.eps import EPS_ATTRS, norm_layers
 
 # What observe() can be asked for: the residual stream, the norms' inputs, the attention inputs.
 KINDS = ("residual", "norms", "attention")

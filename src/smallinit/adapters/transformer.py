@@ -6,8 +6,8 @@ from collections.abc import Collection
 
 import torch
 
-from ..model import Transformer
-from .protocol import AttentionInputs, NormForm, Observed, check_kinds, norm_forms
+from smallinit.adapters.protocol import AttentionInputs, NormForm, Observed, check_kinds, norm_forms
+from smallinit.model import Transformer
 
 _CAPTURE = {"residual": "hidden", "norms": "norms", "attention": "qk"}
 

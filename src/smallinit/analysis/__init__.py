@@ -7,7 +7,10 @@ spent saturated), scaling (power-law fits and effective model size: import from 
 measure (``smallinit analyze`` / ``compare`` on a run, checkpoint or Hugging Face folder).
 """
 
-from ..measures.condensation import (
+from smallinit.analysis.coordcheck import CoordCheck, coord_check
+from smallinit.analysis.measure import analyze_checkpoint, analyze_model, load_run, measure_activations
+from smallinit.analysis.tokens import TokenGapResult, text_batches, token_gap, token_gap_batch
+from smallinit.measures.condensation import (
     MatrixStat,
     RowCosine,
     matrix_stats,
@@ -15,7 +18,7 @@ from ..measures.condensation import (
     spectral_norm,
     stable_rank,
 )
-from ..measures.norm_factor import (
+from smallinit.measures.norm_factor import (
     check_norm_saturation,
     measured_norm_factors,
     norm_saturation_message,
@@ -23,12 +26,9 @@ from ..measures.norm_factor import (
     rmsnorm_factor,
     saturation_gamma,
 )
-from ..measures.residual_flow import ResidualFlowSweep, residual_flow_ratio, residual_flow_sweep
-from ..measures.sink import SinkScores, sink_scores
-from ..train.monitor import AnalysisCallback, load_snapshots
-from .coordcheck import CoordCheck, coord_check
-from .measure import analyze_checkpoint, analyze_model, load_run, measure_activations
-from .tokens import TokenGapResult, text_batches, token_gap, token_gap_batch
+from smallinit.measures.residual_flow import ResidualFlowSweep, residual_flow_ratio, residual_flow_sweep
+from smallinit.measures.sink import SinkScores, sink_scores
+from smallinit.train.monitor import AnalysisCallback, load_snapshots
 
 __all__ = [
     "AnalysisCallback", "CoordCheck", "MatrixStat", "ResidualFlowSweep", "RowCosine", "SinkScores",

@@ -21,12 +21,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..adapters import ModelAdapter, as_adapter
-from ..config import ModelConfig, TrainConfig
-from ..data import get_batch
-from ..io import write_result
-from ..model import Transformer
-from ..train.optim import build_optimizer
+from smallinit.adapters import ModelAdapter, as_adapter
+from smallinit.config import ModelConfig, TrainConfig
+from smallinit.data import get_batch
+from smallinit.io import write_result
+from smallinit.model import Transformer
+from smallinit.train.optim import build_optimizer
 
 
 @dataclass

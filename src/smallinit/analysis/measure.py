@@ -19,21 +19,21 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..adapters import HFModel, HFTokenizer, as_adapter, hf_folder_problem, load_hf_folder
-from ..adapters.hf_folder import HOW_TO_GIVE, encoding_fingerprint, trainer_output_choice
-from ..adapters.hf_folder import WHAT_IT_HOLDS as HF_FOLDER
-from ..config import Config, DataConfig, flatten
-from ..data import Tokenizer, load_data, load_tokenizer
-from ..data.tokenizer import BUILTIN_TOKENIZERS
-from ..errors import CheckpointError, ConfigError, DataError
-from ..export.hf import hf_tokenizer
-from ..io import read_json
-from ..measures.activations import measure_activations
-from ..measures.condensation import matrix_stats, unoriented_matrices
-from ..measures.norm_factor import relative_factor
-from ..train.checkpoint import load_model as _load_model
-from ..train.checkpoint import resolve_checkpoint
-from .tokens import TokenGapResult, text_batches, token_gap, with_progress
+from smallinit.adapters import HFModel, HFTokenizer, as_adapter, hf_folder_problem, load_hf_folder
+from smallinit.adapters.hf_folder import HOW_TO_GIVE, encoding_fingerprint, trainer_output_choice
+from smallinit.adapters.hf_folder import WHAT_IT_HOLDS as HF_FOLDER
+from smallinit.analysis.tokens import TokenGapResult, text_batches, token_gap, with_progress
+from smallinit.config import Config, DataConfig, flatten
+from smallinit.data import Tokenizer, load_data, load_tokenizer
+from smallinit.data.tokenizer import BUILTIN_TOKENIZERS
+from smallinit.errors import CheckpointError, ConfigError, DataError
+from smallinit.export.hf import hf_tokenizer
+from smallinit.io import read_json
+from smallinit.measures.activations import measure_activations
+from smallinit.measures.condensation import matrix_stats, unoriented_matrices
+from smallinit.measures.norm_factor import relative_factor
+from smallinit.train.checkpoint import load_model as _load_model
+from smallinit.train.checkpoint import resolve_checkpoint
 
 
 @dataclass

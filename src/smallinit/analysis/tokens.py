@@ -27,10 +27,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..adapters import as_adapter
-from ..data import Tokenizer, iter_documents
-from ..errors import DataError
-from ..io import write_result
+from smallinit.adapters import as_adapter
+from smallinit.data import Tokenizer, iter_documents
+from smallinit.errors import DataError
+from smallinit.io import write_result
 
 # Fine difficulty bins (nats): [0, 1e-5), log-spaced to 1, then 0.001 wide to 40, then [40, ∞).
 FINE_EDGES = np.unique(np.concatenate([[0.0], np.geomspace(1e-5, 1.0, 2001), np.linspace(1.0, 40.0, 39001)]))

@@ -5,11 +5,11 @@ files: reading TOML / config.json and writing commented TOML; overrides: dotted 
 section built from a dict, each value checked against its field's type.
 """
 
-from .coerce import from_dict
-from .files import read_config_file, read_toml
-from .overrides import flatten, parse_override, set_dotted
-from .presets import PRESET_ALIASES, PRESETS
-from .schema import (
+from smallinit.config.coerce import from_dict
+from smallinit.config.files import read_config_file, read_toml
+from smallinit.config.overrides import flatten, parse_override, set_dotted
+from smallinit.config.presets import PRESET_ALIASES, PRESETS
+from smallinit.config.schema import (
     AnalysisConfig,
     Config,
     DataConfig,

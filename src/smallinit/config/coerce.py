@@ -9,8 +9,8 @@ import types
 import typing
 from typing import Any
 
-from ..errors import ConfigError, did_you_mean
-from .files import toml_literal
+from smallinit.config.files import toml_literal
+from smallinit.errors import ConfigError, did_you_mean
 
 
 def from_dict(cls: type, raw: Any, where: str) -> Any:

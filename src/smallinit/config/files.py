@@ -10,8 +10,8 @@ from typing import Any
 
 import tomllib
 
-from .. import io
-from ..errors import ConfigError
+from smallinit import io
+from smallinit.errors import ConfigError
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

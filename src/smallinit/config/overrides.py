@@ -7,7 +7,7 @@ from typing import Any
 
 import tomllib
 
-from ..errors import ConfigError
+from smallinit.errors import ConfigError
 
 
 def parse_override(item: str) -> tuple[str, Any]:

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import ConfigError, did_you_mean
-from .coerce import check_choices, from_dict
-from .files import commented_toml, read_config_file, read_config_json
-from .overrides import parse_override, set_dotted
-from .presets import PRESET_ALIASES, PRESETS
+from smallinit.config.coerce import check_choices, from_dict
+from smallinit.config.files import commented_toml, read_config_file, read_config_json
+from smallinit.config.overrides import parse_override, set_dotted
+from smallinit.config.presets import PRESET_ALIASES, PRESETS
+from smallinit.errors import ConfigError, did_you_mean
 
 
 def _key(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = dataclasses.MISSING,

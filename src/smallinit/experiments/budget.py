@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config import Config
-from ..model import Transformer
+from smallinit.config import Config
+from smallinit.model import Transformer
 
 
 def budget_steps(cfg: Config, budget: dict[str, Any]) -> int:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..analysis.saturation import (
+from smallinit.analysis.saturation import (
     MEAN,
     SATURATED,
     SaturatedShare,
@@ -25,10 +25,10 @@ from ..analysis.saturation import (
     run_saturation,
     steps_to_unsaturate,
 )
-from ..config import Config, flatten, read_toml
-from ..train.records import AnalysisRecord, NormFactorRecord
-from .budget import budget_schedule, budget_steps
-from .runs import Run, config_from_flat
+from smallinit.config import Config, flatten, read_toml
+from smallinit.experiments.budget import budget_schedule, budget_steps
+from smallinit.experiments.runs import Run, config_from_flat
+from smallinit.train.records import AnalysisRecord, NormFactorRecord
 
 PAPER_RECIPE = Path(__file__).resolve().parent / "recipes" / "paper-fig1.toml"
 PAPER_SCALE = "gpu"

@@ -19,20 +19,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..analysis.measure import held_out_batches, run_settings
-from ..analysis.scaling import fit_power_law
-from ..analysis.tokens import bigram_loss, token_gap
-from ..config import Config, ModelConfig
-from ..data import load_token_data, load_tokenizer
-from ..data.anchor import AnchorTask
-from ..data.sink import SinkData, SinkTask, is_sink_spec
-from ..errors import ConfigError
-from ..measures.norm_factor import relative_factor
-from ..measures.residual_flow import residual_flow_sweep
-from ..measures.sink import attention_roles
-from ..train import load_model
-from ..train.records import AnalysisRecord
-from .claims import (
+from smallinit.analysis.measure import held_out_batches, run_settings
+from smallinit.analysis.scaling import fit_power_law
+from smallinit.analysis.tokens import bigram_loss, token_gap
+from smallinit.config import Config, ModelConfig
+from smallinit.data import load_token_data, load_tokenizer
+from smallinit.data.anchor import AnchorTask
+from smallinit.data.sink import SinkData, SinkTask, is_sink_spec
+from smallinit.errors import ConfigError
+from smallinit.experiments.claims import (
     BASELINE,
     FIXED,
     ClaimResult,
@@ -45,8 +40,13 @@ from .claims import (
     registered,
     sink_layers,
 )
-from .emulation import Emulation, pooled, run_emulation
-from .reasoning import anchor_scores
+from smallinit.experiments.emulation import Emulation, pooled, run_emulation
+from smallinit.experiments.reasoning import anchor_scores
+from smallinit.measures.norm_factor import relative_factor
+from smallinit.measures.residual_flow import residual_flow_sweep
+from smallinit.measures.sink import attention_roles
+from smallinit.train import load_model
+from smallinit.train.records import AnalysisRecord
 
 FINDINGS_FILE = "findings.json"  # a recipe's claims with their verdicts and the numbers behind the figures
 Say = Callable[[str], None]  # receives one progress line per step of an analysis

@@ -35,18 +35,28 @@ from typing import Any
 
 import torch
 
-from ..config import Config, flatten
-from ..errors import ExperimentError, SmallinitError
-from ..model import Transformer
-from ..train.flops import train_flops_per_token
-from ..train.memory import GIB, device_memory, estimate_memory
-from ..train.records import AnalysisRecord, EvalRecord, NormFactorRecord
-from .claims import CLAIMS, FIXED, NOT_RUN, PAPER, ClaimResult, Comparison, Runs, judge, registered
-from .power import ALPHA, MIN_SEEDS, POWER, minimum_detectable_effect
-from .recipes import Recipe, Scale, apply_budget, customise, load_recipe
-from .runs import Run, model_shape
-from .sweep import Sweep, resolve_config
-from .verdicts import seeds_problem
+from smallinit.config import Config, flatten
+from smallinit.errors import ExperimentError, SmallinitError
+from smallinit.experiments.claims import (
+    CLAIMS,
+    FIXED,
+    NOT_RUN,
+    PAPER,
+    ClaimResult,
+    Comparison,
+    Runs,
+    judge,
+    registered,
+)
+from smallinit.experiments.power import ALPHA, MIN_SEEDS, POWER, minimum_detectable_effect
+from smallinit.experiments.recipes import Recipe, Scale, apply_budget, customise, load_recipe
+from smallinit.experiments.runs import Run, model_shape
+from smallinit.experiments.sweep import Sweep, resolve_config
+from smallinit.experiments.verdicts import seeds_problem
+from smallinit.model import Transformer
+from smallinit.train.flops import train_flops_per_token
+from smallinit.train.memory import GIB, device_memory, estimate_memory
+from smallinit.train.records import AnalysisRecord, EvalRecord, NormFactorRecord
 
 # Dense bf16 peak per GPU (FLOP/s, without sparsity) and memory (GiB), from the vendors' data sheets.
 GPUS: dict[str, tuple[float, float]] = {

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data import Tokenizer
-from ..data.anchor import AnchorTask, Question
-from ..errors import ConfigError
+from smallinit.data import Tokenizer
+from smallinit.data.anchor import AnchorTask, Question
+from smallinit.errors import ConfigError
 
 
 def _answers(model: nn.Module, tok: Tokenizer, questions: list[Question], batch_size: int) -> list[int]:

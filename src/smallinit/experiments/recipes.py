@@ -40,14 +40,22 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ..config import flatten, parse_override, read_toml
-from ..errors import ConfigError, ExperimentError, Preempted, SmallinitError
-from ..io import write_json_atomic
-from .budget import budget_schedule, budget_steps
-from .claims import CLAIMS, NOT_RUN
-from .findings import FINDINGS, FINDINGS_FILE
-from .runs import model_shape
-from .sweep import Progress, Sweep, SweepOutcome, cell_dir, cell_work, resolve_config, run_sweep
+from smallinit.config import flatten, parse_override, read_toml
+from smallinit.errors import ConfigError, ExperimentError, Preempted, SmallinitError
+from smallinit.experiments.budget import budget_schedule, budget_steps
+from smallinit.experiments.claims import CLAIMS, NOT_RUN
+from smallinit.experiments.findings import FINDINGS, FINDINGS_FILE
+from smallinit.experiments.runs import model_shape
+from smallinit.experiments.sweep import (
+    Progress,
+    Sweep,
+    SweepOutcome,
+    cell_dir,
+    cell_work,
+    resolve_config,
+    run_sweep,
+)
+from smallinit.io import write_json_atomic
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 _RECIPE_SECTIONS = ("recipe", "base", "scales")

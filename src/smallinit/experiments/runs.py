@@ -14,12 +14,19 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, flatten, set_dotted
-from ..io import read_json
-from ..model import Transformer
-from ..train.metrics import METRICS_FILE, read_metrics
-from ..train.monitor import MONITOR_FILE
-from ..train.records import AnalysisRecord, EvalRecord, NormFactorRecord, Record, StepRecord, parse_record
+from smallinit.config import Config, flatten, set_dotted
+from smallinit.io import read_json
+from smallinit.model import Transformer
+from smallinit.train.metrics import METRICS_FILE, read_metrics
+from smallinit.train.monitor import MONITOR_FILE
+from smallinit.train.records import (
+    AnalysisRecord,
+    EvalRecord,
+    NormFactorRecord,
+    Record,
+    StepRecord,
+    parse_record,
+)
 
 
 @dataclass

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from .power import ALPHA, MIN_SEEDS
+from smallinit.experiments.power import ALPHA, MIN_SEEDS
 
 AGREE, DISAGREE, INCONCLUSIVE, NOT_TESTABLE = "agree", "disagree", "inconclusive", "not testable here"
 EXPECTED = ("positive", "zero")

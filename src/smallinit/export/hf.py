@@ -33,16 +33,16 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from .. import io
-from ..adapters.hf_folder import coverage_problem, read_tokenizer
-from ..config import Config, ModelConfig
-from ..data import EOS_TOKEN, load_tokenizer
-from ..data.tokenizer import run_tokenizer
-from ..errors import CheckpointError, ConfigError, SmallinitError
-from ..init import InitReport, gamma_init_, set_norm_eps_
-from ..init.eps import EPS_ATTRS, NormEpsError
-from ..model import Transformer
-from ..train.checkpoint import load_weights, resolve_checkpoint
+from smallinit import io
+from smallinit.adapters.hf_folder import coverage_problem, read_tokenizer
+from smallinit.config import Config, ModelConfig
+from smallinit.data import EOS_TOKEN, load_tokenizer
+from smallinit.data.tokenizer import run_tokenizer
+from smallinit.errors import CheckpointError, ConfigError, SmallinitError
+from smallinit.init import InitReport, gamma_init_, set_norm_eps_
+from smallinit.init.eps import EPS_ATTRS, NormEpsError
+from smallinit.model import Transformer
+from smallinit.train.checkpoint import load_weights, resolve_checkpoint
 
 REMOTE_DIR = Path(__file__).resolve().parent / "remote"
 REMOTE_FILES = ("configuration_smallinit.py", "modeling_smallinit.py")
@@ -133,7 +133,7 @@ def hf_config(cfg: ModelConfig, architecture: str, eos_id: int):
             layer_types=["full_attention"] * cfg.n_layers, num_experts=0,
             mlp_only_layers=list(range(cfg.n_layers)),
         )
-    from .remote.configuration_smallinit import SmallinitConfig
+    from smallinit.export.remote.configuration_smallinit import SmallinitConfig
 
     moe: dict[str, Any] = {}
     if cfg.moe is not None:
@@ -215,7 +215,7 @@ def _check_against_class(tensors: dict[str, torch.Tensor], config, architecture:
     """Build the target class on the meta device and check that names and shapes match one to one."""
     transformers = require_transformers()
     if architecture == REMOTE_CLASS:
-        from .remote.modeling_smallinit import SmallinitForCausalLM as cls
+        from smallinit.export.remote.modeling_smallinit import SmallinitForCausalLM as cls
     else:
         cls = getattr(transformers, architecture)
     with torch.device("meta"):

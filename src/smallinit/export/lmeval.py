@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, DataError
-from ..io import write_json_atomic
-from ..train.checkpoint import CKPT_DIR, resolve_checkpoint
-from .hf import REMOTE_CLASS, REMOTE_DIR, REMOTE_FILES, ExportError, export_hf
+from smallinit.errors import ConfigError, DataError
+from smallinit.export.hf import REMOTE_CLASS, REMOTE_DIR, REMOTE_FILES, ExportError, export_hf
+from smallinit.io import write_json_atomic
+from smallinit.train.checkpoint import CKPT_DIR, resolve_checkpoint
 
 
 @dataclass

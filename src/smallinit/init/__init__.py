@@ -5,10 +5,18 @@ the forward contracts with the input (``roles``); only weight matrices are drawn
 ε is set by ``eps``.
 """
 
-from .draw import InitReport, InitRow, MetaDeviceError, gamma_init_, gamma_normal_, gamma_std, init_plan
-from .eps import set_norm_eps_
-from .own import OwnInitError
-from .roles import ParamRole, as_out_in, is_norm, param_roles
+from smallinit.init.draw import (
+    InitReport,
+    InitRow,
+    MetaDeviceError,
+    gamma_init_,
+    gamma_normal_,
+    gamma_std,
+    init_plan,
+)
+from smallinit.init.eps import set_norm_eps_
+from smallinit.init.own import OwnInitError
+from smallinit.init.roles import ParamRole, as_out_in, is_norm, param_roles
 
 __all__ = [
     "InitReport", "InitRow", "MetaDeviceError", "OwnInitError", "ParamRole", "as_out_in", "gamma_init_", "gamma_normal_", "gamma_std", "init_plan", "is_norm",

@@ -17,7 +17,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .roles import _example_inputs, is_norm
+from smallinit.init.roles import _example_inputs, is_norm
 
 aten = torch.ops.aten
 _ADDS = {aten.add.Tensor, aten.add_.Tensor}

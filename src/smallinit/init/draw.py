@@ -15,10 +15,10 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from ..errors import ConfigError
-from .branches import branch_note, renormalised_branches
-from .own import own_buffers_, own_init_, uninitialised
-from .roles import ParamRole, named_parameters_once, resolve_roles
+from smallinit.errors import ConfigError
+from smallinit.init.branches import branch_note, renormalised_branches
+from smallinit.init.own import own_buffers_, own_init_, uninitialised
+from smallinit.init.roles import ParamRole, named_parameters_once, resolve_roles
 
 
 class MetaDeviceError(ConfigError):

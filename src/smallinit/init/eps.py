@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..errors import ConfigError
-from .roles import is_norm
+from smallinit.errors import ConfigError
+from smallinit.init.roles import is_norm
 
 EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
 

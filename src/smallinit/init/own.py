@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import ConfigError
+from smallinit.errors import ConfigError
 
 
 class OwnInitError(ConfigError):

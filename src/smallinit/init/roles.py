@@ -22,8 +22,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from .arch import architecture_inits
-from .trace import Contraction, TraceError, Use, trace_uses
+from smallinit.init.arch import architecture_inits
+from smallinit.init.trace import Contraction, TraceError, Use, trace_uses
 
 KINDS = ("matrix", "embedding", "norm", "bias", "own", "unknown")
 NORM_WEIGHTS = ("weight", "scale", "gamma", "g")

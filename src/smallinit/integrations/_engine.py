@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from ..errors import SmallinitError
+from smallinit.errors import SmallinitError
 
 
 class MissingExtra(SmallinitError, ImportError):

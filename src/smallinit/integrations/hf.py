@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
-from ..init import gamma_init_, set_norm_eps_
-from ..train.monitor import Monitor, scalars
-from ._engine import engine
+from smallinit.errors import ConfigError
+from smallinit.init import gamma_init_, set_norm_eps_
+from smallinit.integrations._engine import engine
+from smallinit.train.monitor import Monitor, scalars
 
 transformers = engine("transformers", "hf", "smallinit.integrations.hf")
 

@@ -16,10 +16,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..adapters import as_adapter
-from ..errors import ConfigError, ModelError
-from ..train.monitor import Monitor, scalars
-from ._engine import engine
+from smallinit.adapters import as_adapter
+from smallinit.errors import ConfigError, ModelError
+from smallinit.integrations._engine import engine
+from smallinit.train.monitor import Monitor, scalars
 
 L = engine("lightning.pytorch", "lightning", "smallinit.integrations.lightning")
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ..adapters import as_adapter
-from .norm_factor import norm_factors_from_observed
-from .residual_flow import flow_from_hidden
-from .sink import sink_from_attention
+from smallinit.adapters import as_adapter
+from smallinit.measures.norm_factor import norm_factors_from_observed
+from smallinit.measures.residual_flow import flow_from_hidden
+from smallinit.measures.sink import sink_from_attention
 
 # the observation each measurement is made from
 MEASURED_FROM = {"sink": "attention", "residual_flow": "residual", "norm_factor": "norms"}

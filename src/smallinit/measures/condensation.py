@@ -24,7 +24,7 @@ from scipy.sparse.linalg import eigsh
 from scipy.spatial.distance import squareform
 from torch import nn
 
-from ..init import ParamRole, as_out_in, param_roles
+from smallinit.init import ParamRole, as_out_in, param_roles
 
 
 @torch.no_grad()

@@ -13,9 +13,9 @@ import math
 import numpy as np
 import torch
 
-from ..adapters import NormForm, Observed, as_adapter
-from ..config import ModelConfig
-from ..errors import ModelError
+from smallinit.adapters import NormForm, Observed, as_adapter
+from smallinit.config import ModelConfig
+from smallinit.errors import ModelError
 
 # Warn when the expected σ²(h) at init is within this factor of ε: the factor then starts to saturate.
 SATURATION_MARGIN = 10.0

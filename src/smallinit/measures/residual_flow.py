@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..adapters import as_adapter
-from ..config import ModelConfig
-from ..errors import ConfigError
-from ..io import write_result
-from ..model import Transformer
+from smallinit.adapters import as_adapter
+from smallinit.config import ModelConfig
+from smallinit.errors import ConfigError
+from smallinit.io import write_result
+from smallinit.model import Transformer
 
 
 @torch.no_grad()

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..adapters import AttentionInputs, as_adapter
-from ..errors import ModelError
+from smallinit.adapters import AttentionInputs, as_adapter
+from smallinit.errors import ModelError
 
 
 @dataclass

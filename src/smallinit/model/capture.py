@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .norm import RMSNorm
+from smallinit.model.norm import RMSNorm
 
 KINDS = ("hidden", "norms", "qk", "attn")
 

@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import MoEConfig
-from .mlp import SwiGLU
+from smallinit.config import MoEConfig
+from smallinit.model.mlp import SwiGLU
 
 EXPERT_PARAMS = ("gate_proj", "up_proj", "down_proj")
 DISPATCHES = ("auto", "grouped", "loop")

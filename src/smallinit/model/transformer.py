@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..config import ModelConfig
-from ..init import InitReport, gamma_init_
-from .attention import Attention, KVCache, rope_tables
-from .capture import capturing, check_kinds
-from .loss import cross_entropy
-from .mlp import SwiGLU
-from .moe import MoE
-from .norm import RMSNorm
+from smallinit.config import ModelConfig
+from smallinit.init import InitReport, gamma_init_
+from smallinit.model.attention import Attention, KVCache, rope_tables
+from smallinit.model.capture import capturing, check_kinds
+from smallinit.model.loss import cross_entropy
+from smallinit.model.mlp import SwiGLU
+from smallinit.model.moe import MoE
+from smallinit.model.norm import RMSNorm
 
 
 @dataclass

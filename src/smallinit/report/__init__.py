@@ -7,14 +7,14 @@ import re
 import statistics
 from pathlib import Path
 
-from ..analysis.coordcheck import CoordCheck
-from ..analysis.measure import ANALYSIS_FILE, default_output_dir
-from ..analysis.tokens import TokenGapResult
-from ..io import write_result
-from ..measures.residual_flow import ResidualFlowSweep
-from ..measures.sink import uniform_sink
-from . import figures
-from .html import build_report
+from smallinit.analysis.coordcheck import CoordCheck
+from smallinit.analysis.measure import ANALYSIS_FILE, default_output_dir
+from smallinit.analysis.tokens import TokenGapResult
+from smallinit.io import write_result
+from smallinit.measures.residual_flow import ResidualFlowSweep
+from smallinit.measures.sink import uniform_sink
+from smallinit.report import figures
+from smallinit.report.html import build_report
 
 __all__ = [
     "analysis_lines", "build_report", "compare_output_dir", "write_analysis", "write_compare", "write_coordcheck", "write_sweep",

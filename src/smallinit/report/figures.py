@@ -18,12 +18,12 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..analysis.coordcheck import CoordCheck
-from ..analysis.tokens import TokenGapResult
-from ..io import write_atomic
-from ..measures.norm_factor import rmsnorm_factor
-from ..measures.residual_flow import ResidualFlowSweep
-from ..measures.sink import uniform_sink
+from smallinit.analysis.coordcheck import CoordCheck
+from smallinit.analysis.tokens import TokenGapResult
+from smallinit.io import write_atomic
+from smallinit.measures.norm_factor import rmsnorm_factor
+from smallinit.measures.residual_flow import ResidualFlowSweep
+from smallinit.measures.sink import uniform_sink
 
 DPI = 90
 # The smallest text a figure draws, in points: 11.25 px at DPI, so still ≥ 10 px when a figure up to

@@ -26,22 +26,22 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..analysis.coordcheck import CoordCheck
-from ..analysis.measure import ANALYSIS_FILE
-from ..analysis.tokens import TokenGapResult
-from ..errors import SmallinitError
-from ..experiments.claims import BASELINE, EMULATED, FIXED, Runs, gaps_from_compares, judge_all
-from ..experiments.findings import FINDINGS_FILE
-from ..experiments.runs import Run, find_runs
-from ..io import make_folder, read_json, write_text_atomic
-from ..measures.norm_factor import init_variance, relative_factor, rmsnorm_factor, saturation_gamma
-from ..measures.residual_flow import ResidualFlowSweep
-from ..measures.sink import uniform_sink
-from ..train.distributed import LAYOUT_KEYS
-from ..train.monitor import load_snapshots
-from ..train.records import AnalysisRecord
-from ..version import __version__
-from . import figures
+from smallinit.analysis.coordcheck import CoordCheck
+from smallinit.analysis.measure import ANALYSIS_FILE
+from smallinit.analysis.tokens import TokenGapResult
+from smallinit.errors import SmallinitError
+from smallinit.experiments.claims import BASELINE, EMULATED, FIXED, Runs, gaps_from_compares, judge_all
+from smallinit.experiments.findings import FINDINGS_FILE
+from smallinit.experiments.runs import Run, find_runs
+from smallinit.io import make_folder, read_json, write_text_atomic
+from smallinit.measures.norm_factor import init_variance, relative_factor, rmsnorm_factor, saturation_gamma
+from smallinit.measures.residual_flow import ResidualFlowSweep
+from smallinit.measures.sink import uniform_sink
+from smallinit.report import figures
+from smallinit.train.distributed import LAYOUT_KEYS
+from smallinit.train.monitor import load_snapshots
+from smallinit.train.records import AnalysisRecord
+from smallinit.version import __version__
 
 REPORT_FILE = "report.html"
 _LAYOUT = {f"train.{k}" for k in LAYOUT_KEYS}

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import torch
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from smallinit.train.trainer import Trainer
 
 
 class Callback:

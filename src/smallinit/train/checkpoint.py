@@ -30,10 +30,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .. import io
-from ..config import Config
-from ..errors import CheckpointError
-from ..model import Transformer
+from smallinit import io
+from smallinit.config import Config
+from smallinit.errors import CheckpointError
+from smallinit.model import Transformer
 
 FORMAT = "smallinit-checkpoint-1"
 CKPT_DIR = "checkpoints"

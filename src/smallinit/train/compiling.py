@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from .. import io
-from ..config import Config
-from .callbacks import Callback
-from .distributed import names_gpu
+from smallinit import io
+from smallinit.config import Config
+from smallinit.train.callbacks import Callback
+from smallinit.train.distributed import names_gpu
 
 # From the measurements in benchmarks/README.md, "Tiny widths" (1 thread, byte tokenizer, batch 16 × 128, 4 layers).
 TINY_WIDTH = 128  # the widest model "auto" compiles: the widths the speedup was measured at

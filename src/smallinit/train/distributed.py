@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..config import TrainConfig
-from ..errors import ConfigError, SmallinitError
-from . import checkpoint as ckpt
+from smallinit.config import TrainConfig
+from smallinit.errors import ConfigError, SmallinitError
+from smallinit.train import checkpoint as ckpt
 
 T = TypeVar("T")
 

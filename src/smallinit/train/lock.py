@@ -9,8 +9,8 @@ import contextlib
 import os
 from pathlib import Path
 
-from .. import io
-from ..errors import ConfigError
+from smallinit import io
+from smallinit.errors import ConfigError
 
 LOCK_FILE = ".lock"
 

@@ -12,12 +12,12 @@ import hashlib
 import math
 from typing import TYPE_CHECKING, Any
 
-from ..config import TrainConfig
-from ..errors import ConfigError
-from .callbacks import Callback
+from smallinit.config import TrainConfig
+from smallinit.errors import ConfigError
+from smallinit.train.callbacks import Callback
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from smallinit.train.trainer import Trainer
 
 TB_DIR = "tb"
 

@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from ..config import PRESETS, Config, ModelConfig
-from ..errors import ConfigError
-from ..model import Transformer
+from smallinit.config import PRESETS, Config, ModelConfig
+from smallinit.errors import ConfigError
+from smallinit.model import Transformer
 
 GIB = 1024**3
 

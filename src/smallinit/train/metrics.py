@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .. import io
-from .checkpoint import kept
+from smallinit import io
+from smallinit.train.checkpoint import kept
 
 METRICS_FILE = "metrics.jsonl"
 

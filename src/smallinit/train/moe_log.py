@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from ..model.moe import MoE
-from .callbacks import Callback
+from smallinit.model.moe import MoE
+from smallinit.train.callbacks import Callback
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from smallinit.train.trainer import Trainer
 
 
 def has_moe(model: nn.Module) -> bool:

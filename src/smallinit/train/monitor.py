@@ -37,21 +37,21 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import io
-from ..adapters import ModelAdapter, TransformerAdapter, as_adapter
-from ..config import AnalysisConfig
-from ..errors import ConfigError
-from ..init import param_roles
-from ..measures.activations import measure_activations
-from ..measures.condensation import named_matrices, row_cosine, sampled_mean_abs_cos, stable_rank
-from ..measures.norm_factor import norm_factors_from_observed
-from .callbacks import Callback
-from .checkpoint import kept
-from .metrics import append_record, set_aside_metrics, truncate_metrics
-from .records import AnalysisRecord, EvalRecord, NormFactorRecord, parse_record
+from smallinit import io
+from smallinit.adapters import ModelAdapter, TransformerAdapter, as_adapter
+from smallinit.config import AnalysisConfig
+from smallinit.errors import ConfigError
+from smallinit.init import param_roles
+from smallinit.measures.activations import measure_activations
+from smallinit.measures.condensation import named_matrices, row_cosine, sampled_mean_abs_cos, stable_rank
+from smallinit.measures.norm_factor import norm_factors_from_observed
+from smallinit.train.callbacks import Callback
+from smallinit.train.checkpoint import kept
+from smallinit.train.metrics import append_record, set_aside_metrics, truncate_metrics
+from smallinit.train.records import AnalysisRecord, EvalRecord, NormFactorRecord, parse_record
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from smallinit.train.trainer import Trainer
 
 log = logging.getLogger("smallinit")
 

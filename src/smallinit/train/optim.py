@@ -7,8 +7,8 @@ import math
 import torch
 from torch import nn
 
-from ..config import TrainConfig
-from ..init import is_norm
+from smallinit.config import TrainConfig
+from smallinit.init import is_norm
 
 
 def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:

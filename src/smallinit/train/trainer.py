@@ -16,16 +16,16 @@ from typing import Any
 
 import torch
 
-from .. import io
-from ..config import Config, TrainConfig
-from ..data import load_data, load_tokenizer
-from ..errors import CheckpointError, ConfigError, Preempted, TrainingError
-from ..model import Transformer
-from ..signals import stop_requests
-from . import checkpoint as ckpt
-from . import compiling
-from .callbacks import Callback, Progress
-from .distributed import (
+from smallinit import io
+from smallinit.config import Config, TrainConfig
+from smallinit.data import load_data, load_tokenizer
+from smallinit.errors import CheckpointError, ConfigError, Preempted, TrainingError
+from smallinit.model import Transformer
+from smallinit.signals import stop_requests
+from smallinit.train import checkpoint as ckpt
+from smallinit.train import compiling
+from smallinit.train.callbacks import Callback, Progress
+from smallinit.train.distributed import (
     Runtime,
     any_rank,
     check_layout,
@@ -41,14 +41,14 @@ from .distributed import (
     tied_aliases,
     with_layout_of,
 )
-from .lock import RunLock
-from .loggers import metric_loggers
-from .memory import check_fits
-from .metrics import append_record, read_metrics, set_aside_metrics, truncate_metrics
-from .moe_log import RouterLog, has_moe
-from .monitor import AnalysisCallback
-from .optim import build_optimizer, lr_at, wsd_decay_start
-from .records import NONFINITE, EvalRecord, StepRecord, parse_record
+from smallinit.train.lock import RunLock
+from smallinit.train.loggers import metric_loggers
+from smallinit.train.memory import check_fits
+from smallinit.train.metrics import append_record, read_metrics, set_aside_metrics, truncate_metrics
+from smallinit.train.moe_log import RouterLog, has_moe
+from smallinit.train.monitor import AnalysisCallback
+from smallinit.train.optim import build_optimizer, lr_at, wsd_decay_start
+from smallinit.train.records import NONFINITE, EvalRecord, StepRecord, parse_record
 
 log = logging.getLogger("smallinit")
 # How to continue a stopped run, when a sweep, recipe or demo started it (their runner sets it for each cell):

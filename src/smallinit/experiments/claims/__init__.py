@@ -40,29 +40,27 @@ learning-rate check (each γ at its own best rate).
 import importlib
 import pkgutil
 
-from ..power import (
-    MAX_SIZE_RATIO,
-    MIN_EVALS,
-    MIN_TOKENS_PER_PARAM,
-    SATURATED,
-    SINK_RATIO,
-    SINK_SEQS,
-    SINK_TOKENS,
-    uniform_sink,
+from smallinit.experiments.claims.c1 import claim_c1
+from smallinit.experiments.claims.c2 import claim_c2
+from smallinit.experiments.claims.c3 import claim_c3
+from smallinit.experiments.claims.c4 import best_lr_comparison, claim_c4
+from smallinit.experiments.claims.c5 import FLOW_TOLERANCE, claim_c5
+from smallinit.experiments.claims.c6 import claim_c6
+from smallinit.experiments.claims.c7 import EASY_BINS, MID_BINS, NOISY_BINS, claim_c7, gaps_from_compares
+from smallinit.experiments.claims.comparison import (
+    NOT_RUN,
+    PRIMARY,
+    SECONDARY,
+    ClaimResult,
+    Comparison,
+    judge_table,
+    not_run,
 )
-from .c1 import claim_c1
-from .c2 import claim_c2
-from .c3 import claim_c3
-from .c4 import best_lr_comparison, claim_c4
-from .c5 import FLOW_TOLERANCE, claim_c5
-from .c6 import claim_c6
-from .c7 import EASY_BINS, MID_BINS, NOISY_BINS, claim_c7, gaps_from_compares
-from .comparison import NOT_RUN, PRIMARY, SECONDARY, ClaimResult, Comparison, judge_table, not_run
-from .judge import PAPER, judge_all, with_contrasts
-from .loss import gap_trajectory, loss_comparison
-from .preconditions import regime_problem, sink_formed
-from .registry import CLAIMS, Claim, judge, register, registered
-from .selection import (
+from smallinit.experiments.claims.judge import PAPER, judge_all, with_contrasts
+from smallinit.experiments.claims.loss import gap_trajectory, loss_comparison
+from smallinit.experiments.claims.preconditions import regime_problem, sink_formed
+from smallinit.experiments.claims.registry import CLAIMS, Claim, judge, register, registered
+from smallinit.experiments.claims.selection import (
     BASELINE,
     EMULATED,
     EMULATED_WIDTH,
@@ -77,6 +75,16 @@ from .selection import (
     sink_mean,
     size_label,
     val_loss,
+)
+from smallinit.experiments.power import (
+    MAX_SIZE_RATIO,
+    MIN_EVALS,
+    MIN_TOKENS_PER_PARAM,
+    SATURATED,
+    SINK_RATIO,
+    SINK_SEQS,
+    SINK_TOKENS,
+    uniform_sink,
 )
 
 __all__ = [

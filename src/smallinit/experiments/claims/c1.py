@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..power import MIN_TOKENS_PER_PARAM
-from .comparison import PRIMARY, ClaimResult, Comparison, judged
-from .judge import with_contrasts
-from .loss import loss_comparison
-from .preconditions import emulation_problem
-from .registry import Claim, register
-from .selection import Runs, baselines, reference_lr, size_label
+from smallinit.experiments.claims.comparison import PRIMARY, ClaimResult, Comparison, judged
+from smallinit.experiments.claims.judge import with_contrasts
+from smallinit.experiments.claims.loss import loss_comparison
+from smallinit.experiments.claims.preconditions import emulation_problem
+from smallinit.experiments.claims.registry import Claim, register
+from smallinit.experiments.claims.selection import Runs, baselines, reference_lr, size_label
+from smallinit.experiments.power import MIN_TOKENS_PER_PARAM
 
 PAPER_GAIN = 0.05  # nats, at 0.1B: the paper's smallest model (0.003 at 1.5B)
 

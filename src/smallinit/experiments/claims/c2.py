@@ -12,14 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from ...measures.norm_factor import relative_factor
-from ..power import MIN_TOKENS_PER_PARAM
-from .comparison import ClaimResult, Comparison, declare_primary, judged
-from .judge import with_contrasts
-from .loss import loss_comparison
-from .preconditions import emulation_problem, saturation_problem
-from .registry import Claim, planned, register
-from .selection import (
+from smallinit.experiments.claims.comparison import ClaimResult, Comparison, declare_primary, judged
+from smallinit.experiments.claims.judge import with_contrasts
+from smallinit.experiments.claims.loss import loss_comparison
+from smallinit.experiments.claims.preconditions import emulation_problem, saturation_problem
+from smallinit.experiments.claims.registry import Claim, planned, register
+from smallinit.experiments.claims.selection import (
     EMULATED_WIDTH,
     Runs,
     baselines,
@@ -28,6 +26,8 @@ from .selection import (
     reference_lr,
     size_label,
 )
+from smallinit.experiments.power import MIN_TOKENS_PER_PARAM
+from smallinit.measures.norm_factor import relative_factor
 
 PAPER_GAIN = 0.038  # nats: ε 1e-5 → 1e-12 at γ = 1, 1.5B
 

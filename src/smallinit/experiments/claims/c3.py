@@ -6,12 +6,20 @@ the difference from γ = 0.5's gain, and the sink comparisons."""
 
 from __future__ import annotations
 
-from ..power import MIN_TOKENS_PER_PARAM
-from .comparison import ClaimResult, Comparison, declare_primary, judged
-from .loss import loss_comparison
-from .preconditions import sink_formed
-from .registry import Claim, register
-from .selection import Runs, lost_problem, lost_seeds, paired, reference_lr, sink_mean, size_label
+from smallinit.experiments.claims.comparison import ClaimResult, Comparison, declare_primary, judged
+from smallinit.experiments.claims.loss import loss_comparison
+from smallinit.experiments.claims.preconditions import sink_formed
+from smallinit.experiments.claims.registry import Claim, register
+from smallinit.experiments.claims.selection import (
+    Runs,
+    lost_problem,
+    lost_seeds,
+    paired,
+    reference_lr,
+    sink_mean,
+    size_label,
+)
+from smallinit.experiments.power import MIN_TOKENS_PER_PARAM
 
 PAPER_GAIN = 0.047  # nats: the gate at γ = 1, ε = 1e-12, 1.5B
 

@@ -11,15 +11,23 @@ from typing import Any
 
 import numpy as np
 
-from ...analysis.scaling import effective_size_gain
-from ...errors import ConfigError
-from ..power import ALPHA, MAX_SIZE_RATIO, MIN_SIZES, MIN_TOKENS_PER_PARAM
-from ..runs import Run
-from .comparison import PRIMARY, ClaimResult, Comparison, judged
-from .loss import loss_comparison
-from .preconditions import lr_bracket_problem
-from .registry import Claim, planned, register
-from .selection import FIXED, Runs, lost_problem, lost_seeds, reference_lr, size_label, val_loss
+from smallinit.analysis.scaling import effective_size_gain
+from smallinit.errors import ConfigError
+from smallinit.experiments.claims.comparison import PRIMARY, ClaimResult, Comparison, judged
+from smallinit.experiments.claims.loss import loss_comparison
+from smallinit.experiments.claims.preconditions import lr_bracket_problem
+from smallinit.experiments.claims.registry import Claim, planned, register
+from smallinit.experiments.claims.selection import (
+    FIXED,
+    Runs,
+    lost_problem,
+    lost_seeds,
+    reference_lr,
+    size_label,
+    val_loss,
+)
+from smallinit.experiments.power import ALPHA, MAX_SIZE_RATIO, MIN_SIZES, MIN_TOKENS_PER_PARAM
+from smallinit.experiments.runs import Run
 
 PAPER_EFFECTIVE_SIZE = 0.44  # γ = 1 with both fixes is worth a 44 % larger model
 

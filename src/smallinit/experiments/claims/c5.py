@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..power import MIN_TOKENS_PER_PARAM
-from .comparison import PRIMARY, SECONDARY, ClaimResult, Comparison, judged
-from .loss import loss_comparison
-from .registry import Claim, register
-from .selection import FIXED, Runs, reference_lr, size_label
+from smallinit.experiments.claims.comparison import PRIMARY, SECONDARY, ClaimResult, Comparison, judged
+from smallinit.experiments.claims.loss import loss_comparison
+from smallinit.experiments.claims.registry import Claim, register
+from smallinit.experiments.claims.selection import FIXED, Runs, reference_lr, size_label
+from smallinit.experiments.power import MIN_TOKENS_PER_PARAM
 
 FLOW_TOLERANCE = 0.15  # |fitted exponent − (1 − γ)| allowed for C5 (as in the analysis acceptance)
 

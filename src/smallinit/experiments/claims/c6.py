@@ -14,10 +14,9 @@ import math
 
 import numpy as np
 
-from ..power import LATE_MINIMUM
-from .comparison import PRIMARY, ClaimResult, Comparison, judged
-from .registry import Claim, planned, register
-from .selection import (
+from smallinit.experiments.claims.comparison import PRIMARY, ClaimResult, Comparison, judged
+from smallinit.experiments.claims.registry import Claim, planned, register
+from smallinit.experiments.claims.selection import (
     BASELINE,
     EMULATED,
     FIXED,
@@ -28,6 +27,7 @@ from .selection import (
     reference_lr,
     size_label,
 )
+from smallinit.experiments.power import LATE_MINIMUM
 
 
 def selection_seeds(n: int) -> int:

@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from ..power import ALPHA
-from ..verdicts import TTest, paired_t, region_p, t_test
-from .comparison import PRIMARY, SECONDARY, ClaimResult, Comparison, judged
-from .registry import Claim, register
-from .selection import FIXED
+from smallinit.experiments.claims.comparison import PRIMARY, SECONDARY, ClaimResult, Comparison, judged
+from smallinit.experiments.claims.registry import Claim, register
+from smallinit.experiments.claims.selection import FIXED
+from smallinit.experiments.power import ALPHA
+from smallinit.experiments.verdicts import TTest, paired_t, region_p, t_test
 
 EASY_BINS, MID_BINS, NOISY_BINS = (0, 1, 2), (4, 5, 6, 7, 8), (9,)  # of 10 difficulty deciles, for C7
 # The token split keeps the precondition from selecting favourable tokens, not favourable models: each seed pair's

@@ -14,8 +14,17 @@ from typing import Any
 
 import numpy as np
 
-from ..power import ALPHA, mde_line
-from ..verdicts import AGREE, DISAGREE, INCONCLUSIVE, NOT_TESTABLE, TTest, holm, holm_levels, t_test
+from smallinit.experiments.power import ALPHA, mde_line
+from smallinit.experiments.verdicts import (
+    AGREE,
+    DISAGREE,
+    INCONCLUSIVE,
+    NOT_TESTABLE,
+    TTest,
+    holm,
+    holm_levels,
+    t_test,
+)
 
 PRIMARY, SECONDARY = "primary", "secondary"
 

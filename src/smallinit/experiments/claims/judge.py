@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .comparison import SECONDARY, ClaimResult, judge_table
-from .registry import judge
-from .selection import Runs, baselines
+from smallinit.experiments.claims.comparison import SECONDARY, ClaimResult, judge_table
+from smallinit.experiments.claims.registry import judge
+from smallinit.experiments.claims.selection import Runs, baselines
 
 PAPER = ("C1", "C2", "C3", "C4", "C5", "C6", "C7")  # the demo's table
 

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from .comparison import Comparison
-from .preconditions import regime_problem
-from .selection import Runs, lost_problem, lost_seeds, paired
+from smallinit.experiments.claims.comparison import Comparison
+from smallinit.experiments.claims.preconditions import regime_problem
+from smallinit.experiments.claims.selection import Runs, lost_problem, lost_seeds, paired
 
 TREND_ALPHA = 0.05
 SETTLED_FRACTION = 0.5  # of the seed sd at the budget: the most a settled gap moves per doubling of tokens

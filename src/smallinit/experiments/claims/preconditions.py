@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from ..emulation import pooled, run_emulation
-from ..power import (
+from smallinit.experiments.claims.selection import Runs, sink_layers, sink_share
+from smallinit.experiments.emulation import pooled, run_emulation
+from smallinit.experiments.power import (
     MIN_EVALS,
     SATURATED,
     SINK_RATIO,
@@ -23,8 +24,7 @@ from ..power import (
     sink_threshold,
     uniform_sink,
 )
-from ..runs import Run
-from .selection import Runs, sink_layers, sink_share
+from smallinit.experiments.runs import Run
 
 
 def regime_problem(runs: Iterable[Run], traj: dict[str, Any] | None, min_tpp: float) -> str:

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .comparison import PRIMARY, SECONDARY, ClaimResult, Comparison
-from .registry import Claim, register
-from .selection import Run, Runs, paired, size_label
+from smallinit.experiments.claims.comparison import PRIMARY, SECONDARY, ClaimResult, Comparison
+from smallinit.experiments.claims.registry import Claim, register
+from smallinit.experiments.claims.selection import Run, Runs, paired, size_label
 
 
 def reasoning_claim(runs: Runs, scores: dict[Path, dict[str, Any]]) -> ClaimResult:

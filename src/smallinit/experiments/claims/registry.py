@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import ExperimentError
-from .comparison import ClaimResult, not_run
-from .selection import Run, Runs
+from smallinit.errors import ExperimentError
+from smallinit.experiments.claims.comparison import ClaimResult, not_run
+from smallinit.experiments.claims.selection import Run, Runs
 
 Measured = dict[str, Any]  # beside the runs: "flow" (the residual-flow sweep), "gaps" (token comparisons), "anchor"
 Judge = Callable[[Runs, Measured, dict[str, Any]], ClaimResult]

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from ...config import emulated_eps
-from ...train.records import AnalysisRecord
-from ..runs import Run
-from ..sweep import cell_dir, cell_states, load_cells
+from smallinit.config import emulated_eps
+from smallinit.experiments.runs import Run
+from smallinit.experiments.sweep import cell_dir, cell_states, load_cells
+from smallinit.train.records import AnalysisRecord
 
 EMULATED_WIDTH = 2048  # the paper's width at 1.5B, whose saturation the emulated baseline reproduces
 BASELINE = {"model.norm_eps": 1e-5, "model.gate": "none", "model.norm_eps_width": 0}

@@ -7,11 +7,11 @@
 * :mod:`.progress` — elapsed time and ETA over the cells of a sweep or a recipe.
 """
 
-from .packing import available_cores, compile_cache_env, default_jobs
-from .progress import Progress, cell_work
-from .results import cell_states, format_table, load_cells, sweep_rows
-from .runner import SweepOutcome, SweepRunner, run_sweep
-from .spec import Cell, Sweep, cell_dir, resolve_config
+from smallinit.experiments.sweep.packing import available_cores, compile_cache_env, default_jobs
+from smallinit.experiments.sweep.progress import Progress, cell_work
+from smallinit.experiments.sweep.results import cell_states, format_table, load_cells, sweep_rows
+from smallinit.experiments.sweep.runner import SweepOutcome, SweepRunner, run_sweep
+from smallinit.experiments.sweep.spec import Cell, Sweep, cell_dir, resolve_config
 
 __all__ = [
     "Cell", "Progress", "Sweep", "SweepOutcome", "SweepRunner", "available_cores", "cell_dir", "cell_states",

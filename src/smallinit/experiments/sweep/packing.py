@@ -16,12 +16,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from ...config import Config
-from ...data.cache import default_cache_dir
-from ...model import Transformer
-from ...train import compiling
-from ...train.distributed import names_gpu
-from .spec import Cell
+from smallinit.config import Config
+from smallinit.data.cache import default_cache_dir
+from smallinit.experiments.sweep.spec import Cell
+from smallinit.model import Transformer
+from smallinit.train import compiling
+from smallinit.train.distributed import names_gpu
 
 SMALL_MODEL_PARAMS = 25_000_000  # ≤ this (every CPU preset, the demo's shapes): pack one cell per core
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import statistics
 import time
 
-from ...config import Config
-from ...model import Transformer
-from ...train.callbacks import format_hms
+from smallinit.config import Config
+from smallinit.model import Transformer
+from smallinit.train.callbacks import format_hms
 
 
 def cell_work(cfg: Config) -> float:

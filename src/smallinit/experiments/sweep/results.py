@@ -10,11 +10,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ...errors import ExperimentError
-from ...io import read_json, write_json_atomic, write_text_atomic
-from ...train.metrics import read_metrics
-from ...train.records import EvalRecord, StepRecord, parse_record
-from .spec import Cell, cell_dir
+from smallinit.errors import ExperimentError
+from smallinit.experiments.sweep.spec import Cell, cell_dir
+from smallinit.io import read_json, write_json_atomic, write_text_atomic
+from smallinit.train.metrics import read_metrics
+from smallinit.train.records import EvalRecord, StepRecord, parse_record
 
 
 def error_line(log: Path) -> str:

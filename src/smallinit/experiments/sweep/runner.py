@@ -25,17 +25,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from ...config.files import toml_literal
-from ...errors import ExperimentError, Preempted
-from ...io import lock_exclusive, read_json, write_json_atomic
-from ...model import Transformer
-from ...signals import stop_requests
-from ...train.metrics import read_metrics
-from ...train.trainer import CONTINUE_ENV
-from .packing import available_cores, compile_cache_env, compile_choices, default_jobs
-from .progress import Progress, cell_work
-from .results import cell_row, error_line, write_results
-from .spec import Cell, Sweep, cell_dir, launcher_argv, resolve_config
+from smallinit.config.files import toml_literal
+from smallinit.errors import ExperimentError, Preempted
+from smallinit.experiments.sweep.packing import (
+    available_cores,
+    compile_cache_env,
+    compile_choices,
+    default_jobs,
+)
+from smallinit.experiments.sweep.progress import Progress, cell_work
+from smallinit.experiments.sweep.results import cell_row, error_line, write_results
+from smallinit.experiments.sweep.spec import Cell, Sweep, cell_dir, launcher_argv, resolve_config
+from smallinit.io import lock_exclusive, read_json, write_json_atomic
+from smallinit.model import Transformer
+from smallinit.signals import stop_requests
+from smallinit.train.metrics import read_metrics
+from smallinit.train.trainer import CONTINUE_ENV
 
 _POLL_S = 0.2
 _ORPHAN_WAIT_S = 120.0  # how long a re-run waits for a cell process left over from a killed runner

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...config import Config, flatten, read_toml
-from ...config.files import toml_literal
-from ...data import load_tokenizer
-from ...errors import ExperimentError, SmallinitError
+from smallinit.config import Config, flatten, read_toml
+from smallinit.config.files import toml_literal
+from smallinit.data import load_tokenizer
+from smallinit.errors import ExperimentError, SmallinitError
 
 _SECTIONS = ("sweep", "base", "grid", "arms", "sizes")
 _SWEEP_KEYS = ("name", "description", "launcher")

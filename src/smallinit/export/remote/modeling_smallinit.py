@@ -19,7 +19,7 @@ from transformers import initialization as hf_init  # initialisers that skip ten
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .configuration_smallinit import SmallinitConfig
+from smallinit.export.remote.configuration_smallinit import SmallinitConfig
 
 
 class SmallinitRMSNorm(nn.Module):
