@@ -37,7 +37,7 @@ def weight_hashes(sweep_dir: Path) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> list[Row]:
     from smallinit.data import load_token_data, load_tokenizer
-    from smallinit.experiments.sweep import Sweep, available_cores, default_jobs, resolve_config, run_sweep
+    from smallinit.study.running import Sweep, available_cores, default_jobs, resolve_config, run_sweep
 
     sweep = Sweep.load(args.sweep) if args.sweep else Sweep.from_dict(demo_like_sweep(args.steps))
     cells = sweep.cells()

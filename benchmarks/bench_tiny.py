@@ -180,7 +180,7 @@ def compile_rows(args: argparse.Namespace) -> list[Row]:
 
 
 def sweep_rows(args: argparse.Namespace) -> list[Row]:
-    from smallinit.experiments.sweep import Sweep, run_sweep
+    from smallinit.study.running import Sweep, run_sweep
 
     d = args.sweep_width
     steps = steps_for(d)

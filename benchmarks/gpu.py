@@ -4,7 +4,7 @@
    AdamW) on random tokens, fp32 master weights under bf16 autocast, each block compiled as the trainer compiles
    it, and 0.1b eager beside it (what compiling buys); tokens/s over ``--steps`` timed steps after warm-up, and
    MFU = model FLOPs per token (smallinit.train.flops: 6·N_matmul + causal attention) × tokens/s ÷ peak. Peak:
-   the dense bf16 rate of known GPUs (smallinit.experiments.plan.GPUS), else (and always reported) a measured
+   the dense bf16 rate of known GPUs (smallinit.study.planning.plan.GPUS), else (and always reported) a measured
    8192³ bf16 matmul rate. Targets on an H100/H200: MFU ≥ 45 % at 0.1b, ≥ 50 % at 1.5b.
 2. bf16 against fp32: the same small model trained 20 steps by the Trainer in each precision on one GPU; the
    largest differences of the training and validation losses.
@@ -32,7 +32,7 @@ import torch
 
 from smallinit import Config, ModelConfig, Transformer
 from smallinit.config import TrainConfig
-from smallinit.experiments.plan import CPU_CORE_FLOPS, GPUS
+from smallinit.study.planning.plan import CPU_CORE_FLOPS, GPUS
 from smallinit.train import Trainer
 from smallinit.train.distributed import Runtime, parallelize
 from smallinit.train.flops import train_flops_per_token

@@ -7,7 +7,7 @@ measuring the RMSNorm factors every --norm-every steps, for --prefix of the run'
 after a shorter prefix every norm is taken to stay as its last measurement says, which the printed
 `min factor after half the prefix` lets one check). Prints, per width, γ and seed, the share of training with the factor
 below 0.5 (mean over the norms, and the norm that reads the embedding), the formula's steps at Adam
-growth rate 1, the run's own rate, and the paper-scale share (smallinit.experiments.emulation).
+growth rate 1, the run's own rate, and the paper-scale share (smallinit.study.judging.emulation).
 
     nice -n 10 python scripts/measure_emulation.py --scale cpu-long --out /tmp/emulation
 """
@@ -22,10 +22,10 @@ from pathlib import Path
 
 from smallinit.analysis import AnalysisCallback
 from smallinit.analysis.saturation import SATURATED, steps_to_unsaturate
-from smallinit.experiments.emulation import emulation, paper_scale_config, paper_scale_share
-from smallinit.experiments.recipes import apply_budget, load_recipe
-from smallinit.experiments.runs import Run
-from smallinit.experiments.sweep import resolve_config
+from smallinit.study.judging.emulation import emulation, paper_scale_config, paper_scale_share
+from smallinit.study.planning.recipes import apply_budget, load_recipe
+from smallinit.study.running import resolve_config
+from smallinit.study.running.runs import Run
 from smallinit.train import Trainer
 
 

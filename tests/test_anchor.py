@@ -10,8 +10,8 @@ from torch import nn
 from smallinit.data import corpus_fingerprint, iter_documents, load_token_data, load_tokenizer
 from smallinit.data.anchor import AnchorTask
 from smallinit.errors import DataError
-from smallinit.experiments.reasoning import anchor_scores
 from smallinit.model import ModelOutput
+from smallinit.study.judging.anchor import anchor_scores
 
 SPEC = "builtin:anchor?anchors=5&holdout=3&n=3000&seed=7&length=9"
 

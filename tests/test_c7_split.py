@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 
-from smallinit.experiments.claims.c7 import DESCRIPTIVE, claim_c7
-from smallinit.experiments.power import ALPHA
-from smallinit.experiments.verdicts import AGREE, DISAGREE, NOT_TESTABLE
+from smallinit.study.judging.claims.c7 import DESCRIPTIVE, claim_c7
+from smallinit.study.judging.power import ALPHA
+from smallinit.study.judging.verdicts import AGREE, DISAGREE, NOT_TESTABLE
 
 DRAWS, SEEDS = 2000, 3
 # per-decile sd over seed pairs of the models' own difference (the middle and noisiest deciles vary most), and of a

@@ -8,7 +8,8 @@ import math
 import pytest
 
 from smallinit.errors import ExperimentError
-from smallinit.experiments.claims import (
+from smallinit.report import build_report
+from smallinit.study.judging.claims import (
     CLAIMS,
     PRIMARY,
     Claim,
@@ -18,10 +19,9 @@ from smallinit.experiments.claims import (
     register,
     val_loss,
 )
-from smallinit.experiments.plan import Hardware, format_plan, plan_recipe
-from smallinit.experiments.recipes import load_recipe, run_recipe
-from smallinit.experiments.verdicts import verdict_table
-from smallinit.report import build_report
+from smallinit.study.judging.verdicts import verdict_table
+from smallinit.study.planning.plan import Hardware, format_plan, plan_recipe
+from smallinit.study.planning.recipes import load_recipe, run_recipe
 
 
 def toy_claim(runs: Runs, measured: dict, options: dict) -> ClaimResult:

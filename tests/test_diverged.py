@@ -7,10 +7,10 @@ import json
 import math
 from pathlib import Path
 
-from smallinit.experiments.claims import Runs, claim_c4, claim_c6, loss_comparison
-from smallinit.experiments.runs import Run
-from smallinit.experiments.verdicts import NOT_TESTABLE, verdict_table
 from smallinit.report.html import _Doc, _section_findings
+from smallinit.study.judging.claims import Runs, claim_c4, claim_c6, loss_comparison
+from smallinit.study.judging.verdicts import NOT_TESTABLE, verdict_table
+from smallinit.study.running.runs import Run
 from test_verdicts import FIXED, PARAMS, _srank_records, make_run
 
 # L(γ.5) − L(γ1) per seed: seed 3 is the one where γ = 1 did worst; without it the other three agree

@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 
 from smallinit.analysis.saturation import SaturatedShare, steps_to_unsaturate
-from smallinit.experiments.claims.c5 import FLOW_TOLERANCE
-from smallinit.experiments.claims.c7 import DESCRIPTIVE, claim_c7
-from smallinit.experiments.claims.comparison import PRIMARY, ClaimResult, Comparison, judge_table
-from smallinit.experiments.emulation import Emulation, paper_scale_share
-from smallinit.experiments.power import SINK_TOKENS, mde_line, sd_upper_bound, sink_threshold
-from smallinit.experiments.recipes import Scale, apply_budget, customise, load_recipe
-from smallinit.experiments.sweep.spec import resolve_config
-from smallinit.experiments.verdicts import NOT_TESTABLE, holm
+from smallinit.study.judging.claims.c5 import FLOW_TOLERANCE
+from smallinit.study.judging.claims.c7 import DESCRIPTIVE, claim_c7
+from smallinit.study.judging.claims.comparison import PRIMARY, ClaimResult, Comparison, judge_table
+from smallinit.study.judging.emulation import Emulation, paper_scale_share
+from smallinit.study.judging.power import SINK_TOKENS, mde_line, sd_upper_bound, sink_threshold
+from smallinit.study.judging.verdicts import NOT_TESTABLE, holm
+from smallinit.study.planning.recipes import Scale, apply_budget, customise, load_recipe
+from smallinit.study.running.spec import resolve_config
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "findings-cpu.md"
 SECTION = "### Under the current rule, from the numbers printed below"

@@ -32,9 +32,9 @@ from smallinit.cli import main
 from smallinit.data import load_tokenizer
 from smallinit.data.cache import doc_uniform
 from smallinit.errors import ConfigError, SmallinitError
-from smallinit.experiments.recipes import load_recipe
-from smallinit.experiments.sweep import Sweep, resolve_config
 from smallinit.io import sha256_file
+from smallinit.study.planning.recipes import load_recipe
+from smallinit.study.running import Sweep, resolve_config
 from smallinit.train import Trainer
 from smallinit.train import checkpoint as ckpt
 

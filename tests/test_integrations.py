@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from smallinit.experiments.runs import find_runs
 from smallinit.report import build_report
+from smallinit.study.running.runs import find_runs
 from test_monitor import records, tiny_qwen3, tokens
 
 transformers = pytest.importorskip("transformers")

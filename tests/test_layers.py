@@ -22,7 +22,10 @@ LAYERS = [
     {"measures"},
     {"train"},
     {"analysis", "generate", "export"},
-    {"experiments"},
+    {"study.running"},  # the study's wing: three rooms, bottom first, and its door (study/__init__.py)
+    {"study.judging"},
+    {"study.planning"},
+    {"study"},
     {"report"},
     {"integrations"},
     {"demo"},
@@ -77,10 +80,11 @@ def _imports(name: str, path: Path, mods: dict[str, Path]) -> list[tuple[str, bo
 
 
 def _layer(module: str) -> int:
-    top = module.split(".")[0]
-    for i, layer in enumerate(LAYERS):
-        if top in layer:
-            return i
+    """The layer of the longest entry that is the module or a package above it ("study.judging" before "study")."""
+    found = [(len(entry), i) for i, layer in enumerate(LAYERS) for entry in layer
+             if module == entry or (entry and module.startswith(entry + "."))]
+    if found:
+        return max(found)[1]
     raise AssertionError(f"smallinit.{module} belongs to no layer; add its package to LAYERS and docs/architecture.md")
 
 
@@ -126,4 +130,5 @@ def test_the_checker_sees_imports():  # the tests above would pass on a graph th
     assert ("train.trainer", False) not in GRAPH["train.callbacks"]  # a TYPE_CHECKING import is left out
     assert ("model", False) in GRAPH["train.trainer"] and ("errors", False) in GRAPH["io"]
     assert any(nested for _, nested in GRAPH["cli"])
-    assert _layer("experiments.claims") > _layer("analysis.scaling") > _layer("train.trainer")
+    assert _layer("study") > _layer("study.planning.plan") > _layer("study.judging.claims.c4") > _layer(
+        "study.running.runs") > _layer("train.trainer")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from smallinit.experiments.claims import ClaimResult, Comparison
-from smallinit.experiments.claims.comparison import PRIMARY
-from smallinit.experiments.power import ALPHA, SD_BOUND, mde_line, minimum_detectable_effect
+from smallinit.study.judging.claims import ClaimResult, Comparison
+from smallinit.study.judging.claims.comparison import PRIMARY
+from smallinit.study.judging.power import ALPHA, SD_BOUND, mde_line, minimum_detectable_effect
 
 DRAWS = 4000
 

@@ -15,9 +15,9 @@ from helpers import TINY_MODEL
 from smallinit import Monitor, gamma_init_, set_norm_eps_
 from smallinit.config import Config
 from smallinit.errors import ConfigError, ModelError
-from smallinit.experiments.runs import find_runs
 from smallinit.measures.activations import measure_activations
 from smallinit.report import build_report
+from smallinit.study.running.runs import find_runs
 from smallinit.train import Trainer
 
 transformers = pytest.importorskip("transformers")

@@ -11,13 +11,13 @@ import pytest
 
 from smallinit.cli import main
 from smallinit.errors import ExperimentError
-from smallinit.experiments import plan as plan_module
-from smallinit.experiments.claims import CLAIMS, ClaimResult, Comparison, preconditions
-from smallinit.experiments.claims.comparison import PRIMARY, judge_table
-from smallinit.experiments.findings import FINDINGS
-from smallinit.experiments.plan import CPU_STUDY_SEED_SD, Hardware, plan_recipe, plan_sweep
-from smallinit.experiments.power import ALPHA, minimum_detectable_effect, power_of_test
-from smallinit.experiments.recipes import load_recipe, recipe_names
+from smallinit.study import plan as plan_module
+from smallinit.study.judging.claims import CLAIMS, ClaimResult, Comparison, preconditions
+from smallinit.study.judging.claims.comparison import PRIMARY, judge_table
+from smallinit.study.judging.findings import FINDINGS
+from smallinit.study.judging.power import ALPHA, minimum_detectable_effect, power_of_test
+from smallinit.study.planning.plan import CPU_STUDY_SEED_SD, Hardware, plan_recipe, plan_sweep
+from smallinit.study.planning.recipes import load_recipe, recipe_names
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 from scipy import stats
 
-from smallinit.experiments.power import (
+from smallinit.study.judging.power import (
     CLAIM_ALPHA,
     minimum_detectable_effect,
     power_of_test,

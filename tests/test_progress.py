@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from smallinit.experiments.recipes import run_recipe
-from smallinit.experiments.sweep import Progress
+from smallinit.study.planning.recipes import run_recipe
+from smallinit.study.running import Progress
 
 RECIPE = """
 [recipe]

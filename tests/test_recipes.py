@@ -8,9 +8,10 @@ import pytest
 
 from smallinit.cli import main
 from smallinit.errors import ExperimentError
-from smallinit.experiments.plan import Hardware, plan_recipe
-from smallinit.experiments.power import ALPHA, seeds_for_power
-from smallinit.experiments.recipes import (
+from smallinit.model import Transformer
+from smallinit.study.judging.power import ALPHA, seeds_for_power
+from smallinit.study.planning.plan import Hardware, plan_recipe
+from smallinit.study.planning.recipes import (
     RECIPES_DIR,
     apply_budget,
     customise,
@@ -18,8 +19,7 @@ from smallinit.experiments.recipes import (
     recipe_names,
     run_recipe,
 )
-from smallinit.experiments.sweep import resolve_config
-from smallinit.model import Transformer
+from smallinit.study.running import resolve_config
 
 SHIPPED = ["condensation", "demo", "paper-fig1", "paper-fig2", "paper-fig3", "reasoning", "sink", "tokens"]
 

@@ -11,7 +11,7 @@ import pytest
 from helpers import TINY_MODEL
 from smallinit.cli import main
 from smallinit.config import Config
-from smallinit.experiments.runs import Run
+from smallinit.study.running.runs import Run
 from smallinit.train.records import AnalysisRecord, EvalRecord, NormFactorRecord, StepRecord, parse_record
 
 

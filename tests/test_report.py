@@ -23,7 +23,6 @@ from smallinit.analysis import load_run, residual_flow_ratio
 from smallinit.analysis.measure import held_out_batches
 from smallinit.cli import main
 from smallinit.data import load_tokenizer
-from smallinit.experiments.runs import Run, find_runs
 from smallinit.report import figures
 from smallinit.report.html import (
     HEATMAPS_SHOWN,
@@ -35,6 +34,7 @@ from smallinit.report.html import (
     token_text,
     varying_keys,
 )
+from smallinit.study.running.runs import Run, find_runs
 
 # -- the report --------------------------------------------------------------------------------------------------
 

@@ -15,13 +15,13 @@ from smallinit.analysis.saturation import (
     steps_to_unsaturate,
 )
 from smallinit.cli import main
-from smallinit.experiments.claims import Runs, claim_c1, claim_c2, claim_c4
-from smallinit.experiments.claims.preconditions import lr_bracket_problem
-from smallinit.experiments.emulation import emulation, paper_scale_config, paper_scale_share
-from smallinit.experiments.findings import norm_factor_table
-from smallinit.experiments.runs import Run
-from smallinit.experiments.verdicts import AGREE, NOT_TESTABLE
 from smallinit.measures.norm_factor import relative_factor
+from smallinit.study.judging.claims import Runs, claim_c1, claim_c2, claim_c4
+from smallinit.study.judging.claims.preconditions import lr_bracket_problem
+from smallinit.study.judging.emulation import emulation, paper_scale_config, paper_scale_share
+from smallinit.study.judging.findings import norm_factor_table
+from smallinit.study.judging.verdicts import AGREE, NOT_TESTABLE
+from smallinit.study.running.runs import Run
 from smallinit.train.records import NormFactorRecord
 
 

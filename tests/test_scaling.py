@@ -21,13 +21,13 @@ import math
 import numpy as np
 import pytest
 
-from smallinit.analysis.scaling import (
+from smallinit.errors import ConfigError
+from smallinit.study.judging.scaling import (
     EffectiveSizeGain,
     PowerLawFit,
     effective_size_gain,
     fit_power_law,
 )
-from smallinit.errors import ConfigError
 
 SIZES = np.array([1e7, 3e7, 1e8, 3e8, 1e9, 1.5e9])
 N_SEEDS = 3

@@ -12,10 +12,10 @@ import torch
 from helpers import TINY_MODEL
 from smallinit import Monitor
 from smallinit.config import AnalysisConfig, Config, TrainConfig
-from smallinit.experiments.plan import Hardware, PlannedRun, plan_recipe
-from smallinit.experiments.recipes import apply_budget, customise, load_recipe
-from smallinit.experiments.sweep import resolve_config
 from smallinit.model import Transformer
+from smallinit.study.planning.plan import Hardware, PlannedRun, plan_recipe
+from smallinit.study.planning.recipes import apply_budget, customise, load_recipe
+from smallinit.study.running import resolve_config
 from smallinit.train import Callback, Trainer
 
 TINY = [*TINY_MODEL, "data.corpus=shakespeare", "train.batch_size=4", "train.warmup_steps=2",

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from smallinit.config import ModelConfig
-from smallinit.experiments.claims import Runs, sink_formed
-from smallinit.experiments.recipes import RECIPES_DIR, run_recipe
-from smallinit.experiments.runs import Run
 from smallinit.measures.activations import measure_activations
 from smallinit.measures.sink import attention_roles
 from smallinit.model import Transformer
+from smallinit.study.judging.claims import Runs, sink_formed
+from smallinit.study.planning.recipes import RECIPES_DIR, run_recipe
+from smallinit.study.running.runs import Run
 
 T, HD = 32, 4  # head_dim 4: RoPE pairs (0, 2) at frequency 1 and (1, 3) at θ^(-1/2) ≈ 0, where the signal lives
 STRENGTH = {0: [0.0, 1.0, 2.5, 6.0], 1: [3.5, 0.0, 0.0, 8.0]}  # score S of every query on key 0, per layer and head

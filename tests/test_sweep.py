@@ -13,7 +13,7 @@ import pytest
 from smallinit.cli import main
 from smallinit.config import parse_override
 from smallinit.errors import ExperimentError
-from smallinit.experiments import Sweep, run_sweep, sweep_rows
+from smallinit.study import Sweep, run_sweep, sweep_rows
 
 BASE = """
 [sweep]

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from smallinit.config import TrainConfig
-from smallinit.experiments.budget import budget_schedule
-from smallinit.experiments.claims.loss import MOVING, second_half, trend_course
+from smallinit.study.judging.claims.loss import MOVING, second_half, trend_course
+from smallinit.study.running.budget import budget_schedule
 
 DRAWS = 20000
 DEMO_STEPS = (142, 563, 708, 1586, 2815)  # the demo's quick/full (d16, d32) and cpu-long (d16/24/32) run lengths

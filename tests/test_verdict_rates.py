@@ -12,11 +12,11 @@ import math
 import numpy as np
 import pytest
 
-from smallinit.experiments.claims.c6 import located_minimum, rebound, selection_seeds
-from smallinit.experiments.claims.c7 import better_on_average, mid_contrasts
-from smallinit.experiments.claims.loss import MOVING, SETTLED, second_half, seed_lines, trend_state
-from smallinit.experiments.power import ALPHA, LATE_MINIMUM
-from smallinit.experiments.verdicts import holm_reject, paired_t, region_p
+from smallinit.study.judging.claims.c6 import located_minimum, rebound, selection_seeds
+from smallinit.study.judging.claims.c7 import better_on_average, mid_contrasts
+from smallinit.study.judging.claims.loss import MOVING, SETTLED, second_half, seed_lines, trend_state
+from smallinit.study.judging.power import ALPHA, LATE_MINIMUM
+from smallinit.study.judging.verdicts import holm_reject, paired_t, region_p
 
 DRAWS = 20000
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from smallinit.experiments.claims import (
+from smallinit.study.judging.claims import (
     EMULATED,
     FIXED,
     PRIMARY,
@@ -27,10 +27,9 @@ from smallinit.experiments.claims import (
     loss_comparison,
     uniform_sink,
 )
-from smallinit.experiments.claims.c7 import DESCRIPTIVE
-from smallinit.experiments.findings import loss_table, scaling_fits
-from smallinit.experiments.runs import Run
-from smallinit.experiments.verdicts import (
+from smallinit.study.judging.claims.c7 import DESCRIPTIVE
+from smallinit.study.judging.findings import loss_table, scaling_fits
+from smallinit.study.judging.verdicts import (
     AGREE,
     DISAGREE,
     INCONCLUSIVE,
@@ -39,6 +38,7 @@ from smallinit.experiments.verdicts import (
     t_test,
     verdict_table,
 )
+from smallinit.study.running.runs import Run
 
 PARAMS = 1000  # non-embedding parameters of every synthetic run; 1 × 10 tokens per step → 1 token/param per 100 steps
 NO_GATE = {"model.norm_eps": 1e-12, "model.gate": "none"}  # ε fixed, no gate (FIXED has both fixes)

@@ -323,7 +323,7 @@ PLAN_FLAGS = ("--num-devices", "--accelerator", "--mfu", "--tokens-per-s", "--se
 
 
 def _hardware(args: argparse.Namespace):
-    from smallinit.experiments.plan import Hardware
+    from smallinit.study.planning.plan import Hardware
 
     kind, devices = getattr(args, "accelerator", None), getattr(args, "num_devices", None)
     if kind is None and devices is None and args.mfu is None and args.tokens_per_s is None:
@@ -364,7 +364,7 @@ def add_plan(sub) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from smallinit.experiments.plan import format_plan, parse_seed_sd, plan_recipe, plan_sweep
+    from smallinit.study.planning.plan import format_plan, parse_seed_sd, plan_recipe, plan_sweep
 
     if not args.target:  # the old `sweep --plan` without a file
         raise ExperimentError("pass a sweep file to plan: smallinit plan SWEEP.toml")
@@ -388,8 +388,8 @@ def add_recipes(sub) -> None:
 
 
 def cmd_recipes(_args: argparse.Namespace) -> int:
-    from smallinit.experiments.plan import scale_headline
-    from smallinit.experiments.recipes import describe, load_recipe, recipe_names
+    from smallinit.study.planning.plan import scale_headline
+    from smallinit.study.planning.recipes import describe, load_recipe, recipe_names
 
     for name in recipe_names():
         recipe = load_recipe(name)
@@ -415,9 +415,9 @@ def add_recipe(sub) -> None:
 
 
 def cmd_recipe(args: argparse.Namespace) -> int:
-    from smallinit.experiments.plan import plan_recipe
-    from smallinit.experiments.recipes import run_recipe
-    from smallinit.experiments.verdicts import verdict_table
+    from smallinit.study.judging.verdicts import verdict_table
+    from smallinit.study.planning.plan import plan_recipe
+    from smallinit.study.planning.recipes import run_recipe
 
     if not args.target:
         _deprecated("smallinit recipe", "smallinit recipes")
@@ -450,7 +450,7 @@ def add_sweep(sub) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from smallinit.experiments import Sweep, format_table, run_sweep
+    from smallinit.study import Sweep, format_table, run_sweep
 
     if not args.target:
         raise SmallinitError("pass a sweep file: smallinit sweep SWEEP.toml (smallinit status DIR shows a sweep "
@@ -473,7 +473,7 @@ def add_status(sub) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from smallinit.experiments import format_table, sweep_rows
+    from smallinit.study import format_table, sweep_rows
 
     print(format_table(sweep_rows(args.folder)))
     return 0

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from smallinit.experiments.recipes import RecipeResult, check_out, load_recipe, run_recipe
-from smallinit.experiments.verdicts import verdict_table
 from smallinit.io import write_json_atomic, write_text_atomic
 from smallinit.report import build_report
+from smallinit.study.judging.verdicts import verdict_table
+from smallinit.study.planning.recipes import RecipeResult, check_out, load_recipe, run_recipe
 
 
 @dataclass

@@ -3,8 +3,7 @@
 The per-model measurements live in smallinit.measures (norm_factor, sink, residual_flow, condensation) and
 are re-exported here; the monitor that takes them along any training is smallinit.train.monitor. Here:
 tokens (Δ_sym by difficulty), coordcheck (activation / update scale over γ), saturation (the share of a run
-spent saturated), scaling (power-law fits and effective model size: import from smallinit.analysis.scaling),
-measure (``smallinit analyze`` / ``compare`` on a run, checkpoint or Hugging Face folder).
+spent saturated), measure (``smallinit analyze`` / ``compare`` on a run, checkpoint or Hugging Face folder).
 """
 
 from smallinit.analysis.coordcheck import CoordCheck, coord_check

@@ -4,7 +4,7 @@ Everything the report shows is read from files the other commands wrote: run fol
 metrics.jsonl with the analysis callback's records, summary.json, analysis/rowcos_step_*.npz), and
 analysis.json / compare.json / coordcheck.json / residual_flow_sweep.json / findings.json (a recipe's
 judged claims) anywhere below the folder. Without findings.json the claims C1–C7 are judged from the runs
-found, by the recipes' own functions (smallinit.experiments.claims): there is one definition of each claim.
+found, by the recipes' own functions (smallinit.study.judging.claims): there is one definition of each claim.
 Figures are PNGs embedded as base64 data URIs; there are no scripts, no external links and no external
 styles, and every piece of text that came from a file (config values, decoded corpus tokens and contexts)
 is HTML-escaped.
@@ -30,14 +30,14 @@ from smallinit.analysis.coordcheck import CoordCheck
 from smallinit.analysis.measure import ANALYSIS_FILE
 from smallinit.analysis.tokens import TokenGapResult
 from smallinit.errors import SmallinitError
-from smallinit.experiments.claims import BASELINE, EMULATED, FIXED, Runs, gaps_from_compares, judge_all
-from smallinit.experiments.findings import FINDINGS_FILE
-from smallinit.experiments.runs import Run, find_runs
 from smallinit.io import make_folder, read_json, write_text_atomic
 from smallinit.measures.norm_factor import init_variance, relative_factor, rmsnorm_factor, saturation_gamma
 from smallinit.measures.residual_flow import ResidualFlowSweep
 from smallinit.measures.sink import uniform_sink
 from smallinit.report import figures
+from smallinit.study.judging.claims import BASELINE, EMULATED, FIXED, Runs, gaps_from_compares, judge_all
+from smallinit.study.judging.findings import FINDINGS_FILE
+from smallinit.study.running.runs import Run, find_runs
 from smallinit.train.distributed import LAYOUT_KEYS
 from smallinit.train.monitor import load_snapshots
 from smallinit.train.records import AnalysisRecord
@@ -286,7 +286,7 @@ def _section_findings(doc: _Doc, findings: list[tuple[str, dict]]) -> None:
             "Runs are paired by seed and selected by their configs (γ, ε, gate, size); parts a claim needs that "
             "the folder lacks are marked not measured.")
         doc.p(f"{origin} Each comparison is judged from its per-seed numbers by one rule for every claim "
-              "(smallinit.experiments.verdicts: Student-t over seeds; each claim's verdict is its pre-declared primary "
+              "(smallinit.study.judging.verdicts: Student-t over seeds; each claim's verdict is its pre-declared primary "
               "comparison's, Holm over the table's primaries; the others are secondary; not testable here where a "
               "precondition fails; described in docs/experiments.md).", "note")
         rows = []

@@ -1,0 +1,3 @@
+"""Judging the paper: the claims (:mod:`.claims`, one registry), the verdict rule (:mod:`.verdicts`), power and
+its thresholds (:mod:`.power`), the ε emulation (:mod:`.emulation`), the scaling statistics (:mod:`.scaling`),
+the anchor probe (:mod:`.anchor`) and each recipe's findings (:mod:`.findings`)."""

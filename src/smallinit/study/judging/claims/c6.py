@@ -1,0 +1,111 @@
+"""C6: with γ = 1 matrices first condense (low stable rank), then expand; γ = 0.5 stays diffuse.
+
+Primary: γ = 1's rebound from its stable-rank minimum to the end of training, at the smallest size; the
+paper gives no number. The seeds are split: the minimum is located on the mean trajectory of the first third
+of them (by seed, at least one), and the rebound from that point is tested on the others, so neither the
+point a rebound is measured from nor the precondition was chosen on the values tested (choosing the minimum
+on the same values would make a flat trajectory "rebound" from its lowest noise). Precondition: the minimum
+so located lies before the last third of training. Secondary: the early stable rank γ.5 − γ1 (the
+condensed start) and the path length γ1 − γ.5 (γ = 0.5 changes slowly)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from smallinit.study.judging.claims.comparison import PRIMARY, ClaimResult, Comparison, judged
+from smallinit.study.judging.claims.registry import Claim, planned, register
+from smallinit.study.judging.claims.selection import (
+    BASELINE,
+    EMULATED,
+    FIXED,
+    Runs,
+    lost_problem,
+    lost_seeds,
+    mean_stable_rank,
+    reference_lr,
+    size_label,
+)
+from smallinit.study.judging.power import LATE_MINIMUM
+
+
+def selection_seeds(n: int) -> int:
+    """How many of n seeds locate the minimum (the rest test the rebound)."""
+    return max(1, math.ceil(n / 3))
+
+
+def located_minimum(ranks: np.ndarray) -> np.ndarray:
+    """The index of the minimum of the seeds' (last-but-one axis) mean over the measurement points (last axis)."""
+    return np.argmin(np.asarray(ranks, dtype=float).mean(-2), axis=-1)
+
+
+def rebound(ranks: np.ndarray, lowest: np.ndarray) -> np.ndarray:
+    """Each seed's stable rank at the end minus at the point ``lowest`` (one per leading index)."""
+    ranks = np.asarray(ranks, dtype=float)
+    return ranks[..., -1] - np.take_along_axis(ranks, np.asarray(lowest)[..., None, None], axis=-1)[..., 0]
+
+
+@judged
+def claim_c6(runs: Runs) -> ClaimResult:
+    res = ClaimResult("C6", "With γ = 1 matrices first condense (low stable rank), then expand; γ = 0.5 stays diffuse and "
+                      "changes slowly", "qualitative (heatmaps, stable rank)")
+    for arm in (FIXED, EMULATED, BASELINE):  # the paper's setting; a baseline only when there is no fixed run
+        sel = runs.where(arm)
+        for n in sorted({*sel.values("size"), *(r.size for r in sel.lost)}):  # a size whose runs were all lost too
+            at = sel.where(size=n)
+            traj = {g: {seed: r.analysis for seed, r in at.where({"model.gamma": g}).run_by_seed().items()}
+                    for g in (0.5, 1.0)}
+            seeds = sorted(s for s in set(traj[0.5]) & set(traj[1.0]) if len(traj[0.5][s]) >= 3 and len(traj[1.0][s]) >= 3)
+            lost = lost_seeds(at.where({"model.gamma": 0.5}), at.where({"model.gamma": 1.0}))
+            if not seeds:
+                if lost:  # no seed pair left to compare: the lost seeds are the result, never dropped
+                    lone = Comparison.missing(f"srank rebound γ1 @{size_label(n)}{' fixed' if arm is FIXED else ' baseline'}",
+                                              lost_problem(lost), lost=lost)
+                    if not res.comparisons:
+                        lone.role = PRIMARY  # the smallest size of the arm
+                    res.comparisons.append(lone)
+                continue
+            steps = [r.step for r in traj[1.0][seeds[0]]]
+            r1 = {s: [mean_stable_rank(r) for r in traj[1.0][s]] for s in seeds}
+            r05 = {s: [mean_stable_rank(r) for r in traj[0.5][s]] for s in seeds}
+            k = min(len(v) for v in (*r1.values(), *r05.values()))
+            tag = f"@{size_label(n)}{' fixed' if arm is FIXED else ' baseline'}"
+            chosen, tested = seeds[:selection_seeds(len(seeds))], seeds[selection_seeds(len(seeds)):]
+            # where the minimum lies is the runs' (a plan's label names no step, and its lateness is not checked)
+            lowest = 0 if planned(at) else int(located_minimum(np.asarray([r1[s][:k] for s in chosen])))
+            at_step = "" if planned(at) else f"step {steps[lowest]}, "
+            label = (f"srank rebound γ1 after its minimum ({at_step}located on seed(s) "
+                     f"{', '.join(map(str, chosen))}) {tag}")
+            if not tested:
+                expansion = Comparison.missing(label, f"{len(seeds)} seed(s): the minimum is located on some seeds "
+                                               "and the rebound tested on the others")
+            else:
+                expansion = Comparison.by_seed(
+                    label, dict(zip(tested, rebound(np.asarray([r1[s][:k] for s in tested]), lowest).tolist())), "> 0")
+            if not planned(at) and steps[lowest] > LATE_MINIMUM * steps[k - 1]:
+                expansion.untestable = (f"γ=1's stable rank is lowest at step {steps[lowest]} of {steps[k - 1]}, in "
+                                        "the last third of training: no minimum yet to rebound from")
+            if not res.comparisons:
+                expansion.role = PRIMARY  # the smallest size of the arm
+            compared = [
+                Comparison(f"early srank γ.5−γ1 (step {steps[1]}) {tag}", [r05[s][1] - r1[s][1] for s in seeds], "> 0"),
+                expansion,
+                Comparison(f"srank path length γ1−γ.5 {tag}", [
+                    float(np.abs(np.diff(r1[s][:k])).sum() - np.abs(np.diff(r05[s][:k])).sum()) for s in seeds], "> 0"),
+            ]
+            for c in compared:  # a diverged or failed seed is counted, not dropped (selection.lost_problem)
+                c.lost, c.untestable = lost, lost_problem(lost) or c.untestable
+            res.comparisons += compared
+            res.extra[f"stable_rank{tag}"] = {f"seed{s}": {"steps": steps[:k], "gamma1": r1[s][:k], "gamma0.5": r05[s][:k]}
+                                              for s in seeds}
+        if res.comparisons:
+            return res  # every size of one arm
+    res.comparisons.append(Comparison.missing("stable rank", "no analysis records for γ 0.5 and 1 (analysis.every)",
+                                              role=PRIMARY))
+    return res
+
+
+register(Claim("C6", lambda runs, measured, options: claim_c6(reference_lr(runs)), unit="stable rank",
+               decided_by_the_runs="γ = 1's stable-rank minimum before the last third of training",
+               seed_sd=(0.061, "the CPU study's sd over 10 seeds of the srank rebound at d16 (docs/findings-cpu.md)")))
