@@ -433,8 +433,8 @@ def test_matrix_stats_read_conv1d_and_experts_out_by_in():
     left = unoriented_matrices(gpt2)
     assert "transformer.h.0.mlp.extra.mixing" in left and not any(n.startswith(tuple(left)) for n in named_matrices(gpt2))
     result = analyze_model(gpt2, [(_ids(), _ids())])
-    assert result["matrices_left_out"] == left and left["transformer.h.0.mlp.extra.mixing"]  # with its reason
-    assert "transformer.h.0.mlp.c_fc.weight" in {m["name"] for m in result["matrices"]}
+    assert result.matrices_left_out == left and left["transformer.h.0.mlp.extra.mixing"]  # with its reason
+    assert "transformer.h.0.mlp.c_fc.weight" in {m.name for m in result.matrices}
 
 
 def test_our_moe_experts_are_matrices_of_their_own():

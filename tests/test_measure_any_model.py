@@ -5,6 +5,8 @@ formula as its modeling source writes it. Tiny configs, fp32, CPU."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -70,8 +72,8 @@ def test_no_softmax_attention_leaves_the_sink_out_and_measures_the_rest():
     assert set(result["norm_factor"]) == {"backbone.layers.0.norm", "backbone.layers.1.norm", "backbone.norm_f"}
 
     analysed = analyze_model(model, [(ids, ids)])  # analyze: the matrices too, and one line on the sink
-    assert analysed["matrices"] and "sink" not in analysed and analysed["not_measured"] == result["not_measured"]
-    lines = analysis_lines({**analysed, "checkpoint": "mamba"}, T)
+    assert analysed.matrices and analysed.sink is None and analysed.not_measured == result["not_measured"]
+    lines = analysis_lines(dataclasses.replace(analysed, checkpoint="mamba"), T)
     assert f"not measured, sink: {why}" in lines and any(line.startswith("residual flow") for line in lines)
 
 

@@ -21,6 +21,7 @@ from matplotlib.transforms import Bbox
 from helpers import TINY_MODEL
 from smallinit.analysis import load_run, residual_flow_ratio
 from smallinit.analysis.measure import held_out_batches
+from smallinit.analysis.result import AnalysisResult
 from smallinit.cli import main
 from smallinit.data import load_tokenizer
 from smallinit.report import figures
@@ -445,7 +446,7 @@ def test_every_sink_figure_has_the_uniform_reference(drawn, report_dir):
             assert line.get_linestyle() == "--" and np.allclose(line.get_ydata(), even)
     assert "<th>uniform attention</th>" in drawn.page and f"<td>{num(even)}</td>" in drawn.page
     analysis = json.loads((report_dir / "runs" / "g1.0" / "analysis" / "analysis.json").read_text())
-    label, value = figures.sink_reference(analysis)
+    label, value = figures.sink_reference(AnalysisResult.from_dict(analysis))
     assert label == "uniform attention (T = 32)" and value == pytest.approx(even)
 
 
@@ -536,7 +537,7 @@ def test_analyze_figure_stays_legible_with_many_long_module_names(tmp_path):
     real = figures.save
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(figures, "save", lambda fig, path, *a: made.append(fig) or real(fig, path, *a))
-        figures.analysis_figures(result, tmp_path)
+        figures.analysis_figures(AnalysisResult.from_dict(result), tmp_path)  # a file with only these fields
     sink, norms = made
     assert [ln.get_label() for ln in sink.axes[0].get_lines()][-1] == "uniform attention (T = 64)"
     FigureCanvasAgg(norms).draw()

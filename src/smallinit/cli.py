@@ -672,7 +672,6 @@ def add_analyze(sub) -> None:
 def cmd_analyze(args: argparse.Namespace) -> int:
     from smallinit.analysis import analyze_checkpoint, check_norm_saturation
     from smallinit.analysis.measure import default_output_dir
-    from smallinit.config import Config
     from smallinit.report import analysis_lines, write_analysis
 
     sets = _model_sets(args, ANALYZE_KEYS)
@@ -680,15 +679,15 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     result = analyze_checkpoint(args.checkpoint, data=args.data, batches=batches, batch_size=batch_size,
                                 seq_len=seq_len, device=args.device, hf=args.hf, tokenizer=args.tokenizer,
                                 progress=sys.stderr)
-    cfg = Config.from_dict(result["config"]) if "config" in result else None
+    cfg = result.run_config
     if cfg is not None:
         check_norm_saturation(cfg.model)
-    out = Path(args.out) if args.out else default_output_dir(result["checkpoint"])
+    out = Path(args.out) if args.out else default_output_dir(result.checkpoint)
     paths = write_analysis(result, out)
-    if "note" in result:
-        print(result["note"])
+    if result.note:
+        print(result.note)
     print("\n".join(analysis_lines(result, seq_len or (cfg.data.seq_len if cfg else None))))
-    print(f"measured on {result['data']}")
+    print(f"measured on {result.data}")
     if cfg:
         print(_analyze_loss_note(cfg, args.data, (batches, batch_size, seq_len or cfg.data.seq_len)))
     print("wrote " + ", ".join(str(p) for p in paths))

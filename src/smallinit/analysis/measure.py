@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -22,6 +22,7 @@ from torch import nn
 from smallinit.adapters import HFModel, HFTokenizer, as_adapter, hf_folder_problem, load_hf_folder
 from smallinit.adapters.hf_folder import HOW_TO_GIVE, encoding_fingerprint, trainer_output_choice
 from smallinit.adapters.hf_folder import WHAT_IT_HOLDS as HF_FOLDER
+from smallinit.analysis.result import AnalysisResult, SinkResult
 from smallinit.analysis.tokens import TokenGapResult, text_batches, token_gap, with_progress
 from smallinit.config import Config, DataConfig, flatten
 from smallinit.data import Tokenizer, load_data, load_tokenizer
@@ -125,7 +126,7 @@ def _mean_dicts(items: list[dict]) -> dict:
 @torch.no_grad()
 def analyze_model(
     model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *, cosine_rows: int = 1024
-) -> dict:
+) -> AnalysisResult:
     """Every single-model measurement, averaged over ``batches`` (equal-sized batches weigh equally), for any
     model an adapter reads: what does not apply to the model is named in ``not_measured`` (measure_activations),
     the rest measured."""
@@ -142,15 +143,12 @@ def analyze_model(
     if not per_batch:
         raise DataError("no complete sequence to analyse; pass more text with --data or a smaller data.seq_len "
                         "(--set data.seq_len=N)")
-    result = _mean_dicts(per_batch)
-    result["not_measured"] = not_measured
-    if notes:
-        result["notes"] = list(notes)
-    result["tokens"] = n_tokens
-    result["seq_len"] = int(x.shape[1])  # the sink's reference (uniform attention) depends on it
-    result["matrices"] = [s.to_dict() for s in matrix_stats(module, max_rows=cosine_rows)]
-    result["matrices_left_out"] = unoriented_matrices(module)
-    return result
+    mean = _mean_dicts(per_batch)
+    return AnalysisResult(
+        sink=SinkResult.from_dict(mean["sink"]) if "sink" in mean else None, residual_flow=mean.get("residual_flow"),
+        norm_factor=mean.get("norm_factor", {}), loss=mean.get("loss"), not_measured=not_measured, notes=tuple(notes),
+        tokens=n_tokens, seq_len=int(x.shape[1]),  # the sink's reference (uniform attention) depends on it
+        matrices=tuple(matrix_stats(module, max_rows=cosine_rows)), matrices_left_out=unoriented_matrices(module))
 
 
 HF_SEQ_LEN = 256  # the default sequence length for a Hugging Face model (smallinit runs use their own)
@@ -186,18 +184,18 @@ def analyze_checkpoint(
     path: str | os.PathLike, *, data: str | os.PathLike | None = None, batches: int = 4, batch_size: int = 8,
     seq_len: int | None = None, device: str = "cpu", hf: bool = False, tokenizer: str | os.PathLike | None = None,
     progress: TextIO | None = None,
-) -> dict:
-    """``smallinit analyze``: load a run, checkpoint or Hugging Face folder, measure it on held-out text, return
-    a JSON-able dict (a Hugging Face model's has its ``hf_config`` where a run's has ``config`` and ``step``;
-    ``data`` says which text it is, ``note`` which folder of a Trainer output_dir). Progress lines go to
-    ``progress``; ``tokenizer`` replaces a Hugging Face folder's own."""
+) -> AnalysisResult:
+    """``smallinit analyze``: load a run, checkpoint or Hugging Face folder and measure it on held-out text (a
+    Hugging Face model's result has its ``hf_config`` where a run's has ``config`` and ``step``; ``data`` says
+    which text it is, ``note`` which folder of a Trainer output_dir). Progress lines go to ``progress``;
+    ``tokenizer`` replaces a Hugging Face folder's own."""
     run = load_measured(path, hf=hf, device=device, tokenizer=tokenizer)
     if isinstance(run, HFModel):
         stream, seq_len, text = hf_batches(run.tokenizer, run.max_seq_len, data=data, batch_size=batch_size,
                                            seq_len=seq_len, batches=batches)
         stream = with_progress(stream, label="analyze", total_tokens=batches * batch_size * seq_len, echo=progress)
-        return {"checkpoint": str(run.path), "hf_config": run.model.config.to_dict(), "data": text,
-                **({"note": run.note} if run.note else {}), **analyze_model(run.model, stream)}
+        return replace(analyze_model(run.model, stream), checkpoint=str(run.path), hf_config=run.model.config.to_dict(),
+                       data=text, note=run.note or None)
     if tokenizer is not None:
         raise ConfigError("--tokenizer is for a Hugging Face folder; a smallinit run is measured with its own "
                           f"(data.tokenizer = {run.config.data.tokenizer})")
@@ -207,10 +205,10 @@ def analyze_checkpoint(
         held_out_batches(run.config, tok, data=data, batches=batches, batch_size=batch_size, seq_len=seq_len),
         label="analyze", total_tokens=total, echo=progress))
     m = run.config.model
-    result["norm_factor_analytic"] = relative_factor(m.gamma, m.norm_eps, m.d_model)
     text = (f"{data} (--data)" if data is not None else
             f"the validation split of {run.config.data.corpus}, held out from the run's training text")
-    return {"checkpoint": str(run.path), "step": run.step, "config": run.config.to_dict(), "data": text, **result}
+    return replace(result, checkpoint=str(run.path), step=run.step, config=run.config.to_dict(), data=text,
+                   norm_factor_analytic=relative_factor(m.gamma, m.norm_eps, m.d_model))
 
 
 def compare_checkpoints(
@@ -291,6 +289,6 @@ def _run_name(checkpoint: Path) -> str:
 
 def default_output_dir(checkpoint: str | os.PathLike) -> Path:
     """Where ``smallinit analyze`` writes by default: RUN/analysis for a checkpoint RUN/checkpoints/step_N,
-    else CHECKPOINT/analysis (``checkpoint`` is the resolved folder, e.g. ``analyze_checkpoint()["checkpoint"]``)."""
+    else CHECKPOINT/analysis (``checkpoint`` is the resolved folder, e.g. ``analyze_checkpoint().checkpoint``)."""
     p = Path(checkpoint)
     return (p.parent.parent if p.parent.name == "checkpoints" else p) / "analysis"

@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import re
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 
 from smallinit.analysis.coordcheck import CoordCheck
 from smallinit.analysis.measure import ANALYSIS_FILE, default_output_dir
+from smallinit.analysis.result import AnalysisResult
 from smallinit.analysis.tokens import TokenGapResult
 from smallinit.io import write_result
+from smallinit.measures.condensation import MatrixStat
 from smallinit.measures.residual_flow import ResidualFlowSweep
 from smallinit.measures.sink import uniform_sink
 from smallinit.report import figures
@@ -21,53 +24,55 @@ __all__ = [
 ]
 
 
-def write_analysis(result: dict, out_dir: str | os.PathLike) -> list[Path]:
+def write_analysis(result: AnalysisResult, out_dir: str | os.PathLike) -> list[Path]:
     """``smallinit analyze`` output: analysis.json and its figures in ``out_dir``."""
     out = Path(out_dir)
-    return [write_result(out / ANALYSIS_FILE, result), *figures.analysis_figures(result, out)]
+    return [write_result(out / ANALYSIS_FILE, result.to_dict()), *figures.analysis_figures(result, out)]
 
 
-def analysis_lines(result: dict, seq_len: int | None) -> list[str]:
+def analysis_lines(result: AnalysisResult, seq_len: int | None) -> list[str]:
     """What ``smallinit analyze`` prints of a result (a run's, or a Hugging Face model's, which has no γ or
     step): each number with what it is and what to compare it with."""
-    m = result.get("config", {}).get("model")
-    sink = result.get("sink")
-    seq_len = result.get("seq_len", seq_len)  # what it measured on (a Hugging Face model's default included)
-    where = f"step {result['step']}" if m else Path(result["checkpoint"]).name
+    cfg = result.run_config
+    m = cfg.model if cfg else None
+    sink = result.sink
+    if result.seq_len is not None:  # what it measured on (a Hugging Face model's default included)
+        seq_len = result.seq_len
+    where = f"step {result.step}" if m else Path(result.checkpoint).name
     span = f"queries 2…{seq_len}" if seq_len else "queries 2…T"
-    even = sink.get("uniform") if sink else None  # from the layers' own masks (a sliding window included)
+    even = sink.uniform if sink else None  # from the layers' own masks (a sliding window included)
     if even is None and seq_len and seq_len >= 2:
         even = uniform_sink(seq_len)
     uniform = f"attention spread evenly gives {even:.4f}; " if even is not None else ""
-    flow_scale = (f"at initialisation the paper has it scale as d^(1−γ), here {m['d_model'] ** (1 - m['gamma']):.3g} "
-                  f"for d = {m['d_model']}, γ = {m['gamma']:g}, up to a constant: " if m else "")
-    factor_init = (f"; at initialisation this config gives {result['norm_factor_analytic']:.4f}"
-                   if "norm_factor_analytic" in result else "")
-    lines = [f"{where}: loss {result['loss']:.4f} nats/token on {result['tokens']:,} tokens"]
+    flow_scale = (f"at initialisation the paper has it scale as d^(1−γ), here {m.d_model ** (1 - m.gamma):.3g} "
+                  f"for d = {m.d_model}, γ = {m.gamma:g}, up to a constant: " if m else "")
+    factor_init = (f"; at initialisation this config gives {result.norm_factor_analytic:.4f}"
+                   if result.norm_factor_analytic is not None else "")
+    lines = [f"{where}: loss {result.loss:.4f} nats/token on {result.tokens:,} tokens"]
     if sink:
-        lines += [f"sink score {sink['mean']:.4f}: mean attention weight on token 1 of {span}, over layers and heads "
+        lines += [f"sink score {sink.mean:.4f}: mean attention weight on token 1 of {span}, over layers and heads "
                   f"({uniform}1 = every query looks only at token 1)",
-                  f"Sink_0.3 {sink['share_above']['0.3']:.0%}: the share of (layer, head) pairs whose mean attention on "
+                  f"Sink_0.3 {sink.share_above[0.3]:.0%}: the share of (layer, head) pairs whose mean attention on "
                   "token 1 exceeds 0.3, the sink literature's measure (Gu et al. 2025)"]
-    if "residual_flow" in result:
-        lines.append(f"residual flow {result['residual_flow']:.4g}: ‖h_L − e‖/‖e‖, how far the final norm's input "
+    if result.residual_flow is not None:
+        lines.append(f"residual flow {result.residual_flow:.4g}: ‖h_L − e‖/‖e‖, how far the final norm's input "
                      f"moved from the embedding ({flow_scale}compare it with models of another γ or width at the same step)")
-    if result.get("norm_factor"):
-        lines.append(f"min norm factor {min(result['norm_factor'].values()):.4f}: the smallest norm factor over the "
+    if result.norm_factor:
+        lines.append(f"min norm factor {min(result.norm_factor.values()):.4f}: the smallest norm factor over the "
                      f"ideal 1/σ of its input (1 = the norm sees the input's scale{factor_init})")
-    lines += _stable_rank_lines(result["matrices"])
-    lines += [f"not measured, {key}: {why}" for key, why in result.get("not_measured", {}).items()]
-    return lines + [f"note, {note}" for note in result.get("notes", ())]
+    lines += _stable_rank_lines(result.matrices)
+    lines += [f"not measured, {key}: {why}" for key, why in result.not_measured.items()]
+    return lines + [f"note, {note}" for note in result.notes]
 
 
-def _stable_rank_lines(mats: list[dict]) -> list[str]:
+def _stable_rank_lines(mats: Sequence[MatrixStat]) -> list[str]:
     """The stable rank analyze computes, median and lowest over the weight matrices."""
     if not mats:
         return []
-    low = min(mats, key=lambda m: m["stable_rank_fraction"])
-    median = statistics.median(m["stable_rank_fraction"] for m in mats)
+    low = min(mats, key=lambda m: m.stable_rank_fraction)
+    median = statistics.median(m.stable_rank_fraction for m in mats)
     return [f"stable rank ‖W‖_F²/‖W‖_2²: median {median:.1%} of min(m, n) over {len(mats)} matrices, lowest "
-            f"{low['stable_rank']:.1f} of {min(low['shape'])} ({low['name']}); a small share = condensed rows"]
+            f"{low.stable_rank:.1f} of {min(low.shape)} ({low.name}); a small share = condensed rows"]
 
 
 def compare_output_dir(result: TokenGapResult) -> Path:

@@ -19,6 +19,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from smallinit.analysis.coordcheck import CoordCheck
+from smallinit.analysis.result import AnalysisResult
 from smallinit.analysis.tokens import TokenGapResult
 from smallinit.io import write_atomic
 from smallinit.measures.norm_factor import rmsnorm_factor
@@ -441,15 +442,15 @@ def short_names(names: Sequence[str]) -> list[str]:
     return [".".join(p[k:]) for p in parts]
 
 
-def norms_matrices_figure(result: Mapping) -> Figure:
+def norms_matrices_figure(result: AnalysisResult) -> Figure:
     """``smallinit analyze``'s norms and matrices, one row per module (the figure grows with them): each norm's
     measured factor over the ideal 1/σ of its input, and each matrix's stable rank over min(m, n) with its value
     written beside it, and its rows' mean |cos|."""
-    nf, mats = result["norm_factor"], result["matrices"]
+    nf, mats = result.norm_factor, result.matrices
     rows = max(len(nf), len(mats), 4)
     fig = Figure(figsize=(12.0, ROW_IN * rows + 1.6), layout="constrained")
     ax_n, ax_m = fig.subplots(1, 2, width_ratios=[1, 1.3])
-    for ax, names in ((ax_n, list(nf)), (ax_m, [m["name"] for m in mats])):
+    for ax, names in ((ax_n, list(nf)), (ax_m, [m.name for m in mats])):
         ax.set_yticks(range(len(names)), labels=short_names(names) if names else [], fontsize=SMALL)
         ax.set_ylim(rows - 0.5, -0.5)  # the first module on top, rows of equal height in both panels
         ax.grid(alpha=0.3, axis="x")
@@ -458,41 +459,41 @@ def norms_matrices_figure(result: Mapping) -> Figure:
     ax_n.set_xlim(0, 1.1)
     ax_n.set_xlabel("measured factor / ideal 1/σ(h)")
     ax_n.set_title("RMSNorm sensitivity per norm")
-    frac = [m["stable_rank_fraction"] for m in mats]
+    frac = [m.stable_rank_fraction for m in mats]
     ax_m.barh(range(len(mats)), frac, color="C1", height=0.7, label="stable rank / min(m, n)")
     for i, m in enumerate(mats):
-        ax_m.text(frac[i] + 0.01, i, f"{m['stable_rank']:.1f} of {min(m['shape'])}", va="center", fontsize=SMALL)
-    cos = [(i, m["mean_abs_cos"]) for i, m in enumerate(mats) if m.get("mean_abs_cos") is not None]
+        ax_m.text(frac[i] + 0.01, i, f"{m.stable_rank:.1f} of {min(m.shape)}", va="center", fontsize=SMALL)
+    cos = [(i, m.mean_abs_cos) for i, m in enumerate(mats) if m.mean_abs_cos is not None]
     if cos:
         ax_m.scatter([c for _, c in cos], [i for i, _ in cos], marker="D", s=14, color="C2", zorder=3,
                      label="mean |cos| of rows")
     ax_m.set_xlim(0, 1.25)  # room for the stable rank written beside each bar
     ax_m.set_xlabel("fraction")
-    median = float(np.median([m["stable_rank"] for m in mats])) if mats else float("nan")
+    median = float(np.median([m.stable_rank for m in mats])) if mats else float("nan")
     ax_m.set_title(f"matrices: stable rank ‖W‖_F²/‖W‖_2² (median {median:.1f})")
     handles = [h for ax in (ax_n, ax_m) for h in ax.get_legend_handles_labels()[0]]
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=SMALL)  # off the rows
     return fig
 
 
-def analysis_figures(result: Mapping, out_dir: str | Path) -> list[Path]:
+def analysis_figures(result: AnalysisResult, out_dir: str | Path) -> list[Path]:
     """The figures of one ``smallinit analyze`` result: sink per layer (with the uniform-attention reference
     when the result records its sequence length), norm factors and matrix stats."""
     out_dir = Path(out_dir)
     paths = []
-    if result.get("sink"):  # a model without softmax attention has none
+    if result.sink:  # a model without softmax attention has none
         panel = "attention sink per layer"
         ref = sink_reference(result)
-        paths.append(save(sink_figure({panel: {"model": [result["sink"]["per_layer"]]}},
+        paths.append(save(sink_figure({panel: {"model": [list(result.sink.per_layer)]}},
                                       uniform={panel: dict([ref])} if ref else None), out_dir / "sink.png"))
     return [*paths, save(norms_matrices_figure(result), out_dir / "norms_matrices.png")]
 
 
-def sink_reference(result: Mapping) -> tuple[str, Reference] | None:
+def sink_reference(result: AnalysisResult) -> tuple[str, Reference] | None:
     """(label, uniform-attention score) of an analyze result: per layer from the layers' own masks where it was
     measured so (a sliding window's layers differ), else from the sequence length; None when neither is recorded."""
-    sink, T = result.get("sink") or {}, result.get("seq_len")
-    per_layer = sink.get("uniform_per_layer")
+    T = result.seq_len
+    per_layer = list(result.sink.uniform_per_layer) if result.sink else []
     if per_layer:
         if max(per_layer) - min(per_layer) <= 1e-9 * max(per_layer):
             return uniform_label(T), per_layer[0]

@@ -28,6 +28,7 @@ from matplotlib.figure import Figure
 
 from smallinit.analysis.coordcheck import CoordCheck
 from smallinit.analysis.measure import ANALYSIS_FILE
+from smallinit.analysis.result import AnalysisResult
 from smallinit.analysis.tokens import TokenGapResult
 from smallinit.errors import SmallinitError
 from smallinit.io import make_folder, read_json, write_text_atomic
@@ -332,6 +333,7 @@ def _status(run: Run) -> str:
     planned = run.config.get("train.steps", "?")
     if run.summary:
         return f"finished, step {run.summary.get('step', planned)}"
+    # every line, typed or not: a resumed run's "steps" event is at its checkpoint, which need not be a logged step
     reached = max((m["step"] for m in run.metrics if isinstance(m.get("step"), int)), default=0)
     return f"unfinished: step {reached} of {planned}"
 
@@ -354,7 +356,12 @@ def _section_runs(doc: _Doc, runs: list[Run], vary: list[str], pooled: list[Run]
             f"{esc(json.dumps(common, indent=1, default=str))}</pre></details>")
 
 
-def _section_norm_factor(doc: _Doc, runs: list[Run], analyses: list[tuple[str, dict]]) -> None:
+def _or_dash(v: Any) -> Any:
+    """A value a file may lack, as a table shows it."""
+    return "–" if v is None else v
+
+
+def _section_norm_factor(doc: _Doc, runs: list[Run], analyses: list[tuple[str, AnalysisResult]]) -> None:
     d = 2048
     doc.h2("RMSNorm factor against γ (Fig. 1c)")
     doc.raw(img(figures.norm_factor_figure(d), "RMSNorm factor against gamma"))
@@ -372,8 +379,8 @@ def _section_norm_factor(doc: _Doc, runs: list[Run], analyses: list[tuple[str, d
         if nf:
             rows.append([r.name, r.analysis[0].step, min(nf.values()), statistics.fmean(nf.values())])
     for name, a in analyses:
-        if nf := a.get("norm_factor"):  # none where no norm could be measured (analyze says why)
-            rows.append([name, a.get("step", "–"), min(nf.values()), statistics.fmean(nf.values())])
+        if nf := a.norm_factor:  # none where no norm could be measured (analyze says why)
+            rows.append([name, _or_dash(a.step), min(nf.values()), statistics.fmean(nf.values())])
     if rows:
         doc.p("Measured factor relative to the ideal 1/σ(h) (1 = the norm sees the scale), over the norms:")
         doc.raw(table(["model", "step", "min over norms", "mean over norms"], rows))
@@ -416,13 +423,13 @@ def _section_losses(doc: _Doc, runs: list[Run], vary: list[str], groups: Groups)
                        for t, (vals, rs, cs) in found.items() for i, rv in enumerate(rs)]))
 
 
-def _section_sink(doc: _Doc, groups: Groups, analyses: list[tuple[str, dict]]) -> None:
+def _section_sink(doc: _Doc, groups: Groups, analyses: list[tuple[str, AnalysisResult]]) -> None:
     panels: dict[str, dict[str, list[list[float]]]] = {}
     rows = []
 
-    def shares(found: list[dict]) -> list[Any]:  # Sink_0.3 and Sink_0.8, mean over seeds ("–" where not recorded)
+    def shares(found: list[dict[float, float]]) -> list[Any]:  # Sink_0.3, Sink_0.8: mean over seeds, "–" if not recorded
         return [statistics.fmean(f[eps] for f in found) if found and all(eps in f for f in found) else "–"
-                for eps in ("0.3", "0.8")]
+                for eps in (0.3, 0.8)]
 
     refs: dict[str, dict[str, figures.Reference]] = {}  # {panel: {label: the score of uniform attention}}
     unknown = []  # analyses written before analyze recorded its sequence length
@@ -435,21 +442,21 @@ def _section_sink(doc: _Doc, groups: Groups, analyses: list[tuple[str, dict]]) -
             panels.setdefault(panel, {})[curve] = seeds
             lengths = sorted({int(r.config["data.seq_len"]) for r in measured})  # the callback's batch; no window
             refs.setdefault(panel, {}).update((figures.uniform_label(T), uniform_sink(T)) for T in lengths)
-            found = [{str(eps): v for eps, v in a.sink_share.items()} for a in lasts if a.sink_share]
+            found = [a.sink_share for a in lasts if a.sink_share]
             rows.append([Groups.name(panel, curve), len(seeds), lasts[0].step,
                          uniform_sink(lengths[0]) if len(lengths) == 1 else "–",
                          *shares(found if len(found) == len(lasts) else []), *np.mean(seeds, axis=0)])
     for name, a in analyses:
-        if not a.get("sink"):
+        if not a.sink:
             continue
-        panels.setdefault("smallinit analyze", {})[name] = [a["sink"]["per_layer"]]
+        panels.setdefault("smallinit analyze", {})[name] = [list(a.sink.per_layer)]
         ref = figures.sink_reference(a)
         if ref:
             refs.setdefault("smallinit analyze", {})[ref[0]] = ref[1]
         else:
             unknown.append(name)
-        rows.append([name, 1, a.get("step", "–"), "–" if ref is None else float(np.mean(ref[1])),
-                     *shares([a["sink"]["share_above"]] if "share_above" in a["sink"] else []), *a["sink"]["per_layer"]])
+        rows.append([name, 1, _or_dash(a.step), "–" if ref is None else float(np.mean(ref[1])),
+                     *shares([a.sink.share_above]), *a.sink.per_layer])
     if not panels:
         return
     doc.h2("Attention sink per layer (Fig. 1f/g)")
@@ -647,20 +654,20 @@ def _section_coordcheck(doc: _Doc, checks: list[tuple[str, CoordCheck]]) -> None
                       [[n, *cc.series("activation", n, 0)] for n in acts]))
 
 
-def _section_analyses(doc: _Doc, analyses: list[tuple[str, dict]]) -> None:
+def _section_analyses(doc: _Doc, analyses: list[tuple[str, AnalysisResult]]) -> None:
     if not analyses:
         return
     doc.h2("Single-model analyses (smallinit analyze)")
     doc.raw(table(["file", "step", "loss", "tokens", "sink mean", "Sink_0.3 (share of heads)", "residual flow",
                    "min norm factor", "median stable rank / min(m,n)", "median mean |cos|"],
-                  [[n, a.get("step", "–"), a.get("loss"), a.get("tokens"), a.get("sink", {}).get("mean", "–"),
-                    a.get("sink", {}).get("share_above", {}).get("0.3", "–"), a.get("residual_flow", "–"),
-                    min(a["norm_factor"].values()) if a.get("norm_factor") else "–",
-                    float(np.median([m["stable_rank_fraction"] for m in a["matrices"]])) if a["matrices"] else "–",
-                    float(np.median([m["mean_abs_cos"] for m in a["matrices"]])) if a["matrices"] else "–"]
+                  [[n, _or_dash(a.step), a.loss, a.tokens, _or_dash(a.sink.mean) if a.sink else "–",
+                    a.sink.share_above.get(0.3, "–") if a.sink else "–", _or_dash(a.residual_flow),
+                    min(a.norm_factor.values()) if a.norm_factor else "–",
+                    float(np.median([m.stable_rank_fraction for m in a.matrices])) if a.matrices else "–",
+                    float(np.median([m.mean_abs_cos for m in a.matrices])) if a.matrices else "–"]
                    for n, a in analyses]))
     for n, a in analyses:  # what analyze could not measure on that model, and why
-        for what, why in (a.get("not_measured") or {}).items():
+        for what, why in a.not_measured.items():
             doc.p(f"{n}: {what} not measured: {why}", "note")
 
 
@@ -682,13 +689,6 @@ def _section_evals(doc: _Doc, evals: list[tuple[str, dict]]) -> None:
 def _evals(raw: dict) -> dict:
     if not isinstance(raw.get("results"), dict) or "smallinit" not in raw:
         raise KeyError("results")
-    return raw
-
-
-def _analysis(raw: dict) -> dict:
-    """An analyze result; a measurement that does not apply to its model is absent (named in not_measured)."""
-    if "matrices" not in raw or not any(k in raw for k in ("sink", "residual_flow", "norm_factor")):
-        raise KeyError("matrices")
     return raw
 
 
@@ -736,7 +736,7 @@ def build_report(roots: str | os.PathLike | Sequence[str | os.PathLike],
                           if roots else "pass at least one run, sweep or recipe folder")
     base = Path(os.path.commonpath([r.resolve() for r in roots]))  # the folder itself when there is one
     runs = _find_runs(roots, base)
-    analyses = _load_all(roots, base, ANALYSIS_FILE, _analysis)
+    analyses = _load_all(roots, base, ANALYSIS_FILE, AnalysisResult.from_dict)
     compares = _load_all(roots, base, TokenGapResult.FILE, TokenGapResult.from_dict)
     checks = _load_all(roots, base, CoordCheck.FILE, CoordCheck.from_dict)
     sweeps = _load_all(roots, base, ResidualFlowSweep.FILE, ResidualFlowSweep.from_dict)

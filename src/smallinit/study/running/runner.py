@@ -322,6 +322,7 @@ class SweepRunner:
 
     def _steps_done(self, r: _Running) -> float:
         """The fraction of its steps a running cell has logged."""
+        # every line, typed or not: a resumed cell's "steps" event is at its checkpoint, which need not be logged
         step = max((rec.get("step", 0) for rec in read_metrics(cell_dir(self.dir, r.cell.id))), default=0)
         return min(1.0, step / self.configs[r.cell.id].train.steps)
 
