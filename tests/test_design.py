@@ -97,3 +97,15 @@ def test_a_scale_may_only_drop_its_recipes_claims(tmp_path):
     path.write_text(DEMO.replace('C3 = "no sink forms', 'C9 = "no sink forms'))
     with pytest.raises(ExperimentError, match="options.dropped maps claims of recipe.claims"):
         load_recipe(path)
+
+
+def test_a_seed_sd_for_a_claim_the_scale_does_not_run_is_refused():
+    with pytest.raises(ExperimentError, match="recipe demo --scale full does not judge C1"):
+        plan_recipe("demo", "full", Hardware.make("cpu", 2), claim_sd={"C1": 0.1})
+
+
+def test_a_plan_says_the_emulation_is_predicted(tmp_path):
+    """The plan's share comes from the formula, so it reads as a prediction, never as something measured."""
+    plan = plan_recipe(load_recipe(_with_the_emulated_arm(tmp_path)), "full", Hardware.make("cpu", 2))
+    reason = next(c for c in plan.claims if c.claim == "C1").failing["L(γ.5)−L(γ1) @d16×4"]
+    assert reason.startswith("the embedding's norm would stay saturated for ≥ ") and "was saturated" not in reason

@@ -11,11 +11,11 @@ import pytest
 
 from smallinit.cli import main
 from smallinit.errors import ExperimentError
-from smallinit.study import plan as plan_module
 from smallinit.study.judging.claims import CLAIMS, ClaimResult, Comparison, preconditions
 from smallinit.study.judging.claims.comparison import PRIMARY, judge_table
 from smallinit.study.judging.findings import FINDINGS
 from smallinit.study.judging.power import ALPHA, minimum_detectable_effect, power_of_test
+from smallinit.study.planning import plan as plan_module
 from smallinit.study.planning.plan import CPU_STUDY_SEED_SD, Hardware, plan_recipe, plan_sweep
 from smallinit.study.planning.recipes import load_recipe, recipe_names
 
@@ -177,7 +177,7 @@ def test_each_claim_is_planned_in_its_own_unit_from_a_seed_sd_of_that_quantity(c
         if c.decides:
             assert c.mde == pytest.approx(minimum_detectable_effect(c.seed_sd, c.seeds, c.alpha))
     assert main(["plan", "reasoning", "--scale", "cpu", "--seed-sd", "C6=0.1"]) == 2
-    assert "recipe reasoning does not judge C6" in capsys.readouterr().err
+    assert "recipe reasoning --scale cpu does not judge C6" in capsys.readouterr().err
     assert main(["plan", "reasoning", "--scale", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "MDE 3.26 seed sds (no seed sd of accuracy measured: pass --seed-sd R=X)" in out and "nats" not in out

@@ -74,7 +74,7 @@ class Emulation:
         lo, hi = self.paper
         m = self.first
         above = m.lo > FAR * hi and m.lo - hi > FAR_ABS
-        below = m.hi * FAR < lo and lo - m.hi > FAR_ABS
+        below = not self.predicted and m.hi * FAR < lo and lo - m.hi > FAR_ABS  # a real run may grow slower
         return above or below
 
     def describe(self) -> str:
@@ -95,7 +95,8 @@ def pooled(found: list[Emulation]) -> Emulation:
     rates = [e.rate for e in found if e.rate is not None]
     return Emulation(union([e.measured for e in found]), union([e.first for e in found]),
                      min(rates) if rates else None,
-                     (min(e.paper[0] for e in found), max(e.paper[1] for e in found)))
+                     (min(e.paper[0] for e in found), max(e.paper[1] for e in found)),
+                     predicted=all(e.predicted for e in found))
 
 
 def run_emulation(run: Run) -> Emulation | None:

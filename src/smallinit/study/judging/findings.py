@@ -157,15 +157,32 @@ def _saturated(e: Emulation) -> dict[str, Any]:
             "saturated_paper_scale": list(e.paper)}
 
 
+def flow_design(options: dict[str, Any]) -> tuple[list[float], list[int], list[int]]:
+    """The residual-flow sweep's γ, widths and seeds (the plan asks this too)."""
+    return (list(options.get("flow_gammas", [0.5, 0.75, 1.0, 1.25])), list(options.get("flow_widths", [64, 128, 256])),
+            list(options.get("flow_seeds", [0, 1, 2])))
+
+
 def flow_sweep(options: dict[str, Any], out: Path, say: Say = _quiet) -> dict[str, Any]:
     """The residual-flow exponent on fresh models (nothing trained); also OUT/residual_flow/ for the report."""
     base = dataclasses.replace(ModelConfig.preset("cpu-1m"), n_layers=int(options.get("flow_layers", 4)))
-    gammas = options.get("flow_gammas", [0.5, 0.75, 1.0, 1.25])
-    widths, seeds = options.get("flow_widths", [64, 128, 256]), options.get("flow_seeds", [0, 1, 2])
+    gammas, widths, seeds = flow_design(options)
     say(f"residual flow of fresh models: {len(gammas)} γ × {len(widths)} widths × {len(seeds)} seeds")
     sweep = residual_flow_sweep(gammas, widths, base_config=base, seeds=seeds)
     sweep.save(out / "residual_flow")
     return sweep.to_dict()
+
+
+def token_gap_pairs(runs: Runs) -> tuple[dict[int, Run], dict[int, Run]]:
+    """The models the token comparison pairs, by seed: γ = 1 (A) and γ = 0.5 (B) of the fixed arm at the largest
+    size that has both, at the reference learning rate (the plan asks this too)."""
+    runs = reference_lr(runs)
+    n = _largest_paired_size(runs, FIXED)
+    if n is None:
+        return {}, {}
+    sel = runs.where(FIXED).where(size=n)
+    a, b = sel.where({"model.gamma": 1.0}).run_by_seed(), sel.where({"model.gamma": 0.5}).run_by_seed()
+    return {s: a[s] for s in sorted(set(a) & set(b))}, {s: b[s] for s in sorted(set(a) & set(b))}
 
 
 def _largest_paired_size(runs: Runs, arm: dict[str, Any]) -> tuple | None:
@@ -179,14 +196,11 @@ def _largest_paired_size(runs: Runs, arm: dict[str, Any]) -> tuple | None:
 def token_gaps(runs: Runs, options: dict[str, Any], out: Path, say: Say = _quiet) -> dict[int, dict[str, Any]] | None:
     """Δ_sym of γ = 1 (A) against γ = 0.5 (B), same seed, fixed arm, at the largest size that has both;
     also OUT/tokens/seed<s>/compare.json for the report."""
-    runs = reference_lr(runs)
-    n = _largest_paired_size(runs, FIXED)
-    if n is None:
+    a, b = token_gap_pairs(runs)
+    if not a:
         return None
-    sel = runs.where(FIXED).where(size=n)
-    a, b = sel.where({"model.gamma": 1.0}).run_by_seed(), sel.where({"model.gamma": 0.5}).run_by_seed()
     gaps, shared = {}, {}  # shared: tokenizer, held-out batches and bigram loss, once per data config
-    seeds = sorted(set(a) & set(b))
+    seeds = list(a)
     for i, seed in enumerate(seeds, 1):
         say(f"token-level comparison γ = 1 vs γ = 0.5, seed {seed} ({i} of {len(seeds)})")
         cfg = Config.from_json_file(a[seed].path / "config.json")
@@ -203,7 +217,7 @@ def token_gaps(runs: Runs, options: dict[str, Any], out: Path, say: Say = _quiet
         res.meta.update(label_a=f"γ=1 ({a[seed].name})", label_b=f"γ=0.5 ({b[seed].name})",
                         settings_a=run_settings(a[seed].config), settings_b=run_settings(b[seed].config))
         res.save(out / "tokens" / f"seed{seed}")
-        gaps[seed] = {**res.to_dict(), **_size_fields(n), "a": a[seed].name, "b": b[seed].name,
+        gaps[seed] = {**res.to_dict(), **_size_fields(a[seed].size), "a": a[seed].name, "b": b[seed].name,
                       "bigram_loss": bigram}
     return gaps
 

@@ -40,7 +40,6 @@ from smallinit.errors import ExperimentError, SmallinitError
 from smallinit.model import Transformer
 from smallinit.study.judging.claims import (
     CLAIMS,
-    FIXED,
     NOT_RUN,
     PAPER,
     ClaimResult,
@@ -49,6 +48,7 @@ from smallinit.study.judging.claims import (
     judge,
     registered,
 )
+from smallinit.study.judging.findings import flow_design, token_gap_pairs
 from smallinit.study.judging.power import ALPHA, MIN_SEEDS, POWER, minimum_detectable_effect
 from smallinit.study.judging.verdicts import seeds_problem
 from smallinit.study.planning.recipes import Recipe, Scale, apply_budget, customise, load_recipe
@@ -288,13 +288,30 @@ class PlannedRun(Run):
         flat = flatten(cfg.to_dict())
         flat.setdefault("model.norm_eps_width", 0)
         super().__init__(Path(sweep) / cell_id, cell_id, flat, {"step": cfg.train.steps, "params_nonembed": nonembed})
-        steps, layers = cfg.train.steps, cfg.model.n_layers
-        self.__dict__.update(
-            cfg=cfg, metrics=[], evals=[EvalRecord(s, UNKNOWN) for s in cfg.train.eval_steps()],
-            val_curve=[(s, UNKNOWN) for s in cfg.train.eval_steps()],
-            norm_records=[NormFactorRecord(s, {}) for s in cfg.analysis.norm_steps(steps)],
-            analysis=[AnalysisRecord(s, sink=(UNKNOWN,) * layers, sink_mean=UNKNOWN, stable_rank={"q": UNKNOWN})
-                      for s in cfg.analysis.steps(steps)])
+        self.planned_cfg = cfg
+
+    @property
+    def cfg(self) -> Config:
+        return self.planned_cfg
+
+    @property
+    def evals(self) -> list[EvalRecord]:
+        return [EvalRecord(s, UNKNOWN) for s in self.planned_cfg.train.eval_steps()]
+
+    @property
+    def val_curve(self) -> list[tuple[int, float]]:
+        return [(e.step, e.val_loss) for e in self.evals]
+
+    @property
+    def analysis(self) -> list[AnalysisRecord]:  # every measurement unknown (one stable rank stands for all)
+        cfg = self.planned_cfg
+        return [AnalysisRecord(s, sink=(UNKNOWN,) * cfg.model.n_layers, sink_mean=UNKNOWN,
+                               stable_rank={"unknown": UNKNOWN}) for s in cfg.analysis.steps(cfg.train.steps)]
+
+    @property
+    def norm_records(self) -> list[NormFactorRecord]:
+        cfg = self.planned_cfg
+        return [NormFactorRecord(s, {}) for s in cfg.analysis.norm_steps(cfg.train.steps)]
 
     @property
     def lost(self) -> bool:
@@ -305,22 +322,20 @@ class PlannedRun(Run):
         return UNKNOWN
 
 
-def _planned_measurements(runs: Runs, options: dict[str, Any]) -> dict[str, Any]:
-    """What the analysis will measure beside the runs, as the design fixes it (which γ, widths and seeds; which
-    model pairs), every value unknown."""
-    out: dict[str, Any] = {"anchor": {r.path: {"heldout_reasoning": UNKNOWN, "heldout_memorising": UNKNOWN}
-                                      for r in runs if str(r.config.get("data.corpus", "")).startswith("builtin:anchor")}}
-    gammas, widths = options.get("flow_gammas"), options.get("flow_widths")
-    if gammas and widths and len(widths) >= 2:  # one fitted exponent per γ and seed
-        out["flow"] = {"gammas": list(gammas), "seed_slopes": [[UNKNOWN] * len(options.get("flow_seeds", [0, 1, 2]))
-                                                               for _ in gammas]}
-    fixed = runs.where(FIXED)
-    sizes = sorted(set(fixed.where({"model.gamma": 0.5}).values("size"))
-                   & set(fixed.where({"model.gamma": 1.0}).values("size")))
-    if "gap_batches" in options and sizes:  # one token comparison per seed of the largest size with both γ fixed
-        at = fixed.where(size=sizes[-1])
-        out["gaps"] = {s: None for s in sorted(set(at.where({"model.gamma": 0.5}).run_by_seed())
-                                               & set(at.where({"model.gamma": 1.0}).run_by_seed()))}
+def _planned_measurements(runs: Runs, claims: list[str], options: dict[str, Any]) -> dict[str, Any]:
+    """What the analysis will measure beside the runs for these claims, as the findings would choose it (which γ,
+    widths and seeds; which model pairs), every value unknown."""
+    needs = {need for key in claims for need in registered(key).needs}
+    out: dict[str, Any] = {}
+    if "anchor" in needs:
+        out["anchor"] = {r.path: {"heldout_reasoning": UNKNOWN, "heldout_memorising": UNKNOWN}
+                         for r in runs if str(r.config.get("data.corpus", "")).startswith("builtin:anchor")}
+    gammas, widths, seeds = flow_design(options)
+    if "flow" in needs and len(widths) >= 2:  # one fitted exponent per γ and seed
+        out["flow"] = {"gammas": gammas, "seed_slopes": [[UNKNOWN] * len(seeds) for _ in gammas]}
+    if "gaps" in needs:  # one token comparison per seed pair; its profile unknown
+        pairs, _ = token_gap_pairs(runs)
+        out["gaps"] = dict.fromkeys(pairs) or None
     return out
 
 
@@ -433,11 +448,13 @@ def plan_recipe(recipe: Recipe | str, scale: str, hardware: Hardware | None = No
     sd, source = ((seed_sd, "--seed-sd") if seed_sd else recipe.seed_sd or
                   (CPU_STUDY_SEED_SD, "the CPU study's median paired loss-gap sd (docs/findings-cpu.md); pass "
                    "--seed-sd from a pilot"))
-    judged = judge(recipe.claims, all_runs, _planned_measurements(all_runs, sc.options), {**sc.options, "n_boot": 20})
+    judged = judge(recipe.claims, all_runs, _planned_measurements(all_runs, recipe.claims, sc.options),
+                   {**sc.options, "n_boot": 20})
     claims = _claim_plans(judged, (sd, source), claim_sd or {})
-    unjudged = sorted(set(claim_sd or {}) - {c.claim.split()[0] for c in claims})
+    unjudged = sorted(set(claim_sd or {}) - {c.claim.split()[0] for c in claims if not c.not_run})
     if unjudged:
-        raise ExperimentError(f"--seed-sd {unjudged[0]}=…: recipe {recipe.name} does not judge {unjudged[0]}")
+        raise ExperimentError(f"--seed-sd {unjudged[0]}=…: recipe {recipe.name} --scale {sc.name} does not judge "
+                              f"{unjudged[0]}")
     notes = []
     if hardware.kind != "cpu":
         too_big = [c for c in cells if c.memory_gib > hardware.memory_gib]

@@ -11,7 +11,7 @@ from smallinit.study.judging.claims.comparison import PRIMARY, ClaimResult, Comp
 from smallinit.study.judging.claims.judge import with_contrasts
 from smallinit.study.judging.claims.loss import loss_comparison
 from smallinit.study.judging.claims.preconditions import emulation_problem
-from smallinit.study.judging.claims.registry import Claim, register
+from smallinit.study.judging.claims.registry import Claim, planned, register
 from smallinit.study.judging.claims.selection import Runs, baselines, reference_lr, size_label
 from smallinit.study.judging.power import MIN_TOKENS_PER_PARAM
 
@@ -39,7 +39,7 @@ def claim_c1(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
         lo, hi = min(gains), max(gains)
         shrink = Comparison.difference(f"gain shrink {size_label(lo)}→{size_label(hi)}", gains[lo], gains[hi],
                                        "≈ +0.047")
-        if min(gains[lo].mean, gains[hi].mean) <= 0:
+        if not planned(base) and min(gains[lo].mean, gains[hi].mean) <= 0:  # a plan's gains are unknown
             shrink.untestable = (f"γ = 1 is not ahead at both ends ({gains[lo].mean:+.3f} at {size_label(lo)}, "
                                  f"{gains[hi].mean:+.3f} at {size_label(hi)}): there is no gain to shrink")
         elif gains[lo].untestable or gains[hi].untestable:

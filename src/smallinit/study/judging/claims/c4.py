@@ -48,13 +48,17 @@ def best_lr_comparison(runs: Runs, size: tuple, min_tpp: float) -> tuple[Compari
     loss = {k: {**cell.by_seed(val_loss), **{r.seed: math.inf for r in cell.lost}} for k, cell in cells.items()}
     by_seed = {k: {**cell.run_by_seed(), **{r.seed: r for r in cell.lost}} for k, cell in cells.items()}
     chosen: dict[float, dict[int, Run]] = {0.5: {}, 1.0: {}}  # each seed's run at the rate the other seeds chose
-    for g in (0.5, 1.0):
-        for seed in sorted({s for lr in lrs for s in loss[g, lr]}):
-            others = {lr: [v for t, v in loss[g, lr].items() if t != seed] for lr in lrs}
-            means = {lr: float(np.mean(v)) for lr, v in others.items() if v}
-            runs_at_best = by_seed[g, min(means, key=means.get)] if means else {}
-            if seed in runs_at_best:
-                chosen[g][seed] = runs_at_best[seed]
+    if planned(at):  # which rate is best is the runs': a plan pairs the seeds every rate has, at any one of them
+        every = set.intersection(*[set(by_seed[k]) for k in cells])
+        chosen = {g: {s: by_seed[g, lrs[0]][s] for s in sorted(every)} for g in (0.5, 1.0)}
+    else:
+        for g in (0.5, 1.0):
+            for seed in sorted({s for lr in lrs for s in loss[g, lr]}):
+                others = {lr: [v for t, v in loss[g, lr].items() if t != seed] for lr in lrs}
+                means = {lr: float(np.mean(v)) for lr, v in others.items() if v}
+                runs_at_best = by_seed[g, min(means, key=means.get)] if means else {}
+                if seed in runs_at_best:
+                    chosen[g][seed] = runs_at_best[seed]
     seeds = sorted(chosen[0.5].keys() & chosen[1.0].keys())
     if not seeds:
         return None
