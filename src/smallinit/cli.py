@@ -481,7 +481,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def add_demo(sub) -> None:
     p = sub.add_parser("demo", help="the paper's claims C1–C7 at CPU scale, with an HTML report and a verdict table "
-                       "(how long it takes: README.md)")
+                       "(how long it takes: docs/findings-cpu.md)")
     p.add_argument("--quick", action="store_true", help="a first look at d = 16, a fraction of the full demo's time; "
                    "it says first what it cannot test")
     p.add_argument("--scale", choices=("full", "quick", "micro"), help=argparse.SUPPRESS)  # micro: for the tests
