@@ -34,12 +34,22 @@ TARGET = 0.05  # the overhead the callback must stay under at the recipes' caden
 
 
 def make_config(args: argparse.Namespace) -> Config:
-    return Config.load(preset=args.preset, overrides=[
-        f"data.corpus={args.corpus}", f"data.tokenizer={args.tokenizer}", f"data.seq_len={args.seq_len}",
-        f"train.batch_size={args.batch_size}", f"train.steps={args.steps}", "train.eval_every=0",
-        "train.checkpoint_every=0", "train.keep_checkpoints=1", f"train.log_every={args.every}",
-        f"analysis.every={args.every}", f"analysis.snapshots={args.snapshots}",
-    ])
+    return Config.load(
+        preset=args.preset,
+        overrides=[
+            f"data.corpus={args.corpus}",
+            f"data.tokenizer={args.tokenizer}",
+            f"data.seq_len={args.seq_len}",
+            f"train.batch_size={args.batch_size}",
+            f"train.steps={args.steps}",
+            "train.eval_every=0",
+            "train.checkpoint_every=0",
+            "train.keep_checkpoints=1",
+            f"train.log_every={args.every}",
+            f"analysis.every={args.every}",
+            f"analysis.snapshots={args.snapshots}",
+        ],
+    )
 
 
 def timed_fit(cfg: Config, root: Path, name: str, analysis: bool) -> tuple[float, Trainer]:
@@ -83,11 +93,18 @@ def run(args: argparse.Namespace) -> list[Row]:
         per_measure, per_step = measure_cost(last)
     overhead = paired(with_cb, plain, lambda a, b: a / b - 1)
     target, ok = check(overhead, at_most=TARGET)
-    shape = f"{args.preset}, {args.batch_size}×{args.seq_len} tokens/step, {args.steps} steps, every {args.every}"
+    shape = (
+        f"{args.preset}, {args.batch_size}×{args.seq_len} tokens/step, {args.steps} steps, every {args.every}"
+    )
     return [
         Row("callbacks", f"analysis callback overhead on fit() ({shape})", overhead, "fraction", target, ok),
-        Row("callbacks", "one measurement, in training steps", Stat.of([per_measure / per_step]), "steps",
-            note=f"{per_measure * 1e3:.1f} ms vs {per_step * 1e3:.1f} ms per step; overhead ≈ this / every"),
+        Row(
+            "callbacks",
+            "one measurement, in training steps",
+            Stat.of([per_measure / per_step]),
+            "steps",
+            note=f"{per_measure * 1e3:.1f} ms vs {per_step * 1e3:.1f} ms per step; overhead ≈ this / every",
+        ),
         Row("callbacks", "plain fit() seconds", Stat.of(plain), "s"),
     ]
 
@@ -115,10 +132,14 @@ def main() -> int:
     rows = run(args)
     for r in rows:
         s = r.stat
-        print(f"{r.name:<80} {s.median:>9.4g} [{s.lo:.3g}, {s.hi:.3g}] {r.unit} {r.target} "
-              f"{'' if r.ok is None else ('ok' if r.ok else 'MISSED')} {r.note}")
+        print(
+            f"{r.name:<80} {s.median:>9.4g} [{s.lo:.3g}, {s.hi:.3g}] {r.unit} {r.target} "
+            f"{'' if r.ok is None else ('ok' if r.ok else 'MISSED')} {r.note}"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine(), "rows": [r.to_dict() for r in rows]}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"machine": machine(), "rows": [r.to_dict() for r in rows]}, indent=1)
+        )
     return 0
 
 

@@ -24,7 +24,9 @@ from smallinit.train.distributed import Runtime, parallelize
 def run(args: argparse.Namespace) -> list[Row]:
     from torch._inductor.utils import fresh_cache
 
-    with fresh_cache():  # a cold compile, as a first run sees it: Inductor's disk caches would hide most of it
+    with (
+        fresh_cache()
+    ):  # a cold compile, as a first run sees it: Inductor's disk caches would hide most of it
         return measure(args)
 
 
@@ -49,8 +51,13 @@ def measure(args: argparse.Namespace) -> list[Row]:
     pays = f"pays back after ~{compile_s / saved:.0f} steps" if saved > 0 else "never pays back"
     where = f"{args.size}, batch {args.batch}×{args.seq}"
     return [
-        Row("compile", f"{where}: compiled / eager tokens/s", speedup, "×",
-            note=f"{pays}; \"auto\" compiles only widths ≤ 128 (bench_tiny.py)"),
+        Row(
+            "compile",
+            f"{where}: compiled / eager tokens/s",
+            speedup,
+            "×",
+            note=f'{pays}; "auto" compiles only widths ≤ 128 (bench_tiny.py)',
+        ),
         Row("compile", f"{where}: compile time (empty Inductor cache)", Stat.of([compile_s]), "s"),
     ]
 

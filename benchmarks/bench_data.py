@@ -40,14 +40,28 @@ def tokenise_worker(corpus: str) -> None:
         t0 = time.perf_counter()
         load_token_data(corpus, tok, cache_dir=tmp)
         build_s = time.perf_counter() - t0
-    print(json.dumps({"mb": mb, "tokens": n_tokens, "encode_s": encode_s, "encode_cores": encode_cpu_s / encode_s,
-                      "build_s": build_s}))
+    print(
+        json.dumps(
+            {
+                "mb": mb,
+                "tokens": n_tokens,
+                "encode_s": encode_s,
+                "encode_cores": encode_cpu_s / encode_s,
+                "build_s": build_s,
+            }
+        )
+    )
 
 
 def tokenise(threads: int, corpus: str) -> dict:
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="true")
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--tokenise-worker", corpus],
-                         env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--tokenise-worker", corpus],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -63,14 +77,34 @@ def run(args: argparse.Namespace) -> list[Row]:
     mb = res[1][0]["mb"]
     for kind in ("encode", "build"):
         for threads, rs in res.items():
-            rows.append(Row("data", f"tokenise {args.corpus} ({mb:.1f} MB), {kind}, {threads} rayon threads",
-                            Stat.of([r["mb"] / r[f"{kind}_s"] for r in rs]), "MB/s"))
+            rows.append(
+                Row(
+                    "data",
+                    f"tokenise {args.corpus} ({mb:.1f} MB), {kind}, {threads} rayon threads",
+                    Stat.of([r["mb"] / r[f"{kind}_s"] for r in rs]),
+                    "MB/s",
+                )
+            )
         speedup = Stat.of([b[f"{kind}_s"] / a[f"{kind}_s"] for a, b in zip(res[2], res[1])])
-        rows.append(Row("data", f"tokenise, {kind}: 2 / 1 rayon threads", speedup, "×",
-                        note="≈ 2 when both cores are used"))
+        rows.append(
+            Row(
+                "data",
+                f"tokenise, {kind}: 2 / 1 rayon threads",
+                speedup,
+                "×",
+                note="≈ 2 when both cores are used",
+            )
+        )
     for threads, rs in res.items():
-        rows.append(Row("data", f"tokenise, encode: CPU seconds per second, {threads} rayon threads",
-                        Stat.of([r["encode_cores"] for r in rs]), "cores", note="cores kept busy; 2 at best"))
+        rows.append(
+            Row(
+                "data",
+                f"tokenise, encode: CPU seconds per second, {threads} rayon threads",
+                Stat.of([r["encode_cores"] for r in rs]),
+                "cores",
+                note="cores kept busy; 2 at best",
+            )
+        )
 
     tok = load_tokenizer("default")
     data = load_token_data(args.corpus, tok)
@@ -87,10 +121,18 @@ def run(args: argparse.Namespace) -> list[Row]:
 
     t = interleaved({"sampler": sampler, "step": step}, rounds=args.rounds * 3, warmup=1, clock=args.clock)
     share = paired(t["sampler"], t["step"], lambda s, st: s / sampler_calls / st)
-    rows.append(Row("data", f"get_batch / cpu-1m training step, batch {args.batch}×{args.seq}", share, "frac",
-                    "≤ 0.01", share.median <= 0.01,
-                    note=f"{Stat.of(t['sampler']).median / sampler_calls * 1e6:.0f} µs per batch, "
-                         f"{torch.get_num_threads()} threads"))
+    rows.append(
+        Row(
+            "data",
+            f"get_batch / cpu-1m training step, batch {args.batch}×{args.seq}",
+            share,
+            "frac",
+            "≤ 0.01",
+            share.median <= 0.01,
+            note=f"{Stat.of(t['sampler']).median / sampler_calls * 1e6:.0f} µs per batch, "
+            f"{torch.get_num_threads()} threads",
+        )
+    )
     return rows
 
 

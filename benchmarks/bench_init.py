@@ -24,9 +24,14 @@ def build(hidden: int, layers: int):
 
     transformers.logging.set_verbosity_error()
     cfg = transformers.LlamaConfig(
-        hidden_size=hidden, intermediate_size=hidden * 11 // 4, num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 64), num_key_value_heads=max(1, hidden // 256), vocab_size=32000,
-        tie_word_embeddings=False)
+        hidden_size=hidden,
+        intermediate_size=hidden * 11 // 4,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 64),
+        num_key_value_heads=max(1, hidden // 256),
+        vocab_size=32000,
+        tie_word_embeddings=False,
+    )
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(cfg)
     return model.to_empty(device="cpu")
@@ -53,8 +58,18 @@ def run(args: argparse.Namespace) -> list[Row]:
     shape = f"Llama d={args.hidden} L={args.layers}, {n / 1e6:.0f} M params"
     return [
         Row("init", f"gamma_init_ ÷ nn.init.normal_ parameters/s ({shape})", ratio, "×", target, ok),
-        Row("init", f"gamma_init_ parameters/s ({shape})", Stat.of([n / s for s in t["gamma_init_"]]), "params/s"),
-        Row("init", f"nn.init.normal_ parameters/s ({shape})", Stat.of([n / s for s in t["normal_"]]), "params/s"),
+        Row(
+            "init",
+            f"gamma_init_ parameters/s ({shape})",
+            Stat.of([n / s for s in t["gamma_init_"]]),
+            "params/s",
+        ),
+        Row(
+            "init",
+            f"nn.init.normal_ parameters/s ({shape})",
+            Stat.of([n / s for s in t["normal_"]]),
+            "params/s",
+        ),
     ]
 
 

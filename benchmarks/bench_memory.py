@@ -68,9 +68,19 @@ def worker(preset: str, ckpt: bool, batch: int, seq: int, steps: int) -> None:
 
 
 def measure(preset: str, ckpt: bool, batch: int, seq: int, steps: int) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", preset, str(int(ckpt)), str(batch), str(seq),
-           str(steps)]
-    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        preset,
+        str(int(ckpt)),
+        str(batch),
+        str(seq),
+        str(steps),
+    ]
+    return json.loads(
+        subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    )
 
 
 def run(args: argparse.Namespace) -> list[Row]:
@@ -79,30 +89,54 @@ def run(args: argparse.Namespace) -> list[Row]:
         for ckpt in (False, True) if preset == args.ckpt_size else (False,):
             r = measure(preset, ckpt, args.batch, args.seq, args.steps)
             label = " with activation checkpointing" if ckpt else ""
-            rows.append(Row("memory", f"{preset}{label}: peak RSS training, batch {args.batch}×{args.seq}",
-                            Stat.of([r["peak_mb"]]), "MiB",
-                            note=f"{r['peak_mb'] - r['base_mb']:.0f} MiB above the imports' {r['base_mb']:.0f}",
-                            extra={"base_mb": r["base_mb"], "checkpointing": ckpt}))
+            rows.append(
+                Row(
+                    "memory",
+                    f"{preset}{label}: peak RSS training, batch {args.batch}×{args.seq}",
+                    Stat.of([r["peak_mb"]]),
+                    "MiB",
+                    note=f"{r['peak_mb'] - r['base_mb']:.0f} MiB above the imports' {r['base_mb']:.0f}",
+                    extra={"base_mb": r["base_mb"], "checkpointing": ckpt},
+                )
+            )
     plain, ckpt = (r for r in rows if args.ckpt_size in r.name)
     saved = (plain.stat.median - ckpt.stat.median) / (plain.stat.median - plain.extra["base_mb"])
-    rows.append(Row("memory", f"{args.ckpt_size}: activation checkpointing saves (of the training RSS)",
-                    Stat.of([saved]), "frac"))
-    steps = {"plain": make(args.ckpt_size, False, args.batch, args.seq),
-             "ckpt": make(args.ckpt_size, True, args.batch, args.seq)}
+    rows.append(
+        Row(
+            "memory",
+            f"{args.ckpt_size}: activation checkpointing saves (of the training RSS)",
+            Stat.of([saved]),
+            "frac",
+        )
+    )
+    steps = {
+        "plain": make(args.ckpt_size, False, args.batch, args.seq),
+        "ckpt": make(args.ckpt_size, True, args.batch, args.seq),
+    }
     t = interleaved(steps, rounds=args.rounds, warmup=1, clock=args.clock)
-    rows.append(Row("memory", f"{args.ckpt_size}: activation checkpointing step time vs plain",
-                    paired(t["ckpt"], t["plain"], lambda a, b: a / b - 1), "+frac",
-                    note="recomputes each block's forward in backward"))
+    rows.append(
+        Row(
+            "memory",
+            f"{args.ckpt_size}: activation checkpointing step time vs plain",
+            paired(t["ckpt"], t["plain"], lambda a, b: a / b - 1),
+            "+frac",
+            note="recomputes each block's forward in backward",
+        )
+    )
     return rows
 
 
 def add_args(ap: argparse.ArgumentParser, quick: bool = False) -> None:
     ap.add_argument("--sizes", nargs="+", default=["cpu-1m", "cpu-5m", "cpu-20m"])
-    ap.add_argument("--ckpt-size", default="cpu-20m", help="the preset measured with and without checkpointing")
+    ap.add_argument(
+        "--ckpt-size", default="cpu-20m", help="the preset measured with and without checkpointing"
+    )
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--steps", type=int, default=3, help="training steps per memory measurement")
-    ap.add_argument("--rounds", type=int, default=2 if quick else 3, help="rounds of the step time comparison")
+    ap.add_argument(
+        "--rounds", type=int, default=2 if quick else 3, help="rounds of the step time comparison"
+    )
     add_common_args(ap)
 
 

@@ -69,8 +69,13 @@ def make_step(model: Transformer, tokens: torch.Tensor, mode: str):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="cpu-moe-5m", help="an MoE preset (default cpu-moe-5m)")
-    ap.add_argument("--vocab", type=int, default=0, help="vocabulary size; 0 = the preset's (a small one, e.g. "
-                    "257 for the byte tokenizer, leaves the feed-forward a larger share of the time)")
+    ap.add_argument(
+        "--vocab",
+        type=int,
+        default=0,
+        help="vocabulary size; 0 = the preset's (a small one, e.g. "
+        "257 for the byte tokenizer, leaves the feed-forward a larger share of the time)",
+    )
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--mode", choices=("train", "forward"), default="train")
@@ -117,20 +122,41 @@ def main() -> None:
         m = models[name]
         # the ratio is taken within each round (same machine load), then the median over rounds
         ratios = [a / b for a, b in zip(per_round[name], per_round["dense"])]
-        rows.append({"model": name, "params": m.num_params(), "params_active": m.num_params(active=True),
-                     "tokens_per_s": statistics.median(per_round[name]), "ratio_to_dense": statistics.median(ratios),
-                     "rounds": per_round[name]})
-    print(f"{args.preset} (vocab {moe_cfg.vocab_size}) vs dense twin | {args.mode} | batch {args.batch} × {args.seq} tokens | "
-          f"{args.device}, {torch.get_num_threads()} threads | median of {args.repeats} rounds × {args.steps} steps")
+        rows.append(
+            {
+                "model": name,
+                "params": m.num_params(),
+                "params_active": m.num_params(active=True),
+                "tokens_per_s": statistics.median(per_round[name]),
+                "ratio_to_dense": statistics.median(ratios),
+                "rounds": per_round[name],
+            }
+        )
+    print(
+        f"{args.preset} (vocab {moe_cfg.vocab_size}) vs dense twin | {args.mode} | batch {args.batch} × {args.seq} tokens | "
+        f"{args.device}, {torch.get_num_threads()} threads | median of {args.repeats} rounds × {args.steps} steps"
+    )
     print(f"{'model':<12} {'params':>12} {'active':>12} {'tokens/s':>10} {'× dense':>8}")
     for r in rows:
-        print(f"{r['model']:<12} {r['params']:>12,} {r['params_active']:>12,} {r['tokens_per_s']:>10,.0f} "
-              f"{r['ratio_to_dense']:>8.2f}")
+        print(
+            f"{r['model']:<12} {r['params']:>12,} {r['params_active']:>12,} {r['tokens_per_s']:>10,.0f} "
+            f"{r['ratio_to_dense']:>8.2f}"
+        )
     result = {
-        "benchmark": "moe_vs_dense_same_active", "preset": args.preset, "vocab": moe_cfg.vocab_size, "mode": args.mode, "batch": args.batch,
-        "seq": args.seq, "steps": args.steps, "repeats": args.repeats, "device": args.device,
-        "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(),
-        "dense_d_ff": models["dense"].config.d_ff, "rows": rows,
+        "benchmark": "moe_vs_dense_same_active",
+        "preset": args.preset,
+        "vocab": moe_cfg.vocab_size,
+        "mode": args.mode,
+        "batch": args.batch,
+        "seq": args.seq,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "device": args.device,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "dense_d_ff": models["dense"].config.d_ff,
+        "rows": rows,
     }
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {args.json}")

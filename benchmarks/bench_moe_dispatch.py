@@ -59,17 +59,34 @@ def main() -> None:
                     call(layer, x, d)
                 times[d].append((time.perf_counter() - t0) / args.calls)
         ratio = statistics.median(lp / gr for lp, gr in zip(times["loop"], times["grouped"]))
-        rows.append({"experts": E, "grouped_ms": 1e3 * statistics.median(times["grouped"]),
-                     "loop_ms": 1e3 * statistics.median(times["loop"]), "loop_over_grouped": ratio})
+        rows.append(
+            {
+                "experts": E,
+                "grouped_ms": 1e3 * statistics.median(times["grouped"]),
+                "loop_ms": 1e3 * statistics.median(times["loop"]),
+                "loop_over_grouped": ratio,
+            }
+        )
 
-    print(f"one MoE layer, forward + backward | {args.tokens} tokens, d_model {args.d_model}, d_expert "
-          f"{args.d_expert}, top-{args.top_k} | {torch.get_num_threads()} threads | median of {args.repeats} rounds")
+    print(
+        f"one MoE layer, forward + backward | {args.tokens} tokens, d_model {args.d_model}, d_expert "
+        f"{args.d_expert}, top-{args.top_k} | {torch.get_num_threads()} threads | median of {args.repeats} rounds"
+    )
     print(f"{'experts':>8} {'grouped ms':>11} {'loop ms':>9} {'loop/grouped':>13}")
     for r in rows:
-        print(f"{r['experts']:>8} {r['grouped_ms']:>11.1f} {r['loop_ms']:>9.1f} {r['loop_over_grouped']:>13.2f}")
-    result = {"benchmark": "moe_dispatch", "tokens": args.tokens, "d_model": args.d_model,
-              "d_expert": args.d_expert, "top_k": args.top_k, "threads": torch.get_num_threads(),
-              "torch": torch.__version__, "rows": rows}
+        print(
+            f"{r['experts']:>8} {r['grouped_ms']:>11.1f} {r['loop_ms']:>9.1f} {r['loop_over_grouped']:>13.2f}"
+        )
+    result = {
+        "benchmark": "moe_dispatch",
+        "tokens": args.tokens,
+        "d_model": args.d_model,
+        "d_expert": args.d_expert,
+        "top_k": args.top_k,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "rows": rows,
+    }
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {args.json}")
 

@@ -29,8 +29,19 @@ class Worker:
     def __init__(self, preset: str, threads: int, batch: int, seq: int):
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--worker", preset, str(threads), str(batch), str(seq)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--worker",
+                preset,
+                str(threads),
+                str(batch),
+                str(seq),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
         )
 
     def send(self, seconds: float) -> None:
@@ -99,8 +110,14 @@ def bench_size(preset: str, *, rounds: int, seconds: float, batch: int, seq: int
     return [
         Row("packing", f"{where}: 2 × 1-thread processes tokens/s", Stat.of(packed), "tokens/s"),
         Row("packing", f"{where}: 1 × 2-thread process tokens/s", Stat.of(single), "tokens/s"),
-        Row("packing", f"{where}: packed / single", ratio, "×",
-            note="> 1: pack one 1-thread cell per core", extra={"params": params}),
+        Row(
+            "packing",
+            f"{where}: packed / single",
+            ratio,
+            "×",
+            note="> 1: pack one 1-thread cell per core",
+            extra={"params": params},
+        ),
     ]
 
 
@@ -114,7 +131,9 @@ def run(args: argparse.Namespace) -> list[Row]:
 def add_args(ap: argparse.ArgumentParser, quick: bool = False) -> None:
     ap.add_argument("--sizes", nargs="+", default=["cpu-1m", "cpu-5m", "cpu-20m"])
     ap.add_argument("--rounds", type=int, default=2 if quick else 3)
-    ap.add_argument("--seconds", type=float, default=3.0 if quick else 4.0, help="seconds per layout per round")
+    ap.add_argument(
+        "--seconds", type=float, default=3.0 if quick else 4.0, help="seconds per layout per round"
+    )
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
 

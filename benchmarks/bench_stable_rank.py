@@ -47,13 +47,21 @@ def main() -> int:
     out["cosine_s"] = time.perf_counter() - t0
     if not args.no_svd:
         t0 = time.perf_counter()
-        exact = {n: frobenius_sq(W) / torch.linalg.svdvals(W.detach())[0].item() ** 2 for n, W in mats.items()}
+        exact = {
+            n: frobenius_sq(W) / torch.linalg.svdvals(W.detach())[0].item() ** 2 for n, W in mats.items()
+        }
         out["svdvals_s"] = time.perf_counter() - t0
         out["max_rel_diff"] = max(abs(fast[n] - exact[n]) / exact[n] for n in mats)
-    print(f"{args.preset}: {len(mats)} matrices, {n_params / 1e6:.1f} M weights; stable rank (Lanczos) "
-          f"{out['lanczos_s']:.1f} s, mean |cos| {out['cosine_s']:.1f} s"
-          + ("" if args.no_svd else f"; svdvals reference {out['svdvals_s']:.1f} s, "
-             f"largest relative difference {out['max_rel_diff']:.1e}"))
+    print(
+        f"{args.preset}: {len(mats)} matrices, {n_params / 1e6:.1f} M weights; stable rank (Lanczos) "
+        f"{out['lanczos_s']:.1f} s, mean |cos| {out['cosine_s']:.1f} s"
+        + (
+            ""
+            if args.no_svd
+            else f"; svdvals reference {out['svdvals_s']:.1f} s, "
+            f"largest relative difference {out['max_rel_diff']:.1e}"
+        )
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1), encoding="utf-8")
     return 0

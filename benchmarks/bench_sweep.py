@@ -23,16 +23,24 @@ from common import Row, Stat, main
 def demo_like_sweep(steps: int) -> dict[str, Any]:
     return {
         "sweep": {"name": "bench"},
-        "base": {"model.preset": "cpu-1m", "train.steps": steps, "train.warmup_steps": min(10, steps),
-                 "train.eval_every": steps, "train.checkpoint_every": steps, "train.log_every": 10},
+        "base": {
+            "model.preset": "cpu-1m",
+            "train.steps": steps,
+            "train.warmup_steps": min(10, steps),
+            "train.eval_every": steps,
+            "train.checkpoint_every": steps,
+            "train.log_every": 10,
+        },
         "grid": {"model.gamma": [0.5, 1.0], "train.seed": [0, 1]},
     }
 
 
 def weight_hashes(sweep_dir: Path) -> dict[str, str]:
     """sha256 of every model.safetensors under each cell's folder, by relative path."""
-    return {str(p.relative_to(sweep_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted((sweep_dir / "cells").rglob("model.safetensors"))}
+    return {
+        str(p.relative_to(sweep_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted((sweep_dir / "cells").rglob("model.safetensors"))
+    }
 
 
 def run(args: argparse.Namespace) -> list[Row]:
@@ -43,7 +51,9 @@ def run(args: argparse.Namespace) -> list[Row]:
     cells = sweep.cells()
     configs = [resolve_config(c) for c in cells]
     for name in {(c.data.corpus, c.data.tokenizer, c.data.val_fraction, c.data.text_field) for c in configs}:
-        load_token_data(name[0], load_tokenizer(name[1]), val_fraction=name[2], text_field=name[3])  # build once
+        load_token_data(
+            name[0], load_tokenizer(name[1]), val_fraction=name[2], text_field=name[3]
+        )  # build once
     packed_jobs = min(available_cores(), len(cells))
     layouts = {"sequential": 1, "packed": packed_jobs}
     wall: dict[str, list[float]] = {k: [] for k in layouts}
@@ -67,10 +77,24 @@ def run(args: argparse.Namespace) -> list[Row]:
     return [
         Row("sweep", f"{where}, sequential cells/hour", per_hour["sequential"], "cells/h"),
         Row("sweep", f"{where}, packed ({packed_jobs} jobs) cells/hour", per_hour["packed"], "cells/h"),
-        Row("sweep", f"{where}: packed / sequential", ratio, "×", "≥ 1.25", ratio.median >= 1.25,
-            note=f"runner's default jobs here: {auto}"),
-        Row("sweep", f"{where}: same weights bit for bit", Stat.of([float(same)]), "bool", "= 1", same,
-            note=f"{len(hashes['sequential'])} checkpoints compared"),
+        Row(
+            "sweep",
+            f"{where}: packed / sequential",
+            ratio,
+            "×",
+            "≥ 1.25",
+            ratio.median >= 1.25,
+            note=f"runner's default jobs here: {auto}",
+        ),
+        Row(
+            "sweep",
+            f"{where}: same weights bit for bit",
+            Stat.of([float(same)]),
+            "bool",
+            "= 1",
+            same,
+            note=f"{len(hashes['sequential'])} checkpoints compared",
+        ),
     ]
 
 

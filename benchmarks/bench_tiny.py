@@ -61,9 +61,16 @@ def shape(d: int, demo: bool = False) -> dict[str, object]:
     """4 layers of width d, d_ff = 3d, byte tokenizer: head_dim 16 and 16 × 128 tokens per step, or with ``demo``
     the demo recipe's head_dim 8 and 8 × 256 (its scales train d = 16, 24, 32)."""
     head_dim, seq, batch = (8, 256, 8) if demo else (16, 128, 16)
-    return {"model.d_model": d, "model.n_layers": 4, "model.n_heads": d // head_dim,
-            "model.n_kv_heads": d // head_dim, "model.d_ff": 3 * d, "data.tokenizer": "bytes",
-            "data.seq_len": seq, "train.batch_size": batch}
+    return {
+        "model.d_model": d,
+        "model.n_layers": 4,
+        "model.n_heads": d // head_dim,
+        "model.n_kv_heads": d // head_dim,
+        "model.d_ff": 3 * d,
+        "data.tokenizer": "bytes",
+        "data.seq_len": seq,
+        "train.batch_size": batch,
+    }
 
 
 def tiny(d: int, demo: bool = False, **train: object) -> Config:
@@ -76,7 +83,9 @@ def tiny(d: int, demo: bool = False, **train: object) -> Config:
 def steps_for(d: int, demo: bool = False, tokens_per_param: float = 20.0) -> int:
     cfg = tiny(d, demo)
     nonembed = Transformer.count_params(cfg.model)[1]
-    return math.ceil(tokens_per_param * nonembed / (cfg.train.batch_size * cfg.data.seq_len))  # as recipes' budgets
+    return math.ceil(
+        tokens_per_param * nonembed / (cfg.train.batch_size * cfg.data.seq_len)
+    )  # as recipes' budgets
 
 
 def step_case(cfg: Config, compiled: bool | str):
@@ -87,7 +96,9 @@ def step_case(cfg: Config, compiled: bool | str):
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, VOCAB_BYTES, (cfg.train.batch_size, cfg.data.seq_len + 1), generator=gen)
     runs = torch.compile(model) if compiled == "whole" else model
-    step = train_step(model, lambda _, x, y: runs(x, y).loss, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+    step = train_step(
+        model, lambda _, x, y: runs(x, y).loss, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    )
     return model, step
 
 
@@ -108,7 +119,9 @@ def kernel_share(call, steps: int = 5) -> float:
 
 def step_rows(args: argparse.Namespace) -> list[Row]:
     mm, mm_flops = matmul_case(512)
-    shapes = [(f"d={d}", d, False) for d in args.widths] + [(f"demo d={d}", d, True) for d in args.demo_widths]
+    shapes = [(f"d={d}", d, False) for d in args.widths] + [
+        (f"demo d={d}", d, True) for d in args.demo_widths
+    ]
     cases, flops = {"matmul": mm}, {}
     for name, d, demo in shapes:
         cfg = tiny(d, demo)
@@ -117,10 +130,19 @@ def step_rows(args: argparse.Namespace) -> list[Row]:
             call()
             call()  # compiles (once per shape: the cache of an earlier run makes this fast)
             cases[f"{name} {arm}"] = call
-            flops[f"{name} {arm}"] = train_flops_per_token(model, cfg.data.seq_len) * cfg.train.batch_size * cfg.data.seq_len
+            flops[f"{name} {arm}"] = (
+                train_flops_per_token(model, cfg.data.seq_len) * cfg.train.batch_size * cfg.data.seq_len
+            )
     t = interleaved(cases, rounds=args.rounds, warmup=1, inner=args.inner, clock=args.clock)
     rate = [mm_flops / s for s in t["matmul"]]
-    rows = [Row("tiny", "one thread's fp32 matmul rate (512² torch.mm)", Stat.of([r / 1e9 for r in rate]), "GFLOP/s")]
+    rows = [
+        Row(
+            "tiny",
+            "one thread's fp32 matmul rate (512² torch.mm)",
+            Stat.of([r / 1e9 for r in rate]),
+            "GFLOP/s",
+        )
+    ]
     for name, d, demo in shapes:
         e, c, w = t[f"{name} eager"], t[f"{name} compiled"], t[f"{name} whole"]
         share = kernel_share(cases[f"{name} eager"])
@@ -131,18 +153,36 @@ def step_rows(args: argparse.Namespace) -> list[Row]:
         goal = d in (32, 64)  # the widths the ≥ 1.4× goal names
         rows += [
             Row("tiny", f"{name}: eager tokens/s", Stat.of([per_step / s for s in e]), "tokens/s"),
-            Row("tiny", f"{name}: compiled / eager tokens/s", speedup, "×",
+            Row(
+                "tiny",
+                f"{name}: compiled / eager tokens/s",
+                speedup,
+                "×",
                 *(check(speedup, at_least=1.4) if goal else ("", None)),
-                note=f'"auto" compiles one {cell.train.steps}-step cell: cold {auto[False]}, warm {auto[True]}'),
-            Row("tiny", f"{name}: eager, share of the matmul rate",
-                Stat.of([flops[f"{name} eager"] / s / r for s, r in zip(e, rate)]), ""),
-            Row("tiny", f"{name}: compiled, share of the matmul rate",
-                Stat.of([flops[f"{name} compiled"] / s / r for s, r in zip(c, rate)]), ""),
+                note=f'"auto" compiles one {cell.train.steps}-step cell: cold {auto[False]}, warm {auto[True]}',
+            ),
+            Row(
+                "tiny",
+                f"{name}: eager, share of the matmul rate",
+                Stat.of([flops[f"{name} eager"] / s / r for s, r in zip(e, rate)]),
+                "",
+            ),
+            Row(
+                "tiny",
+                f"{name}: compiled, share of the matmul rate",
+                Stat.of([flops[f"{name} compiled"] / s / r for s, r in zip(c, rate)]),
+                "",
+            ),
             Row("tiny", f"{name}: whole model compiled / eager tokens/s (reference)", paired(e, w), "×"),
             Row("tiny", f"{name}: eager step's CPU time in matmul + attention kernels", Stat.of([share]), ""),
-            Row("tiny", f"{name}: ceiling of any fusion = 1 / that share", ceiling, "×",
+            Row(
+                "tiny",
+                f"{name}: ceiling of any fusion = 1 / that share",
+                ceiling,
+                "×",
                 *(check(ceiling, at_least=1.4) if goal else ("", None)),
-                note="no compile or fusion of the other work can pass it"),
+                note="no compile or fusion of the other work can pass it",
+            ),
         ]
     return rows
 
@@ -171,11 +211,18 @@ def compile_rows(args: argparse.Namespace) -> list[Row]:
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "OMP_NUM_THREADS": "1"}
             got = []
             for _ in ("cold", "warm"):
-                out = subprocess.run([sys.executable, __file__, "--compile-worker", str(d)], check=True,
-                                     capture_output=True, text=True, env=env)
+                out = subprocess.run(
+                    [sys.executable, __file__, "--compile-worker", str(d)],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                )
                 got.append(json.loads(out.stdout.strip().splitlines()[-1])["compile_s"])
-        rows += [Row("tiny", f"d={d}: compile time, empty cache (cold)", Stat.of([got[0]]), "s"),
-                 Row("tiny", f"d={d}: compile time, warm cache", Stat.of([got[1]]), "s")]
+        rows += [
+            Row("tiny", f"d={d}: compile time, empty cache (cold)", Stat.of([got[0]]), "s"),
+            Row("tiny", f"d={d}: compile time, warm cache", Stat.of([got[1]]), "s"),
+        ]
     return rows
 
 
@@ -184,8 +231,14 @@ def sweep_rows(args: argparse.Namespace) -> list[Row]:
 
     d = args.sweep_width
     steps = steps_for(d)
-    base = {**shape(d), "train.steps": steps, "train.warmup_steps": steps // 10, "train.eval_every": steps // 4,
-            "train.checkpoint_every": steps, "train.log_every": 50}
+    base = {
+        **shape(d),
+        "train.steps": steps,
+        "train.warmup_steps": steps // 10,
+        "train.eval_every": steps // 4,
+        "train.checkpoint_every": steps,
+        "train.log_every": 50,
+    }
     grid = {"model.gamma": [0.5, 1.0], "train.seed": list(range(args.sweep_seeds))}
     arms = {"eager": False, "default-cold": "auto", "default-warm": "auto"}
     wall: dict[str, float] = {}
@@ -196,8 +249,13 @@ def sweep_rows(args: argparse.Namespace) -> list[Row]:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)  # the runner passes it to its cells
         try:
             for arm, choice in arms.items():
-                sweep = Sweep.from_dict({"sweep": {"name": f"tiny-{arm}"}, "base": {**base, "train.compile": choice},
-                                         "grid": grid})
+                sweep = Sweep.from_dict(
+                    {
+                        "sweep": {"name": f"tiny-{arm}"},
+                        "base": {**base, "train.compile": choice},
+                        "grid": grid,
+                    }
+                )
                 t0 = time.perf_counter()
                 outcome = run_sweep(sweep, Path(tmp) / arm, echo=None)
                 wall[arm] = time.perf_counter() - t0
@@ -210,11 +268,21 @@ def sweep_rows(args: argparse.Namespace) -> list[Row]:
                 os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
     n = len(grid["model.gamma"]) * len(grid["train.seed"])
     where = f"sweep of {n} cells, d={d}, {steps} steps (20 tokens/non-embedding param)"
-    rows = [Row("tiny", f"{where}: {arm} cells/hour", Stat.of([n * 3600 / w]), "cells/h") for arm, w in wall.items()]
+    rows = [
+        Row("tiny", f"{where}: {arm} cells/hour", Stat.of([n * 3600 / w]), "cells/h")
+        for arm, w in wall.items()
+    ]
     for arm in ("default-cold", "default-warm"):
         ratio = wall["eager"] / wall[arm]
-        rows.append(Row("tiny", f"{where}: {arm} / eager cells/hour", Stat.of([ratio]), "×",
-                        *check(Stat.of([ratio]), at_least=1.25)))
+        rows.append(
+            Row(
+                "tiny",
+                f"{where}: {arm} / eager cells/hour",
+                Stat.of([ratio]),
+                "×",
+                *check(Stat.of([ratio]), at_least=1.25),
+            )
+        )
     return rows
 
 
@@ -229,8 +297,13 @@ def run(args: argparse.Namespace) -> list[Row]:
 
 def add_args(ap: argparse.ArgumentParser, quick: bool = False) -> None:
     ap.add_argument("--widths", nargs="+", type=int, default=[32, 64] if quick else [32, 64, 128])
-    ap.add_argument("--demo-widths", nargs="*", type=int, default=[] if quick else [16, 32],
-                    help="widths measured at the demo recipe's shape too (head_dim 8, 8 × 256)")
+    ap.add_argument(
+        "--demo-widths",
+        nargs="*",
+        type=int,
+        default=[] if quick else [16, 32],
+        help="widths measured at the demo recipe's shape too (head_dim 8, 8 × 256)",
+    )
     ap.add_argument("--rounds", type=int, default=3 if quick else 5)
     ap.add_argument("--inner", type=int, default=3, help="steps per sample")
     ap.add_argument("--sweep-width", type=int, default=32 if quick else 64)

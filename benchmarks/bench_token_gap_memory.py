@@ -71,13 +71,17 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for mb in args.sizes_mb:
             for kind, path in write_corpora(Path(tmp), mb).items():
-                out = subprocess.run([sys.executable, "-c", CHILD, str(path)], check=True, capture_output=True,
-                                     text=True).stdout
+                out = subprocess.run(
+                    [sys.executable, "-c", CHILD, str(path)], check=True, capture_output=True, text=True
+                ).stdout
                 r = {"size_mb": mb, "format": kind, **json.loads(out.strip().splitlines()[-1])}
                 r["growth_mb"] = r["peak_rss_mb"] - r["rss_before_mb"]
                 rows.append(r)
-                print(f"{mb:>5g} MB {kind:<5} {r['tokens']:>11,} tokens  RSS before {r['rss_before_mb']:.0f} MB, "
-                      f"peak {r['peak_rss_mb']:.0f} MB (+{r['growth_mb']:.1f} MB)  {r['seconds']:.0f} s", flush=True)
+                print(
+                    f"{mb:>5g} MB {kind:<5} {r['tokens']:>11,} tokens  RSS before {r['rss_before_mb']:.0f} MB, "
+                    f"peak {r['peak_rss_mb']:.0f} MB (+{r['growth_mb']:.1f} MB)  {r['seconds']:.0f} s",
+                    flush=True,
+                )
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows}, indent=1), encoding="utf-8")
     return 0

@@ -54,7 +54,9 @@ def llama_twin(model: Transformer) -> nn.Module:
     hcfg._attn_implementation = "sdpa"
     hcfg.use_cache = False
     twin = LlamaForCausalLM(hcfg)
-    missing, unexpected = twin.load_state_dict(hf_tensors(model.state_dict(), cfg, "LlamaForCausalLM"), strict=False)
+    missing, unexpected = twin.load_state_dict(
+        hf_tensors(model.state_dict(), cfg, "LlamaForCausalLM"), strict=False
+    )
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     return twin
 
@@ -81,7 +83,9 @@ def train_step(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Te
     return step
 
 
-def bench_size(preset: str, *, batch: int, seq: int, rounds: int, steps: int, clock: str = "wall") -> list[Row]:
+def bench_size(
+    preset: str, *, batch: int, seq: int, rounds: int, steps: int, clock: str = "wall"
+) -> list[Row]:
     cfgs = {g: ModelConfig.preset(preset, gate=g) for g in GATES}
     models: dict[str, nn.Module] = {f"ours-{g}": Transformer(c, seed=0) for g, c in cfgs.items()}
     models["hf-llama"] = llama_twin(models["ours-none"])
@@ -93,7 +97,9 @@ def bench_size(preset: str, *, batch: int, seq: int, rounds: int, steps: int, cl
         ours, theirs = ours_loss(models["ours-none"], x, y).item(), hf_loss(models["hf-llama"], x, y).item()
     assert math.isclose(ours, theirs, rel_tol=1e-4), f"ours {ours} vs Llama {theirs}: not the same model"
 
-    cases = {name: train_step(m, hf_loss if name == "hf-llama" else ours_loss, x, y) for name, m in models.items()}
+    cases = {
+        name: train_step(m, hf_loss if name == "hf-llama" else ours_loss, x, y) for name, m in models.items()
+    }
     mm, mm_flops = matmul_case()
     cases["matmul"] = mm
     t = interleaved(cases, rounds=rounds, warmup=2, inner=steps, clock=clock)
@@ -104,26 +110,65 @@ def bench_size(preset: str, *, batch: int, seq: int, rounds: int, steps: int, cl
 
     rows = []
     for name in models:
-        rows.append(Row("train", f"{where}: {name} tokens/s", tps[name], "tokens/s",
-                        extra={"params": sum(p.numel() for p in models[name].parameters())}))
+        rows.append(
+            Row(
+                "train",
+                f"{where}: {name} tokens/s",
+                tps[name],
+                "tokens/s",
+                extra={"params": sum(p.numel() for p in models[name].parameters())},
+            )
+        )
     for g in GATES:
         ratio = paired(t["hf-llama"], t[f"ours-{g}"])  # tokens/s ratio = inverse step-time ratio
         target, ok = check(ratio, at_least=0.95) if g == "none" else ("", None)
-        rows.append(Row("train", f"{where}: ours ({g} gate) / HF Llama tokens/s", ratio, "×", target, ok,
-                        note="like for like" if g == "none" else "ours does more work (the gate)"))
+        rows.append(
+            Row(
+                "train",
+                f"{where}: ours ({g} gate) / HF Llama tokens/s",
+                ratio,
+                "×",
+                target,
+                ok,
+                note="like for like" if g == "none" else "ours does more work (the gate)",
+            )
+        )
     for g in ("headwise", "elementwise"):
         over = paired(t[f"ours-{g}"], t["ours-none"], lambda a, b: a / b - 1)
-        flops = train_flops_per_token(models[f"ours-{g}"], seq) / train_flops_per_token(models["ours-none"], seq) - 1
+        flops = (
+            train_flops_per_token(models[f"ours-{g}"], seq) / train_flops_per_token(models["ours-none"], seq)
+            - 1
+        )
         target, ok = check(over, at_most=0.05)
-        rows.append(Row("overhead", f"{where}: {g} gate step time vs none", over, "+frac", target, ok,
-                        note=f"its FLOPs alone add {flops:+.1%}", extra={"flops_overhead": flops}))
+        rows.append(
+            Row(
+                "overhead",
+                f"{where}: {g} gate step time vs none",
+                over,
+                "+frac",
+                target,
+                ok,
+                note=f"its FLOPs alone add {flops:+.1%}",
+                extra={"flops_overhead": flops},
+            )
+        )
     rows.append(Row("train", "fp32 matmul rate (2048², same run)", rate, "GFLOP/s"))
     for name in ("ours-none", "ours-elementwise", "hf-llama"):
         fpt = train_flops_per_token(models[name] if name != "hf-llama" else models["ours-none"], seq)
         mfu = paired(t[name], t["matmul"], lambda s, m, fpt=fpt: fpt * tokens_per_step / s / (mm_flops / m))
         target, ok = check(mfu, at_least=0.60) if preset == "cpu-20m" and name == "ours-none" else ("", None)
-        rows.append(Row("mfu", f"{where}: {name} MFU", mfu, "frac", target, ok,
-                        note=f"{fpt / 1e6:.1f} MFLOP/token", extra={"flops_per_token": fpt}))
+        rows.append(
+            Row(
+                "mfu",
+                f"{where}: {name} MFU",
+                mfu,
+                "frac",
+                target,
+                ok,
+                note=f"{fpt / 1e6:.1f} MFLOP/token",
+                extra={"flops_per_token": fpt},
+            )
+        )
     return rows
 
 
@@ -134,18 +179,26 @@ def bench_optimizer(preset: str, *, rounds: int, clock: str) -> Row:
     for m in models.values():
         for p in m.parameters():
             p.grad = torch.randn(p.shape, generator=gen) * 1e-3
-    opts = {"ours": build_optimizer(models["ours"], TrainConfig()),
-            "torch-default": torch.optim.AdamW(models["torch-default"].parameters(), lr=1e-3)}
+    opts = {
+        "ours": build_optimizer(models["ours"], TrainConfig()),
+        "torch-default": torch.optim.AdamW(models["torch-default"].parameters(), lr=1e-3),
+    }
     t = interleaved({k: o.step for k, o in opts.items()}, rounds=rounds * 3, warmup=2, inner=3, clock=clock)
-    return Row("train", f"{preset}: AdamW step, torch defaults / ours (fused)", paired(t["torch-default"], t["ours"]),
-               "×", note="> 1: ours is faster")
+    return Row(
+        "train",
+        f"{preset}: AdamW step, torch defaults / ours (fused)",
+        paired(t["torch-default"], t["ours"]),
+        "×",
+        note="> 1: ours is faster",
+    )
 
 
 def run(args: argparse.Namespace) -> list[Row]:
     rows = []
     for preset in args.sizes:
-        rows += bench_size(preset, batch=args.batch, seq=args.seq, rounds=args.rounds, steps=args.steps,
-                           clock=args.clock)
+        rows += bench_size(
+            preset, batch=args.batch, seq=args.seq, rounds=args.rounds, steps=args.steps, clock=args.clock
+        )
     rows.append(bench_optimizer(args.sizes[-1], rounds=args.rounds, clock=args.clock))
     return rows
 

@@ -62,9 +62,19 @@ class Row:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"bench": self.bench, "name": self.name, "median": self.stat.median, "min": self.stat.lo,
-                "max": self.stat.hi, "n": self.stat.n, "unit": self.unit, "target": self.target, "ok": self.ok,
-                "note": self.note, **self.extra}
+        return {
+            "bench": self.bench,
+            "name": self.name,
+            "median": self.stat.median,
+            "min": self.stat.lo,
+            "max": self.stat.hi,
+            "n": self.stat.n,
+            "unit": self.unit,
+            "target": self.target,
+            "ok": self.ok,
+            "note": self.note,
+            **self.extra,
+        }
 
 
 def check(stat: Stat, at_least: float | None = None, at_most: float | None = None) -> tuple[str, bool]:
@@ -95,7 +105,7 @@ def interleaved(
             cases[name]()
     samples: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             t0 = now()
             for _ in range(inner):
                 cases[name]()
@@ -126,8 +136,13 @@ def matmul_case(n: int = 2048) -> tuple[Callable[[], None], float]:
 def machine() -> dict[str, Any]:
     import platform
 
-    return {"python": sys.version.split()[0], "torch": torch.__version__, "machine": platform.machine(),
-            "threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
 
 
 def format_table(rows: list[Row]) -> str:
@@ -136,15 +151,22 @@ def format_table(rows: list[Row]) -> str:
         s = r.stat
         mark = "" if r.ok is None else ("ok" if r.ok else "MISSED")
         spread = f"[{s.lo:.3g}, {s.hi:.3g}]" if s.n > 1 else ""
-        lines.append(f"{r.bench:<9} {r.name[:72]:<72} {s.median:>10.4g} {spread:>21} {s.n:>2}  "
-                     f"{r.target} {mark}".rstrip() + (f"   ({r.note})" if r.note else ""))
+        lines.append(
+            f"{r.bench:<9} {r.name[:72]:<72} {s.median:>10.4g} {spread:>21} {s.n:>2}  "
+            f"{r.target} {mark}".rstrip()
+            + (f"   ({r.note})" if r.note else "")
+        )
     return "\n".join(lines)
 
 
 def add_common_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--clock", choices=list(CLOCKS), default="wall",
-                    help="wall (default) or cpu: CPU seconds of this process, for single-threaded comparisons "
-                         "on a crowded machine (in-process timings only)")
+    ap.add_argument(
+        "--clock",
+        choices=list(CLOCKS),
+        default="wall",
+        help="wall (default) or cpu: CPU seconds of this process, for single-threaded comparisons "
+        "on a crowded machine (in-process timings only)",
+    )
 
 
 def main(doc: str, add_args: Callable, run: Callable) -> None:

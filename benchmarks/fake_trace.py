@@ -60,12 +60,24 @@ def sharding_plan(model: torch.nn.Module, ranks: int) -> dict[str, Any]:
             continue
         full += p.numel()
         local += p.to_local().numel()
-    return {"fsdp_units": units, "params": full, "params_on_rank": local, "share_on_rank": local / max(full, 1),
-            "ideal_share": 1 / ranks, "not_sharded": unsharded}
+    return {
+        "fsdp_units": units,
+        "params": full,
+        "params_on_rank": local,
+        "share_on_rank": local / max(full, 1),
+        "ideal_share": 1 / ranks,
+        "not_sharded": unsharded,
+    }
 
 
-def trace_step(cfg: ModelConfig, *, micro_batch: int, seq_len: int, ranks: int = 8,
-               activation_checkpointing: bool = False) -> dict[str, Any]:
+def trace_step(
+    cfg: ModelConfig,
+    *,
+    micro_batch: int,
+    seq_len: int,
+    ranks: int = 8,
+    activation_checkpointing: bool = False,
+) -> dict[str, Any]:
     """Rank 0's peak memory in one traced FSDP2 training step, by category, next to the estimate."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -110,30 +122,61 @@ def trace_step(cfg: ModelConfig, *, micro_batch: int, seq_len: int, ranks: int =
     finally:
         dist.destroy_process_group()
     by_name = {getattr(k, "value", k): v for k, v in peak.items()}
-    traced = {"state": sum(by_name[k] for k in STATE), "activations": sum(by_name[k] for k in ACTIVATIONS),
-              "in_flight": sum(by_name[k] for k in IN_FLIGHT), "total": by_name["Total"]}
-    est = estimate_memory(cfg, micro_batch=micro_batch, seq_len=seq_len, world_size=ranks, parallel="fsdp",
-                          precision="bf16", activation_checkpointing=activation_checkpointing)
-    estimate = {"state": est.weights + est.grads + est.optimizer, "activations": est.activations,
-                "in_flight": est.in_flight, "total": est.total}
-    return {"micro_batch": micro_batch, "seq_len": seq_len, "ranks": ranks,
-            "activation_checkpointing": activation_checkpointing, "plan": plan, "fused_adamw": fused,
-            "logits_dtype": str(seen.get("logits")), "peak_bytes": by_name, "traced": traced, "estimate": estimate}
+    traced = {
+        "state": sum(by_name[k] for k in STATE),
+        "activations": sum(by_name[k] for k in ACTIVATIONS),
+        "in_flight": sum(by_name[k] for k in IN_FLIGHT),
+        "total": by_name["Total"],
+    }
+    est = estimate_memory(
+        cfg,
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        world_size=ranks,
+        parallel="fsdp",
+        precision="bf16",
+        activation_checkpointing=activation_checkpointing,
+    )
+    estimate = {
+        "state": est.weights + est.grads + est.optimizer,
+        "activations": est.activations,
+        "in_flight": est.in_flight,
+        "total": est.total,
+    }
+    return {
+        "micro_batch": micro_batch,
+        "seq_len": seq_len,
+        "ranks": ranks,
+        "activation_checkpointing": activation_checkpointing,
+        "plan": plan,
+        "fused_adamw": fused,
+        "logits_dtype": str(seen.get("logits")),
+        "peak_bytes": by_name,
+        "traced": traced,
+        "estimate": estimate,
+    }
 
 
 def format_rows(rows: list[tuple[str, dict[str, Any]]]) -> str:
     """The traced peak beside the estimate, in GiB (MiB for models under 1 GiB). The categories are compared at the
     traced peak: the estimate adds each one's own maximum, the trace their sum at one moment."""
     unit, name = (GIB, "GiB") if max(r["estimate"]["total"] for _, r in rows) >= GIB else (2**20, "MiB")
-    head = (f"{'preset':<26} {'traced':>8} {'estim.':>8} {'t/e':>6} {'state t/e':>13} {'activ. t/e':>13} "
-            f"{'in flight t/e':>14}")
-    lines = [f"{name} on rank 0 of {rows[0][1]['ranks']}, bf16, FSDP2 (t = traced peak, e = estimate)", head,
-             "-" * len(head)]
+    head = (
+        f"{'preset':<26} {'traced':>8} {'estim.':>8} {'t/e':>6} {'state t/e':>13} {'activ. t/e':>13} "
+        f"{'in flight t/e':>14}"
+    )
+    lines = [
+        f"{name} on rank 0 of {rows[0][1]['ranks']}, bf16, FSDP2 (t = traced peak, e = estimate)",
+        head,
+        "-" * len(head),
+    ]
     for label, r in rows:
         t, e = r["traced"], r["estimate"]
         pair = [f"{t[k] / unit:.2f}/{e[k] / unit:.2f}" for k in ("state", "activations", "in_flight")]
-        lines.append(f"{label:<26} {t['total'] / unit:>8.2f} {e['total'] / unit:>8.2f} {t['total'] / e['total']:>6.2f} "
-                     f"{pair[0]:>13} {pair[1]:>13} {pair[2]:>14}")
+        lines.append(
+            f"{label:<26} {t['total'] / unit:>8.2f} {e['total'] / unit:>8.2f} {t['total'] / e['total']:>6.2f} "
+            f"{pair[0]:>13} {pair[1]:>13} {pair[2]:>14}"
+        )
     return "\n".join(lines)
 
 
@@ -151,14 +194,19 @@ def main() -> None:
         cfg = ModelConfig.preset(preset)
         seq = min(args.seq_len, cfg.max_seq_len)
         for ac in (False, True) if args.activation_checkpointing else (False,):
-            r = trace_step(cfg, micro_batch=args.micro_batch, seq_len=seq, ranks=args.ranks, activation_checkpointing=ac)
+            r = trace_step(
+                cfg, micro_batch=args.micro_batch, seq_len=seq, ranks=args.ranks, activation_checkpointing=ac
+            )
             r["preset"] = preset
             rows.append((f"{preset} × {args.micro_batch}×{seq}" + (" AC" if ac else ""), r))
             plan = r["plan"]
-            print(f"{preset}{' AC' if ac else ''}: {len(plan['fsdp_units'])} FSDP units, {plan['share_on_rank']:.4f} "
-                  f"of {plan['params']:,} parameters on rank 0 (1/{args.ranks} = {plan['ideal_share']:.4f}), "
-                  f"not sharded: {plan['not_sharded'] or 'none'}; fused AdamW {r['fused_adamw']}; "
-                  f"logits {r['logits_dtype']}", flush=True)
+            print(
+                f"{preset}{' AC' if ac else ''}: {len(plan['fsdp_units'])} FSDP units, {plan['share_on_rank']:.4f} "
+                f"of {plan['params']:,} parameters on rank 0 (1/{args.ranks} = {plan['ideal_share']:.4f}), "
+                f"not sharded: {plan['not_sharded'] or 'none'}; fused AdamW {r['fused_adamw']}; "
+                f"logits {r['logits_dtype']}",
+                flush=True,
+            )
     print(format_rows(rows))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

@@ -41,17 +41,31 @@ from smallinit.train.optim import build_optimizer
 TARGETS = {"0.1b": 0.45, "1.5b": 0.50}
 BATCH = {"0.1b": (16, 2048), "1.5b": (8, 2048), "cpu-1m": (4, 128)}  # sequences × tokens per step
 PARITY = [  # the precision check's model: small, the byte tokenizer, 20 steps
-    "model.d_model=256", "model.n_layers=4", "model.n_heads=4", "model.n_kv_heads=4", "model.d_ff=768",
-    "data.tokenizer=bytes", "data.corpus=shakespeare", "data.seq_len=256", "train.batch_size=16",
-    "train.steps=20", "train.warmup_steps=5", "train.log_every=1", "train.eval_every=10", "train.eval_batches=4",
-    "train.checkpoint_every=0", "train.parallel=none",
+    "model.d_model=256",
+    "model.n_layers=4",
+    "model.n_heads=4",
+    "model.n_kv_heads=4",
+    "model.d_ff=768",
+    "data.tokenizer=bytes",
+    "data.corpus=shakespeare",
+    "data.seq_len=256",
+    "train.batch_size=16",
+    "train.steps=20",
+    "train.warmup_steps=5",
+    "train.log_every=1",
+    "train.eval_every=10",
+    "train.eval_batches=4",
+    "train.checkpoint_every=0",
+    "train.parallel=none",
 ]
 
 
 def table_peak(name: str) -> float | None:
     """The dense bf16 peak of a GPU named like ``name`` ("NVIDIA H100 80GB HBM3" → h100)."""
     low = name.lower().replace(" ", "")
-    return next((peak for kind, (peak, _) in sorted(GPUS.items(), key=lambda kv: -len(kv[0])) if kind in low), None)
+    return next(
+        (peak for kind, (peak, _) in sorted(GPUS.items(), key=lambda kv: -len(kv[0])) if kind in low), None
+    )
 
 
 def synchronize(device: torch.device) -> None:
@@ -105,9 +119,19 @@ def bench(preset: str, device: torch.device, *, compile: bool, warmup: int, step
     step_s = (time.perf_counter() - t0) / steps
     fpt = train_flops_per_token(model, seq)
     peak_mem = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
-    return {"preset": preset, "compile": compile, "batch": batch, "seq": seq, "params": model.num_params(),
-            "tokens_per_s": batch * seq / step_s, "step_s": step_s, "flops_per_token": fpt,
-            "model_tflops": fpt * batch * seq / step_s / 1e12, "warmup_s": warm_s, "peak_mem_gib": peak_mem}
+    return {
+        "preset": preset,
+        "compile": compile,
+        "batch": batch,
+        "seq": seq,
+        "params": model.num_params(),
+        "tokens_per_s": batch * seq / step_s,
+        "step_s": step_s,
+        "flops_per_token": fpt,
+        "model_tflops": fpt * batch * seq / step_s / 1e12,
+        "warmup_s": warm_s,
+        "peak_mem_gib": peak_mem,
+    }
 
 
 def precision_parity(out: Path, device: torch.device, steps: int) -> dict:
@@ -116,8 +140,13 @@ def precision_parity(out: Path, device: torch.device, steps: int) -> dict:
     for precision in ("fp32", "bf16"):
         run = out / f"precision-{precision}"
         shutil.rmtree(run, ignore_errors=True)
-        sets = [*PARITY, f"train.steps={steps}", f"train.warmup_steps={min(5, steps - 1)}",
-                f"train.precision={precision}", f"train.device={device.type}"]
+        sets = [
+            *PARITY,
+            f"train.steps={steps}",
+            f"train.warmup_steps={min(5, steps - 1)}",
+            f"train.precision={precision}",
+            f"train.device={device.type}",
+        ]
         Trainer(Config.load(overrides=sets), run, callbacks=[], runtime=Runtime(device)).fit()
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         curves[precision] = {key: [r[key] for r in rows if key in r] for key in ("loss", "val_loss")}
@@ -153,27 +182,54 @@ def main() -> None:
         device, presets, compile, steps = torch.device("cuda"), args.presets, not args.no_compile, args.steps
         name, measured = torch.cuda.get_device_name(), measured_peak(torch.device("cuda"))
         peak = table_peak(name) or measured
-    print(f"{name}: peak {peak / 1e12:.3g} TFLOP/s ({'table' if table_peak(name) else 'measured or CPU'}); "
-          f"measured matmul {measured / 1e12:.3g} TFLOP/s", flush=True)
-    report: dict = {"device": name, "peak_flops": peak, "measured_peak_flops": measured, "torch": torch.__version__,
-                    "mfu": [], "dry_run": args.dry_run}
+    print(
+        f"{name}: peak {peak / 1e12:.3g} TFLOP/s ({'table' if table_peak(name) else 'measured or CPU'}); "
+        f"measured matmul {measured / 1e12:.3g} TFLOP/s",
+        flush=True,
+    )
+    report: dict = {
+        "device": name,
+        "peak_flops": peak,
+        "measured_peak_flops": measured,
+        "torch": torch.__version__,
+        "mfu": [],
+        "dry_run": args.dry_run,
+    }
     variants = [(p, compile) for p in presets] + ([(presets[0], False)] if compile else [])
     for preset, compiled in variants:
-        r = bench(preset, device, compile=compiled, warmup=args.warmup if not args.dry_run else 1, steps=steps)
+        r = bench(
+            preset, device, compile=compiled, warmup=args.warmup if not args.dry_run else 1, steps=steps
+        )
         r["mfu"] = r["model_tflops"] * 1e12 / peak
         r["target"] = TARGETS.get(preset) if compiled else None
         report["mfu"].append(r)
-        verdict = "" if r["target"] is None else ("meets" if r["mfu"] >= r["target"] else "misses") + \
-            f" the {r['target']:.0%} target"
-        print(f"{preset}{' compiled' if compiled else ' eager'}: {r['tokens_per_s']:,.0f} tokens/s, "
-              f"{r['model_tflops']:.3g} TFLOP/s, MFU {r['mfu']:.1%} {verdict}; warm-up {r['warmup_s']:.0f} s; "
-              f"peak memory {r['peak_mem_gib']:.1f} GiB", flush=True)
+        verdict = (
+            ""
+            if r["target"] is None
+            else ("meets" if r["mfu"] >= r["target"] else "misses") + f" the {r['target']:.0%} target"
+        )
+        print(
+            f"{preset}{' compiled' if compiled else ' eager'}: {r['tokens_per_s']:,.0f} tokens/s, "
+            f"{r['model_tflops']:.3g} TFLOP/s, MFU {r['mfu']:.1%} {verdict}; warm-up {r['warmup_s']:.0f} s; "
+            f"peak memory {r['peak_mem_gib']:.1f} GiB",
+            flush=True,
+        )
     report["precision_parity"] = precision_parity(out, device, 4 if args.dry_run else 20)
     print("bf16 vs fp32:", json.dumps(report["precision_parity"]), flush=True)
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     if gpus >= 2 and not args.skip_parity:
-        cmd = ["torchrun", "--standalone", f"--nproc_per_node={gpus}", str(Path(__file__).parent / "gpu_parity.py"),
-               "--out", str(out / "gpu-parity"), "--preset", "0.1b", "--steps", "20"]
+        cmd = [
+            "torchrun",
+            "--standalone",
+            f"--nproc_per_node={gpus}",
+            str(Path(__file__).parent / "gpu_parity.py"),
+            "--out",
+            str(out / "gpu-parity"),
+            "--preset",
+            "0.1b",
+            "--steps",
+            "20",
+        ]
         print("1 → N GPUs:", " ".join(cmd), flush=True)
         report["parity_returncode"] = subprocess.run(cmd, check=False).returncode
     (out / "gpu.json").write_text(json.dumps(report, indent=1))

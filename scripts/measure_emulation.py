@@ -46,11 +46,24 @@ def measure(cell, out: Path, prefix: float, norm_every: int) -> dict:
     records = Run.load(run_dir).records("norm_factor")
     e = emulation(cfg, records)
     late = [min(r["norm_factor"].values()) for r in records if r["step"] >= stop // 2]
-    return {"cell": cell.id, "d": cfg.model.d_model, "gamma": cfg.model.gamma, "seed": cfg.train.seed,
-            "eps": cfg.model.effective_norm_eps, "steps": cfg.train.steps, "warmup": cfg.train.warmup_steps,
-            "trained": stop, "wall_s": time.perf_counter() - t0,
-            "mean": e.measured.to_dict(), "first": e.first.to_dict(), "rate": e.rate, "paper": e.paper,
-            "far": e.far, "formula_steps": steps_to_unsaturate(cfg), "min_factor_after_half": min(late)}
+    return {
+        "cell": cell.id,
+        "d": cfg.model.d_model,
+        "gamma": cfg.model.gamma,
+        "seed": cfg.train.seed,
+        "eps": cfg.model.effective_norm_eps,
+        "steps": cfg.train.steps,
+        "warmup": cfg.train.warmup_steps,
+        "trained": stop,
+        "wall_s": time.perf_counter() - t0,
+        "mean": e.measured.to_dict(),
+        "first": e.first.to_dict(),
+        "rate": e.rate,
+        "paper": e.paper,
+        "far": e.far,
+        "formula_steps": steps_to_unsaturate(cfg),
+        "min_factor_after_half": min(late),
+    }
 
 
 def main() -> int:
@@ -65,23 +78,37 @@ def main() -> int:
     args = ap.parse_args()
 
     scale = apply_budget(load_recipe("demo").scale(args.scale), {})
-    cells = [c for c in scale.sweeps["scaling"].cells() if c.arm == "baseline" and c.size in args.sizes
-             and c.values["model.gamma"] in args.gammas and c.values["train.seed"] in args.seeds]
+    cells = [
+        c
+        for c in scale.sweeps["scaling"].cells()
+        if c.arm == "baseline"
+        and c.size in args.sizes
+        and c.values["model.gamma"] in args.gammas
+        and c.values["train.seed"] in args.seeds
+    ]
     paper = paper_scale_config()
-    print(f"paper scale (paper-fig1 gpu): d {paper.model.d_model}, γ 1, ε 1e-5, lr {paper.train.lr:g}, "
-          f"{paper.train.steps} steps, warmup {paper.train.warmup_steps}: the embedding's norm leaves saturation "
-          f"(factor {SATURATED}) after {steps_to_unsaturate(paper):.0f} steps at Adam growth rate 1 "
-          f"({100 * paper_scale_share(1.0):.2f} % of training)", flush=True)
+    print(
+        f"paper scale (paper-fig1 gpu): d {paper.model.d_model}, γ 1, ε 1e-5, lr {paper.train.lr:g}, "
+        f"{paper.train.steps} steps, warmup {paper.train.warmup_steps}: the embedding's norm leaves saturation "
+        f"(factor {SATURATED}) after {steps_to_unsaturate(paper):.0f} steps at Adam growth rate 1 "
+        f"({100 * paper_scale_share(1.0):.2f} % of training)",
+        flush=True,
+    )
     table = args.out / "emulation.json"
-    rows = {r["cell"]: r for r in (json.loads(table.read_text()) if table.is_file() else [])}  # earlier calls' too
+    rows = {
+        r["cell"]: r for r in (json.loads(table.read_text()) if table.is_file() else [])
+    }  # earlier calls' too
     for cell in cells:
         row = measure(cell, args.out, args.prefix, args.norm_every)
         rows[row["cell"]] = row
-        print(f"{row['cell']}: T {row['steps']}, trained {row['trained']} in {row['wall_s']:.0f} s; saturated share "
-              f"mean [{100 * row['mean']['lo']:.2f}, {100 * row['mean']['hi']:.2f}] %, first norm "
-              f"[{100 * row['first']['lo']:.2f}, {100 * row['first']['hi']:.2f}] %; formula (rate 1) "
-              f"{row['formula_steps']:.1f} steps; rate {row['rate']}; paper scale {[round(100 * p, 3) for p in row['paper']]} %;"
-              f" far {row['far']}; min factor after half the prefix {row['min_factor_after_half']:.3f}", flush=True)
+        print(
+            f"{row['cell']}: T {row['steps']}, trained {row['trained']} in {row['wall_s']:.0f} s; saturated share "
+            f"mean [{100 * row['mean']['lo']:.2f}, {100 * row['mean']['hi']:.2f}] %, first norm "
+            f"[{100 * row['first']['lo']:.2f}, {100 * row['first']['hi']:.2f}] %; formula (rate 1) "
+            f"{row['formula_steps']:.1f} steps; rate {row['rate']}; paper scale {[round(100 * p, 3) for p in row['paper']]} %;"
+            f" far {row['far']}; min factor after half the prefix {row['min_factor_after_half']:.3f}",
+            flush=True,
+        )
         table.write_text(json.dumps(list(rows.values()), indent=1))
     return 0
 

@@ -42,7 +42,9 @@ def main(layout: str, out: str, steps: int) -> None:
         gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0))  # as tiny_qwen3 draws on the CPU
         set_norm_eps_(model, 1e-12)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    with Monitor(engine, every=max(1, steps // 4), batch=tokens(4, seed=1), out=out, total_steps=steps) as mon:
+    with Monitor(
+        engine, every=max(1, steps // 4), batch=tokens(4, seed=1), out=out, total_steps=steps
+    ) as mon:
         mon(0)
         for step in range(1, steps + 1):
             x = tokens(8, seed=100 + step)[rank::world]

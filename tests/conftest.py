@@ -33,5 +33,5 @@ def corpus(tmp_path_factory) -> Path:
 
     play = next(iter(iter_documents("shakespeare")))
     path = tmp_path_factory.mktemp("corpus") / "shakespeare-slice.jsonl"
-    path.write_text("".join(json.dumps({"text": play[i:i + 1000]}) + "\n" for i in range(0, 60_000, 1000)))
+    path.write_text("".join(json.dumps({"text": play[i : i + 1000]}) + "\n" for i in range(0, 60_000, 1000)))
     return path

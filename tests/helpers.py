@@ -26,8 +26,23 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 
 # A 2-layer d = 32 model on bytes that trains in a fraction of a second; each test file adds its train keys.
-TINY_MODEL = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=2", "model.d_ff=64",
-              "data.tokenizer=bytes", "data.seq_len=32"]
+TINY_MODEL = [
+    "model.d_model=32",
+    "model.n_layers=2",
+    "model.n_heads=2",
+    "model.n_kv_heads=2",
+    "model.d_ff=64",
+    "data.tokenizer=bytes",
+    "data.seq_len=32",
+]
 # The same with grouped-query attention (4 query heads share 2 key/value heads), for export and generation.
-TINY_GQA = ["data.tokenizer=bytes", "model.d_model=32", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
-            "model.d_ff=64", "model.max_seq_len=64", "data.seq_len=32"]
+TINY_GQA = [
+    "data.tokenizer=bytes",
+    "model.d_model=32",
+    "model.n_layers=2",
+    "model.n_heads=4",
+    "model.n_kv_heads=2",
+    "model.d_ff=64",
+    "model.max_seq_len=64",
+    "data.seq_len=32",
+]

@@ -24,15 +24,47 @@ transformers.logging.set_verbosity_error()
 warnings.filterwarnings("ignore", module="transformers")
 
 SIZES = dict(
-    hidden_size=64, d_model=64, n_embd=64, n_embed=64, intermediate_size=128, ffn_dim=128, n_inner=128,
-    moe_intermediate_size=32, shared_expert_intermediate_size=32, expert_intermediate_size=32,
-    num_hidden_layers=2, n_layer=2, n_layers=2, num_layers=2, decoder_layers=2,
-    num_attention_heads=4, n_head=4, n_heads=4, decoder_attention_heads=4, num_key_value_heads=2,
-    head_dim=16, vocab_size=256, max_position_embeddings=128, n_positions=128,
-    num_experts=4, num_local_experts=4, n_routed_experts=4, moe_num_experts=4, num_experts_per_tok=2,
-    kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16,
-    state_size=8, time_step_rank=8, conv_kernel=4, linear_num_key_heads=2, linear_num_value_heads=4,
-    linear_key_head_dim=16, linear_value_head_dim=16,
+    hidden_size=64,
+    d_model=64,
+    n_embd=64,
+    n_embed=64,
+    intermediate_size=128,
+    ffn_dim=128,
+    n_inner=128,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=32,
+    expert_intermediate_size=32,
+    num_hidden_layers=2,
+    n_layer=2,
+    n_layers=2,
+    num_layers=2,
+    decoder_layers=2,
+    num_attention_heads=4,
+    n_head=4,
+    n_heads=4,
+    decoder_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=256,
+    max_position_embeddings=128,
+    n_positions=128,
+    num_experts=4,
+    num_local_experts=4,
+    n_routed_experts=4,
+    moe_num_experts=4,
+    num_experts_per_tok=2,
+    kv_lora_rank=16,
+    q_lora_rank=32,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    state_size=8,
+    time_step_rank=8,
+    conv_kernel=4,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
 )
 EXTRA = {"cohere": {"use_qk_norm": True}}
 
@@ -72,7 +104,9 @@ def build(model_type: str, device: str = "cpu"):
 
 
 def tokens(model, T: int = 32) -> torch.Tensor:
-    return torch.randint(0, model.config.get_text_config().vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
+    return torch.randint(
+        0, model.config.get_text_config().vocab_size, (2, T), generator=torch.Generator().manual_seed(0)
+    )
 
 
 # Parameters a module measurement cannot reach, read from the modeling files: "in:<axes>" the axes
@@ -82,7 +116,10 @@ SOURCE_TABLE: dict[str, str] = {
     # fused experts: (E, out, in) applied with F.linear in most MoE files ...
     r"experts\.(gate_up_proj|gate_proj|up_proj|down_proj)$": "in:2",
     # state-space and linear-attention layers (Mamba, Mamba-2, gated delta nets): their own starts
-    r"\.A_log$": "own", r"\.D$": "own", r"dt_bias$": "own", r"dt_proj\.bias$": "own",
+    r"\.A_log$": "own",
+    r"\.D$": "own",
+    r"dt_bias$": "own",
+    r"dt_proj\.bias$": "own",
     r"dt_proj\.weight$": "in:1",  # nn.Linear(time_step_rank, d_inner), called through its weight
     r"(mixer|mamba|linear_attn|conv)\.conv1d\.weight$|conv\.conv\.weight$": "in:1,2",  # depthwise: 1 × kernel
     r"\.sinks$": "own",  # learned attention-sink logits
@@ -134,8 +171,10 @@ def capture_inputs(model, ids) -> dict[str, tuple]:
     hooks = []
     for name, mod in model.named_modules():
         if any(True for _ in mod.parameters(recurse=False)):
+
             def hook(m, args, kwargs, name=name):
                 seen.setdefault(name, (args, kwargs))
+
             hooks.append(mod.register_forward_pre_hook(hook, with_kwargs=True))
     try:
         with torch.no_grad():
@@ -191,8 +230,10 @@ def judge(arch: str, model, before: dict[str, torch.Tensor], report, gamma: floa
                 judged.add(n)
                 d = math.prod(p.shape[int(a)] for a in want[3:].split(","))
                 # a sample std of n draws is off by ~1/sqrt(2n): allow 4 of those, at least 10 %
-                if abs(math.log(p.std().item() * d ** gamma)) > max(math.log(1.1), 4 / math.sqrt(2 * p.numel())):
-                    bad(n, f"std {p.std().item():.4g}, want {d ** -gamma:.4g} (d_in {d} from the source)")
+                if abs(math.log(p.std().item() * d**gamma)) > max(
+                    math.log(1.1), 4 / math.sqrt(2 * p.numel())
+                ):
+                    bad(n, f"std {p.std().item():.4g}, want {d**-gamma:.4g} (d_in {d} from the source)")
         for n, p in own.items():
             if n in judged or "bias" not in n:
                 continue
@@ -219,8 +260,8 @@ def judge(arch: str, model, before: dict[str, torch.Tensor], report, gamma: floa
             for n in mats:
                 d = out.shape[-1]
                 std = own[n].std().item()
-                if abs(math.log(std * d ** gamma)) > math.log(1.1):
-                    bad(n, f"embedding std {std:.4g}, want {d ** -gamma:.4g}")
+                if abs(math.log(std * d**gamma)) > math.log(1.1):
+                    bad(n, f"embedding std {std:.4g}, want {d**-gamma:.4g}")
                 judged.add(n)
             verdict.unmeasured += [f"{mname}.{n}" for n in rest]
             continue
@@ -251,8 +292,11 @@ def judge(arch: str, model, before: dict[str, torch.Tensor], report, gamma: floa
             gain = (y1.pow(2).mean() / x.pow(2).mean()).item()  # = d_in·σ²
             std = own[n].std().item()
             d_in = gain / std**2
-            if abs(math.log(std * d_in ** gamma)) > math.log(1.25):
-                bad(n, f"std {std:.4g}, but its module's gain says d_in = {d_in:.1f} (want std {d_in ** -gamma:.4g})")
+            if abs(math.log(std * d_in**gamma)) > math.log(1.25):
+                bad(
+                    n,
+                    f"std {std:.4g}, but its module's gain says d_in = {d_in:.1f} (want std {d_in**-gamma:.4g})",
+                )
             judged.add(n)
             zero = _call(mod, args, kwargs, torch.zeros_like(x))
             if zero.abs().max() > 0:

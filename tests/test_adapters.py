@@ -33,42 +33,139 @@ class Arch:
 
 
 def _common(**kw):
-    return dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                max_position_embeddings=64, **kw)
+    return dict(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        **kw,
+    )
 
 
 ARCHS = [
-    Arch("llama", lambda: transformers.LlamaConfig(**_common(num_key_value_heads=4, rms_norm_eps=1e-3)),
-         "LlamaForCausalLM", "model.norm"),
-    Arch("mistral-gqa-sliding", lambda: transformers.MistralConfig(**_common(
-        num_key_value_heads=2, rms_norm_eps=1e-3, sliding_window=WINDOW)), "MistralForCausalLM", "model.norm",
-         sliding=(0, 1)),
-    Arch("gemma3-sliding-1+w", lambda: transformers.Gemma3TextConfig(**_common(
-        num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-3, sliding_window=WINDOW,
-        layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=16)),
-         "Gemma3ForCausalLM", "model.norm", offset_norms=True, sliding=(0,)),
-    Arch("gemma2-softcap", lambda: transformers.Gemma2Config(**_common(
-        num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-3, sliding_window=WINDOW, attn_logit_softcapping=2.0,
-        layer_types=["sliding_attention", "full_attention"])), "Gemma2ForCausalLM", "model.norm",
-         offset_norms=True, sliding=(0,), implementation="eager"),
-    Arch("qwen3-moe", lambda: transformers.Qwen3MoeConfig(**_common(
-        num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-3, num_experts=4, num_experts_per_tok=2,
-        moe_intermediate_size=32)), "Qwen3MoeForCausalLM", "model.norm"),
-    Arch("mixtral", lambda: transformers.MixtralConfig(**_common(
-        num_key_value_heads=2, rms_norm_eps=1e-3, num_local_experts=4, num_experts_per_tok=2)),
-         "MixtralForCausalLM", "model.norm"),
-    Arch("qwen3-next-gated", lambda: transformers.Qwen3NextConfig(**_common(
-        num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-3, num_experts=4, num_experts_per_tok=2,
-        moe_intermediate_size=32, shared_expert_intermediate_size=32, linear_num_key_heads=2,
-        linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
-        layer_types=["linear_attention", "full_attention"])), "Qwen3NextForCausalLM", "model.norm",
-         offset_norms=True),
-    Arch("gpt-oss-sinks", lambda: transformers.GptOssConfig(**_common(
-        num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-3, sliding_window=WINDOW, num_local_experts=4,
-        num_experts_per_tok=2, layer_types=["sliding_attention", "full_attention"])), "GptOssForCausalLM",
-         "model.norm", sliding=(0,), implementation="eager"),
-    Arch("gpt2", lambda: transformers.GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                                                 layer_norm_epsilon=1e-3), "GPT2LMHeadModel", "transformer.ln_f"),
+    Arch(
+        "llama",
+        lambda: transformers.LlamaConfig(**_common(num_key_value_heads=4, rms_norm_eps=1e-3)),
+        "LlamaForCausalLM",
+        "model.norm",
+    ),
+    Arch(
+        "mistral-gqa-sliding",
+        lambda: transformers.MistralConfig(
+            **_common(num_key_value_heads=2, rms_norm_eps=1e-3, sliding_window=WINDOW)
+        ),
+        "MistralForCausalLM",
+        "model.norm",
+        sliding=(0, 1),
+    ),
+    Arch(
+        "gemma3-sliding-1+w",
+        lambda: transformers.Gemma3TextConfig(
+            **_common(
+                num_key_value_heads=2,
+                head_dim=8,
+                rms_norm_eps=1e-3,
+                sliding_window=WINDOW,
+                layer_types=["sliding_attention", "full_attention"],
+                query_pre_attn_scalar=16,
+            )
+        ),
+        "Gemma3ForCausalLM",
+        "model.norm",
+        offset_norms=True,
+        sliding=(0,),
+    ),
+    Arch(
+        "gemma2-softcap",
+        lambda: transformers.Gemma2Config(
+            **_common(
+                num_key_value_heads=2,
+                head_dim=8,
+                rms_norm_eps=1e-3,
+                sliding_window=WINDOW,
+                attn_logit_softcapping=2.0,
+                layer_types=["sliding_attention", "full_attention"],
+            )
+        ),
+        "Gemma2ForCausalLM",
+        "model.norm",
+        offset_norms=True,
+        sliding=(0,),
+        implementation="eager",
+    ),
+    Arch(
+        "qwen3-moe",
+        lambda: transformers.Qwen3MoeConfig(
+            **_common(
+                num_key_value_heads=2,
+                head_dim=8,
+                rms_norm_eps=1e-3,
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+            )
+        ),
+        "Qwen3MoeForCausalLM",
+        "model.norm",
+    ),
+    Arch(
+        "mixtral",
+        lambda: transformers.MixtralConfig(
+            **_common(num_key_value_heads=2, rms_norm_eps=1e-3, num_local_experts=4, num_experts_per_tok=2)
+        ),
+        "MixtralForCausalLM",
+        "model.norm",
+    ),
+    Arch(
+        "qwen3-next-gated",
+        lambda: transformers.Qwen3NextConfig(
+            **_common(
+                num_key_value_heads=2,
+                head_dim=8,
+                rms_norm_eps=1e-3,
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=32,
+                linear_num_key_heads=2,
+                linear_num_value_heads=4,
+                linear_key_head_dim=8,
+                linear_value_head_dim=8,
+                layer_types=["linear_attention", "full_attention"],
+            )
+        ),
+        "Qwen3NextForCausalLM",
+        "model.norm",
+        offset_norms=True,
+    ),
+    Arch(
+        "gpt-oss-sinks",
+        lambda: transformers.GptOssConfig(
+            **_common(
+                num_key_value_heads=2,
+                head_dim=8,
+                rms_norm_eps=1e-3,
+                sliding_window=WINDOW,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                layer_types=["sliding_attention", "full_attention"],
+            )
+        ),
+        "GptOssForCausalLM",
+        "model.norm",
+        sliding=(0,),
+        implementation="eager",
+    ),
+    Arch(
+        "gpt2",
+        lambda: transformers.GPT2Config(
+            vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64, layer_norm_epsilon=1e-3
+        ),
+        "GPT2LMHeadModel",
+        "transformer.ln_f",
+    ),
 ]
 
 
@@ -78,7 +175,9 @@ def _model(arch: Arch):
     config._attn_implementation = arch.implementation
     model = getattr(transformers, arch.model_class)(config).eval()
     with torch.no_grad():
-        for m in as_adapter(model).norms():  # norm weights away from their neutral value: the (1 + w) form matters
+        for m in as_adapter(
+            model
+        ).norms():  # norm weights away from their neutral value: the (1 + w) form matters
             w = model.get_submodule(m).weight
             w.copy_(torch.rand(w.shape, generator=torch.Generator().manual_seed(1)) + 0.5)
         for name, p in model.named_parameters():  # peaked attention, so scale, soft-cap and mask all matter
@@ -90,7 +189,9 @@ def _model(arch: Arch):
 
 
 def _ids(batch: int = 2):
-    return torch.randint(1, 96, (batch, T), generator=torch.Generator().manual_seed(0))  # 0 pads: a zero embedding
+    return torch.randint(
+        1, 96, (batch, T), generator=torch.Generator().manual_seed(0)
+    )  # 0 pads: a zero embedding
 
 
 def _sink_by_hand(arch: Arch, model, ids) -> np.ndarray:
@@ -137,7 +238,8 @@ def test_sink_flow_and_norm_factor_match_independent_references(arch):
     # residual flow: e = HF's first hidden state, h_L = our own hook at the final norm's input
     seen = {}
     handle = model.get_submodule(arch.final_norm).register_forward_pre_hook(
-        lambda _m, args: seen.__setitem__("h", args[0]))
+        lambda _m, args: seen.__setitem__("h", args[0])
+    )
     with torch.no_grad():
         hidden = model(ids, output_hidden_states=True).hidden_states
     handle.remove()
@@ -174,7 +276,9 @@ def test_one_measurement_forward_on_hf_equals_the_separate_ones():
     assert set(both["sink"]["share_above"]) == {"0.3", "0.8"}
     with torch.no_grad():
         logits = model(ids).logits
-    assert both["loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten()).item())
+    assert both["loss"] == pytest.approx(
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten()).item()
+    )
 
 
 def test_eager_backend_gives_the_same_sink_as_sdpa():
@@ -192,7 +296,7 @@ def test_the_any_model_section_of_analysis_md_runs_and_prints_what_it_shows():
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "analysis.md").read_text(encoding="utf-8")
-    section = text[text.index("## Any model: adapters"):text.index("## Library")]
+    section = text[text.index("## Any model: adapters") : text.index("## Library")]
     blocks = re.findall(r"^```(\w+)\n(.*?)^```$", section, re.S | re.M)
     assert [k for k, _ in blocks] == ["python", "text", "python", "text"]
     namespace: dict = {}
@@ -201,7 +305,10 @@ def test_the_any_model_section_of_analysis_md_runs_and_prints_what_it_shows():
         with contextlib.redirect_stdout(out):
             exec(compile(code, "docs/analysis.md", "exec"), namespace)
         assert out.getvalue() == shown
-    assert isinstance(namespace["mine"], namespace["TinyLMAdapter"]) and as_adapter(namespace["mine"]) is namespace["mine"]
+    assert (
+        isinstance(namespace["mine"], namespace["TinyLMAdapter"])
+        and as_adapter(namespace["mine"]) is namespace["mine"]
+    )
 
 
 class _EpsilonlessNorm(torch.nn.Module):  # a norm whose ε is hard-coded in its forward
@@ -231,7 +338,9 @@ def test_what_cannot_be_observed_is_said_and_the_rest_measured():
     model.model.norm = _EpsilonlessNorm(32)  # ε read from the forward
     assert as_adapter(model).norms()["model.norm"].eps == pytest.approx(1e-6, rel=1e-3)
     seen = {}
-    handle = model.model.norm.register_forward_pre_hook(lambda _m, args: seen.__setitem__("h", args[0].double()))
+    handle = model.model.norm.register_forward_pre_hook(
+        lambda _m, args: seen.__setitem__("h", args[0].double())
+    )
     factor = measured_norm_factors(model, ids)["model.norm"]
     handle.remove()
     ms = seen["h"].pow(2).mean(-1)
@@ -251,9 +360,13 @@ def test_what_cannot_be_observed_is_said_and_the_rest_measured():
         hidden = model(ids, output_hidden_states=True).hidden_states
     result = measure_activations(model, ids)
     e, h = hidden[0].double(), hidden[-1].double()
-    assert result["residual_flow"] == pytest.approx(((h - e).norm(dim=-1) / e.norm(dim=-1)).mean().item(), rel=1e-9)
-    assert result["notes"] == ["residual_flow: h_L is the last layer's output: no norm of LlamaForCausalLM takes it "
-                               "after the last layer"]
+    assert result["residual_flow"] == pytest.approx(
+        ((h - e).norm(dim=-1) / e.norm(dim=-1)).mean().item(), rel=1e-9
+    )
+    assert result["notes"] == [
+        "residual_flow: h_L is the last layer's output: no norm of LlamaForCausalLM takes it "
+        "after the last layer"
+    ]
 
 
 def test_coord_check_on_a_model_the_user_brings():
@@ -277,7 +390,9 @@ def test_coord_check_on_a_model_the_user_brings():
         model.model.norm.register_forward_pre_hook(lambda _m, args, seen=seen: seen.__setitem__("h", args[0]))
         with torch.no_grad():
             out = model(x, output_hidden_states=True)
-        rms = [t.double().pow(2).mean().sqrt().item() for t in (*out.hidden_states[:2], seen["h"], out.logits)]
+        rms = [
+            t.double().pow(2).mean().sqrt().item() for t in (*out.hidden_states[:2], seen["h"], out.logits)
+        ]
         got = [cc.series("activation", n, 0)[i] for n in ("embed", "blocks.0", "blocks.1", "logits")]
         assert got == pytest.approx(rms, rel=1e-6)
     updated = {r["name"] for r in cc.rows if r["kind"] == "update" and r["rms"] > 0}
@@ -287,16 +402,29 @@ def test_coord_check_on_a_model_the_user_brings():
 
 # --- smallinit's own Transformer, against its Hugging Face twin and its own modules --------------------------
 
-@pytest.mark.parametrize("overrides", [dict(gate="none", qk_norm=False), dict(gate="elementwise", qk_norm=True)],
-                         ids=["llama-twin", "qwen3-next-twin"])
+
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(gate="none", qk_norm=False), dict(gate="elementwise", qk_norm=True)],
+    ids=["llama-twin", "qwen3-next-twin"],
+)
 def test_our_transformer_against_eager_attention_of_its_hf_twin(overrides):
     """The Transformer adapter's sink equals eager probabilities of the same weights in transformers' own
     modeling code (the export's stock class); flow and norm factor equal our own hooks and the norm's output."""
     from smallinit import ModelConfig, Transformer
     from smallinit.export.hf import choose_architecture, hf_config, hf_tensors
 
-    cfg = dataclasses.replace(ModelConfig.preset("cpu-1m"), vocab_size=96, n_layers=2, n_heads=4, n_kv_heads=2,
-                              max_seq_len=64, gamma=1.0, norm_eps=1e-4, **overrides)
+    cfg = dataclasses.replace(
+        ModelConfig.preset("cpu-1m"),
+        vocab_size=96,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        max_seq_len=64,
+        gamma=1.0,
+        norm_eps=1e-4,
+        **overrides,
+    )
     ours = Transformer(cfg, seed=0).eval()
     architecture, _ = choose_architecture(cfg)
     twin = getattr(transformers, architecture)(hf_config(cfg, architecture, 0)).eval()
@@ -310,14 +438,18 @@ def test_our_transformer_against_eager_attention_of_its_hf_twin(overrides):
     np.testing.assert_allclose(sink_scores(ours, ids).per_head, by_hand, atol=2e-6, rtol=0)
 
     seen = {}
-    hooks = [ours.embed.register_forward_hook(lambda _m, _a, out: seen.__setitem__("e", out)),
-             ours.norm.register_forward_pre_hook(lambda _m, args: seen.__setitem__("h", args[0]))]
+    hooks = [
+        ours.embed.register_forward_hook(lambda _m, _a, out: seen.__setitem__("e", out)),
+        ours.norm.register_forward_pre_hook(lambda _m, args: seen.__setitem__("h", args[0])),
+    ]
     with torch.no_grad():
         ours(ids)
     for h in hooks:
         h.remove()
     e, h = seen["e"].double(), seen["h"].double()
-    assert residual_flow_ratio(ours, ids) == pytest.approx(((h - e).norm(dim=-1) / e.norm(dim=-1)).mean().item())
+    assert residual_flow_ratio(ours, ids) == pytest.approx(
+        ((h - e).norm(dim=-1) / e.norm(dim=-1)).mean().item()
+    )
 
     inputs = as_adapter(ours).observe(ids, kinds=("norms",)).norm_inputs
     factors = measured_norm_factors(ours, ids)
@@ -325,18 +457,22 @@ def test_our_transformer_against_eager_attention_of_its_hf_twin(overrides):
     for name, x in inputs.items():
         with torch.no_grad():
             realised = (ours.get_submodule(name)(x).double() / x.double()).mean(-1)  # weights are 1 at init
-        assert factors[name] == pytest.approx((realised * x.double().pow(2).mean(-1).sqrt()).mean().item(),
-                                              abs=1e-6), name
+        assert factors[name] == pytest.approx(
+            (realised * x.double().pow(2).mean(-1).sqrt()).mean().item(), abs=1e-6
+        ), name
     assert min(factors.values()) < 0.9  # ε = 1e-4 against σ² = 1/d² is felt
 
 
 # --- the command line on Hugging Face folders ------------------------------------------------------------------
 
+
 def _hf_folder(path, tokenizer: str = "bytes"):
     """A tiny GPT-2 saved with save_pretrained, with a tokenizer built offline from smallinit's own."""
     from smallinit.data import EOS_TOKEN, load_tokenizer
 
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=load_tokenizer(tokenizer).hf, eos_token=EOS_TOKEN)
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=load_tokenizer(tokenizer).hf, eos_token=EOS_TOKEN
+    )
     config = transformers.GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=64)
     torch.manual_seed(0)
     transformers.GPT2LMHeadModel(config).save_pretrained(path)
@@ -354,14 +490,33 @@ def test_analyze_and_compare_read_an_exported_run_as_they_read_the_run(corpus, t
     from smallinit.config import Config
     from smallinit.train import Trainer
 
-    cfg = Config.load(overrides=[*TINY_GQA, "model.gate=elementwise", "model.qk_norm=true", "train.steps=2",
-                                 "train.batch_size=2", "train.warmup_steps=1", "train.eval_every=0",
-                                 "train.eval_batches=1", "train.checkpoint_every=0", f"data.corpus={corpus}"])
+    cfg = Config.load(
+        overrides=[
+            *TINY_GQA,
+            "model.gate=elementwise",
+            "model.qk_norm=true",
+            "train.steps=2",
+            "train.batch_size=2",
+            "train.warmup_steps=1",
+            "train.eval_every=0",
+            "train.eval_batches=1",
+            "train.checkpoint_every=0",
+            f"data.corpus={corpus}",
+        ]
+    )
     Trainer(cfg, tmp_path / "run", callbacks=[]).fit()
     assert main(["export-hf", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "qwen3_next"
-    common = ["--data", str(corpus), "--set", "train.eval_batches=1", "--set", "train.batch_size=2", "--set",
-              "data.seq_len=32"]
+    common = [
+        "--data",
+        str(corpus),
+        "--set",
+        "train.eval_batches=1",
+        "--set",
+        "train.batch_size=2",
+        "--set",
+        "data.seq_len=32",
+    ]
     for name in ("run", "hf"):
         assert main(["analyze", str(tmp_path / name), *common, "--out", str(tmp_path / f"a-{name}")]) == 0
     ours, theirs = (json.loads((tmp_path / f"a-{n}" / "analysis.json").read_text()) for n in ("run", "hf"))
@@ -373,8 +528,24 @@ def test_analyze_and_compare_read_an_exported_run_as_they_read_the_run(corpus, t
     assert list(theirs["norm_factor"].values()) == pytest.approx(list(ours["norm_factor"].values()), abs=1e-7)
     assert "Sink_0.3" in capsys.readouterr().out
 
-    assert main(["compare", str(tmp_path / "run"), str(tmp_path / "hf"), "--data", str(corpus), "--max-tokens",
-                 "128", "--set", "data.seq_len=32", "--out", str(tmp_path / "cmp")]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                str(tmp_path / "run"),
+                str(tmp_path / "hf"),
+                "--data",
+                str(corpus),
+                "--max-tokens",
+                "128",
+                "--set",
+                "data.seq_len=32",
+                "--out",
+                str(tmp_path / "cmp"),
+            ]
+        )
+        == 0
+    )
     gap = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert abs(gap["mean_delta_sym"]) < 1e-5 and gap["tokens"] >= 128
 
@@ -383,8 +554,23 @@ def test_cli_on_hf_folders_and_on_a_folder_that_is_neither(corpus, tmp_path, cap
     from smallinit.cli import main
 
     a, b = _hf_folder(tmp_path / "a"), _hf_folder(tmp_path / "b", tokenizer="default")
-    assert main(["analyze", str(a), "--data", str(corpus), "--set", "train.eval_batches=1", "--set",
-                 "train.batch_size=2", "--set", "data.seq_len=16"]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                str(a),
+                "--data",
+                str(corpus),
+                "--set",
+                "train.eval_batches=1",
+                "--set",
+                "train.batch_size=2",
+                "--set",
+                "data.seq_len=16",
+            ]
+        )
+        == 0
+    )
     assert (a / "analysis" / "analysis.json").is_file() and (a / "analysis" / "norms_matrices.png").is_file()
     capsys.readouterr()
 
@@ -405,6 +591,7 @@ def test_cli_on_hf_folders_and_on_a_folder_that_is_neither(corpus, tmp_path, cap
 
 # --- matrices in out × in orientation, from the d_in knowledge γ-init uses -------------------------------------
 
+
 def test_matrix_stats_read_conv1d_and_experts_out_by_in():
     from smallinit.analysis import matrix_stats, row_cosine
     from smallinit.analysis.measure import analyze_model
@@ -424,14 +611,18 @@ def test_matrix_stats_read_conv1d_and_experts_out_by_in():
     for arch, read in ((ARCHS[4], lambda w: w), (ARCHS[7], lambda w: w.T)):
         model = _model(arch)
         stored = model.model.layers[0].mlp.experts.down_proj[1]
-        assert torch.equal(named_matrices(model)["model.layers.0.mlp.experts.down_proj.1"], read(stored)), arch.name
+        assert torch.equal(named_matrices(model)["model.layers.0.mlp.experts.down_proj.1"], read(stored)), (
+            arch.name
+        )
     assert stored.shape == (64, 32)  # GPT-OSS: d_ff in, d_model out
 
     # a parameter whose input axis is not established gets no statistic, and analyze says which
     gpt2.transformer.h[0].mlp.extra = torch.nn.Module()
     gpt2.transformer.h[0].mlp.extra.mixing = torch.nn.Parameter(torch.randn(4, 6))  # no known module type
     left = unoriented_matrices(gpt2)
-    assert "transformer.h.0.mlp.extra.mixing" in left and not any(n.startswith(tuple(left)) for n in named_matrices(gpt2))
+    assert "transformer.h.0.mlp.extra.mixing" in left and not any(
+        n.startswith(tuple(left)) for n in named_matrices(gpt2)
+    )
     result = analyze_model(gpt2, [(_ids(), _ids())])
     assert result.matrices_left_out == left and left["transformer.h.0.mlp.extra.mixing"]  # with its reason
     assert "transformer.h.0.mlp.c_fc.weight" in {m.name for m in result.matrices}
@@ -441,8 +632,12 @@ def test_our_moe_experts_are_matrices_of_their_own():
     from smallinit import ModelConfig, MoEConfig, Transformer
     from smallinit.measures.condensation import named_matrices
 
-    cfg = dataclasses.replace(ModelConfig.preset("cpu-1m"), vocab_size=64, n_layers=1,
-                              moe=MoEConfig(num_experts=4, top_k=2, d_expert=16))
+    cfg = dataclasses.replace(
+        ModelConfig.preset("cpu-1m"),
+        vocab_size=64,
+        n_layers=1,
+        moe=MoEConfig(num_experts=4, top_k=2, d_expert=16),
+    )
     model = Transformer(cfg)
     mats = named_matrices(model)
     assert torch.equal(mats["blocks.0.mlp.down_proj.3"], model.blocks[0].mlp.down_proj[3])

@@ -84,7 +84,8 @@ def test_stable_rank_matches_svdvals():
     cases = [
         torch.randn(96, 200, generator=g),  # random: nearly degenerate top singular values
         torch.randn(300, 64, generator=g),
-        torch.randn(80, 3, generator=g) @ torch.randn(3, 120, generator=g) + 0.05 * torch.randn(80, 120, generator=g),
+        torch.randn(80, 3, generator=g) @ torch.randn(3, 120, generator=g)
+        + 0.05 * torch.randn(80, 120, generator=g),
         torch.randn(5, 7, generator=g),
     ]
     for W in cases:
@@ -103,7 +104,9 @@ def test_matrix_stats_cover_every_matrix_once():
     s = stats["blocks.1.mlp.up_proj.weight"]
     sv = torch.linalg.svdvals(W.double())
     assert s.stable_rank == pytest.approx(((sv**2).sum() / sv[0] ** 2).item(), rel=2e-4)
-    assert set(s.name for s in matrix_stats(model, "*q_proj*")) == {f"blocks.{i}.attn.q_proj.weight" for i in range(2)}
+    assert set(s.name for s in matrix_stats(model, "*q_proj*")) == {
+        f"blocks.{i}.attn.q_proj.weight" for i in range(2)
+    }
 
 
 def test_matrix_stats_split_moe_experts():
@@ -114,7 +117,9 @@ def test_matrix_stats_split_moe_experts():
     assert {f"blocks.1.mlp.up_proj.{e}" for e in range(3)} <= set(stats)
     W = model.blocks[1].mlp.up_proj[2]  # expert 2: its own (out × in) matrix
     sv = torch.linalg.svdvals(W.double())
-    assert stats["blocks.1.mlp.up_proj.2"].stable_rank == pytest.approx(((sv**2).sum() / sv[0] ** 2).item(), rel=2e-4)
+    assert stats["blocks.1.mlp.up_proj.2"].stable_rank == pytest.approx(
+        ((sv**2).sum() / sv[0] ** 2).item(), rel=2e-4
+    )
     assert stats["blocks.1.mlp.up_proj.2"].shape == tuple(W.shape)
 
 
@@ -156,7 +161,9 @@ def test_measured_norm_factor_at_init_matches_analytic():
     eps = d**-2.0  # σ² = d^(−2γ) = ε at γ = 1: the analytic relative factor is 1/√2
     model = tiny(d_model=d, n_heads=4, n_kv_heads=4, gamma=1.0, norm_eps=eps)
     measured = measured_norm_factors(model, tokens(4, 32))
-    assert set(measured) == {f"blocks.{i}.{n}" for i in range(2) for n in ("attn_norm", "mlp_norm")} | {"norm"}
+    assert set(measured) == {f"blocks.{i}.{n}" for i in range(2) for n in ("attn_norm", "mlp_norm")} | {
+        "norm"
+    }
     # the first norm sees the embedding, whose per-token variance scatters around d^(−2γ)
     assert measured["blocks.0.attn_norm"] == pytest.approx(relative_factor(1.0, eps, d), abs=0.03)
     assert 0.6 < relative_factor(1.0, eps, d) < 0.8
@@ -185,8 +192,13 @@ def test_residual_flow_is_zero_without_residual_branches():
 
 def test_residual_flow_exponent_is_one_minus_gamma():
     gammas = [0.5, 0.75, 1.0, 1.25]
-    sweep = residual_flow_sweep(gammas, [32, 64, 128, 256], base_config=ModelConfig.preset("cpu-1m", vocab_size=512),
-                                seeds=(0, 1), seq_len=16)
+    sweep = residual_flow_sweep(
+        gammas,
+        [32, 64, 128, 256],
+        base_config=ModelConfig.preset("cpu-1m", vocab_size=512),
+        seeds=(0, 1),
+        seq_len=16,
+    )
     print("residual-flow exponents:", dict(zip(gammas, np.round(sweep.slopes, 3))))
     for g, s in zip(gammas, sweep.slopes):
         assert abs(s - (1 - g)) <= 0.15, (g, s)
@@ -257,7 +269,7 @@ def test_text_batches_stream_documents_with_eos(tmp_path):
     k = 0
     for x, y in got:
         for row_x, row_y in zip(x.tolist(), y.tolist()):
-            assert row_x == flat[k * 16: k * 16 + 16] and row_y == flat[k * 16 + 1: k * 16 + 17]
+            assert row_x == flat[k * 16 : k * 16 + 16] and row_y == flat[k * 16 + 1 : k * 16 + 17]
             k += 1
     assert k == (len(flat) - 1) // 16
 
@@ -284,15 +296,29 @@ def test_callback_writes_records_and_snapshots(tmp_path):
     run = tmp_path / "run"
     corpus = tmp_path / "c.txt"
     corpus.write_text("The quick brown fox jumps over the lazy dog. " * 200, encoding="utf-8")
-    overrides = [*TINY_MODEL, f"data.corpus={json.dumps(str(corpus))}", "train.batch_size=4", "train.steps=6", "train.eval_every=0", "train.log_every=3",
-                 "train.warmup_steps=1", "analysis.every=2", "analysis.snapshots=2", "analysis.heatmap_rows=16"]
+    overrides = [
+        *TINY_MODEL,
+        f"data.corpus={json.dumps(str(corpus))}",
+        "train.batch_size=4",
+        "train.steps=6",
+        "train.eval_every=0",
+        "train.log_every=3",
+        "train.warmup_steps=1",
+        "analysis.every=2",
+        "analysis.snapshots=2",
+        "analysis.heatmap_rows=16",
+    ]
     assert main(["train", "--out", str(run), *sum((["--set", o] for o in overrides), [])]) == 0
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     analysis = [r for r in recs if r.get("event") == "analysis"]
     assert [r["step"] for r in analysis] == [0, 2, 4, 6]
     last = analysis[-1]
-    assert set(last["stable_rank"]) == {"blocks.0.attn.q_proj.weight", "blocks.1.attn.q_proj.weight",
-                                        "blocks.0.mlp.up_proj.weight", "blocks.1.mlp.up_proj.weight"}
+    assert set(last["stable_rank"]) == {
+        "blocks.0.attn.q_proj.weight",
+        "blocks.1.attn.q_proj.weight",
+        "blocks.0.mlp.up_proj.weight",
+        "blocks.1.mlp.up_proj.weight",
+    }
     # the record is what the library measures on the final model and the first validation windows
     from smallinit.data import iter_eval_batches, load_token_data
 
@@ -304,7 +330,9 @@ def test_callback_writes_records_and_snapshots(tmp_path):
     assert last["sink_share"] == {str(e): sinks.share_above(e) for e in (0.3, 0.8)}
     assert last["residual_flow"] == pytest.approx(residual_flow_ratio(model, x), rel=1e-5)
     W = model.blocks[1].attn.q_proj.weight
-    assert last["stable_rank"]["blocks.1.attn.q_proj.weight"] == pytest.approx(stable_rank(W, exact=True), rel=1e-4)
+    assert last["stable_rank"]["blocks.1.attn.q_proj.weight"] == pytest.approx(
+        stable_rank(W, exact=True), rel=1e-4
+    )
     snaps = load_snapshots(run)
     assert [s["step"] for s in snaps] == [0, 6]
     m = snaps[-1]["matrices"]["blocks.0.mlp.up_proj.weight"]
@@ -315,9 +343,18 @@ def test_norm_factors_alone_between_the_full_measurements(tmp_path):
     run = tmp_path / "run"
     corpus = tmp_path / "c.txt"
     corpus.write_text("The quick brown fox jumps over the lazy dog. " * 200, encoding="utf-8")
-    overrides = [*TINY_MODEL, f"data.corpus={json.dumps(str(corpus))}", "train.batch_size=4", "train.steps=6",
-                 "train.eval_every=0", "train.log_every=3", "train.warmup_steps=1", "analysis.every=3",
-                 "analysis.norm_every=2", "analysis.snapshots=0"]
+    overrides = [
+        *TINY_MODEL,
+        f"data.corpus={json.dumps(str(corpus))}",
+        "train.batch_size=4",
+        "train.steps=6",
+        "train.eval_every=0",
+        "train.log_every=3",
+        "train.warmup_steps=1",
+        "analysis.every=3",
+        "analysis.norm_every=2",
+        "analysis.snapshots=0",
+    ]
     assert main(["train", "--out", str(run), *sum((["--set", o] for o in overrides), [])]) == 0
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     full = {r["step"]: r["norm_factor"] for r in recs if r.get("event") == "analysis"}

@@ -94,10 +94,18 @@ def test_tokenizer_whole_words():
     assert tok.eos_id not in tok.encode("<|endoftext|> 3")  # text cannot forge a document boundary
 
 
-@pytest.mark.parametrize("params, expect", [
-    ("anchors=1", "anchors=1"), ("antchors=4", "unknown parameter"), ("seed=x", "not a number"),
-    ("twist=0", "twist"), ("holdout=7", "holdout=7"), ("offsets=1,2", "offsets"), ("numbers=20", "raise numbers"),
-])
+@pytest.mark.parametrize(
+    "params, expect",
+    [
+        ("anchors=1", "anchors=1"),
+        ("antchors=4", "unknown parameter"),
+        ("seed=x", "not a number"),
+        ("twist=0", "twist"),
+        ("holdout=7", "holdout=7"),
+        ("offsets=1,2", "offsets"),
+        ("numbers=20", "raise numbers"),
+    ],
+)
 def test_bad_parameters_one_line(params, expect):
     with pytest.raises(DataError, match=expect) as e:
         list(iter_documents(f"builtin:anchor?{params}"))

@@ -25,10 +25,13 @@ def counted_train_flops(model: Transformer, tokens: torch.Tensor) -> int:
     return counter.get_total_flops()
 
 
-@pytest.mark.parametrize("gate,n_kv_heads,tie", [("none", 4, True), ("headwise", 2, False), ("elementwise", 1, True)])
+@pytest.mark.parametrize(
+    "gate,n_kv_heads,tie", [("none", 4, True), ("headwise", 2, False), ("elementwise", 1, True)]
+)
 def test_flops_formula_matches_counter(gate, n_kv_heads, tie):
-    cfg = ModelConfig.preset("cpu-1m", vocab_size=97, max_seq_len=32, gate=gate, n_kv_heads=n_kv_heads,
-                             tie_embeddings=tie)
+    cfg = ModelConfig.preset(
+        "cpu-1m", vocab_size=97, max_seq_len=32, gate=gate, n_kv_heads=n_kv_heads, tie_embeddings=tie
+    )
     model = Transformer(cfg, seed=0)
     B, T = 2, 16
     tokens = torch.randint(0, 97, (B, T), generator=torch.Generator().manual_seed(0))
@@ -76,8 +79,12 @@ def test_run_writes_the_table_and_json(tmp_path):
 
     out = tmp_path / "out.json"
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
-    proc = subprocess.run([sys.executable, str(script), "--quick", "--only", "data", "--json", str(out)],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(script), "--quick", "--only", "data", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
     names = [r["name"] for r in rows]

@@ -58,9 +58,19 @@ def test_a_split_without_a_fitting_boundary_is_refused():
 
 
 def test_a_run_with_bos_trains_on_aligned_windows(tmp_path):
-    cfg = Config.load(overrides=[*TINY_MODEL, "data.corpus=zh-poems", "data.bos=true", "train.batch_size=4",
-                                 "train.steps=2", "train.warmup_steps=1", "train.eval_batches=1",
-                                 "train.eval_every=0", "train.log_every=1"])
+    cfg = Config.load(
+        overrides=[
+            *TINY_MODEL,
+            "data.corpus=zh-poems",
+            "data.bos=true",
+            "train.batch_size=4",
+            "train.steps=2",
+            "train.warmup_steps=1",
+            "train.eval_batches=1",
+            "train.eval_every=0",
+            "train.log_every=1",
+        ]
+    )
     tok = load_tokenizer("bytes")
     data = load_data(cfg.data, tok)
     x, _ = data.batch(8, 32, seed=0, step=0)

@@ -26,10 +26,23 @@ def _studies(rng: np.random.Generator) -> list[dict[int, dict]]:
     gain = rng.normal(0.01, 0.005, (DRAWS, SEEDS, 1))  # each pair's mean gain, flat over the deciles
     model = gain + rng.normal(0, 1, (DRAWS, SEEDS, 10)) * MODEL_SD
     halves = model[None] + rng.normal(0, TOKEN_SD, (2, DRAWS, SEEDS, 10))
-    return [{s: {"meta": {"split": {"gate_mean_delta_sym": float(halves[0, d, s].mean()),
-                                    "profile_bins": halves[1, d, s].tolist()}},
-                 "bigram_loss": 9.0, "mean_loss_a": 3.0, "mean_loss_b": 3.1} for s in range(SEEDS)}
-            for d in range(DRAWS)]
+    return [
+        {
+            s: {
+                "meta": {
+                    "split": {
+                        "gate_mean_delta_sym": float(halves[0, d, s].mean()),
+                        "profile_bins": halves[1, d, s].tolist(),
+                    }
+                },
+                "bigram_loss": 9.0,
+                "mean_loss_a": 3.0,
+                "mean_loss_b": 3.1,
+            }
+            for s in range(SEEDS)
+        }
+        for d in range(DRAWS)
+    ]
 
 
 def test_c7_under_model_level_decile_differences_never_claims_a_profile():
@@ -37,8 +50,10 @@ def test_c7_under_model_level_decile_differences_never_claims_a_profile():
     agree = sum(c.verdict == AGREE for c in verdicts)
     disagree = sum(c.verdict == DISAGREE for c in verdicts)
     testable = sum(c.verdict != NOT_TESTABLE for c in verdicts)
-    print(f"\nC7, model-level decile differences: agree {agree}, disagree {disagree} of {testable} testable "
-          f"({len(verdicts)} studies)")
+    print(
+        f"\nC7, model-level decile differences: agree {agree}, disagree {disagree} of {testable} testable "
+        f"({len(verdicts)} studies)"
+    )
     rate = agree / max(testable, 1)
     assert rate <= ALPHA / 2 + 3 * math.sqrt(ALPHA / 2 * (1 - ALPHA / 2) / max(testable, 1))
     assert all(c.untestable.startswith(DESCRIPTIVE) for c in verdicts)

@@ -26,7 +26,9 @@ def test_version(capsys):
     assert out.startswith(f"smallinit {smallinit.__version__} (torch {torch.__version__}, Python 3.")
 
 
-@pytest.mark.parametrize("argv,usage", [([], "usage: smallinit "), (["tokenizer"], "usage: smallinit tokenizer ")])
+@pytest.mark.parametrize(
+    "argv,usage", [([], "usage: smallinit "), (["tokenizer"], "usage: smallinit tokenizer ")]
+)
 def test_a_command_group_alone_prints_its_help(argv, usage, capsys):
     assert main(argv) == 0
     captured = capsys.readouterr()
@@ -81,19 +83,44 @@ def test_exported_files_share_the_umask_mode(tmp_path, umask_022):
     from smallinit.export.hf import export_hf, init_hf
     from smallinit.train import Trainer
 
-    cfg = Config.load(overrides=[
-        "data.tokenizer=bytes", "model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.n_kv_heads=2",
-        "model.d_ff=32", "model.max_seq_len=32", "data.seq_len=16", "train.steps=1", "train.batch_size=2",
-        "train.warmup_steps=0", "train.eval_every=0", "train.eval_batches=1", "train.checkpoint_every=0",
-        "model.gate=none", "model.qk_norm=false"])
+    cfg = Config.load(
+        overrides=[
+            "data.tokenizer=bytes",
+            "model.d_model=16",
+            "model.n_layers=1",
+            "model.n_heads=2",
+            "model.n_kv_heads=2",
+            "model.d_ff=32",
+            "model.max_seq_len=32",
+            "data.seq_len=16",
+            "train.steps=1",
+            "train.batch_size=2",
+            "train.warmup_steps=0",
+            "train.eval_every=0",
+            "train.eval_batches=1",
+            "train.checkpoint_every=0",
+            "model.gate=none",
+            "model.qk_norm=false",
+        ]
+    )
     Trainer(cfg, tmp_path / "run", callbacks=[]).fit()
     export_hf(tmp_path / "run", tmp_path / "hf")
     modes = _modes(tmp_path / "hf")
     assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
 
-    (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "llama", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
-        "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 64}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 16,
+                "intermediate_size": 32,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 2,
+                "vocab_size": 64,
+            }
+        )
+    )
     init_hf(tmp_path / "config.json", tmp_path / "init")
     modes = _modes(tmp_path / "init")
     assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
@@ -122,8 +149,15 @@ def test_the_demo_times_live_in_one_place_and_meet_their_budgets(capsys):
     for where in ("README.md", "docs/experiments.md"):
         commands = (root / where).read_text(encoding="utf-8").split("```")[1]
         assert not re.findall(r"\d+ min", commands) and "docs/findings-cpu.md" in commands, where
-    demo = (root / "docs" / "findings-cpu.md").read_text(encoding="utf-8").split("**How long**")[1].split("\n\n")[0]
-    quoted = {m.group(1): int(m.group(2)) * 60 + int(m.group(3))
-              for m in re.finditer(r"`smallinit demo( --quick)?` took (\d+) min (\d+) s", " ".join(demo.split()))}
+    demo = (
+        (root / "docs" / "findings-cpu.md")
+        .read_text(encoding="utf-8")
+        .split("**How long**")[1]
+        .split("\n\n")[0]
+    )
+    quoted = {
+        m.group(1): int(m.group(2)) * 60 + int(m.group(3))
+        for m in re.finditer(r"`smallinit demo( --quick)?` took (\d+) min (\d+) s", " ".join(demo.split()))
+    }
     assert set(quoted) == {None, " --quick"}, quoted
     assert quoted[None] <= 20 * 60 and quoted[" --quick"] <= 3 * 60, quoted

@@ -14,10 +14,19 @@ from smallinit import cli
 from smallinit.cli import build_parser, main
 from smallinit.config import config_keys
 
-SWEEP = ('[base]\n"model.preset" = "cpu-1m"\n"data.tokenizer" = "bytes"\n"train.steps" = 5\n'
-         '[grid]\n"model.gamma" = [0.5, 1.0]\n')
-TINY = ["model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.n_kv_heads=2", "model.d_ff=32",
-        "model.vocab_size=257", "data.seq_len=8"]
+SWEEP = (
+    '[base]\n"model.preset" = "cpu-1m"\n"data.tokenizer" = "bytes"\n"train.steps" = 5\n'
+    '[grid]\n"model.gamma" = [0.5, 1.0]\n'
+)
+TINY = [
+    "model.d_model=16",
+    "model.n_layers=1",
+    "model.n_heads=2",
+    "model.n_kv_heads=2",
+    "model.d_ff=32",
+    "model.vocab_size=257",
+    "data.seq_len=8",
+]
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
@@ -33,13 +42,21 @@ def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, ar
 
 COMMANDS = _commands(build_parser())
 # demo --scale micro: for the tests; sweep and recipe: the flags their old --plan takes (its notice names `plan`)
-HIDDEN_ON_PURPOSE = {("demo", "--scale"), ("recipe", "--seed-sd"), ("recipe", "--json"),
-                     *(("sweep", flag) for flag in ("--num-devices", "--accelerator", "--mfu", "--tokens-per-s",
-                                                    "--seed-sd", "--json"))}
+HIDDEN_ON_PURPOSE = {
+    ("demo", "--scale"),
+    ("recipe", "--seed-sd"),
+    ("recipe", "--json"),
+    *(
+        ("sweep", flag)
+        for flag in ("--num-devices", "--accelerator", "--mfu", "--tokens-per-s", "--seed-sd", "--json")
+    ),
+}
 
 
 def _visible(p: argparse.ArgumentParser) -> list[argparse.Action]:
-    return [a for a in p._actions if a.help is not argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)]
+    return [
+        a for a in p._actions if a.help is not argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)
+    ]
 
 
 def test_the_walk_sees_every_command():  # the tests below would pass on a walk that found nothing
@@ -68,7 +85,9 @@ def _helps() -> list[str]:
 
 def test_no_help_quotes_a_measured_time_or_this_machine():
     """Times drift with the code and the machine; they live in README.md and benchmarks/README.md."""
-    timing = re.compile(r"\b\d[\d,.]*\s*(min|s|ms|h|sec|seconds?|minutes?|hours?|cores?)\b|\bminute|CPU-seconds")
+    timing = re.compile(
+        r"\b\d[\d,.]*\s*(min|s|ms|h|sec|seconds?|minutes?|hours?|cores?)\b|\bminute|CPU-seconds"
+    )
     assert not [t for t in _helps() if timing.search(t)]
 
 
@@ -81,33 +100,57 @@ def test_out_is_a_folder_and_never_positional(name):
 
 
 # What the remaining flags that share a config key's name mean instead (each names another quantity).
-NOT_CONFIG = {"--device": "where this command runs, not where a training runs",
-              "--seed": "generate: the sampling's seed", "--batch-size": "eval: lm-eval's batch size",
-              "--tokenizer": "the tokenizer of a Hugging Face folder", "--steps": "coordcheck: steps per γ",
-              "--vocab-size": "tokenizer train: the size to reach",
-              "--text-field": "tokenizer train: the corpus's field",
-              "--top-k": "generate: sampling; compare: gaps listed (not model.moe.top_k)",
-              "--preset": "the grammar's own: --config/--preset/--set",
-              "--init-from": "train: also takes that run's config, more than train.init_from"}
+NOT_CONFIG = {
+    "--device": "where this command runs, not where a training runs",
+    "--seed": "generate: the sampling's seed",
+    "--batch-size": "eval: lm-eval's batch size",
+    "--tokenizer": "the tokenizer of a Hugging Face folder",
+    "--steps": "coordcheck: steps per γ",
+    "--vocab-size": "tokenizer train: the size to reach",
+    "--text-field": "tokenizer train: the corpus's field",
+    "--top-k": "generate: sampling; compare: gaps listed (not model.moe.top_k)",
+    "--preset": "the grammar's own: --config/--preset/--set",
+    "--init-from": "train: also takes that run's config, more than train.init_from",
+}
 
 
 def test_no_flag_duplicates_a_config_key():
     leaves = {k.key.rsplit(".", 1)[-1] for k in config_keys()}
-    shared = {(name, flag) for name, p in COMMANDS.items() for a in _visible(p) for flag in a.option_strings
-              if flag.startswith("--") and flag[2:].replace("-", "_") in leaves}
+    shared = {
+        (name, flag)
+        for name, p in COMMANDS.items()
+        for a in _visible(p)
+        for flag in a.option_strings
+        if flag.startswith("--") and flag[2:].replace("-", "_") in leaves
+    }
     assert {flag for _, flag in shared} <= set(NOT_CONFIG), shared
     assert {name for name, flag in shared if flag in ("--seed", "--batch-size")} == {"generate", "eval"}
-    with_config = {name for name, p in COMMANDS.items() if any("--set" in a.option_strings for a in p._actions)}
-    assert {"train", "config", "info", "plan", "recipe", "coordcheck", "analyze", "compare", "init-hf"} <= with_config
+    with_config = {
+        name for name, p in COMMANDS.items() if any("--set" in a.option_strings for a in p._actions)
+    }
+    assert {
+        "train",
+        "config",
+        "info",
+        "plan",
+        "recipe",
+        "coordcheck",
+        "analyze",
+        "compare",
+        "init-hf",
+    } <= with_config
 
 
 def test_each_commands_flags_are_declared_beside_it():
     """add_<command> right above cmd_<command>, and build_parser only puts them together."""
     for name in COMMANDS:
         stem = name.split()[0].replace("-", "_")
-        add, run = getattr(cli, f"add_{stem}"), getattr(cli, f"cmd_{name.replace(' ', '_').replace('-', '_')}")
+        add, run = (
+            getattr(cli, f"add_{stem}"),
+            getattr(cli, f"cmd_{name.replace(' ', '_').replace('-', '_')}"),
+        )
         source, first = inspect.getsourcelines(add)
-        after = inspect.getsource(cli).splitlines()[first - 1 + len(source):]
+        after = inspect.getsource(cli).splitlines()[first - 1 + len(source) :]
         following = next(line for line in after if line.startswith("def "))
         assert following.startswith(f"def {run.__name__}("), (name, following)
     assert len(inspect.getsourcelines(build_parser)[0]) <= 10
@@ -127,11 +170,18 @@ SAME = [
     (["analyze", "RUN", "--batches", "1"], ["analyze", "RUN", "--set", "train.eval_batches=1"]),
     (["analyze", "RUN", "--batch-size", "2"], ["analyze", "RUN", "--set", "train.batch_size=2"]),
     (["compare", "A", "B", "--seq-len", "32"], ["compare", "A", "B", "--set", "data.seq_len=32"]),
-    (["init-hf", "c.json", "--out", "o", "--gamma", "0.5"], ["init-hf", "c.json", "--out", "o", "--set",
-                                                             "model.gamma=0.5"]),
-    (["init-hf", "c.json", "--out", "o", "--norm-eps", "1e-6"], ["init-hf", "c.json", "--out", "o", "--set",
-                                                                  "model.norm_eps=1e-6"]),
-    (["init-hf", "c.json", "--out", "o", "--seed", "3"], ["init-hf", "c.json", "--out", "o", "--set", "train.seed=3"]),
+    (
+        ["init-hf", "c.json", "--out", "o", "--gamma", "0.5"],
+        ["init-hf", "c.json", "--out", "o", "--set", "model.gamma=0.5"],
+    ),
+    (
+        ["init-hf", "c.json", "--out", "o", "--norm-eps", "1e-6"],
+        ["init-hf", "c.json", "--out", "o", "--set", "model.norm_eps=1e-6"],
+    ),
+    (
+        ["init-hf", "c.json", "--out", "o", "--seed", "3"],
+        ["init-hf", "c.json", "--out", "o", "--set", "train.seed=3"],
+    ),
     (["init-hf", "c.json", "o"], ["init-hf", "c.json", "--out", "o"]),
     (["export-hf", "RUN", "hf"], ["export-hf", "RUN", "--out", "hf"]),
 ]
@@ -147,9 +197,12 @@ def test_an_old_spelling_parses_as_its_new_one_and_says_so_once(old, new, capsys
     assert capsys.readouterr().err == ""
     then = _parse(old)
     assert then["func"] is now["func"]
-    assert {k: then[k] for k in now if k in then and k != "command"} == {k: now[k] for k in then if k in now
-                                                                          and k != "command"}
-    assert not [k for k in now if k not in then and now[k]]  # what the old command lacks is left at its default
+    assert {k: then[k] for k in now if k in then and k != "command"} == {
+        k: now[k] for k in then if k in now and k != "command"
+    }
+    assert not [
+        k for k in now if k not in then and now[k]
+    ]  # what the old command lacks is left at its default
     lines = capsys.readouterr().err.splitlines()
     spelled = [t for t in new if t not in old][-1]
     assert len(lines) == 1 and lines[0].startswith("smallinit: deprecated: ") and spelled in lines[0], lines
@@ -163,7 +216,9 @@ def test_plan_takes_a_recipe_and_a_sweep_file(tmp_path, capsys):
     assert "total: 2 runs" in out and "2 CPU cores" in out
     assert main(["plan", "reasoning", "--scale", "cpu"]) == 0
     assert capsys.readouterr().out.startswith("plan: recipe reasoning --scale cpu")
-    assert main(["plan", str(sweep), "--scale", "cpu"]) == 2  # a sweep file has no scales: one line, not ignored
+    assert (
+        main(["plan", str(sweep), "--scale", "cpu"]) == 2
+    )  # a sweep file has no scales: one line, not ignored
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--scale is for recipes" in err
 
@@ -180,7 +235,9 @@ def test_the_old_plan_spellings_still_plan(tmp_path, capsys):
     assert captured.out.startswith("plan: recipe reasoning --scale cpu") and captured.err.count("\n") == 1
 
 
-@pytest.mark.parametrize("command", [["plan", "reasoning"], ["train"], ["recipe", "reasoning"], ["analyze", "RUN"]])
+@pytest.mark.parametrize(
+    "command", [["plan", "reasoning"], ["train"], ["recipe", "reasoning"], ["analyze", "RUN"]]
+)
 def test_set_without_a_value_is_one_line_and_exit_2(command, capsys):
     with pytest.raises(SystemExit) as e:
         main([*command, "--set", "badvalue"])
@@ -190,10 +247,16 @@ def test_set_without_a_value_is_one_line_and_exit_2(command, capsys):
 
 
 def test_a_set_a_model_reading_command_does_not_read_is_refused(tmp_path, capsys):
-    assert main(["init-hf", str(tmp_path / "c.json"), "--out", str(tmp_path / "o"), "--set", "train.steps=3"]) == 2
+    assert (
+        main(["init-hf", str(tmp_path / "c.json"), "--out", str(tmp_path / "o"), "--set", "train.steps=3"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "reads only model.gamma, model.norm_eps, train.seed" in err
-    assert main(["init-hf", str(tmp_path / "c.json"), "--out", str(tmp_path / "o"), "--set", "train.seed=x"]) == 2
+    assert (
+        main(["init-hf", str(tmp_path / "c.json"), "--out", str(tmp_path / "o"), "--set", "train.seed=x"])
+        == 2
+    )
     assert "train.seed takes a whole number" in capsys.readouterr().err
 
 
@@ -206,16 +269,34 @@ def test_a_command_that_writes_a_folder_needs_out(tmp_path, capsys):
 def test_one_file_commands_write_into_the_out_folder_and_the_old_file_spelling_works(tmp_path, capsys):
     corpus = tmp_path / "c.txt"
     corpus.write_text("to be or not to be, that is the question\n" * 50)
-    assert main(["tokenizer", "train", str(corpus), "--vocab-size", "270", "--out", str(tmp_path / "tok")]) == 0
+    assert (
+        main(["tokenizer", "train", str(corpus), "--vocab-size", "270", "--out", str(tmp_path / "tok")]) == 0
+    )
     assert (tmp_path / "tok" / "tokenizer.json").is_file() and capsys.readouterr().err == ""
-    assert main(["tokenizer", "train", str(corpus), "--vocab-size", "270", "--out", str(tmp_path / "t.json")]) == 0
+    assert (
+        main(["tokenizer", "train", str(corpus), "--vocab-size", "270", "--out", str(tmp_path / "t.json")])
+        == 0
+    )
     assert (tmp_path / "t.json").is_file()
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("smallinit: deprecated: 'smallinit tokenizer train --out FILE.json'")
 
     cc = tmp_path / "cc"
-    assert main(["coordcheck", "--gammas", "1", "--steps", "1", "--out", str(cc),
-                 *sum((["--set", s] for s in TINY), [])]) == 0
+    assert (
+        main(
+            [
+                "coordcheck",
+                "--gammas",
+                "1",
+                "--steps",
+                "1",
+                "--out",
+                str(cc),
+                *sum((["--set", s] for s in TINY), []),
+            ]
+        )
+        == 0
+    )
     assert main(["report", str(cc), "--out", str(tmp_path / "rep")]) == 0
     assert (tmp_path / "rep" / "report.html").is_file() and capsys.readouterr().err == ""
     assert main(["report", str(cc), "--out", str(tmp_path / "r.html")]) == 0
@@ -225,7 +306,9 @@ def test_one_file_commands_write_into_the_out_folder_and_the_old_file_spelling_w
 
 
 def test_recipe_without_a_name_lists_like_recipes(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "cmd_recipes", lambda args: 0)  # listing plans every scale: slow, and tested elsewhere
+    monkeypatch.setattr(
+        cli, "cmd_recipes", lambda args: 0
+    )  # listing plans every scale: slow, and tested elsewhere
     assert main(["recipe"]) == 0
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("smallinit: deprecated: 'smallinit recipe' is now 'smallinit recipes'")

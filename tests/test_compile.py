@@ -16,8 +16,12 @@ from smallinit.train import checkpoint as ckpt
 from smallinit.train.distributed import compile_for_training
 
 TINY = [
-    *TINY_MODEL, "data.corpus=shakespeare", "train.batch_size=8", "train.warmup_steps=1",
-    "train.eval_batches=2", "train.device=cpu",
+    *TINY_MODEL,
+    "data.corpus=shakespeare",
+    "train.batch_size=8",
+    "train.warmup_steps=1",
+    "train.eval_batches=2",
+    "train.device=cpu",
 ]
 
 
@@ -49,13 +53,14 @@ def test_auto_compiles_where_the_saved_time_pays_for_the_compile():
     assert compiling.compile_pays([short] * n, warm=False)
     assert not compiling.compile_pays([short] * n, warm=False, jobs=n)  # ...unless all compile cold at once
     for other in ("model.d_model=256", "train.device=cuda"):  # not measured to pay: eager
-        assert not compiling.compile_pays([cfg(f"train.steps={10 ** 7}", other)], warm=True)
-    assert not compiling.compile_pays([Config.load(preset="cpu-moe-1m", overrides=["train.steps=10000000"])],
-                                      warm=True)
+        assert not compiling.compile_pays([cfg(f"train.steps={10**7}", other)], warm=True)
+    assert not compiling.compile_pays(
+        [Config.load(preset="cpu-moe-1m", overrides=["train.steps=10000000"])], warm=True
+    )
 
 
 def test_explicit_choices_and_a_resumed_runs_record_win_over_the_rule():
-    long = f"train.steps={10 ** 7}"
+    long = f"train.steps={10**7}"
     assert compiling.resolve(cfg(long), 1, None) is True
     assert compiling.resolve(cfg(long, "train.compile=false"), 1, None) is False
     assert compiling.resolve(cfg("train.steps=2", "train.compile=true"), 1, None) is True
@@ -87,10 +92,18 @@ def test_sweep_cells_share_one_cache_and_one_choice_per_graph(tmp_path, monkeypa
     base = dict(c.split("=", 1) for c in TINY)
     base = {k: v if not v.isdigit() else int(v) for k, v in base.items()}
     steps = int(compiling.COLD_S / compiling.saved_s(cfg("train.steps=1"))) + 1
-    sweep = Sweep.from_dict({"base": {**base, "train.steps": steps}, "grid": {"model.gamma": [0.5, 1.0]},
-                             "arms": {"auto": {}, "off": {"train.compile": False}}})
+    sweep = Sweep.from_dict(
+        {
+            "base": {**base, "train.steps": steps},
+            "grid": {"model.gamma": [0.5, 1.0]},
+            "arms": {"auto": {}, "off": {"train.compile": False}},
+        }
+    )
     runner = SweepRunner(sweep, tmp_path / "sweep", jobs=1)
-    assert runner.compile == {"auto_gamma-0.5": True, "auto_gamma-1.0": True}  # the explicit arm is left alone
+    assert runner.compile == {
+        "auto_gamma-0.5": True,
+        "auto_gamma-1.0": True,
+    }  # the explicit arm is left alone
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "warm"))
     compiling.mark_warm(cfg(f"train.steps={steps}"))
     short = Sweep.from_dict({"base": {**base, "train.steps": 1}, "grid": {"model.gamma": [0.5, 1.0]}})

@@ -17,8 +17,14 @@ from smallinit.config import config_keys
 ROOT = Path(__file__).resolve().parent.parent
 ROW = re.compile(r"^\| `(?P<key>[a-z0-9_.]+)` \| (?P<type>[^|]+) \| `(?P<default>.*)` \| (?P<doc>.+) \|$")
 TINY = [
-    *TINY_MODEL, "data.corpus=shakespeare", "train.batch_size=8", "train.warmup_steps=2",
-    "train.eval_batches=2", "train.log_every=2", "train.steps=4", "train.eval_every=2",
+    *TINY_MODEL,
+    "data.corpus=shakespeare",
+    "train.batch_size=8",
+    "train.warmup_steps=2",
+    "train.eval_batches=2",
+    "train.log_every=2",
+    "train.steps=4",
+    "train.eval_every=2",
 ]
 
 
@@ -43,8 +49,16 @@ def test_docs_list_every_key_with_its_type_and_default():
 
 
 def test_config_command_prints_commented_toml_that_reads_back(tmp_path, capsys):
-    args = ["--preset", "cpu-moe-1m", "--set", "train.steps=7", "--set", 'data.corpus="a b.txt"',
-            "--set", "analysis.heatmaps=[\"x\"]"]
+    args = [
+        "--preset",
+        "cpu-moe-1m",
+        "--set",
+        "train.steps=7",
+        "--set",
+        'data.corpus="a b.txt"',
+        "--set",
+        'analysis.heatmaps=["x"]',
+    ]
     assert main(["config", *args]) == 0
     text = capsys.readouterr().out
     lines = text.splitlines()
@@ -53,8 +67,9 @@ def test_config_command_prints_commented_toml_that_reads_back(tmp_path, capsys):
             assert lines[i - 1].startswith("# ") and len(lines[i - 1]) > 4, f"no comment above {line!r}"
     f = tmp_path / "resolved.toml"
     f.write_text(text)
-    want = Config.load(preset="cpu-moe-1m", overrides=["train.steps=7", 'data.corpus="a b.txt"',
-                                                       'analysis.heatmaps=["x"]'])
+    want = Config.load(
+        preset="cpu-moe-1m", overrides=["train.steps=7", 'data.corpus="a b.txt"', 'analysis.heatmaps=["x"]']
+    )
     assert Config.load(f) == want and want.model.moe is not None
     assert main(["config", "--config", str(f), "--set", "model.gamma=0.5"]) == 0
     assert Config.load(f, overrides=["model.gamma=0.5"]).model.gamma == 0.5
@@ -85,7 +100,8 @@ def test_a_run_is_reproduced_from_its_folder(tmp_path, capsys):
     for run in "abc":
         tensors[run] = final_tensors(tmp_path / run)
         assert json.loads((tmp_path / run / "config.json").read_text()) == json.loads(
-            (tmp_path / "a" / "config.json").read_text())
+            (tmp_path / "a" / "config.json").read_text()
+        )
     for run in "bc":
         assert all(torch.equal(tensors["a"][k], tensors[run][k]) for k in tensors["a"])
 

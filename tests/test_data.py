@@ -179,7 +179,7 @@ def test_the_larger_builtin_corpora(builtin_docs):
     large = list(iter_documents("large"))
     n_default = len(builtin_docs["default"])
     assert large[:n_default] == builtin_docs["default"]
-    wiki, stdlib = large[n_default:n_default + 26_227], large[n_default + 26_227:]
+    wiki, stdlib = large[n_default : n_default + 26_227], large[n_default + 26_227 :]
     assert wiki[0].startswith("20th-century classical music is Western art music")
     assert any(d.startswith("La ") for d in wiki) and any(d.startswith("El ") for d in wiki)  # fr, es
     assert len(stdlib) == 538 and all("\r" not in d for d in stdlib)
@@ -187,7 +187,9 @@ def test_the_larger_builtin_corpora(builtin_docs):
     assert list(iter_documents("builtin:wiki-leads")) == wiki
     names = ("shakespeare", "zh-poems", "default", "wiki-leads", "python-stdlib", "large")
     assert len({corpus_fingerprint(n) for n in names}) == len(names)
-    assert sum(len(d.encode("utf-8")) for d in large) > 5 * sum(len(d.encode("utf-8")) for d in builtin_docs["default"])
+    assert sum(len(d.encode("utf-8")) for d in large) > 5 * sum(
+        len(d.encode("utf-8")) for d in builtin_docs["default"]
+    )
 
 
 def test_unknown_builtin_and_the_anchor_corpus():

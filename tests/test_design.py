@@ -31,7 +31,7 @@ def test_the_full_demo_runs_only_what_it_can_decide():
 
 def _with_the_emulated_arm(tmp_path):
     """The full demo as it was: the dropped claims' arms back in, nothing dropped."""
-    arms = '''
+    arms = """
 [scales.full.sweeps.baseline.base]
 "model.d_model" = 16
 "model.n_heads" = 2
@@ -56,7 +56,7 @@ def _with_the_emulated_arm(tmp_path):
 [scales.full.sweeps.eps-only.arms.eps-only]
 "model.norm_eps" = 1e-12
 "model.gate" = "none"
-'''
+"""
     text = re.sub(r"\[scales\.full\.options\.dropped\].*?\n\n", "", DEMO, flags=re.S)
     text = text.replace("# -- quick --", arms + "\n# -- quick --")
     path = tmp_path / "demo-undropped.toml"
@@ -82,11 +82,16 @@ def _claim(name: str, samples: list[float]) -> ClaimResult:
 
 def test_a_dropped_claim_is_one_row_outside_holm():
     """A claim the design does not run says so in its row and leaves Holm's family, whatever runs are around."""
-    table = not_run([_claim("C1", [0.1, 0.12, 0.09, 0.11]), _claim("C4", [0.05, 0.07, 0.04, 0.06])],
-                    {"C1": "its arm cannot be emulated here"})
+    table = not_run(
+        [_claim("C1", [0.1, 0.12, 0.09, 0.11]), _claim("C4", [0.05, 0.07, 0.04, 0.06])],
+        {"C1": "its arm cannot be emulated here"},
+    )
     judge_table(table)
     dropped, kept = table
-    assert dropped.verdict == NOT_TESTABLE and dropped.primary.reason == f"{NOT_RUN}: its arm cannot be emulated here"
+    assert (
+        dropped.verdict == NOT_TESTABLE
+        and dropped.primary.reason == f"{NOT_RUN}: its arm cannot be emulated here"
+    )
     assert len(dropped.comparisons) == 1 and not dropped.primary.samples
     assert kept.family == 1 and kept.alpha == pytest.approx(0.05)
     assert "not run by design: its arm cannot be emulated here" in verdict_table([c.to_dict() for c in table])
@@ -108,4 +113,7 @@ def test_a_plan_says_the_emulation_is_predicted(tmp_path):
     """The plan's share comes from the formula, so it reads as a prediction, never as something measured."""
     plan = plan_recipe(load_recipe(_with_the_emulated_arm(tmp_path)), "full", Hardware.make("cpu", 2))
     reason = next(c for c in plan.claims if c.claim == "C1").failing["L(γ.5)−L(γ1) @d16×4"]
-    assert reason.startswith("the embedding's norm would stay saturated for ≥ ") and "was saturated" not in reason
+    assert (
+        reason.startswith("the embedding's norm would stay saturated for ≥ ")
+        and "was saturated" not in reason
+    )

@@ -28,9 +28,17 @@ from smallinit.train.distributed import Runtime, check_layout, eval_pieces, para
 
 WORKER = str(Path(__file__).with_name("_dist_worker.py"))
 TINY = [
-    *TINY_MODEL, "data.corpus=shakespeare", "train.batch_size=8", "train.grad_accum=2", "train.warmup_steps=2",
-    "train.steps=6", "train.log_every=1", "train.eval_every=3", "train.eval_batches=2",
-    "train.checkpoint_every=3", "train.keep_checkpoints=10",
+    *TINY_MODEL,
+    "data.corpus=shakespeare",
+    "train.batch_size=8",
+    "train.grad_accum=2",
+    "train.warmup_steps=2",
+    "train.steps=6",
+    "train.log_every=1",
+    "train.eval_every=3",
+    "train.eval_batches=2",
+    "train.checkpoint_every=3",
+    "train.keep_checkpoints=10",
 ]
 RTOL = 1e-5  # losses, relative
 ATOL = 1e-5  # weights and optimizer state, absolute
@@ -42,7 +50,15 @@ def sets(*items: str) -> list[str]:
 
 def torchrun(*args, timeout: float = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", *map(str, args)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--standalone",
+        *map(str, args),
+    ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -81,8 +97,18 @@ def runs(tmp_path_factory) -> Path:
     assert r.stdout.count("done: step 6") == 1  # only rank 0 reports
     cut_at(root / "single", root / "single-to-fsdp", 3)
     cut_at(root / "ddp", root / "ddp-resumed", 3)
-    r = torchrun(WORKER, "init", root / "fsdp", "resume", root / "single-to-fsdp",
-                 "resume@ddp", root / "ddp-resumed", "--", *TINY, "train.parallel=fsdp")
+    r = torchrun(
+        WORKER,
+        "init",
+        root / "fsdp",
+        "resume",
+        root / "single-to-fsdp",
+        "resume@ddp",
+        root / "ddp-resumed",
+        "--",
+        *TINY,
+        "train.parallel=fsdp",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return root
 
@@ -134,6 +160,7 @@ def test_ddp_resume_is_exact(runs):
     run = runs / "ddp-resumed"
     a, b = final(run), final(runs / "ddp")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
     def without_speed(run: Path) -> list[dict]:  # tokens/s is a wall-clock measurement
         return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in records(run)]
 
@@ -142,7 +169,9 @@ def test_ddp_resume_is_exact(runs):
 
 def test_crash_of_one_rank_ends_the_job(tmp_path):
     start = time.monotonic()
-    r = torchrun(WORKER, "crash", tmp_path / "run", "--", *TINY, "train.steps=50", "train.parallel=ddp", timeout=180)
+    r = torchrun(
+        WORKER, "crash", tmp_path / "run", "--", *TINY, "train.steps=50", "train.parallel=ddp", timeout=180
+    )
     elapsed = time.monotonic() - start
     assert r.returncode != 0
     assert "rank 1 fails on purpose" in r.stderr
@@ -151,12 +180,16 @@ def test_crash_of_one_rank_ends_the_job(tmp_path):
 
 def test_bad_input_fails_on_every_rank_with_one_line(tmp_path):
     run = tmp_path / "run"
-    r = torchrun("-m", "smallinit", "train", "--out", run, *sets(*TINY, "train.batch_size=6", "train.parallel=fsdp"))
+    r = torchrun(
+        "-m", "smallinit", "train", "--out", run, *sets(*TINY, "train.batch_size=6", "train.parallel=fsdp")
+    )
     assert r.returncode != 0
     errors = [line for line in r.stderr.splitlines() if "smallinit: error:" in line]
     assert len(errors) == 2 and errors[0] == errors[1], r.stderr[-3000:]
     assert "train.batch_size=6" in errors[0]
-    assert str(Path(smallinit.__file__).parent) not in r.stderr  # no traceback from the ranks (torchrun prints its own)
+    assert (
+        str(Path(smallinit.__file__).parent) not in r.stderr
+    )  # no traceback from the ranks (torchrun prints its own)
     assert not run.exists()
 
 
@@ -222,16 +255,32 @@ def test_activation_checkpointing_gives_the_same_gradients():
 @pytest.mark.slow
 def test_sigterm_stops_every_rank_at_the_same_step_then_resume_is_exact(tmp_path):
     """torchrun forwards SIGTERM; the ranks agree on the stop step, checkpoint it, and resume bit-exactly."""
-    args = sets(*TINY, "train.parallel=ddp", "train.steps=300", "train.checkpoint_every=0", "train.eval_every=0",
-                "train.schedule=constant")
+    args = sets(
+        *TINY,
+        "train.parallel=ddp",
+        "train.steps=300",
+        "train.checkpoint_every=0",
+        "train.eval_every=0",
+        "train.schedule=constant",
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone"]
-    full = subprocess.run([*launcher, "-m", "smallinit", "train", "--out", str(tmp_path / "full"), *args],
-                          env=env, capture_output=True, text=True, timeout=600)
+    full = subprocess.run(
+        [*launcher, "-m", "smallinit", "train", "--out", str(tmp_path / "full"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert full.returncode == 0, full.stderr[-3000:]
     run = tmp_path / "stopped"
-    proc = subprocess.Popen([*launcher, "-m", "smallinit", "train", "--out", str(run), *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*launcher, "-m", "smallinit", "train", "--out", str(run), *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 300
     while not (run / "metrics.jsonl").exists() or len(records(run)) < 3:
         assert time.time() < deadline and proc.poll() is None
@@ -242,8 +291,13 @@ def test_sigterm_stops_every_rank_at_the_same_step_then_resume_is_exact(tmp_path
     stopped = ckpt.newest_checkpoint(run).step
     assert stopped == max(r["step"] for r in records(run)) < 300  # the step in flight was finished and saved
     assert err.count(f"at step {stopped}, checkpoint") == 2, err[-3000:]  # both ranks stopped there
-    r = subprocess.run([*launcher, "-m", "smallinit", "train", "--out", str(run), "--resume"], env=env,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [*launcher, "-m", "smallinit", "train", "--out", str(run), "--resume"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     a, b = final(run), final(tmp_path / "full")
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -254,6 +308,7 @@ def test_compile_per_block_matches_eager(tmp_path):
     base = [*TINY, "train.steps=3", "train.eval_every=0", "train.checkpoint_every=0"]
     Trainer(Config.load(overrides=base), tmp_path / "eager", callbacks=[]).fit()
     Trainer(Config.load(overrides=[*base, "train.compile=true"]), tmp_path / "compiled", callbacks=[]).fit()
+
     def losses(run: Path) -> list[float]:
         return [r["loss"] for r in records(run) if "loss" in r]
 

@@ -98,13 +98,16 @@ def test_a_run_that_stopped_diverged_without_a_summary_is_counted(tmp_path):
     stopped = runs[7]  # γ = 1, seed 3
     (stopped.path / "summary.json").unlink()
     lines = [json.loads(x) for x in (stopped.path / "metrics.jsonl").read_text().splitlines()]
-    lines = [x for x in lines if x.get("step", 0) < DIVERGED_AT] + [{"step": DIVERGED_AT, "loss": math.inf,
-                                                                    "event": "nonfinite"}]
+    lines = [x for x in lines if x.get("step", 0) < DIVERGED_AT] + [
+        {"step": DIVERGED_AT, "loss": math.inf, "event": "nonfinite"}
+    ]
     (stopped.path / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
     runs[7] = Run.load(stopped.path)
     c = _primary(claim_c4(Runs.finished(runs), n_boot=10).to_dict())
     assert c["verdict"] == NOT_TESTABLE, c["text"]
-    assert c["lost"] == f"γ=1: 1 of 4 seeds diverged (step {DIVERGED_AT})" and runs[7].diverged_at == DIVERGED_AT
+    assert (
+        c["lost"] == f"γ=1: 1 of 4 seeds diverged (step {DIVERGED_AT})" and runs[7].diverged_at == DIVERGED_AT
+    )
 
 
 def test_a_failed_sweep_cell_is_counted_with_its_error(tmp_path):
@@ -142,10 +145,26 @@ def test_c6_counts_a_diverged_seed_rather_than_judging_the_rebound_on_the_others
     steps = int(40 * PARAMS / 10)
     runs = []
     for seed in range(4):
-        runs.append(make_run(tmp_path, gamma=1.0, seed=seed, arm=FIXED, final=3.0,
-                             analysis=_srank_records([20, 5, 4, 6, 8, 10, 12 + 0.3 * seed**2], steps)))
-        runs.append(make_run(tmp_path, gamma=0.5, seed=seed, arm=FIXED, final=3.1,
-                             analysis=_srank_records([20 + 0.1 * seed] * 7, steps)))
+        runs.append(
+            make_run(
+                tmp_path,
+                gamma=1.0,
+                seed=seed,
+                arm=FIXED,
+                final=3.0,
+                analysis=_srank_records([20, 5, 4, 6, 8, 10, 12 + 0.3 * seed**2], steps),
+            )
+        )
+        runs.append(
+            make_run(
+                tmp_path,
+                gamma=0.5,
+                seed=seed,
+                arm=FIXED,
+                final=3.1,
+                analysis=_srank_records([20 + 0.1 * seed] * 7, steps),
+            )
+        )
     runs[6] = _diverge(runs[6])  # γ = 1, seed 3
     c6 = claim_c6(Runs(runs))
     assert c6.verdict == NOT_TESTABLE, c6.primary.reason
@@ -157,11 +176,31 @@ def test_c6_names_a_size_whose_whole_gamma1_arm_diverged(tmp_path):
     steps = int(40 * PARAMS / 10)
     runs = []
     for seed in range(3):
-        runs.append(_diverge(make_run(tmp_path, gamma=1.0, seed=seed, arm=FIXED, final=3.0,
-                                      analysis=_srank_records([20, 5, 4, 6, 8, 10, 12], steps))))
-        runs.append(make_run(tmp_path, gamma=0.5, seed=seed, arm=FIXED, final=3.1,
-                             analysis=_srank_records([20 + 0.1 * seed] * 7, steps)))
+        runs.append(
+            _diverge(
+                make_run(
+                    tmp_path,
+                    gamma=1.0,
+                    seed=seed,
+                    arm=FIXED,
+                    final=3.0,
+                    analysis=_srank_records([20, 5, 4, 6, 8, 10, 12], steps),
+                )
+            )
+        )
+        runs.append(
+            make_run(
+                tmp_path,
+                gamma=0.5,
+                seed=seed,
+                arm=FIXED,
+                final=3.1,
+                analysis=_srank_records([20 + 0.1 * seed] * 7, steps),
+            )
+        )
     c6 = claim_c6(Runs(runs))
     assert c6.verdict == NOT_TESTABLE
-    assert c6.primary.lost == f"γ=1: 3 of 3 seeds diverged (steps {DIVERGED_AT}, {DIVERGED_AT}, {DIVERGED_AT})"
+    assert (
+        c6.primary.lost == f"γ=1: 3 of 3 seeds diverged (steps {DIVERGED_AT}, {DIVERGED_AT}, {DIVERGED_AT})"
+    )
     assert "analysis.every" not in c6.primary.reason

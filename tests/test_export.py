@@ -23,8 +23,15 @@ from smallinit.export.hf import ExportError, export_hf, init_hf  # noqa: E402
 from smallinit.train import Trainer, load_model  # noqa: E402
 
 TINY = [
-    *TINY_GQA, "model.gamma=0.5", "train.steps=3", "train.batch_size=4", "train.warmup_steps=1",
-    "train.lr=3e-2", "train.eval_every=0", "train.eval_batches=1", "train.checkpoint_every=0",
+    *TINY_GQA,
+    "model.gamma=0.5",
+    "train.steps=3",
+    "train.batch_size=4",
+    "train.warmup_steps=1",
+    "train.lr=3e-2",
+    "train.eval_every=0",
+    "train.eval_batches=1",
+    "train.checkpoint_every=0",
 ]
 PROMPTS = ["To be, or not to be, that is the", "ROMEO:\nO, she doth teach the torches"]
 
@@ -51,31 +58,68 @@ def greedy(model, ids: list[int], n: int, eos: int) -> list[int]:
 
 CASES = {
     # name: (overrides, expected transformers class)
-    "none-tied": (["model.gate=none", "model.qk_norm=false", "model.tie_embeddings=true"], "LlamaForCausalLM"),
-    "none-qknorm-untied": (["model.gate=none", "model.qk_norm=true", "model.tie_embeddings=false"],
-                           "Qwen3ForCausalLM"),
-    "elementwise-qknorm-tied": (["model.gate=elementwise", "model.qk_norm=true", "model.tie_embeddings=true"],
-                                "Qwen3NextForCausalLM"),
-    "elementwise-qknorm-untied": (["model.gate=elementwise", "model.qk_norm=true", "model.tie_embeddings=false"],
-                                  "Qwen3NextForCausalLM"),
-    "elementwise-untied": (["model.gate=elementwise", "model.qk_norm=false", "model.tie_embeddings=false"],
-                           "SmallinitForCausalLM"),
-    "headwise-tied": (["model.gate=headwise", "model.qk_norm=false", "model.tie_embeddings=true"],
-                      "SmallinitForCausalLM"),
-    "headwise-qknorm-untied": (["model.gate=headwise", "model.qk_norm=true", "model.tie_embeddings=false"],
-                               "SmallinitForCausalLM"),
+    "none-tied": (
+        ["model.gate=none", "model.qk_norm=false", "model.tie_embeddings=true"],
+        "LlamaForCausalLM",
+    ),
+    "none-qknorm-untied": (
+        ["model.gate=none", "model.qk_norm=true", "model.tie_embeddings=false"],
+        "Qwen3ForCausalLM",
+    ),
+    "elementwise-qknorm-tied": (
+        ["model.gate=elementwise", "model.qk_norm=true", "model.tie_embeddings=true"],
+        "Qwen3NextForCausalLM",
+    ),
+    "elementwise-qknorm-untied": (
+        ["model.gate=elementwise", "model.qk_norm=true", "model.tie_embeddings=false"],
+        "Qwen3NextForCausalLM",
+    ),
+    "elementwise-untied": (
+        ["model.gate=elementwise", "model.qk_norm=false", "model.tie_embeddings=false"],
+        "SmallinitForCausalLM",
+    ),
+    "headwise-tied": (
+        ["model.gate=headwise", "model.qk_norm=false", "model.tie_embeddings=true"],
+        "SmallinitForCausalLM",
+    ),
+    "headwise-qknorm-untied": (
+        ["model.gate=headwise", "model.qk_norm=true", "model.tie_embeddings=false"],
+        "SmallinitForCausalLM",
+    ),
     "moe-elementwise-shared-sigmoid": (
-        ["model.gate=elementwise", "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.d_expert=16",
-         "model.moe.shared_expert=true", "model.moe.score=sigmoid", "model.moe.every_n_layers=2"],
-        "SmallinitForCausalLM"),
+        [
+            "model.gate=elementwise",
+            "model.moe.num_experts=4",
+            "model.moe.top_k=2",
+            "model.moe.d_expert=16",
+            "model.moe.shared_expert=true",
+            "model.moe.score=sigmoid",
+            "model.moe.every_n_layers=2",
+        ],
+        "SmallinitForCausalLM",
+    ),
     "moe-none-qknorm-top1-every2": (
-        ["model.gate=none", "model.qk_norm=true", "model.moe.num_experts=4", "model.moe.top_k=1",
-         "model.moe.d_expert=16", "model.moe.every_n_layers=2"],
-        "Qwen3MoeForCausalLM"),
+        [
+            "model.gate=none",
+            "model.qk_norm=true",
+            "model.moe.num_experts=4",
+            "model.moe.top_k=1",
+            "model.moe.d_expert=16",
+            "model.moe.every_n_layers=2",
+        ],
+        "Qwen3MoeForCausalLM",
+    ),
     "moe-none-top2-untied": (
-        ["model.gate=none", "model.qk_norm=false", "model.tie_embeddings=false", "model.moe.num_experts=4",
-         "model.moe.top_k=2", "model.moe.d_expert=16"],
-        "MixtralForCausalLM"),
+        [
+            "model.gate=none",
+            "model.qk_norm=false",
+            "model.tie_embeddings=false",
+            "model.moe.num_experts=4",
+            "model.moe.top_k=2",
+            "model.moe.d_expert=16",
+        ],
+        "MixtralForCausalLM",
+    ),
 }
 
 
@@ -105,15 +149,15 @@ def test_export_matches_our_model(case, corpus, tmp_path):
     expected = []
     for prompt in PROMPTS:
         ids = tok(prompt)["input_ids"]
-        new = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8)[0, len(ids):].tolist()
+        new = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8)[0, len(ids) :].tolist()
         expected.append(greedy(ours, ids, 8, eos))
         assert new == expected[-1], f"{case}: greedy generation differs"
     # a left-padded batch generates what each prompt generates alone (positions and masks under padding)
     tok.padding_side = "left"
     batch = tok(PROMPTS, return_tensors="pt", padding=True)
-    out = hf.generate(**batch, do_sample=False, max_new_tokens=8)[:, batch["input_ids"].shape[1]:]
+    out = hf.generate(**batch, do_sample=False, max_new_tokens=8)[:, batch["input_ids"].shape[1] :]
     for row, exp in zip(out.tolist(), expected):
-        assert row[:len(exp)] == exp
+        assert row[: len(exp)] == exp
 
 
 def test_tokenizer_export_matches_ours(corpus, tmp_path):
@@ -122,7 +166,12 @@ def test_tokenizer_export_matches_ours(corpus, tmp_path):
     ours = load_tokenizer("default")
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     assert hf.eos_token == EOS_TOKEN and hf.eos_token_id == ours.eos_id and len(hf) == ours.vocab_size
-    for text in ["To be, or not to be", "床前明月光，疑是地上霜。", "tabs\tand\nnewlines 🙂", f"a{EOS_TOKEN}b"]:
+    for text in [
+        "To be, or not to be",
+        "床前明月光，疑是地上霜。",
+        "tabs\tand\nnewlines 🙂",
+        f"a{EOS_TOKEN}b",
+    ]:
         ids = hf(text)["input_ids"]
         assert ids == ours.encode(text)  # text never encodes to EOS, as in training
         assert hf.decode(ids) == text
@@ -145,19 +194,44 @@ def test_export_refuses_occupied_folder_and_cli(corpus, tmp_path, capsys):
     assert main(["export-hf", str(run / "checkpoints" / "step_0000003"), "--out", str(tmp_path / "hf")]) == 0
     assert "SmallinitForCausalLM" in capsys.readouterr().out
     names = {p.name for p in (tmp_path / "hf").iterdir()}
-    assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json",
-            "configuration_smallinit.py", "modeling_smallinit.py"} <= names
+    assert {
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "configuration_smallinit.py",
+        "modeling_smallinit.py",
+    } <= names
     assert not any(n.startswith(".") for n in names) and not list(tmp_path.glob(".hf.tmp*"))
 
 
 # -- init-hf ------------------------------------------------------------------------------------------------
 
-LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 128,
-         "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
-QWEN3 = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 512,
-         "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "tie_word_embeddings": True}
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+}
+QWEN3 = {
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "vocab_size": 512,
+    "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+}
 
 
 def _expected_fan_in(module: torch.nn.Module) -> int:
@@ -173,8 +247,21 @@ def test_init_hf_sets_every_std_and_eps(raw, gamma, as_folder, tmp_path, capsys)
     src.mkdir()
     (src / "config.json").write_text(json.dumps(raw))
     arg = src if as_folder else src / "config.json"
-    assert main(["init-hf", str(arg), "--out", str(tmp_path / "out"), "--set", f"model.gamma={gamma}", "--set",
-                 "model.norm_eps=1e-12"]) == 0
+    assert (
+        main(
+            [
+                "init-hf",
+                str(arg),
+                "--out",
+                str(tmp_path / "out"),
+                "--set",
+                f"model.gamma={gamma}",
+                "--set",
+                "model.norm_eps=1e-12",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert f"γ = {gamma:g}" in printed and "model.embed_tokens.weight" in printed
 
@@ -201,8 +288,16 @@ def test_init_hf_sets_every_std_and_eps(raw, gamma, as_folder, tmp_path, capsys)
 
 def test_init_hf_offset_norms_start_neutral(tmp_path):
     """Gemma's RMSNorm scales by (1 + w): the neutral start is w = 0, which the probe finds."""
-    raw = {"model_type": "gemma", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
-           "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 256}
+    raw = {
+        "model_type": "gemma",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "vocab_size": 256,
+    }
     (tmp_path / "config.json").write_text(json.dumps(raw))
     result = init_hf(tmp_path / "config.json", tmp_path / "out")
     assert len(result.offset_norms) == 3  # input, post-attention and final norms

@@ -16,9 +16,27 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("trace") / "trace.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fake_trace.py"), "--presets", "cpu-1m", "cpu-moe-1m",
-                    "--seq-len", "128", "--micro-batch", "2", "--ranks", "8", "--json", str(out)],
-                   check=True, capture_output=True, text=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "fake_trace.py"),
+            "--presets",
+            "cpu-1m",
+            "cpu-moe-1m",
+            "--seq-len",
+            "128",
+            "--micro-batch",
+            "2",
+            "--ranks",
+            "8",
+            "--json",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return {r["preset"]: r for r in json.loads(out.read_text())}
 
 

@@ -46,7 +46,7 @@ def _text() -> str:
 def _rows() -> dict[str, dict[str, str]]:
     """The re-judged table's rows by claim, each cell by its column's header."""
     text = _text()
-    section = text[text.index(SECTION):text.index("### Verdicts as printed by the earlier rule")]
+    section = text[text.index(SECTION) : text.index("### Verdicts as printed by the earlier rule")]
     lines = [line for line in section.splitlines() if line.startswith("|") and not line.startswith("|---")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = {}
@@ -76,8 +76,20 @@ def _judged() -> dict[str, ClaimResult]:
             continue
         tol = re.search(rf"within ±({NUMBER})", row["primary"])
         kw = {"expected": "zero", "tolerance": _num(tol.group(1))} if tol else {}
-        claims[claim] = ClaimResult(claim, "", "", [Comparison(row["primary"], _samples(*_stats(row)), role=PRIMARY,
-                                                              paper_value=PAPER_VALUE.get(claim), **kw)])
+        claims[claim] = ClaimResult(
+            claim,
+            "",
+            "",
+            [
+                Comparison(
+                    row["primary"],
+                    _samples(*_stats(row)),
+                    role=PRIMARY,
+                    paper_value=PAPER_VALUE.get(claim),
+                    **kw,
+                )
+            ],
+        )
     judge_table(list(claims.values()))
     return claims
 
@@ -97,10 +109,15 @@ def test_each_judged_primary_is_what_the_rule_computes_from_its_numbers():
         mean, sd, n = _stats(row)
         if c.verdict == "inconclusive":
             point, upper, _ = mde_line(sd, n, res.alpha)
-            m = re.search(rf"an effect of ({NUMBER}) would be seen .* measured ({NUMBER}), ({NUMBER}) if it is as "
-                          rf"large as its 80 % upper bound ({NUMBER})", words)
+            m = re.search(
+                rf"an effect of ({NUMBER}) would be seen .* measured ({NUMBER}), ({NUMBER}) if it is as "
+                rf"large as its 80 % upper bound ({NUMBER})",
+                words,
+            )
             assert m, words
-            assert [m.group(1), m.group(3)] == [f"{point:.3g}", f"{upper:.3g}"] and _num(m.group(2)) == sd, claim
+            assert [m.group(1), m.group(3)] == [f"{point:.3g}", f"{upper:.3g}"] and _num(m.group(2)) == sd, (
+                claim
+            )
 
 
 def test_c5_agrees_whatever_c6s_p_as_the_text_says():
@@ -121,7 +138,9 @@ def _formula_shares() -> dict[int, float]:
     full = customise(load_recipe("demo").scale("cpu-long"), overrides=["data.corpus=default"])
     scaling = dataclasses.replace(full.sweeps["scaling"], grid={"model.gamma": [1.0], "train.seed": [0]})
     vocab: dict[str, int] = {}
-    scale = apply_budget(Scale(full.name, full.description, {"scaling": scaling}, full.options, full.budget), vocab)
+    scale = apply_budget(
+        Scale(full.name, full.description, {"scaling": scaling}, full.options, full.budget), vocab
+    )
     shares = {}
     for cell in scale.sweeps["scaling"].cells():
         cfg = resolve_config(cell, vocab)
@@ -143,7 +162,9 @@ def test_the_emulated_arm_primaries_are_not_testable_by_the_emulation_preconditi
     assert row["verdict"] == NOT_TESTABLE and row["p"] == row["level"] == "—", claim
     words = row["magnitude / what it could see"]
     assert "the emulated ε does not stand for the paper's scale" in words
-    m = re.search(rf"saturated {SHARE} of training .*?, {SHARE} by the formula.*? against {SHARE} at d = 2048", words)
+    m = re.search(
+        rf"saturated {SHARE} of training .*?, {SHARE} by the formula.*? against {SHARE} at d = 2048", words
+    )
     assert m, words
     paper = _bracket(m, 5)
     assert paper[0] == pytest.approx(paper_scale_share(1.0), abs=5e-5)
@@ -161,25 +182,39 @@ def test_the_other_primaries_out_of_holm_say_why():
     assert sink and _num(sink.group(1)) <= sink_threshold(SINK_TOKENS)
     # C7 never decides under the rule, even where its precondition holds and both models beat the bigram baseline
     split = {"profile_bins": [0.0] * 4 + [0.1] * 6}
-    gaps = {s: {"meta": {"split": {**split, "gate_mean_delta_sym": 0.05 + 0.01 * s}}, "bigram_loss": 3.0,
-                "mean_loss_a": 2.0, "mean_loss_b": 2.1} for s in range(4)}
+    gaps = {
+        s: {
+            "meta": {"split": {**split, "gate_mean_delta_sym": 0.05 + 0.01 * s}},
+            "bigram_loss": 3.0,
+            "mean_loss_a": 2.0,
+            "mean_loss_b": 2.1,
+        }
+        for s in range(4)
+    }
     c7 = claim_c7(gaps)
     assert c7.verdict == NOT_TESTABLE and c7.untestable == DESCRIPTIVE
-    assert rows["C7"]["verdict"] == NOT_TESTABLE and rows["C7"]["magnitude / what it could see"].startswith("descriptive")
+    assert rows["C7"]["verdict"] == NOT_TESTABLE and rows["C7"]["magnitude / what it could see"].startswith(
+        "descriptive"
+    )
     assert "C6" not in rows  # its minimum cannot be re-located on other seeds from the printed numbers
 
 
 def test_the_top_tables_c6_mde_as_todays_rule_prints_it():
     """The paragraph under the 2026-12-01 table gives C6's MDE line as today's rule computes it from the sd printed."""
     text = _text()
-    table = text[text.index("## Verdicts"):text.index("## How long the emulated")]
+    table = text[text.index("## Verdicts") : text.index("## How long the emulated")]
     m = re.search(rf"cannot see effects below ({NUMBER}) \(80% power, n = (\d+), seed sd ({NUMBER})\)", table)
     assert m
     point, upper, _ = mde_line(_num(m.group(3)), int(m.group(2)), 0.05)  # C6's level in that table: α = 0.05
-    before = table[:m.start()].splitlines()
+    before = table[: m.start()].splitlines()
     assert "▶ srank rebound" in before[-3] and "against α = 0.05" in before[-2]
-    said = re.search(rf"effect of ({NUMBER}) would be seen .*? ≈ ({NUMBER}) if it is as large as its 80 % upper bound "
-                     rf"≈ ({NUMBER})", re.sub(r"\s+", " ", table))  # the paragraph wraps its lines
+    said = re.search(
+        rf"effect of ({NUMBER}) would be seen .*? ≈ ({NUMBER}) if it is as large as its 80 % upper bound "
+        rf"≈ ({NUMBER})",
+        re.sub(r"\s+", " ", table),
+    )  # the paragraph wraps its lines
     assert said, "the paragraph under the table gives C6's MDE as today's rule prints it"
-    assert said.group(1) == m.group(1) == f"{point:.3g}" and _num(said.group(2)) == pytest.approx(upper, abs=0.0015)
+    assert said.group(1) == m.group(1) == f"{point:.3g}" and _num(said.group(2)) == pytest.approx(
+        upper, abs=0.0015
+    )
     assert _num(said.group(3)) == pytest.approx(sd_upper_bound(_num(m.group(3)), int(m.group(2))), abs=0.0015)

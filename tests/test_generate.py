@@ -24,8 +24,15 @@ from smallinit.generate import Sampling, generate, generate_ids, next_token
 from smallinit.train import Trainer
 
 TINY = [
-    *TINY_GQA, "model.gamma=0.5", "train.steps=3", "train.batch_size=4", "train.warmup_steps=1",
-    "train.lr=3e-2", "train.eval_every=0", "train.eval_batches=1", "train.checkpoint_every=0",
+    *TINY_GQA,
+    "model.gamma=0.5",
+    "train.steps=3",
+    "train.batch_size=4",
+    "train.warmup_steps=1",
+    "train.lr=3e-2",
+    "train.eval_every=0",
+    "train.eval_batches=1",
+    "train.checkpoint_every=0",
 ]
 PROMPT = "ROMEO:\nO, she doth teach the torches"
 
@@ -52,8 +59,9 @@ MODELS = {
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_cached_decoding_matches_full_recomputation(name):
-    cfg = ModelConfig(d_model=32, n_layers=3, n_heads=4, d_ff=64, vocab_size=97, max_seq_len=32, gamma=0.5,
-                      **MODELS[name])
+    cfg = ModelConfig(
+        d_model=32, n_layers=3, n_heads=4, d_ff=64, vocab_size=97, max_seq_len=32, gamma=0.5, **MODELS[name]
+    )
     model = Transformer(cfg, seed=1).eval()
     tokens = torch.randint(0, cfg.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -62,7 +70,7 @@ def test_cached_decoding_matches_full_recomputation(name):
         # a prefill of 6, single tokens, a chunk of 4 after cached positions, single tokens again
         pieces, start = [], 0
         for n in (6, 1, 1, 4, 1, 1, 1, 5):
-            pieces.append(model(tokens[:, start:start + n], cache=cache).logits)
+            pieces.append(model(tokens[:, start : start + n], cache=cache).logits)
             start += n
     assert start == tokens.shape[1] and cache.length == start
     diff = (torch.cat(pieces, dim=1) - full).abs().max().item()
@@ -92,8 +100,14 @@ def test_generation_feeds_one_position_per_step(run):
 
 HF_CASES = {
     "llama-gqa": ["model.gate=none", "model.qk_norm=false"],
-    "qwen3-moe": ["model.gate=none", "model.qk_norm=true", "model.moe.num_experts=4", "model.moe.top_k=1",
-                  "model.moe.d_expert=16", "model.moe.every_n_layers=2"],
+    "qwen3-moe": [
+        "model.gate=none",
+        "model.qk_norm=true",
+        "model.moe.num_experts=4",
+        "model.moe.top_k=1",
+        "model.moe.d_expert=16",
+        "model.moe.every_n_layers=2",
+    ],
     "remote-headwise": ["model.gate=headwise"],
 }
 
@@ -110,7 +124,7 @@ def test_greedy_tokens_match_exported_hf_model(case, corpus, tmp_path):
     for prompt in (PROMPT, "To be, or not"):
         ids = tok.encode(prompt)
         n = 64 - len(ids)  # up to the context's end
-        theirs = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n)[0, len(ids):].tolist()
+        theirs = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n)[0, len(ids) :].tolist()
         ours = generate_ids(model, ids, n, Sampling(temperature=0), eos_id=tok.eos_id)
         assert ours == theirs, f"{case}: greedy tokens differ for {prompt!r}"
 
@@ -148,8 +162,13 @@ def test_seeded_sampling_is_reproducible(run):
 
 def test_bad_sampling_and_lengths_are_refused(run):
     model, tok = load_pretrained(run)
-    for bad in (Sampling(temperature=-1), Sampling(temperature=float("nan")), Sampling(top_k=0),
-                Sampling(top_p=0), Sampling(top_p=1.01)):
+    for bad in (
+        Sampling(temperature=-1),
+        Sampling(temperature=float("nan")),
+        Sampling(top_k=0),
+        Sampling(top_p=0),
+        Sampling(top_p=1.01),
+    ):
         with pytest.raises(ConfigError):
             generate_ids(model, [1, 2], 3, bad)
     with pytest.raises(ConfigError, match="≥ 0"):
@@ -172,7 +191,8 @@ def test_load_pretrained_returns_the_run_tokenizer(run):
     # an empty prompt starts a new document: the continuation of the end-of-text token
     expected = generate_ids(model, [tok.eos_id], 5, Sampling(temperature=0), eos_id=tok.eos_id)
     assert generate(model, tok, "", 5, Sampling(temperature=0)) == tok.decode(
-        [i for i in expected if i != tok.eos_id])
+        [i for i in expected if i != tok.eos_id]
+    )
 
 
 def test_load_pretrained_refuses_a_changed_tokenizer(corpus, tmp_path):
@@ -191,17 +211,44 @@ def test_load_pretrained_refuses_a_changed_tokenizer(corpus, tmp_path):
 def test_cli_generate_prints_the_prompt_and_its_continuation(run, capsys, monkeypatch):
     model, tok = load_pretrained(run)
     expected = generate(model, tok, PROMPT, 12, Sampling(temperature=0))
-    assert main(["generate", str(run), "--prompt", PROMPT, "--max-new-tokens", "12", "--temperature", "0"]) == 0
+    assert (
+        main(["generate", str(run), "--prompt", PROMPT, "--max-new-tokens", "12", "--temperature", "0"]) == 0
+    )
     assert capsys.readouterr().out == PROMPT + expected + "\n"
-    assert main(["generate", str(run), "--prompt", PROMPT, "--max-new-tokens", "12", "--temperature", "0",
-                 "--no-prompt"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                str(run),
+                "--prompt",
+                PROMPT,
+                "--max-new-tokens",
+                "12",
+                "--temperature",
+                "0",
+                "--no-prompt",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out == expected + "\n"
 
     monkeypatch.setattr(sys, "stdin", io.StringIO(PROMPT))  # not a TTY: the prompt comes from stdin
     assert main(["generate", str(run), "--max-new-tokens", "12", "--temperature", "0"]) == 0
     assert capsys.readouterr().out == PROMPT + expected + "\n"
 
-    args = ["generate", str(run), "--prompt", PROMPT, "--max-new-tokens", "12", "--top-k", "20", "--top-p", "0.9"]
+    args = [
+        "generate",
+        str(run),
+        "--prompt",
+        PROMPT,
+        "--max-new-tokens",
+        "12",
+        "--top-k",
+        "20",
+        "--top-p",
+        "0.9",
+    ]
     outs = []
     for seed in ("3", "3", "4"):
         assert main([*args, "--seed", seed]) == 0
@@ -209,15 +256,18 @@ def test_cli_generate_prints_the_prompt_and_its_continuation(run, capsys, monkey
     assert outs[0] == outs[1] != outs[2]
 
 
-@pytest.mark.parametrize("bad,message", [
-    (["--max-new-tokens", "-1"], "max-new-tokens must be ≥ 0"),
-    (["--top-p", "0"], "top-p must be in (0, 1]"),
-    (["--top-p", "1.5"], "top-p must be in (0, 1]"),
-    (["--temperature", "-0.5"], "temperature must be ≥ 0"),
-    (["--top-k", "0"], "top-k must be ≥ 1"),
-    (["--max-new-tokens", "1000"], "exceed the model's context of 64 tokens"),
-    (["--top-p", "high"], "invalid float value"),
-])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (["--max-new-tokens", "-1"], "max-new-tokens must be ≥ 0"),
+        (["--top-p", "0"], "top-p must be in (0, 1]"),
+        (["--top-p", "1.5"], "top-p must be in (0, 1]"),
+        (["--temperature", "-0.5"], "temperature must be ≥ 0"),
+        (["--top-k", "0"], "top-k must be ≥ 1"),
+        (["--max-new-tokens", "1000"], "exceed the model's context of 64 tokens"),
+        (["--top-p", "high"], "invalid float value"),
+    ],
+)
 def test_cli_generate_refuses_bad_values(bad, message, run, capsys):
     try:
         code = main(["generate", str(run), "--prompt", "hi", *bad])

@@ -15,8 +15,15 @@ from smallinit.analysis.measure import COMPARE_TOKENS  # noqa: E402
 from smallinit.cli import main  # noqa: E402
 from smallinit.data import EOS_TOKEN, load_tokenizer  # noqa: E402
 
-LLAMA = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+}
 SMALL = ["--set", "train.eval_batches=1", "--set", "train.batch_size=2", "--set", "data.seq_len=32"]
 
 
@@ -27,10 +34,19 @@ def _init_hf(tmp_path, name: str, vocab: int, *extra: str) -> tuple[int, str]:
 
 def _gpt2(path, seed: int = 0, tokenizer: bool = True):
     """A tiny GPT-2 as save_pretrained writes it, with smallinit's 257-token byte tokenizer."""
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=load_tokenizer("bytes").hf, eos_token=EOS_TOKEN)
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=load_tokenizer("bytes").hf, eos_token=EOS_TOKEN
+    )
     torch.manual_seed(seed)
-    config = transformers.GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=4, n_positions=128,
-                                     bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
+    config = transformers.GPT2Config(
+        vocab_size=len(tok),
+        n_embd=32,
+        n_layer=1,
+        n_head=4,
+        n_positions=128,
+        bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     transformers.GPT2LMHeadModel(config).save_pretrained(path)
     if tokenizer:
         tok.save_pretrained(path)
@@ -62,9 +78,14 @@ def test_init_hf_saves_a_tokenizer_that_covers_the_model_or_says_it_did_not(tmp_
     code, name = _init_hf(tmp_path, "v256", 256)  # no builtin one fits under 256 embeddings
     out = capsys.readouterr().out
     assert code == 0 and "no tokenizer saved" in out and "--tokenizer" in out
-    assert not (tmp_path / name / "tokenizer.json").exists() and not (tmp_path / name / "tokenizer_config.json").exists()
+    assert (
+        not (tmp_path / name / "tokenizer.json").exists()
+        and not (tmp_path / name / "tokenizer_config.json").exists()
+    )
 
-    code, name = _init_hf(tmp_path, "v8192", 8192, "--tokenizer", "bytes")  # given, but far from the vocabulary
+    code, name = _init_hf(
+        tmp_path, "v8192", 8192, "--tokenizer", "bytes"
+    )  # given, but far from the vocabulary
     assert code == 2 and "257 tokens for the model's 8,192 embeddings" in _one_error_line(capsys)
     assert not (tmp_path / name).exists()
     code, name = _init_hf(tmp_path, "given", 8192, "--tokenizer", "default")
@@ -103,9 +124,24 @@ def test_compare_on_hf_folders_stops_at_its_default_budget_with_progress(corpus,
     """Without a budget, compare read the whole text silently (30 minutes on the builtin corpus)."""
     a, b = _gpt2(tmp_path / "a", seed=0), _gpt2(tmp_path / "b", seed=1)
     capsys.readouterr()
-    assert main(["compare", str(a), str(b), "--data", str(corpus), "--set", "data.seq_len=64", "--set",
-                 "train.batch_size=64", "--out",
-                 str(tmp_path / "cmp")]) == 0  # the corpus holds ~60,000 tokens, past the budget
+    assert (
+        main(
+            [
+                "compare",
+                str(a),
+                str(b),
+                "--data",
+                str(corpus),
+                "--set",
+                "data.seq_len=64",
+                "--set",
+                "train.batch_size=64",
+                "--out",
+                str(tmp_path / "cmp"),
+            ]
+        )
+        == 0
+    )  # the corpus holds ~60,000 tokens, past the budget
     gap = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert gap["tokens"] == COMPARE_TOKENS  # the whole text (60,032 tokens) before the budget
     assert gap["meta"]["max_tokens"] == COMPARE_TOKENS
@@ -123,11 +159,14 @@ def test_a_trainer_output_dir_is_read_at_its_top_else_at_its_latest_checkpoint(t
     out = tmp_path / "trainer"
     for step in (5, 10):  # checkpoints saved without the tokenizer, which is kept at the top
         _gpt2(out / f"checkpoint-{step}", seed=step, tokenizer=False)
-    transformers.PreTrainedTokenizerFast(tokenizer_object=load_tokenizer("bytes").hf,
-                                         eos_token=EOS_TOKEN).save_pretrained(out)
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=load_tokenizer("bytes").hf, eos_token=EOS_TOKEN
+    ).save_pretrained(out)
     assert main(["analyze", str(out), *SMALL, "--out", str(tmp_path / "a")]) == 0
     assert "measured its latest checkpoint, checkpoint-10" in capsys.readouterr().out
-    assert json.loads((tmp_path / "a" / "analysis.json").read_text())["checkpoint"] == str(out / "checkpoint-10")
+    assert json.loads((tmp_path / "a" / "analysis.json").read_text())["checkpoint"] == str(
+        out / "checkpoint-10"
+    )
 
     _gpt2(out, seed=99)  # the final save_model
     assert main(["analyze", str(out), *SMALL, "--out", str(tmp_path / "b")]) == 0

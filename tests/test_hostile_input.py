@@ -38,10 +38,18 @@ from smallinit.study.running import Sweep, resolve_config
 from smallinit.train import Trainer
 from smallinit.train import checkpoint as ckpt
 
-FAST = settings(max_examples=40, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FAST = settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 TINY = [
-    *TINY_MODEL, "train.batch_size=4", "train.steps=1", "train.eval_every=0", "train.eval_batches=1",
+    *TINY_MODEL,
+    "train.batch_size=4",
+    "train.steps=1",
+    "train.eval_every=0",
+    "train.eval_batches=1",
     "train.warmup_steps=0",
 ]
 
@@ -98,8 +106,15 @@ def test_no_unpickling_api_in_the_code():
     offenders = []
     for f in src.rglob("*.py"):
         text = f.read_text(encoding="utf-8")
-        for pattern in (r"\bimport pickle\b", r"\bpickle\.loads?\(", r"\bdill\b", r"\bjoblib\b", r"\bshelve\b",
-                        r"allow_pickle\s*=\s*True", r"torch\.load\((?![^)]*weights_only\s*=\s*True)"):
+        for pattern in (
+            r"\bimport pickle\b",
+            r"\bpickle\.loads?\(",
+            r"\bdill\b",
+            r"\bjoblib\b",
+            r"\bshelve\b",
+            r"allow_pickle\s*=\s*True",
+            r"torch\.load\((?![^)]*weights_only\s*=\s*True)",
+        ):
             offenders += [f"{f.relative_to(src)}: {m.group(0)}" for m in re.finditer(pattern, text)]
     assert offenders == []
 
@@ -107,7 +122,9 @@ def test_no_unpickling_api_in_the_code():
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("pickle") / "run"
-    Trainer(Config.load(overrides=[*TINY, "data.corpus=shakespeare", "train.steps=2"]), run, callbacks=[]).fit()
+    Trainer(
+        Config.load(overrides=[*TINY, "data.corpus=shakespeare", "train.steps=2"]), run, callbacks=[]
+    ).fit()
     return run
 
 
@@ -162,19 +179,54 @@ def test_pickle_as_tokenizer_config_or_state_is_refused_unrun(fmt, payloads, fin
 
 # -- configs and --set values ----------------------------------------------------------------------------
 
-SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "analysis": AnalysisConfig,
-            "moe": MoEConfig}
+SECTIONS = {
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "data": DataConfig,
+    "analysis": AnalysisConfig,
+    "moe": MoEConfig,
+}
 KNOWN_KEYS = sorted({f.name for cls in SECTIONS.values() for f in fields(cls)} | {"preset"})
-WORDS = ["cpu-1m", "tiny", "1.5b", "headwise", "none", "bf16", "fp16", "cosine", "wsd", "skip", "bytes",
-         "shakespeare", "cpu", "cuda:7", "null", "", "../../etc", "\x00", "é✓"]
+WORDS = [
+    "cpu-1m",
+    "tiny",
+    "1.5b",
+    "headwise",
+    "none",
+    "bf16",
+    "fp16",
+    "cosine",
+    "wsd",
+    "skip",
+    "bytes",
+    "shakespeare",
+    "cpu",
+    "cuda:7",
+    "null",
+    "",
+    "../../etc",
+    "\x00",
+    "é✓",
+]
 
 scalars = st.one_of(  # plausible values often, so that valid configs come up too
-    st.integers(min_value=-(2**63), max_value=2**63 - 1), st.integers(min_value=-3, max_value=300),
-    st.sampled_from([2, 4, 8, 16, 32, 64]), st.floats(), st.floats(min_value=1e-6, max_value=0.9),
-    st.booleans(), st.sampled_from(WORDS), st.text(max_size=12),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.integers(min_value=-3, max_value=300),
+    st.sampled_from([2, 4, 8, 16, 32, 64]),
+    st.floats(),
+    st.floats(min_value=1e-6, max_value=0.9),
+    st.booleans(),
+    st.sampled_from(WORDS),
+    st.text(max_size=12),
 )
-values = st.recursive(scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(
-    st.sampled_from(KNOWN_KEYS) | st.text(max_size=6), c, max_size=3), max_leaves=6)
+values = st.recursive(
+    scalars,
+    lambda c: (
+        st.lists(c, max_size=3)
+        | st.dictionaries(st.sampled_from(KNOWN_KEYS) | st.text(max_size=6), c, max_size=3)
+    ),
+    max_leaves=6,
+)
 
 
 def section(name: str):
@@ -183,9 +235,14 @@ def section(name: str):
 
 
 documents = st.one_of(
-    st.fixed_dictionaries({}, optional={name: section(name) for name in ("model", "train", "data", "analysis")}),
-    st.dictionaries(st.sampled_from([*SECTIONS, "sweep"]) | st.text(max_size=6),
-                    st.dictionaries(st.sampled_from(KNOWN_KEYS) | st.text(max_size=8), values) | values, max_size=4),
+    st.fixed_dictionaries(
+        {}, optional={name: section(name) for name in ("model", "train", "data", "analysis")}
+    ),
+    st.dictionaries(
+        st.sampled_from([*SECTIONS, "sweep"]) | st.text(max_size=6),
+        st.dictionaries(st.sampled_from(KNOWN_KEYS) | st.text(max_size=8), values) | values,
+        max_size=4,
+    ),
 )
 
 
@@ -195,7 +252,9 @@ def toml_value(v) -> str:
     if isinstance(v, int):
         return str(v)
     if isinstance(v, float):
-        return "nan" if v != v else ("inf" if v == float("inf") else "-inf" if v == float("-inf") else repr(v))
+        return (
+            "nan" if v != v else ("inf" if v == float("inf") else "-inf" if v == float("-inf") else repr(v))
+        )
     if isinstance(v, str):
         return '"' + "".join(c if c.isprintable() and c not in '"\\' else f"\\U{ord(c):08x}" for c in v) + '"'
     if isinstance(v, list):
@@ -223,10 +282,15 @@ def test_config_files_load_or_one_line_error(doc, tmp_path_factory):
 
 
 @FAST
-@given(key=st.sampled_from([f"{s}.{f.name}" for s, c in SECTIONS.items() if s != "moe" for f in fields(c)]
-                           + ["model.preset", "model.moe.top_k", "model.moe"]) | st.text(max_size=15),
-       value=st.text(max_size=15) | scalars.map(toml_value) | values.map(toml_value),
-       sep=st.sampled_from(["=", "=", " = ", "", "=="]))
+@given(
+    key=st.sampled_from(
+        [f"{s}.{f.name}" for s, c in SECTIONS.items() if s != "moe" for f in fields(c)]
+        + ["model.preset", "model.moe.top_k", "model.moe"]
+    )
+    | st.text(max_size=15),
+    value=st.text(max_size=15) | scalars.map(toml_value) | values.map(toml_value),
+    sep=st.sampled_from(["=", "=", " = ", "", "=="]),
+)
 def test_set_values_load_or_one_line_error(key, value, sep):
     check_config_outcome(lambda: Config.load(overrides=[f"{key}{sep}{value}"]))
 
@@ -239,14 +303,17 @@ def test_binary_config_files(raw, tmp_path_factory):
     check_config_outcome(lambda: Config.load(f))
 
 
-@pytest.mark.parametrize("text,words", [
-    ("a = " + "[" * 5000 + "]" * 5000, "not valid TOML"),
-    ('[model]\nd_model = 4611686018427387904\nn_heads = 4\nn_kv_heads = 4', "too large"),
-    ("[train]\nweight_decay = nan", "finite"),
-    ("[train]\nadam_eps = -1.0", "adam_eps"),
-    ("[data]\ncorpus = \"\\u0000\"\ntokenizer = \"bytes\"", "not found"),
-    ('[model]\n"a\\nb" = 1', "unknown config key 'model.a\\nb'"),
-])
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("a = " + "[" * 5000 + "]" * 5000, "not valid TOML"),
+        ("[model]\nd_model = 4611686018427387904\nn_heads = 4\nn_kv_heads = 4", "too large"),
+        ("[train]\nweight_decay = nan", "finite"),
+        ("[train]\nadam_eps = -1.0", "adam_eps"),
+        ('[data]\ncorpus = "\\u0000"\ntokenizer = "bytes"', "not found"),
+        ('[model]\n"a\\nb" = 1', "unknown config key 'model.a\\nb'"),
+    ],
+)
 def test_config_edge_cases_via_cli(text, words, tmp_path):
     f = tmp_path / "c.toml"
     f.write_text(text, encoding="utf-8")
@@ -255,12 +322,18 @@ def test_config_edge_cases_via_cli(text, words, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("values,words", [
-    (["train.batch_size=1099511627776"], "is too large; use at most 2**24"),
-    (["train.batch_size=4194304"], "lower train.batch_size"),  # the activations cannot fit
-    (["model.n_layers=100000000"], "choose a smaller model"),  # the weights cannot fit; estimated without building
-    (["model.d_model=1048576", "model.n_heads=4", "model.n_kv_heads=4"], "choose a smaller model"),
-])
+@pytest.mark.parametrize(
+    "values,words",
+    [
+        (["train.batch_size=1099511627776"], "is too large; use at most 2**24"),
+        (["train.batch_size=4194304"], "lower train.batch_size"),  # the activations cannot fit
+        (
+            ["model.n_layers=100000000"],
+            "choose a smaller model",
+        ),  # the weights cannot fit; estimated without building
+        (["model.d_model=1048576", "model.n_heads=4", "model.n_kv_heads=4"], "choose a smaller model"),
+    ],
+)
 def test_configs_too_big_for_the_machine_are_refused_before_writing(values, words, tmp_path):
     code, _, err = cli(["train", "--out", str(tmp_path / "run"), *sets(*TINY, *values)])
     assert words in assert_one_line_error(code, err)
@@ -275,9 +348,19 @@ def test_out_of_memory_in_a_real_process_is_one_line(tmp_path):
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
 
-    argv = ["train", "--out", str(tmp_path / "run"), *sets(*TINY, "model.d_model=64", "model.d_ff=2000000", "model.n_layers=1")]
-    r = subprocess.run([sys.executable, "-m", "smallinit", *argv], capture_output=True, text=True, timeout=120,
-                       preexec_fn=cap)
+    argv = [
+        "train",
+        "--out",
+        str(tmp_path / "run"),
+        *sets(*TINY, "model.d_model=64", "model.d_ff=2000000", "model.n_layers=1"),
+    ]
+    r = subprocess.run(
+        [sys.executable, "-m", "smallinit", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=cap,
+    )
     assert "out of memory" in assert_one_line_error(r.returncode, r.stderr)
     assert not (tmp_path / "run").exists()
 
@@ -294,16 +377,48 @@ def test_deeply_nested_set_and_config_json(tmp_path):
 
 # -- CLI arguments -----------------------------------------------------------------------------------------
 
-ARG_POOL = ["--config", "--preset", "--set", "--out", "--resume", "--vocab-size", "--text-field", "--help",
-            "-h", "--", "-", "--bogus", "x", "cpu-5m", "1.5b", "nope", "model.gamma=-1", "model.gate=headwise",
-            "train.steps=abc", "=", "model.=1", "a.b.c=1", "/nonexistent.toml", "", "10", "-5", "é", "train",
-            "info", "tokenizer"]
+ARG_POOL = [
+    "--config",
+    "--preset",
+    "--set",
+    "--out",
+    "--resume",
+    "--vocab-size",
+    "--text-field",
+    "--help",
+    "-h",
+    "--",
+    "-",
+    "--bogus",
+    "x",
+    "cpu-5m",
+    "1.5b",
+    "nope",
+    "model.gamma=-1",
+    "model.gate=headwise",
+    "train.steps=abc",
+    "=",
+    "model.=1",
+    "a.b.c=1",
+    "/nonexistent.toml",
+    "",
+    "10",
+    "-5",
+    "é",
+    "train",
+    "info",
+    "tokenizer",
+]
 
 
 @FAST
-@given(command=st.sampled_from([["train"], ["info"], ["tokenizer"], ["tokenizer", "train"], ["nonsense"], []]),
-       rest=st.lists(st.sampled_from(ARG_POOL) | st.text(alphabet=st.characters(blacklist_characters="\x00"),
-                                                      max_size=8), max_size=6))
+@given(
+    command=st.sampled_from([["train"], ["info"], ["tokenizer"], ["tokenizer", "train"], ["nonsense"], []]),
+    rest=st.lists(
+        st.sampled_from(ARG_POOL) | st.text(alphabet=st.characters(blacklist_characters="\x00"), max_size=8),
+        max_size=6,
+    ),
+)
 def test_cli_arguments_exit_0_or_one_line_2(command, rest, tmp_path_factory):
     cwd = tmp_path_factory.mktemp("cli")
     argv = [*command, *rest]
@@ -325,11 +440,14 @@ def test_cli_errors_in_a_real_process(tmp_path):
         (["train", "--out", str(tmp_path / "r"), *sets(*TINY, f"data.corpus={tmp_path}")], "has no .txt"),
     ]
     for argv, words in cases:
-        r = subprocess.run([sys.executable, "-m", "smallinit", *argv], capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "smallinit", *argv], capture_output=True, text=True, timeout=120
+        )
         assert words in assert_one_line_error(r.returncode, r.stderr)
 
 
 # -- corpora -----------------------------------------------------------------------------------------------
+
 
 def train_on(corpus: Path, tmp_path: Path, *extra: str) -> tuple[int, str, Path]:
     run = tmp_path / "run"
@@ -347,16 +465,19 @@ def _two_docs_train_too_short(tmp_path: Path) -> tuple[Path, str]:
     return f, f"data.val_fraction={(u[0] + u[1]) / 2}"
 
 
-@pytest.mark.parametrize("name,make,words", [
-    ("empty.txt", lambda p: p.write_bytes(b""), "empty"),
-    ("blank.jsonl", lambda p: p.write_text('{"text": "  "}\n\n{"text": null}\n'), "empty"),
-    ("binary.txt", lambda p: p.write_bytes(bytes(range(256)) * 4), "NUL"),
-    ("new\nline.txt", lambda p: p.write_bytes(b"\x00"), "new\\nline.txt contains NUL"),
-    ("latin1.txt", lambda p: p.write_bytes("naïve café ".encode("latin-1") * 50), "UTF-8"),
-    ("short.txt", lambda p: p.write_text("fewer tokens than one sequence"), "fewer than one sequence"),
-    ("nested.jsonl", lambda p: p.write_text("[" * 100000 + "\n"), "nests JSON too deeply"),
-    ("nocol.parquet", lambda p: pq.write_table(pa.table({"body": ["a" * 500]}), p), "no column 'text'"),
-])
+@pytest.mark.parametrize(
+    "name,make,words",
+    [
+        ("empty.txt", lambda p: p.write_bytes(b""), "empty"),
+        ("blank.jsonl", lambda p: p.write_text('{"text": "  "}\n\n{"text": null}\n'), "empty"),
+        ("binary.txt", lambda p: p.write_bytes(bytes(range(256)) * 4), "NUL"),
+        ("new\nline.txt", lambda p: p.write_bytes(b"\x00"), "new\\nline.txt contains NUL"),
+        ("latin1.txt", lambda p: p.write_bytes("naïve café ".encode("latin-1") * 50), "UTF-8"),
+        ("short.txt", lambda p: p.write_text("fewer tokens than one sequence"), "fewer than one sequence"),
+        ("nested.jsonl", lambda p: p.write_text("[" * 100000 + "\n"), "nests JSON too deeply"),
+        ("nocol.parquet", lambda p: pq.write_table(pa.table({"body": ["a" * 500]}), p), "no column 'text'"),
+    ],
+)
 def test_bad_corpora_one_line_and_no_run_folder(name, make, words, tmp_path):
     corpus = tmp_path / name
     make(corpus)
@@ -390,7 +511,9 @@ def test_no_hang_on_special_files(tmp_path):
     (folder / "zero.txt").symlink_to("/dev/zero")
     for spec, words in ((folder, "has no .txt"), (f"{folder}/**/*.txt", "matches no .txt")):
         argv = ["train", "--out", str(tmp_path / "run"), *sets(*TINY, f"data.corpus={spec}")]
-        r = subprocess.run([sys.executable, "-m", "smallinit", *argv], capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "smallinit", *argv], capture_output=True, text=True, timeout=120
+        )
         assert words in assert_one_line_error(r.returncode, r.stderr)
     code, err, run = train_on(Path("/dev/zero"), tmp_path)
     assert "not found" in assert_one_line_error(code, err)
@@ -399,21 +522,33 @@ def test_no_hang_on_special_files(tmp_path):
 
 jsonl_lines = st.one_of(
     st.builds(lambda t: json.dumps({"text": t}), st.text(max_size=120)),
-    st.builds(json.dumps, st.recursive(st.none() | st.integers() | st.text(max_size=5),
-                                       lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c,
-                                                                                          max_size=3))),
+    st.builds(
+        json.dumps,
+        st.recursive(
+            st.none() | st.integers() | st.text(max_size=5),
+            lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c, max_size=3),
+        ),
+    ),
     st.text(max_size=40),
 )
 
 
 @settings(FAST, max_examples=30)
-@given(kind=st.sampled_from([".txt", ".jsonl"]), raw=st.binary(max_size=400),
-       text=st.text(max_size=600), lines=st.lists(jsonl_lines, max_size=8), use=st.sampled_from("brl"))
+@given(
+    kind=st.sampled_from([".txt", ".jsonl"]),
+    raw=st.binary(max_size=400),
+    text=st.text(max_size=600),
+    lines=st.lists(jsonl_lines, max_size=8),
+    use=st.sampled_from("brl"),
+)
 def test_random_corpora_train_or_one_line_error(kind, raw, text, lines, use, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("corpus")
     corpus = tmp / f"c{kind}"
-    content = {"b": raw, "r": text.encode("utf-8", "surrogatepass"), "l": "\n".join(lines).encode("utf-8",
-                                                                                                  "surrogatepass")}
+    content = {
+        "b": raw,
+        "r": text.encode("utf-8", "surrogatepass"),
+        "l": "\n".join(lines).encode("utf-8", "surrogatepass"),
+    }
     corpus.write_bytes(content[use])
     code, err, run = train_on(corpus, tmp)
     if code == 0:
@@ -425,14 +560,18 @@ def test_random_corpora_train_or_one_line_error(kind, raw, text, lines, use, tmp
 
 # -- sweep files -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text,words", [  # the plain bad shapes are in test_sweep.py; these are the hostile ones
-    ('[grid]\n"model.gamma" = [0.5, nan]', "finite"),
-    ('[grid]\n"../../x" = [1]', "section.key=value"),
-    ('[arms."../evil"]\n"model.gamma" = 1.0', "may hold only"),
-    ('[sizes."/abs"]\n"model.preset" = "cpu-1m"', "may hold only"),
-    ('[grid]\n"train.steps" = [{a = 1}]', "int"),
-    ("grid = 3", "must be a table"),
-])
+
+@pytest.mark.parametrize(
+    "text,words",
+    [  # the plain bad shapes are in test_sweep.py; these are the hostile ones
+        ('[grid]\n"model.gamma" = [0.5, nan]', "finite"),
+        ('[grid]\n"../../x" = [1]', "section.key=value"),
+        ('[arms."../evil"]\n"model.gamma" = 1.0', "may hold only"),
+        ('[sizes."/abs"]\n"model.preset" = "cpu-1m"', "may hold only"),
+        ('[grid]\n"train.steps" = [{a = 1}]', "int"),
+        ("grid = 3", "must be a table"),
+    ],
+)
 def test_bad_sweep_files_one_line_nothing_written(text, words, tmp_path):
     f = tmp_path / "s.toml"
     f.write_text(text, encoding="utf-8")
@@ -442,13 +581,20 @@ def test_bad_sweep_files_one_line_nothing_written(text, words, tmp_path):
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
 
 
-grid_values = st.lists(st.one_of(st.floats(), st.integers(-5, 5), st.text(max_size=6), st.booleans()), max_size=3)
+grid_values = st.lists(
+    st.one_of(st.floats(), st.integers(-5, 5), st.text(max_size=6), st.booleans()), max_size=3
+)
 
 
 @settings(FAST, max_examples=60)
-@given(grid=st.dictionaries(st.sampled_from(["model.gamma", "train.seed", "model.norm_eps", "model.gate"])
-                            | st.text(max_size=10), grid_values, max_size=3),
-       arms=st.dictionaries(st.text(max_size=8), st.just({"model.gamma": 1.0}), max_size=2))
+@given(
+    grid=st.dictionaries(
+        st.sampled_from(["model.gamma", "train.seed", "model.norm_eps", "model.gate"]) | st.text(max_size=10),
+        grid_values,
+        max_size=3,
+    ),
+    arms=st.dictionaries(st.text(max_size=8), st.just({"model.gamma": 1.0}), max_size=2),
+)
 def test_sweep_grids_cells_or_one_line_error(grid, arms):
     raw = {"base": {"data.tokenizer": "bytes"}, "grid": grid, **({"arms": arms} if arms else {})}
     try:
@@ -463,17 +609,40 @@ def test_sweep_grids_cells_or_one_line_error(grid, arms):
 
 
 junk = values | st.just(3)
-sweep_tables = st.fixed_dictionaries({}, optional={
-    "grid": st.dictionaries(st.sampled_from(["model.gamma", "train.seed"]), grid_values, max_size=2) | junk,
-    "base": st.dictionaries(st.sampled_from(["model.gamma", "train.steps"]), scalars, max_size=2) | junk,
-    "arms": st.dictionaries(st.sampled_from(["a", "../b"]), st.just({"model.gamma": 1.0}), max_size=2) | junk})
-names = st.sampled_from(["cpu", "micro", "..", "../../evil", "a/b", "/abs", ".hidden", ""]) | st.text(max_size=4)
-recipe_docs = st.fixed_dictionaries({"recipe": st.fixed_dictionaries({"analysis": st.sampled_from(["fig1", "nope"])
-                                                                      | junk})}, optional={
-    "base": st.dictionaries(st.sampled_from(["model.gamma", "train.steps"]), scalars, max_size=2) | junk,
-    "scales": st.dictionaries(names, st.fixed_dictionaries({}, optional={
-        "description": junk, "base": junk, "options": junk,
-        "sweeps": st.dictionaries(names, sweep_tables | junk, max_size=2) | junk}) | junk, max_size=2) | junk})
+sweep_tables = st.fixed_dictionaries(
+    {},
+    optional={
+        "grid": st.dictionaries(st.sampled_from(["model.gamma", "train.seed"]), grid_values, max_size=2)
+        | junk,
+        "base": st.dictionaries(st.sampled_from(["model.gamma", "train.steps"]), scalars, max_size=2) | junk,
+        "arms": st.dictionaries(st.sampled_from(["a", "../b"]), st.just({"model.gamma": 1.0}), max_size=2)
+        | junk,
+    },
+)
+names = st.sampled_from(["cpu", "micro", "..", "../../evil", "a/b", "/abs", ".hidden", ""]) | st.text(
+    max_size=4
+)
+recipe_docs = st.fixed_dictionaries(
+    {"recipe": st.fixed_dictionaries({"analysis": st.sampled_from(["fig1", "nope"]) | junk})},
+    optional={
+        "base": st.dictionaries(st.sampled_from(["model.gamma", "train.steps"]), scalars, max_size=2) | junk,
+        "scales": st.dictionaries(
+            names,
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "description": junk,
+                    "base": junk,
+                    "options": junk,
+                    "sweeps": st.dictionaries(names, sweep_tables | junk, max_size=2) | junk,
+                },
+            )
+            | junk,
+            max_size=2,
+        )
+        | junk,
+    },
+)
 
 
 @settings(FAST, max_examples=60)
@@ -492,30 +661,71 @@ def test_recipe_files_load_or_one_line_error(doc, tmp_path_factory):
             assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+-]*", name), name
 
 
-@pytest.mark.parametrize("text,words", [
-    ('[scales."../../evil".sweeps.g.grid]\n"model.gamma" = [1.0]', "scale name '../../evil'"),
-    ('[scales.cpu.sweeps."../../evil".grid]\n"model.gamma" = [1.0]', "sweep name '../../evil'"),
-    ('[scales.cpu.sweeps."/abs".grid]\n"model.gamma" = [1.0]', "sweep name '/abs'"),
-    ('[scales.cpu]\noptions = 3\n[scales.cpu.sweeps.g.grid]\n"model.gamma" = [1.0]', "options must be a table"),
-])
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ('[scales."../../evil".sweeps.g.grid]\n"model.gamma" = [1.0]', "scale name '../../evil'"),
+        ('[scales.cpu.sweeps."../../evil".grid]\n"model.gamma" = [1.0]', "sweep name '../../evil'"),
+        ('[scales.cpu.sweeps."/abs".grid]\n"model.gamma" = [1.0]', "sweep name '/abs'"),
+        (
+            '[scales.cpu]\noptions = 3\n[scales.cpu.sweeps.g.grid]\n"model.gamma" = [1.0]',
+            "options must be a table",
+        ),
+    ],
+)
 def test_recipe_names_cannot_leave_the_folder(text, words, tmp_path):
     f = tmp_path / "evil.toml"
     f.write_text('[recipe]\nanalysis = "fig1"\n' + text, encoding="utf-8")
     with contextlib.chdir(tmp_path):
         # train.steps=0: were a name let through, every cell would be refused before any folder is made
-        code, _, err = cli(["recipe", str(f), "--scale", "cpu", "--out", str(tmp_path / "out" / "deep"),
-                            "--set", "train.steps=0"])
+        code, _, err = cli(
+            [
+                "recipe",
+                str(f),
+                "--scale",
+                "cpu",
+                "--out",
+                str(tmp_path / "out" / "deep"),
+                "--set",
+                "train.steps=0",
+            ]
+        )
     assert words in assert_one_line_error(code, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["evil.toml"]
 
 
 # -- the HTML report -----------------------------------------------------------------------------------------
 
-HOSTILE = ["<script>alert(1)</script>", "</code></td></tr></table><iframe src=//evil.example>",
-           '"><img src=x onerror=alert(2)>', "<!-- open comment", "<![CDATA[x]]>", "<svg onload=alert(3)>",
-           "<style>body{display:none}</style>", "&lt;pre-escaped&gt;", "javascript:alert(4)"]
-ACTIVE_TAGS = {"script", "iframe", "frame", "svg", "math", "object", "embed", "link", "base", "form", "input",
-               "button", "a", "audio", "video", "source", "template"}  # what could run, load or navigate
+HOSTILE = [
+    "<script>alert(1)</script>",
+    "</code></td></tr></table><iframe src=//evil.example>",
+    '"><img src=x onerror=alert(2)>',
+    "<!-- open comment",
+    "<![CDATA[x]]>",
+    "<svg onload=alert(3)>",
+    "<style>body{display:none}</style>",
+    "&lt;pre-escaped&gt;",
+    "javascript:alert(4)",
+]
+ACTIVE_TAGS = {
+    "script",
+    "iframe",
+    "frame",
+    "svg",
+    "math",
+    "object",
+    "embed",
+    "link",
+    "base",
+    "form",
+    "input",
+    "button",
+    "a",
+    "audio",
+    "video",
+    "source",
+    "template",
+}  # what could run, load or navigate
 
 
 class _Tags(HTMLParser):
@@ -544,13 +754,36 @@ def test_hostile_corpus_and_names_cannot_inject_into_the_report(tmp_path):
     root.mkdir()
     corpus.write_text(" ".join(HOSTILE) * 60, encoding="utf-8")
     for gamma in (0.5, 1.0):
-        cfg = Config.load(overrides=[*TINY, f"data.corpus={json.dumps(str(corpus))}", "train.steps=2",
-                                     f"model.gamma={gamma}"])
+        cfg = Config.load(
+            overrides=[
+                *TINY,
+                f"data.corpus={json.dumps(str(corpus))}",
+                "train.steps=2",
+                f"model.gamma={gamma}",
+            ]
+        )
         Trainer(cfg, root / f"g{gamma}", callbacks=[]).fit()
-    code, _, err = cli(["compare", str(root / "g1.0"), str(root / "g0.5"), "--out", str(root / "cmp"),
-                        "--data", str(corpus), "--top-k", "5", "--set", "train.batch_size=2", "--bins", "2",
-                        "--max-tokens", "600",
-                        "--labels", '<b onmouseover=alert(6)>A</b>,"B<script>"'])
+    code, _, err = cli(
+        [
+            "compare",
+            str(root / "g1.0"),
+            str(root / "g0.5"),
+            "--out",
+            str(root / "cmp"),
+            "--data",
+            str(corpus),
+            "--top-k",
+            "5",
+            "--set",
+            "train.batch_size=2",
+            "--bins",
+            "2",
+            "--max-tokens",
+            "600",
+            "--labels",
+            '<b onmouseover=alert(6)>A</b>,"B<script>"',
+        ]
+    )
     assert code == 0, err
     code, _, err = cli(["report", str(root)])
     assert code == 0, err
@@ -576,16 +809,28 @@ def test_eval_never_runs_code_planted_in_a_run_folder(finished_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
     found = ckpt.newest_checkpoint(run)
-    planted = run / "eval" / f"hf-step_{found.step:07d}-{found.state['files']['model.safetensors']['sha256'][:12]}"
+    planted = (
+        run / "eval" / f"hf-step_{found.step:07d}-{found.state['files']['model.safetensors']['sha256'][:12]}"
+    )
     planted.mkdir(parents=True)
     marker = tmp_path / "PWNED"
     (planted / "modeling_smallinit.py").write_text(f"open({str(marker)!r}, 'w')\n")
-    (planted / "config.json").write_text(json.dumps({
-        "architectures": [REMOTE_CLASS], "model_type": "smallinit",
-        "auto_map": {"AutoConfig": "modeling_smallinit.C", "AutoModelForCausalLM": "modeling_smallinit.M"}}))
+    (planted / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": [REMOTE_CLASS],
+                "model_type": "smallinit",
+                "auto_map": {
+                    "AutoConfig": "modeling_smallinit.C",
+                    "AutoModelForCausalLM": "modeling_smallinit.M",
+                },
+            }
+        )
+    )
     tasks = Path(__file__).resolve().parent / "lmeval_tasks"
     with contextlib.chdir(Path(__file__).resolve().parents[1]):
-        code, _, err = cli(["eval", str(run), "--tasks", "smallinit_tiny_mc", "--limit", "1",
-                            "--include-path", str(tasks)])
+        code, _, err = cli(
+            ["eval", str(run), "--tasks", "smallinit_tiny_mc", "--limit", "1", "--include-path", str(tasks)]
+        )
     assert "code smallinit did not write" in assert_one_line_error(code, err)
     assert not marker.exists()

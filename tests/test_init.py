@@ -16,7 +16,7 @@ def check_stds(model: nn.Module, report, gamma: float) -> int:
     for row in report.rows:
         p = params[row.name].detach().float()
         if row.rule == "normal":
-            assert row.std == pytest.approx(row.fan_in ** -gamma)
+            assert row.std == pytest.approx(row.fan_in**-gamma)
             n = p.numel()
             # the sample std of n normal draws has relative error ~ 1/sqrt(2n); allow 5 of those, ≥ 2 %
             tol = max(0.02, 5 / math.sqrt(2 * n))
@@ -99,12 +99,21 @@ def test_biases_zero_declared_fan_in_and_forward_roles():
 @pytest.mark.parametrize("gamma", [0.5, 1.0])
 def test_transformers_models(arch, gamma):
     transformers = pytest.importorskip("transformers")
-    common = dict(vocab_size=1000, hidden_size=128, intermediate_size=352, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    common = dict(
+        vocab_size=1000,
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     if arch == "llama":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, tie_word_embeddings=False))
     else:
-        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=True))
+        model = transformers.Qwen3ForCausalLM(
+            transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=True)
+        )
     report = gamma_init_(model, gamma, generator=torch.Generator().manual_seed(0))
     checked = check_stds(model, report, gamma)
     n_matrices = sum(1 for _, p in model.named_parameters() if p.dim() == 2)
@@ -129,19 +138,28 @@ def _old_rule_init(model: nn.Module, gamma: float, seed: int) -> dict[str, torch
                 continue
             seen.add(id(p))
             if p.dim() >= 2:
-                fan = (mod.in_features if isinstance(mod, nn.Linear) else
-                       mod.embedding_dim if isinstance(mod, nn.Embedding) else p.shape[-1])
-                value = torch.empty(p.shape).normal_(0.0, fan ** -gamma, generator=g)
+                fan = (
+                    mod.in_features
+                    if isinstance(mod, nn.Linear)
+                    else mod.embedding_dim
+                    if isinstance(mod, nn.Embedding)
+                    else p.shape[-1]
+                )
+                value = torch.empty(p.shape).normal_(0.0, fan**-gamma, generator=g)
             else:
                 value = torch.ones(p.shape) if "norm" in type(mod).__name__.lower() else torch.zeros(p.shape)
             out[f"{mname}.{pname}".lstrip(".")] = value
     return out
 
 
-@pytest.mark.parametrize("preset,overrides", [
-    ("cpu-1m", {}), ("cpu-1m", dict(gate="elementwise", qk_norm=True, tie_embeddings=False, gamma=0.5)),
-    ("cpu-moe-1m", dict(gate="headwise")),
-])
+@pytest.mark.parametrize(
+    "preset,overrides",
+    [
+        ("cpu-1m", {}),
+        ("cpu-1m", dict(gate="elementwise", qk_norm=True, tie_embeddings=False, gamma=0.5)),
+        ("cpu-moe-1m", dict(gate="headwise")),
+    ],
+)
 def test_our_model_init_unchanged(preset, overrides):
     """Exact resume and the CPU study's reproducibility rest on the same seed giving the same weights."""
     cfg = ModelConfig.preset(preset, **overrides)
@@ -165,8 +183,9 @@ def test_param_roles_conv_and_stored_in_by_out():
     assert (conv.kind, conv.fan_in, conv.in_dim) == ("matrix", 192, 1)  # in_channels × kernel
     assert param_roles(nn.Conv1d(64, 64, 3, groups=64))["weight"].fan_in == 3  # depthwise: 1 × kernel
     assert as_out_in(torch.zeros(8, 4, 3), param_roles(nn.Conv1d(4, 8, 3))["weight"]).shape == (8, 12)
-    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64,
-                                                                n_positions=16))
+    gpt2 = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=16)
+    )
     roles = param_roles(gpt2)
     fc = roles["transformer.h.0.mlp.c_fc.weight"]  # Conv1D: stored (in, out), applied as x @ W
     assert (fc.kind, fc.in_dim, fc.fan_in) == ("matrix", 0, 32)
@@ -210,11 +229,21 @@ def test_norm_forms_probed_not_named():
     assert offset and all(r.kind == "norm" and r.norm_offset for r in offset)
     report = gamma_init_(gemma, 1.0)
     x = torch.randn(3, gemma.config.hidden_size)
-    assert torch.allclose(gemma.model.norm(x), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), atol=1e-5)
+    assert torch.allclose(
+        gemma.model.norm(x), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), atol=1e-5
+    )
     assert "1 + w" in report.by_name()["model.norm.weight"].reason
-    cohere = transformers.AutoModelForCausalLM.from_config(transformers.CohereConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=128, use_qk_norm=True))
+    cohere = transformers.AutoModelForCausalLM.from_config(
+        transformers.CohereConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+            use_qk_norm=True,
+        )
+    )
     gamma_init_(cohere, 1.0)
     q_norm = cohere.model.layers[0].self_attn.q_norm.weight  # (heads, head_dim): a norm, not a matrix
     assert q_norm.dim() == 2 and torch.all(q_norm == 1)
@@ -229,8 +258,15 @@ def hf_tiny_build(arch):
 
 def _tiny_llama(tie: bool, device: str):
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=128, tie_word_embeddings=tie)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        tie_word_embeddings=tie,
+    )
     with torch.device(device):
         return transformers.LlamaForCausalLM(cfg)
 
@@ -262,20 +298,46 @@ def test_to_empty_broken_tie_is_restored_and_said():
 
 def test_set_norm_eps_refuses_hard_coded_eps():
     transformers = pytest.importorskip("transformers")
-    olmo = transformers.AutoModelForCausalLM.from_config(transformers.OlmoConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, vocab_size=128,
-        pad_token_id=0))
+    olmo = transformers.AutoModelForCausalLM.from_config(
+        transformers.OlmoConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            vocab_size=128,
+            pad_token_id=0,
+        )
+    )
     with pytest.raises(SmallinitError) as e:
         set_norm_eps_(olmo, 1e-12)
     assert "OlmoLayerNorm" in str(e.value) and "hard-codes" in str(e.value)
 
 
-@pytest.mark.parametrize("raw", [
-    {"model_type": "olmo", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
-     "num_attention_heads": 4, "vocab_size": 128, "pad_token_id": 0, "eos_token_id": 0},  # ε hard-coded in OlmoLayerNorm
-    {"model_type": "opt", "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
-     "vocab_size": 128, "word_embed_proj_dim": 64, "pad_token_id": 1},  # no config field to keep ε
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {
+            "model_type": "olmo",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "vocab_size": 128,
+            "pad_token_id": 0,
+            "eos_token_id": 0,
+        },  # ε hard-coded in OlmoLayerNorm
+        {
+            "model_type": "opt",
+            "hidden_size": 64,
+            "ffn_dim": 128,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "vocab_size": 128,
+            "word_embed_proj_dim": 64,
+            "pad_token_id": 1,
+        },  # no config field to keep ε
+    ],
+)
 def test_init_hf_eps_it_cannot_keep_exits_2(raw, tmp_path, capsys):
     import json
 
@@ -287,7 +349,10 @@ def test_init_hf_eps_it_cannot_keep_exits_2(raw, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "ε" in err[0] and "--keep-norm-eps" in err[0]
     assert not (tmp_path / "out").exists()
-    assert main(["init-hf", str(tmp_path / "config.json"), "--out", str(tmp_path / "out"), "--keep-norm-eps"]) == 0
+    assert (
+        main(["init-hf", str(tmp_path / "config.json"), "--out", str(tmp_path / "out"), "--keep-norm-eps"])
+        == 0
+    )
     assert "the architecture's, kept" in capsys.readouterr().out
 
 
@@ -299,21 +364,37 @@ def test_post_branch_norms_found_from_the_forward_and_noted(gamma):
     model = hf_tiny_build("gemma2")
     report = gamma_init_(model, gamma, generator=torch.Generator().manual_seed(0))
     layers = model.model.layers
-    want = [f"model.layers.{i}.{n}" for i in range(len(layers)) for n in ("post_attention_layernorm",
-                                                                          "post_feedforward_layernorm")]
+    want = [
+        f"model.layers.{i}.{n}"
+        for i in range(len(layers))
+        for n in ("post_attention_layernorm", "post_feedforward_layernorm")
+    ]
     assert report.renormalised == want
     notes = [n for n in report.notes if "renormalise a branch's output" in n]
-    assert len(notes) == 1 and "\n" not in notes[0] and notes[0] in str(report) and notes[0] in report.summary()
+    assert (
+        len(notes) == 1 and "\n" not in notes[0] and notes[0] in str(report) and notes[0] in report.summary()
+    )
     # independently, through the forward: each layer adds exactly those norms' outputs to the stream, and
     # they have RMS 1 whatever γ (with an ε that does not swamp the small branch outputs)
     set_norm_eps_(model, 1e-12)
     seen: dict[str, torch.Tensor] = {}
-    hooks = [model.get_submodule(n).register_forward_hook(lambda _m, _a, out, n=n: seen.__setitem__(n, out))
-             for n in want]
+    hooks = [
+        model.get_submodule(n).register_forward_hook(lambda _m, _a, out, n=n: seen.__setitem__(n, out))
+        for n in want
+    ]
     ends: list[tuple[torch.Tensor, torch.Tensor]] = []
-    hooks += [layer.register_forward_hook(lambda _m, args, kwargs, out: ends.append((kwargs.get(
-        "hidden_states", args[0] if args else None), out[0] if isinstance(out, tuple) else out)), with_kwargs=True)
-        for layer in layers]
+    hooks += [
+        layer.register_forward_hook(
+            lambda _m, args, kwargs, out: ends.append(
+                (
+                    kwargs.get("hidden_states", args[0] if args else None),
+                    out[0] if isinstance(out, tuple) else out,
+                )
+            ),
+            with_kwargs=True,
+        )
+        for layer in layers
+    ]
     with torch.no_grad():
         model(pytest.importorskip("hf_tiny").tokens(model))
     for h in hooks:
@@ -353,11 +434,17 @@ def test_meta_plan_and_roles_are_the_cpu_ones_for_moe(arch):
     hf_tiny = pytest.importorskip("hf_tiny")
     cpu, meta = hf_tiny.build(arch), hf_tiny.build(arch, "meta")
     plan = init_plan(meta, 1.0)
-    assert [(r.name, r.rule, r.fan_in) for r in plan.rows] == \
-        [(r.name, r.rule, r.fan_in) for r in init_plan(cpu, 1.0).rows]
-    experts = [r for r in plan.rows if ("experts" in r.name or "router" in r.name or ".gate." in r.name)
-               and not r.name.endswith("bias")]
-    assert experts and all(r.rule == "normal" for r in experts), [r.name for r in experts if r.rule != "normal"]
+    assert [(r.name, r.rule, r.fan_in) for r in plan.rows] == [
+        (r.name, r.rule, r.fan_in) for r in init_plan(cpu, 1.0).rows
+    ]
+    experts = [
+        r
+        for r in plan.rows
+        if ("experts" in r.name or "router" in r.name or ".gate." in r.name) and not r.name.endswith("bias")
+    ]
+    assert experts and all(r.rule == "normal" for r in experts), [
+        r.name for r in experts if r.rule != "normal"
+    ]
     assert param_roles(meta) == param_roles(cpu)  # the documented fix for FSDP2 works on a meta build
 
 
@@ -372,7 +459,9 @@ def test_roles_never_depend_on_weight_values():
         torch.manual_seed(seed)
         roles.append(param_roles(transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)))
     assert all(r == roles[0] for r in roles)
-    biases = [n for n in roles[0] if n.endswith("mlp.bias")]  # JetMoE's MoE output bias, added after the experts
+    biases = [
+        n for n in roles[0] if n.endswith("mlp.bias")
+    ]  # JetMoE's MoE output bias, added after the experts
     assert biases and all(roles[0][n].kind == "bias" for n in biases)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():

@@ -21,7 +21,16 @@ WORKER = str(Path(__file__).with_name("_init_dist_worker.py"))
 def gathered(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fsdp")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", WORKER, str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--standalone",
+        WORKER,
+        str(out),
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return out

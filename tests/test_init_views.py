@@ -82,8 +82,9 @@ def test_a_module_that_views_a_merged_axis_gets_the_contracted_size():
     with torch.no_grad():
         for p in m.parameters():
             p.fill_(7.0)  # what the draw replaces
-    report = gamma_init_(m, 1.0, generator=torch.Generator().manual_seed(0),
-                         example_inputs=torch.zeros(5, 16)).by_name()
+    report = gamma_init_(
+        m, 1.0, generator=torch.Generator().manual_seed(0), example_inputs=torch.zeros(5, 16)
+    ).by_name()
     d_split = gain_d_in(m.split_out, (4, 2048, 8), m.split)
     d_merged = gain_d_in(m.merged_out, (2048, 32), m.merged)
     assert (round(d_split), round(d_merged)) == (8, 32)
@@ -100,8 +101,9 @@ def test_a_module_that_views_a_merged_axis_gets_the_contracted_size():
 def test_xlnet_merged_heads_output_projection_drawn():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    model = transformers.XLNetLMHeadModel(transformers.XLNetConfig(d_model=64, n_layer=1, n_head=4, d_inner=128,
-                                                                   vocab_size=256))
+    model = transformers.XLNetLMHeadModel(
+        transformers.XLNetConfig(d_model=64, n_layer=1, n_head=4, d_inner=128, vocab_size=256)
+    )
     attn = model.transformer.layer[0].rel_attn
     report = gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0)).by_name()
     # o: (d_model, heads, head_dim), applied as einsum("ibnd,hnd->ibh"): heads × head_dim contracted
@@ -109,7 +111,9 @@ def test_xlnet_merged_heads_output_projection_drawn():
     assert report["transformer.layer.0.rel_attn.o"].fan_in == 64
     assert_drawn_for(attn.o, d_in)
     # r, the relative-position projection: einsum("ibh,hnd->ibnd") contracts d_model
-    assert_drawn_for(attn.r, gain_d_in(lambda p: torch.einsum("ibh,hnd->ibnd", p, attn.r), (256, 8, 64), attn.r))
+    assert_drawn_for(
+        attn.r, gain_d_in(lambda p: torch.einsum("ibh,hnd->ibnd", p, attn.r), (256, 8, 64), attn.r)
+    )
 
 
 def test_inkling_relative_position_projection_drawn_with_d_rel():

@@ -32,12 +32,28 @@ def hf_trainer(out, max_steps: int, callbacks=()):
 
     config = tiny_qwen3().config
     args = transformers.TrainingArguments(
-        output_dir=str(out), max_steps=max_steps, per_device_train_batch_size=4, gradient_accumulation_steps=2,
-        learning_rate=3e-3, eval_strategy="steps", eval_steps=30, logging_steps=10, save_steps=50,
-        report_to=["tensorboard"], use_cpu=True, disable_tqdm=True, seed=0, dataloader_num_workers=0)
-    trainer = transformers.Trainer(model_init=model_init(config, gamma=1.0), args=args,
-                                   train_dataset=Rows(tokens(2000, seed=2)), eval_dataset=Rows(tokens(8, seed=1)),
-                                   callbacks=list(callbacks))
+        output_dir=str(out),
+        max_steps=max_steps,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        learning_rate=3e-3,
+        eval_strategy="steps",
+        eval_steps=30,
+        logging_steps=10,
+        save_steps=50,
+        report_to=["tensorboard"],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
+    )
+    trainer = transformers.Trainer(
+        model_init=model_init(config, gamma=1.0),
+        args=args,
+        train_dataset=Rows(tokens(2000, seed=2)),
+        eval_dataset=Rows(tokens(8, seed=1)),
+        callbacks=list(callbacks),
+    )
     watch(trainer, every=20)
     return trainer
 
@@ -102,9 +118,18 @@ def test_lightning_callback(tmp_path):
     loader = torch.utils.data.DataLoader(tokens(1000, seed=2), batch_size=4)
     held_out = torch.utils.data.DataLoader(tokens(8, seed=1), batch_size=4)
     logger = L.loggers.CSVLogger(tmp_path, name="csv")
-    trainer = L.Trainer(max_steps=100, accumulate_grad_batches=2, accelerator="cpu", devices=1, logger=logger,
-                        default_root_dir=tmp_path, enable_progress_bar=False, enable_checkpointing=False,
-                        enable_model_summary=False, callbacks=[SmallinitCallback(every=20, settings={"model.gamma": 1.0})])
+    trainer = L.Trainer(
+        max_steps=100,
+        accumulate_grad_batches=2,
+        accelerator="cpu",
+        devices=1,
+        logger=logger,
+        default_root_dir=tmp_path,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[SmallinitCallback(every=20, settings={"model.gamma": 1.0})],
+    )
     trainer.fit(LM(), loader, held_out)
     recs = records(tmp_path / "smallinit")
     assert [r["step"] for r in recs] == [0, 20, 40, 60, 80, 100]
@@ -114,15 +139,20 @@ def test_lightning_callback(tmp_path):
     assert "Residual flow" in build_report(tmp_path).read_text()
 
 
-@pytest.mark.parametrize(("module", "extra"), [("smallinit.integrations.hf", "hf"),
-                                               ("smallinit.integrations.lightning", "lightning")])
+@pytest.mark.parametrize(
+    ("module", "extra"),
+    [("smallinit.integrations.hf", "hf"), ("smallinit.integrations.lightning", "lightning")],
+)
 def test_an_integration_without_its_engine_names_the_extra(module, extra):
     engine = "transformers" if extra == "hf" else "lightning"
-    code = (f"import sys; sys.modules[{engine!r}] = None\n"  # the engine is not installed
-            f"try:\n    import {module}\nexcept ImportError as e:\n    print(e)")
-    line = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    code = (
+        f"import sys; sys.modules[{engine!r}] = None\n"  # the engine is not installed
+        f"try:\n    import {module}\nexcept ImportError as e:\n    print(e)"
+    )
+    line = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert line == (f"{module} needs {engine}, which is not installed: pip install 'smallinit[{extra}]'")
     # and the core stays importable without either
     code = f"import sys; sys.modules[{engine!r}] = None\nimport smallinit, smallinit.train; print('ok')"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "ok"
-

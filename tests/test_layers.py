@@ -67,11 +67,18 @@ def _imports(name: str, path: Path, mods: dict[str, Path]) -> list[tuple[str, bo
                 else:
                     module = None
                 if module is not None:
-                    targets = [f"{module}.{a.name}".lstrip(".") if f"{module}.{a.name}".lstrip(".") in mods else module
-                               for a in child.names]
+                    targets = [
+                        f"{module}.{a.name}".lstrip(".")
+                        if f"{module}.{a.name}".lstrip(".") in mods
+                        else module
+                        for a in child.names
+                    ]
             elif isinstance(child, ast.Import):
-                targets = [a.name.removeprefix("smallinit").lstrip(".") for a in child.names
-                           if a.name == "smallinit" or a.name.startswith("smallinit.")]
+                targets = [
+                    a.name.removeprefix("smallinit").lstrip(".")
+                    for a in child.names
+                    if a.name == "smallinit" or a.name.startswith("smallinit.")
+                ]
             found.extend((t, inner) for t in targets if t in mods and t != name)
             visit(child, inner)
 
@@ -81,11 +88,17 @@ def _imports(name: str, path: Path, mods: dict[str, Path]) -> list[tuple[str, bo
 
 def _layer(module: str) -> int:
     """The layer of the longest entry that is the module or a package above it ("study.judging" before "study")."""
-    found = [(len(entry), i) for i, layer in enumerate(LAYERS) for entry in layer
-             if module == entry or (entry and module.startswith(entry + "."))]
+    found = [
+        (len(entry), i)
+        for i, layer in enumerate(LAYERS)
+        for entry in layer
+        if module == entry or (entry and module.startswith(entry + "."))
+    ]
     if found:
         return max(found)[1]
-    raise AssertionError(f"smallinit.{module} belongs to no layer; add its package to LAYERS and docs/architecture.md")
+    raise AssertionError(
+        f"smallinit.{module} belongs to no layer; add its package to LAYERS and docs/architecture.md"
+    )
 
 
 MODULES = _modules()
@@ -93,8 +106,12 @@ GRAPH = {name: _imports(name, path, MODULES) for name, path in MODULES.items()}
 
 
 def test_no_module_imports_a_higher_layer():
-    upward = [f"smallinit.{a} (layer {_layer(a)}) imports smallinit.{b} (layer {_layer(b)})"
-              for a, edges in GRAPH.items() for b, _ in edges if _layer(b) > _layer(a)]
+    upward = [
+        f"smallinit.{a} (layer {_layer(a)}) imports smallinit.{b} (layer {_layer(b)})"
+        for a, edges in GRAPH.items()
+        for b, _ in edges
+        if _layer(b) > _layer(a)
+    ]
     assert not upward, "\n".join(upward)
 
 
@@ -106,7 +123,7 @@ def test_no_import_cycle():
         state[node] = 1
         for nxt in sorted(edges[node]):
             if state.get(nxt) == 1:
-                cycle = path[path.index(nxt):] + [nxt]
+                cycle = path[path.index(nxt) :] + [nxt]
                 pytest.fail("import cycle: " + " -> ".join(f"smallinit.{m}" for m in cycle))
             if nxt not in state:
                 walk(nxt, [*path, nxt])
@@ -121,8 +138,12 @@ def test_imports_inside_functions_only_where_allowed():
     def allowed(a: str, b: str) -> bool:
         return any(a == who and (target is None or b.startswith(target)) for who, target in LAZY_ALLOWED)
 
-    lazy = [f"smallinit.{a} imports smallinit.{b} inside a function"
-            for a, edges in GRAPH.items() for b, nested in edges if nested and not allowed(a, b)]
+    lazy = [
+        f"smallinit.{a} imports smallinit.{b} inside a function"
+        for a, edges in GRAPH.items()
+        for b, nested in edges
+        if nested and not allowed(a, b)
+    ]
     assert not lazy, "\n".join(lazy)
 
 
@@ -130,5 +151,10 @@ def test_the_checker_sees_imports():  # the tests above would pass on a graph th
     assert ("train.trainer", False) not in GRAPH["train.callbacks"]  # a TYPE_CHECKING import is left out
     assert ("model", False) in GRAPH["train.trainer"] and ("errors", False) in GRAPH["io"]
     assert any(nested for _, nested in GRAPH["cli"])
-    assert _layer("study") > _layer("study.planning.plan") > _layer("study.judging.claims.c4") > _layer(
-        "study.running.runs") > _layer("train.trainer")
+    assert (
+        _layer("study")
+        > _layer("study.planning.plan")
+        > _layer("study.judging.claims.c4")
+        > _layer("study.running.runs")
+        > _layer("train.trainer")
+    )

@@ -32,12 +32,26 @@ MC, GEN = "smallinit_tiny_mc", "smallinit_tiny_gen"
 def run(tmp_path_factory, corpus) -> Path:
     """A few training steps of a headwise-gated model (exported as our remote-code class)."""
     root = tmp_path_factory.mktemp("lmeval")
-    cfg = Config.load(overrides=[
-        "data.tokenizer=bytes", f"data.corpus={corpus}", "model.d_model=32", "model.n_layers=2",
-        "model.n_heads=4", "model.n_kv_heads=2", "model.d_ff=64", "model.max_seq_len=128", "data.seq_len=64",
-        "model.gate=headwise", "train.steps=6", "train.batch_size=8", "train.lr=1e-2", "train.warmup_steps=2",
-        "train.eval_every=0", "train.eval_batches=1",
-    ])
+    cfg = Config.load(
+        overrides=[
+            "data.tokenizer=bytes",
+            f"data.corpus={corpus}",
+            "model.d_model=32",
+            "model.n_layers=2",
+            "model.n_heads=4",
+            "model.n_kv_heads=2",
+            "model.d_ff=64",
+            "model.max_seq_len=128",
+            "data.seq_len=64",
+            "model.gate=headwise",
+            "train.steps=6",
+            "train.batch_size=8",
+            "train.lr=1e-2",
+            "train.warmup_steps=2",
+            "train.eval_every=0",
+            "train.eval_batches=1",
+        ]
+    )
     Trainer(cfg, root / "run", callbacks=[]).fit()
     return root / "run"
 
@@ -93,7 +107,7 @@ def test_eval_runs_the_harness_and_matches_our_model(run, monkeypatch, capsys):
     assert raw["results"][GEN]["exact_match,none"] == pytest.approx(sum(matches) / len(matches))
 
     page = build_report(run).read_text()  # the report shows the harness's numbers
-    assert "lm-evaluation-harness" in page and MC in page and num(mc['acc,none']) in page
+    assert "lm-evaluation-harness" in page and MC in page and num(mc["acc,none"]) in page
 
 
 def test_eval_reuses_the_export_and_keeps_earlier_results(run, monkeypatch):

@@ -18,8 +18,17 @@ from smallinit.train.loggers import TensorBoardLogger, scalars
 
 
 def tiny(corpus: Path) -> list[str]:
-    return [*TINY_MODEL, f"data.corpus={corpus}", "model.max_seq_len=64", "train.steps=4", "train.batch_size=4", "train.warmup_steps=1", "train.log_every=2",
-            "train.eval_every=2", "train.eval_batches=1"]
+    return [
+        *TINY_MODEL,
+        f"data.corpus={corpus}",
+        "model.max_seq_len=64",
+        "train.steps=4",
+        "train.batch_size=4",
+        "train.warmup_steps=1",
+        "train.log_every=2",
+        "train.eval_every=2",
+        "train.eval_batches=1",
+    ]
 
 
 def test_tensorboard_mirrors_every_logged_number(corpus, tmp_path):
@@ -65,8 +74,11 @@ def test_tensorboard_after_resume_matches_metrics(corpus, tmp_path):
             cb.writer.close()
     Trainer(Config.load(overrides=cfg), tmp_path / "run", resume=True, callbacks=[]).fit()
 
-    losses = {r["step"]: r["loss"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").open())
-              if "loss" in r and "event" not in r}
+    losses = {
+        r["step"]: r["loss"]
+        for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").open())
+        if "loss" in r and "event" not in r
+    }
     acc = event_accumulator.EventAccumulator(str(tmp_path / "run" / "tb"))
     acc.Reload()
     events = acc.Scalars("loss")
@@ -75,8 +87,16 @@ def test_tensorboard_after_resume_matches_metrics(corpus, tmp_path):
 
 
 def test_scalars_flattens_tables_and_skips_the_rest():
-    record = {"step": 7, "event": "probe", "a": 1, "ok": True, "t": {"x": 0.5, "y": {"z": 2}},
-              "lst": [1, 2], "s": "text", "n": float("nan")}
+    record = {
+        "step": 7,
+        "event": "probe",
+        "a": 1,
+        "ok": True,
+        "t": {"x": 0.5, "y": {"z": 2}},
+        "lst": [1, 2],
+        "s": "text",
+        "n": float("nan"),
+    }
     assert scalars(record) == {"probe/a": 1.0, "probe/ok": 1.0, "probe/t/x": 0.5, "probe/t/y/z": 2.0}
 
 

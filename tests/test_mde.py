@@ -25,8 +25,10 @@ def test_the_point_mde_is_often_below_the_true_one_and_the_bound_rarely():
     for n, (lo, hi) in ((3, (0.58, 0.68)), (6, (0.52, 0.62))):
         point, upper, true = _mdes(n)
         below_point, below_upper = np.mean(point < true), np.mean(upper < true)
-        print(f"\nn = {n}: point MDE below the true MDE {below_point:.3f} (median {np.median(point) / true:.2f}×); "
-              f"at the {SD_BOUND:.0%} upper bound {below_upper:.3f}")
+        print(
+            f"\nn = {n}: point MDE below the true MDE {below_point:.3f} (median {np.median(point) / true:.2f}×); "
+            f"at the {SD_BOUND:.0%} upper bound {below_upper:.3f}"
+        )
         assert lo < below_point < hi  # the point MDE alone is no guarantee
         assert below_upper <= 1 - SD_BOUND + 3 * np.sqrt(0.2 * 0.8 / DRAWS)
 

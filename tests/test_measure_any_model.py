@@ -62,14 +62,20 @@ def test_no_softmax_attention_leaves_the_sink_out_and_measures_the_rest():
         sink_scores(model, ids)
 
     seen = {}  # e: the embedding's output, h_L: the final norm's input, by our own hooks
-    hooks = [model.backbone.embeddings.register_forward_hook(lambda _m, _a, out: seen.__setitem__("e", out)),
-             model.backbone.norm_f.register_forward_pre_hook(lambda _m, args: seen.__setitem__("h", args[0]))]
+    hooks = [
+        model.backbone.embeddings.register_forward_hook(lambda _m, _a, out: seen.__setitem__("e", out)),
+        model.backbone.norm_f.register_forward_pre_hook(lambda _m, args: seen.__setitem__("h", args[0])),
+    ]
     with torch.no_grad():
         model(input_ids=ids, use_cache=False)
     for h in hooks:
         h.remove()
     assert result["residual_flow"] == pytest.approx(_flow(seen["e"], seen["h"]), rel=1e-9)
-    assert set(result["norm_factor"]) == {"backbone.layers.0.norm", "backbone.layers.1.norm", "backbone.norm_f"}
+    assert set(result["norm_factor"]) == {
+        "backbone.layers.0.norm",
+        "backbone.layers.1.norm",
+        "backbone.norm_f",
+    }
 
     analysed = analyze_model(model, [(ids, ids)])  # analyze: the matrices too, and one line on the sink
     assert analysed.matrices and analysed.sink is None and analysed.not_measured == result["not_measured"]
@@ -84,7 +90,9 @@ def test_attention_outside_the_interface_is_read_from_eager_probabilities(arch):
     result = measure_activations(model, ids)
     by_hand, even = _eager_sink(model, ids)
     np.testing.assert_allclose(result["sink"]["per_head"], by_hand, atol=1e-6, rtol=0)
-    assert result["sink"]["uniform"] == pytest.approx(even)  # causal here, bidirectional in RoFormer's default
+    assert result["sink"]["uniform"] == pytest.approx(
+        even
+    )  # causal here, bidirectional in RoFormer's default
     assert any(n.startswith("sink: read from eager attention probabilities") for n in result["notes"])
     assert "sink" not in result["not_measured"]
 
@@ -112,17 +120,25 @@ def _small_inputs(model, scale: float = 1e-3):
     return model
 
 
-@pytest.mark.parametrize("arch,eps,centered,names", [
-    ("olmo", 1e-5, True, "input_layernorm"),  # OlmoLayerNorm: F.layer_norm(..., eps=1e-5), no attribute
-    ("cohere", 1e-5, True, "q_norm"),  # CohereLayerNorm with a 2-D (heads, head_dim) weight
-    ("llama4_text", 1e-5, False, "qk_norm"),  # Llama4TextL2Norm: weightless, x·rsqrt(mean(x²) + ε)
-])
+@pytest.mark.parametrize(
+    "arch,eps,centered,names",
+    [
+        ("olmo", 1e-5, True, "input_layernorm"),  # OlmoLayerNorm: F.layer_norm(..., eps=1e-5), no attribute
+        ("cohere", 1e-5, True, "q_norm"),  # CohereLayerNorm with a 2-D (heads, head_dim) weight
+        ("llama4_text", 1e-5, False, "qk_norm"),  # Llama4TextL2Norm: weightless, x·rsqrt(mean(x²) + ε)
+    ],
+)
 def test_norms_without_an_eps_attribute_or_of_another_shape_are_measured(arch, eps, centered, names):
     model = _small_inputs(hf_tiny.build(arch).eval())
     ids = _ids(model)
     inputs = {}  # every call (Llama 4's qk_norm runs on q and on k)
-    hooks = [m.register_forward_pre_hook(lambda _m, args, n=n: inputs.setdefault(n, []).append(args[0].flatten(0, -2)))
-             for n, m in model.named_modules() if n.endswith(names)]
+    hooks = [
+        m.register_forward_pre_hook(
+            lambda _m, args, n=n: inputs.setdefault(n, []).append(args[0].flatten(0, -2))
+        )
+        for n, m in model.named_modules()
+        if n.endswith(names)
+    ]
     with torch.no_grad():
         model(input_ids=ids, use_cache=False)
     for h in hooks:
@@ -133,8 +149,12 @@ def test_norms_without_an_eps_attribute_or_of_another_shape_are_measured(arch, e
     for name, calls in inputs.items():  # the formula of the modeling source, with its ε
         x = torch.cat(calls).double()
         var = x.var(-1, unbiased=False) if centered else x.pow(2).mean(-1)
-        assert result["norm_factor"][name] == pytest.approx(torch.sqrt(var / (var + eps)).mean().item(), abs=1e-5)
-        assert norm_forms(model)[name].eps == pytest.approx(eps, rel=1e-3)  # read from the forward where hard-coded
+        assert result["norm_factor"][name] == pytest.approx(
+            torch.sqrt(var / (var + eps)).mean().item(), abs=1e-5
+        )
+        assert norm_forms(model)[name].eps == pytest.approx(
+            eps, rel=1e-3
+        )  # read from the forward where hard-coded
     assert min(result["norm_factor"].values()) < 0.9  # ε is felt: a wrong one could not pass
 
 
@@ -145,8 +165,17 @@ def _rms_factor(h: torch.Tensor, eps: float) -> float:
 
 def test_a_gated_norm_is_measured_on_what_it_normalises():
     """Mamba-2's gated norm normalises x·silu(z) (modeling_mamba2.MambaRMSNormGated), not its input x."""
-    config = transformers.Mamba2Config(vocab_size=96, hidden_size=64, num_heads=8, head_dim=16, expand=2, n_groups=1,
-                                       state_size=16, num_hidden_layers=2, conv_kernel=4)
+    config = transformers.Mamba2Config(
+        vocab_size=96,
+        hidden_size=64,
+        num_heads=8,
+        head_dim=16,
+        expand=2,
+        n_groups=1,
+        state_size=16,
+        num_hidden_layers=2,
+        conv_kernel=4,
+    )
     torch.manual_seed(0)
     model = transformers.Mamba2ForCausalLM(config).eval()
     with torch.no_grad():  # x and z small, so that x·silu(z) sits near ε
@@ -154,8 +183,12 @@ def test_a_gated_norm_is_measured_on_what_it_normalises():
             layer.mixer.in_proj.weight.mul_(0.03)
     ids = _ids(model)
     calls = {}
-    hooks = [model.get_submodule(f"backbone.layers.{i}.mixer.norm").register_forward_pre_hook(
-        lambda _m, args, kwargs, i=i: calls.__setitem__(i, (args, kwargs)), with_kwargs=True) for i in range(2)]
+    hooks = [
+        model.get_submodule(f"backbone.layers.{i}.mixer.norm").register_forward_pre_hook(
+            lambda _m, args, kwargs, i=i: calls.__setitem__(i, (args, kwargs)), with_kwargs=True
+        )
+        for i in range(2)
+    ]
     with torch.no_grad():
         model(input_ids=ids, use_cache=False)
     for h in hooks:
@@ -181,14 +214,23 @@ def test_uniform_sink_is_the_score_of_even_attention(window):
 
 
 def test_the_uniform_reference_follows_a_sliding_window():
-    config = transformers.MistralConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                        sliding_window=6)
+    config = transformers.MistralConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        sliding_window=6,
+    )
     torch.manual_seed(0)
     model = transformers.MistralForCausalLM(config).eval()
     sink = measure_activations(model, _ids(model))["sink"]
     assert sink["uniform_per_layer"] == pytest.approx([uniform_sink(T, 6)] * 2)
-    assert sink["uniform"] == pytest.approx(uniform_sink(T, 6)) and uniform_sink(T, 6) != pytest.approx(uniform_sink(T))
+    assert sink["uniform"] == pytest.approx(uniform_sink(T, 6)) and uniform_sink(T, 6) != pytest.approx(
+        uniform_sink(T)
+    )
 
 
 @pytest.mark.parametrize("arch", ["stablelm", "roberta-prelayernorm"])

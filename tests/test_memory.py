@@ -10,10 +10,36 @@ from smallinit.train.memory import activation_bytes_per_token, describe_memory, 
 
 SHAPES = [
     dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, d_ff=256, vocab_size=257, max_seq_len=64),
-    dict(d_model=128, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=384, vocab_size=1000, max_seq_len=64, gate="headwise"),
-    dict(d_model=128, n_layers=2, n_heads=4, n_kv_heads=4, d_ff=384, vocab_size=512, max_seq_len=64, gate="none"),
-    dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, d_ff=128, vocab_size=257, max_seq_len=64,
-         moe=dict(num_experts=8, top_k=2, d_expert=64)),
+    dict(
+        d_model=128,
+        n_layers=3,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=384,
+        vocab_size=1000,
+        max_seq_len=64,
+        gate="headwise",
+    ),
+    dict(
+        d_model=128,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=4,
+        d_ff=384,
+        vocab_size=512,
+        max_seq_len=64,
+        gate="none",
+    ),
+    dict(
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=4,
+        d_ff=128,
+        vocab_size=257,
+        max_seq_len=64,
+        moe=dict(num_experts=8, top_k=2, d_expert=64),
+    ),
 ]
 
 
@@ -56,7 +82,9 @@ def test_state_terms_follow_the_parameters():
     fsdp = estimate_memory(cfg, micro_batch=2, seq_len=32, world_size=4, parallel="fsdp", precision="fp32")
     assert ddp.params == n_params
     assert (ddp.weights, ddp.grads, ddp.optimizer) == (4 * n_params, 4 * n_params, 8 * n_params)
-    assert fsdp.weights + fsdp.grads + fsdp.optimizer == pytest.approx((ddp.weights + ddp.grads + ddp.optimizer) / 4)
+    assert fsdp.weights + fsdp.grads + fsdp.optimizer == pytest.approx(
+        (ddp.weights + ddp.grads + ddp.optimizer) / 4
+    )
     assert fsdp.activations == ddp.activations
 
 

@@ -43,7 +43,9 @@ def test_attention_matches_reference(gate, n_kv_heads, qk_norm):
     attn = model.blocks[0].attn
     x = torch.randn(2, 11, model.config.d_model)
     cos, sin = model.rope_cos[:11], model.rope_sin[:11]
-    torch.testing.assert_close(attn(x, cos, sin), reference_attention(attn, x, cos, sin), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        attn(x, cos, sin), reference_attention(attn, x, cos, sin), atol=1e-5, rtol=1e-4
+    )
 
 
 def test_gate_shapes_and_none_is_plain_attention():
@@ -77,7 +79,10 @@ def test_rope_matches_complex_rotation_and_is_relative():
     torch.testing.assert_close(apply_rope(x, cos, sin), expect, atol=1e-5, rtol=1e-5)
     # q·k after RoPE depends only on the offset between positions
     q, k = torch.randn(hd), torch.randn(hd)
-    qs, ks = apply_rope(q.expand(1, 1, T, hd), cos, sin)[0, 0], apply_rope(k.expand(1, 1, T, hd), cos, sin)[0, 0]
+    qs, ks = (
+        apply_rope(q.expand(1, 1, T, hd), cos, sin)[0, 0],
+        apply_rope(k.expand(1, 1, T, hd), cos, sin)[0, 0],
+    )
     assert torch.allclose(qs[5] @ ks[2], qs[7] @ ks[4], atol=1e-5)
     assert not torch.allclose(qs[5] @ ks[2], qs[5] @ ks[4], atol=1e-3)
 
@@ -136,7 +141,10 @@ def test_capture_api():
     # times v give what the model's fused attention gives
     attn, T = m.blocks[1].attn, x.shape[1]
     h = m.blocks[1].attn_norm(out.norm_inputs["blocks.1.attn_norm"])
-    q, k, v = (proj(h).view(2, T, -1, attn.head_dim).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    q, k, v = (
+        proj(h).view(2, T, -1, attn.head_dim).transpose(1, 2)
+        for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
+    )
     q, k = apply_rope(q, m.rope_cos[:T], m.rope_sin[:T]), apply_rope(k, m.rope_cos[:T], m.rope_sin[:T])
     torch.testing.assert_close(out.qk[1], (q, k))
     torch.testing.assert_close(out.attentions[1] @ v.repeat_interleave(2, dim=1), attn.sdpa(q, k, v))
@@ -147,23 +155,48 @@ def test_capture_api():
 def test_untied_head_and_presets():
     m = Transformer(small(tie_embeddings=False))
     assert m.lm_head.weight is not m.embed.weight
-    assert set(ModelConfig.presets()) >= {"cpu-1m", "cpu-5m", "cpu-20m", "tiny", "0.1b", "0.3b", "0.5b", "1b", "1.5b"}
+    assert set(ModelConfig.presets()) >= {
+        "cpu-1m",
+        "cpu-5m",
+        "cpu-20m",
+        "tiny",
+        "0.1b",
+        "0.3b",
+        "0.5b",
+        "1b",
+        "1.5b",
+    }
     assert ModelConfig.preset("1.5b").d_model == 2048
     assert ModelConfig.preset("tiny") == ModelConfig.preset("cpu-1m")
 
 
-@pytest.mark.parametrize("name,nominal", [("cpu-1m", 1e6), ("cpu-5m", 5e6), ("cpu-20m", 20e6), ("0.1b", 0.1e9),
-                                          ("0.3b", 0.3e9), ("0.5b", 0.5e9), ("1b", 1e9), ("1.5b", 1.5e9)])
+@pytest.mark.parametrize(
+    "name,nominal",
+    [
+        ("cpu-1m", 1e6),
+        ("cpu-5m", 5e6),
+        ("cpu-20m", 20e6),
+        ("0.1b", 0.1e9),
+        ("0.3b", 0.3e9),
+        ("0.5b", 0.5e9),
+        ("1b", 1e9),
+        ("1.5b", 1.5e9),
+    ],
+)
 def test_preset_sizes(name, nominal):
     with torch.device("meta"):
         m = Transformer(ModelConfig.preset(name), init=False)
     assert m.num_params() == pytest.approx(nominal, rel=0.1)
 
 
-@pytest.mark.parametrize("preset,overrides", [
-    ("cpu-1m", {}), ("cpu-1m", {"tie_embeddings": False, "qk_norm": True, "gate": "headwise"}),
-    ("cpu-moe-1m", {"moe": {"num_experts": 4, "top_k": 2, "shared_expert": True}}),
-])
+@pytest.mark.parametrize(
+    "preset,overrides",
+    [
+        ("cpu-1m", {}),
+        ("cpu-1m", {"tie_embeddings": False, "qk_norm": True, "gate": "headwise"}),
+        ("cpu-moe-1m", {"moe": {"num_experts": 4, "top_k": 2, "shared_expert": True}}),
+    ],
+)
 def test_built_on_meta_draws_nothing_then_matches_a_cpu_build(preset, overrides):
     cfg = ModelConfig.preset(preset, vocab_size=97, max_seq_len=32, n_layers=2, **overrides)
     with torch.device("meta"):

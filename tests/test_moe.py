@@ -65,7 +65,9 @@ def test_one_expert_top1_equals_dense_swiglu(dispatch):
 
 
 @pytest.mark.parametrize("dispatch", DISPATCH)
-@pytest.mark.parametrize("score,top_k,shared", [("softmax", 1, False), ("softmax", 2, True), ("sigmoid", 3, False)])
+@pytest.mark.parametrize(
+    "score,top_k,shared", [("softmax", 1, False), ("softmax", 2, True), ("sigmoid", 3, False)]
+)
 def test_matches_per_token_reference(dispatch, score, top_k, shared):
     layer = moe_layer(num_experts=6, top_k=top_k, score=score, shared_expert=shared, dispatch=dispatch)
     x = randn(2, 9, 16)
@@ -81,7 +83,9 @@ def test_dropless_output_does_not_depend_on_the_batch():
     crowd = x[:1].repeat(500, 1) + 1e-3 * randn(500, 32, seed=1)
     for i in (0, 5, 63):
         torch.testing.assert_close(layer(x[i : i + 1])[0][0], y_all[i], atol=1e-6, rtol=1e-5)
-        torch.testing.assert_close(layer(torch.cat([crowd, x[i : i + 1]]))[0][-1], y_all[i], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(
+            layer(torch.cat([crowd, x[i : i + 1]]))[0][-1], y_all[i], atol=1e-6, rtol=1e-5
+        )
     perm = torch.randperm(64, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(layer(x[perm])[0], y_all[perm], atol=1e-6, rtol=1e-5)
     # in the model: a sequence's logits do not depend on the other sequences of the batch
@@ -158,7 +162,9 @@ def test_router_losses_in_the_model_output_and_stats():
     x = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(0))
     out = m(x, x)
     stats = [b.mlp.pop_stats() for b in m.blocks if isinstance(b.mlp, MoE)]
-    expect = sum(cfg.moe.aux_loss_weight * s.balance_loss + cfg.moe.z_loss_weight * s.z_loss for s in stats) / 2
+    expect = (
+        sum(cfg.moe.aux_loss_weight * s.balance_loss + cfg.moe.z_loss_weight * s.z_loss for s in stats) / 2
+    )
     assert out.aux_loss.item() == pytest.approx(expect, rel=1e-5)
     assert all(s.forwards == 1 and sum(s.load) == pytest.approx(1.0) for s in stats)
     assert m.blocks[1].mlp.pop_stats() is None  # popped
@@ -181,14 +187,23 @@ def expected_counts(cfg: ModelConfig) -> tuple[int, int]:
     attn += {"none": 0, "headwise": d * cfg.n_heads, "elementwise": d * cfg.n_heads * hd}[cfg.gate]
     expert = 3 * d * (m.d_expert or cfg.d_ff)
     shared = expert if m.shared_expert else 0
-    common = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2) + d + cfg.n_layers * (attn + 2 * d + d * m.num_experts + shared)
+    common = (
+        cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
+        + d
+        + cfg.n_layers * (attn + 2 * d + d * m.num_experts + shared)
+    )
     return common + cfg.n_layers * m.num_experts * expert, common + cfg.n_layers * m.top_k * expert
 
 
-@pytest.mark.parametrize("name,total,active", [
-    ("moe-1.5b-a0.25b", 1.5e9, 0.25e9), ("moe-3b-a0.5b", 3e9, 0.5e9), ("cpu-moe-1m", 1e6, None),
-    ("cpu-moe-5m", 5e6, None),
-])
+@pytest.mark.parametrize(
+    "name,total,active",
+    [
+        ("moe-1.5b-a0.25b", 1.5e9, 0.25e9),
+        ("moe-3b-a0.5b", 3e9, 0.5e9),
+        ("cpu-moe-1m", 1e6, None),
+        ("cpu-moe-5m", 5e6, None),
+    ],
+)
 def test_preset_parameter_counts(name, total, active):
     cfg = ModelConfig.preset(name)
     with torch.device("meta"):
@@ -236,11 +251,21 @@ def test_config_checks_and_cli_info(capsys):
 
 def test_tiny_moe_trains_and_logs_expert_load(tmp_path):
     run = tmp_path / "run"
-    cfg = Config.load(preset="cpu-moe-1m", overrides=[
-        "model.n_layers=2", "data.tokenizer=bytes", "data.seq_len=32", "train.batch_size=8",
-        "train.steps=40", "train.warmup_steps=5", "train.eval_every=20", "train.eval_batches=2",
-        "train.log_every=10", "train.lr=1e-2",
-    ])
+    cfg = Config.load(
+        preset="cpu-moe-1m",
+        overrides=[
+            "model.n_layers=2",
+            "data.tokenizer=bytes",
+            "data.seq_len=32",
+            "train.batch_size=8",
+            "train.steps=40",
+            "train.warmup_steps=5",
+            "train.eval_every=20",
+            "train.eval_batches=2",
+            "train.log_every=10",
+            "train.lr=1e-2",
+        ],
+    )
     trainer = Trainer(cfg, run, callbacks=[])
     summary = trainer.fit()
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -24,9 +24,16 @@ transformers = pytest.importorskip("transformers")
 
 
 def tiny_qwen3(gamma: float = 1.0, eps: float = 1e-12, seed: int = 0):
-    cfg = transformers.Qwen3Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                   max_position_embeddings=64)
+    cfg = transformers.Qwen3Config(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+    )
     model = transformers.Qwen3ForCausalLM(cfg)
     gamma_init_(model, gamma, generator=torch.Generator().manual_seed(seed))
     set_norm_eps_(model, eps)
@@ -40,14 +47,20 @@ def tokens(n: int, T: int = 33, seed: int = 0) -> torch.Tensor:
 
 
 def records(folder, event="analysis"):
-    return [r for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines()) if r.get("event") == event]
+    return [
+        r
+        for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())
+        if r.get("event") == event
+    ]
 
 
 def test_a_plain_loop_is_measured_and_reported(tmp_path):
     model, held_out = tiny_qwen3(), tokens(4, seed=1)
     out = tmp_path / "loop"
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    with Monitor(model, every=25, batch=held_out, out=out, total_steps=100, settings={"model.gamma": 1.0}) as mon:
+    with Monitor(
+        model, every=25, batch=held_out, out=out, total_steps=100, settings={"model.gamma": 1.0}
+    ) as mon:
         mon(0)
         for step in range(1, 101):
             x = tokens(8, seed=100 + step)
@@ -62,9 +75,13 @@ def test_a_plain_loop_is_measured_and_reported(tmp_path):
     # each record is the measurement of the model as it was at that step: the last one is today's model
     again = measure_activations(model, held_out[:, :-1], held_out[:, 1:])
     assert recs[-1]["residual_flow"] == pytest.approx(again["residual_flow"], rel=1e-6)
-    assert recs[-1]["loss"] == pytest.approx(again["loss"], rel=1e-6) and recs[-1]["loss"] < recs[0]["loss"] - 1
+    assert (
+        recs[-1]["loss"] == pytest.approx(again["loss"], rel=1e-6) and recs[-1]["loss"] < recs[0]["loss"] - 1
+    )
     assert set(recs[0]["sink"]) == {"0", "1"} and recs[0]["stable_rank"] and recs[0]["norm_factor"]
-    val = [r for r in records(out, None) if "val_loss" in r]  # the held-out loss, as the report's validation curve
+    val = [
+        r for r in records(out, None) if "val_loss" in r
+    ]  # the held-out loss, as the report's validation curve
     assert [(r["step"], r["val_loss"]) for r in val] == [(r["step"], r["loss"]) for r in recs]
     assert sorted(p.name for p in (out / "analysis").glob("*.npz"))[0] == "rowcos_step_0000000.npz"
     (run,) = find_runs(tmp_path)
@@ -137,12 +154,24 @@ def test_a_fresh_start_keeps_the_earlier_records_and_a_resume_drops_the_later_on
 
 
 def test_smallinits_own_trainer_honours_analysis_every_from_python(tmp_path):
-    cfg = Config.load(None, overrides=[*TINY_MODEL, "train.steps=6", "train.batch_size=2", "train.eval_every=0",
-                                       "train.warmup_steps=1", "analysis.every=3", "analysis.snapshots=2"])
+    cfg = Config.load(
+        None,
+        overrides=[
+            *TINY_MODEL,
+            "train.steps=6",
+            "train.batch_size=2",
+            "train.eval_every=0",
+            "train.warmup_steps=1",
+            "analysis.every=3",
+            "analysis.snapshots=2",
+        ],
+    )
     Trainer(cfg, tmp_path / "run", callbacks=[]).fit()
     assert [r["step"] for r in records(tmp_path / "run")] == [0, 3, 6]
     assert sorted(p.name for p in (tmp_path / "run" / "analysis").glob("*.npz")) == [
-        "rowcos_step_0000000.npz", "rowcos_step_0000006.npz"]
+        "rowcos_step_0000000.npz",
+        "rowcos_step_0000006.npz",
+    ]
     cfg.analysis.every, cfg.analysis.norm_every = 0, 2  # the norm factors alone
     Trainer(cfg, tmp_path / "norms", callbacks=[]).fit()
     assert not records(tmp_path / "norms")
@@ -150,10 +179,20 @@ def test_smallinits_own_trainer_honours_analysis_every_from_python(tmp_path):
 
 
 def test_the_trainers_guard_is_silent_where_saturation_is_asked_for(tmp_path, caplog):
-    base = [*TINY_MODEL, "model.gamma=1.0", "train.steps=1", "train.batch_size=2", "train.eval_every=0",
-            "train.warmup_steps=1", "analysis.every=1", "analysis.snapshots=0"]
-    for name, extra, warns in (("saturated", ["model.norm_eps=1e-2"], True),
-                               ("emulated", ["model.norm_eps=1e-5", "model.norm_eps_width=2048"], False)):
+    base = [
+        *TINY_MODEL,
+        "model.gamma=1.0",
+        "train.steps=1",
+        "train.batch_size=2",
+        "train.eval_every=0",
+        "train.warmup_steps=1",
+        "analysis.every=1",
+        "analysis.snapshots=0",
+    ]
+    for name, extra, warns in (
+        ("saturated", ["model.norm_eps=1e-2"], True),
+        ("emulated", ["model.norm_eps=1e-5", "model.norm_eps_width=2048"], False),
+    ):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="smallinit"):
             Trainer(Config.load(None, overrides=[*base, *extra]), tmp_path / name, callbacks=[]).fit()

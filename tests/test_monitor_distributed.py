@@ -52,10 +52,21 @@ def single(tmp_path_factory) -> list[dict]:
 @pytest.mark.parametrize("layout", ["ddp", "fsdp", "titan"])
 def test_two_ranks_record_what_one_process_records(tmp_path, single, layout):
     out = tmp_path / layout
-    run("-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", str(WORKER), layout, str(out),
-        str(STEPS))
+    run(
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--standalone",
+        str(WORKER),
+        layout,
+        str(out),
+        str(STEPS),
+    )
     two = records(out)
-    assert [r["step"] for r in two] == [r["step"] for r in single] == [0, 25, 50, 75, 100]  # one writer: each step once
+    assert (
+        [r["step"] for r in two] == [r["step"] for r in single] == [0, 25, 50, 75, 100]
+    )  # one writer: each step once
     for a, b in zip(single, two):
         fa, fb = flat(a), flat(b)
         assert fa.keys() == fb.keys() and fa["loss"] > 0
@@ -68,13 +79,39 @@ def test_two_ranks_record_what_one_process_records(tmp_path, single, layout):
 def test_smallinits_trainer_measures_under_fsdp_as_in_one_process(tmp_path):
     from helpers import TINY_MODEL
 
-    sets = [a for s in [*TINY_MODEL, "data.corpus=shakespeare", "train.batch_size=8", "train.steps=6",
-                        "train.warmup_steps=2", "train.eval_every=3", "analysis.every=3", "analysis.snapshots=2"]
-            for a in ("--set", s)]
+    sets = [
+        a
+        for s in [
+            *TINY_MODEL,
+            "data.corpus=shakespeare",
+            "train.batch_size=8",
+            "train.steps=6",
+            "train.warmup_steps=2",
+            "train.eval_every=3",
+            "analysis.every=3",
+            "analysis.snapshots=2",
+        ]
+        for a in ("--set", s)
+    ]
     assert main(["train", "--out", str(tmp_path / "single"), *sets]) == 0
-    run("-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", "-m", "smallinit", "train", "--out",
-        str(tmp_path / "fsdp"), *sets, "--set", "train.parallel=fsdp")
+    run(
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--standalone",
+        "-m",
+        "smallinit",
+        "train",
+        "--out",
+        str(tmp_path / "fsdp"),
+        *sets,
+        "--set",
+        "train.parallel=fsdp",
+    )
     one, two = records(tmp_path / "single"), records(tmp_path / "fsdp")
-    assert [r["step"] for r in two] == [r["step"] for r in one] == [0, 3, 6]  # it measured (it was off under FSDP), each step once
+    assert (
+        [r["step"] for r in two] == [r["step"] for r in one] == [0, 3, 6]
+    )  # it measured (it was off under FSDP), each step once
     for a, b in zip(one, two):
         assert flat(b) == pytest.approx(flat(a), rel=1e-4, abs=1e-6)

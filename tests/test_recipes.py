@@ -29,14 +29,19 @@ def test_every_shipped_scale_resolves():
     vocab: dict[str, int] = {}
     for name in SHIPPED:
         recipe = load_recipe(name)
-        expected = {"micro", "quick", "full", "cpu-long", "gpu"} if name == "demo" else {"micro", "cpu", "gpu"}
+        expected = (
+            {"micro", "quick", "full", "cpu-long", "gpu"} if name == "demo" else {"micro", "cpu", "gpu"}
+        )
         assert set(recipe.scales) == expected, name
         for scale in recipe.scales.values():
             assert scale.description
             for sweep in scale.sweeps.values():
                 for cell in sweep.cells():
                     resolve_config(cell, vocab)  # raises on any bad key, value or preset
-                if scale.name == "gpu" and name not in ("reasoning", "sink"):  # small task models: one GPU each
+                if scale.name == "gpu" and name not in (
+                    "reasoning",
+                    "sink",
+                ):  # small task models: one GPU each
                     assert sweep.launcher.startswith("torchrun")
 
 
@@ -59,8 +64,11 @@ def test_demo_seeds_come_from_power():
     """The full demo's C4 primary gets the seeds seeds_for_power gives for the design effect and the CPU study's
     seed sd (docs/findings-cpu.md) at the table's strictest level α/7. The claims it does not run have no runs."""
     scale = load_recipe("demo").scale("full")
-    seeds = {(name, g): len({c.values["train.seed"] for c in sw.cells() if c.values["model.gamma"] == g})
-             for name, sw in scale.sweeps.items() for g in (0.5, 1.0)}
+    seeds = {
+        (name, g): len({c.values["train.seed"] for c in sw.cells() if c.values["model.gamma"] == g})
+        for name, sw in scale.sweeps.items()
+        for g in (0.5, 1.0)
+    }
     assert seeds["fixed", 1.0] == seeds["fixed", 0.5] == seeds_for_power(0.05, 0.048, ALPHA / 7)  # C4
     assert set(scale.options["dropped"]) == {"C1", "C2", "C3"}
     assert not {"baseline", "eps-only", "eps-only-g05", "plain"} & set(scale.sweeps)
@@ -77,12 +85,15 @@ def test_presets_and_overrides():
         customise(scale, overrides=["model.gamma=2.0"])
 
 
-@pytest.mark.parametrize("argv, expect", [
-    (["recipe", "paper-fig9"], "unknown recipe"),
-    (["recipe", "paper-fig3", "--scale", "tpu"], "no scale 'tpu'"),
-    (["recipe", "paper-fig3", "--scale", "micro", "--presets", "huge"], "unknown preset"),
-    (["recipe", "paper-fig3", "--scale", "micro", "--set", "train.seed=3"], "sweeps that key"),
-])
+@pytest.mark.parametrize(
+    "argv, expect",
+    [
+        (["recipe", "paper-fig9"], "unknown recipe"),
+        (["recipe", "paper-fig3", "--scale", "tpu"], "no scale 'tpu'"),
+        (["recipe", "paper-fig3", "--scale", "micro", "--presets", "huge"], "unknown preset"),
+        (["recipe", "paper-fig3", "--scale", "micro", "--set", "train.seed=3"], "sweeps that key"),
+    ],
+)
 def test_recipe_errors_one_line(tmp_path, capsys, argv, expect):
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
@@ -99,15 +110,18 @@ def test_micro_recipe_end_to_end(tmp_path):
     assert findings["recipe"] == "paper-fig3" and findings["n_runs"] == 3
     (c5,) = findings["claims"]
     assert c5["claim"] == "C5" and c5["verdict"] in ("agree", "disagree", "inconclusive", "not testable here")
-    rows = {float(r["model.gamma"]): float(r["val_loss"])
-            for r in csv.DictReader((out / "gamma" / "results.csv").open())}
+    rows = {
+        float(r["model.gamma"]): float(r["val_loss"])
+        for r in csv.DictReader((out / "gamma" / "results.csv").open())
+    }
     losses = {c["label"]: c for c in c5["comparisons"] if c["label"].startswith("L(")}
     assert losses["L(γ0.5)−L(γ1) @d16×1"]["samples"] == pytest.approx([rows[0.5] - rows[1.0]])
     assert losses["L(γ1.5)−L(γ1) @d16×1"]["verdict"] == "not testable here"  # 6 steps, one seed
     flow = json.loads((out / "residual_flow" / "residual_flow_sweep.json").read_text())
     flows = [c for c in c5["comparisons"] if c["label"].startswith("flow")]
     assert [x for c in flows for x in c["samples"]] == pytest.approx(
-        [s - (1 - g) for g, seeds in zip(flow["gammas"], flow["seed_slopes"]) for s in seeds])
+        [s - (1 - g) for g, seeds in zip(flow["gammas"], flow["seed_slopes"]) for s in seeds]
+    )
     # the plan, made before anything ran, finds the same comparisons untestable, for the same reasons
     (planned,) = plan_recipe("paper-fig3", "micro", Hardware.make("cpu", 2)).claims
     real = {c["label"]: c["reason"] for c in c5["comparisons"] if c["verdict"] == "not testable here"}
@@ -119,8 +133,12 @@ def test_reasoning_pairs_seeds_within_each_depth(tmp_path):
     """The reasoning recipe's micro scale over two depths: each depth is its own comparison, never pooled."""
     shipped = (RECIPES_DIR / "reasoning.toml").read_text()
     recipe = tmp_path / "reasoning-depths.toml"
-    recipe.write_text(shipped.replace('[scales.micro.sweeps.gamma.grid]\n',
-                                      '[scales.micro.sweeps.gamma.grid]\n"model.n_layers" = [1, 2]\n'))
+    recipe.write_text(
+        shipped.replace(
+            "[scales.micro.sweeps.gamma.grid]\n",
+            '[scales.micro.sweeps.gamma.grid]\n"model.n_layers" = [1, 2]\n',
+        )
+    )
     out = tmp_path / "out"
     assert run_recipe(str(recipe), "micro", out, jobs=2, echo=None).exit_code == 0
     findings = json.loads((out / "findings.json").read_text())
@@ -133,7 +151,11 @@ def test_reasoning_pairs_seeds_within_each_depth(tmp_path):
         assert c["seeds"] == [0, 1]
         assert c["samples"] == pytest.approx([rows[layers, 1.0, s] - rows[layers, 0.5, s] for s in (0, 1)])
     assert [(r["n_layers"], r["gamma"], r["n"]) for r in findings["anchor_by_gamma"]] == [
-        (1, 0.5, 2), (1, 1.0, 2), (2, 0.5, 2), (2, 1.0, 2)]
+        (1, 0.5, 2),
+        (1, 1.0, 2),
+        (2, 0.5, 2),
+        (2, 1.0, 2),
+    ]
 
 
 @pytest.mark.slow
@@ -162,11 +184,14 @@ def test_demo_micro_end_to_end(tmp_path, capsys):
         return {re.sub(r"step \d+", "step N", label): why for label, why in failing.items()}
 
     for c in findings["claims"]:
-        real = by_label({x["label"]: x["reason"] for x in c["comparisons"] if x["verdict"] == "not testable here"})
+        real = by_label(
+            {x["label"]: x["reason"] for x in c["comparisons"] if x["verdict"] == "not testable here"}
+        )
         skip = {label for label, why in real.items() if any(o in why for o in outcome)}
         plan = by_label(planned[c["claim"]].failing)
-        assert {k: v for k, v in plan.items() if k not in skip} == {k: v for k, v in real.items() if k not in skip}, \
-            c["claim"]
+        assert {k: v for k, v in plan.items() if k not in skip} == {
+            k: v for k, v in real.items() if k not in skip
+        }, c["claim"]
 
 
 def test_no_demo_run_reads_its_corpus_twice():

@@ -18,9 +18,22 @@ from smallinit.train.records import AnalysisRecord, EvalRecord, NormFactorRecord
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("records") / "run"
-    sets = [*TINY_MODEL, "train.steps=6", "train.batch_size=2", "train.eval_every=3", "train.eval_batches=1",
-            "train.log_every=2", "train.warmup_steps=1", "train.device=cpu", "train.precision=fp32", "train.threads=1", "data.corpus=shakespeare",
-            "analysis.every=3", "analysis.norm_every=1", "analysis.batch_size=2"]
+    sets = [
+        *TINY_MODEL,
+        "train.steps=6",
+        "train.batch_size=2",
+        "train.eval_every=3",
+        "train.eval_batches=1",
+        "train.log_every=2",
+        "train.warmup_steps=1",
+        "train.device=cpu",
+        "train.precision=fp32",
+        "train.threads=1",
+        "data.corpus=shakespeare",
+        "analysis.every=3",
+        "analysis.norm_every=1",
+        "analysis.batch_size=2",
+    ]
     assert main(["train", "--out", str(out), *sum((["--set", s] for s in sets), [])]) == 0
     return out
 
@@ -37,19 +50,27 @@ def test_each_record_of_a_real_run_parses_to_the_values_in_its_file(run_dir):
     assert [e.step for e in run.evals] == [0, 3, 6]
     steps = [r for r in raw if "loss" in r and "event" not in r]
     assert [(s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s) for s in run.train_log] == [
-        (r["step"], r["loss"], r["lr"], r["grad_norm"], r["tokens_per_s"]) for r in steps]
+        (r["step"], r["loss"], r["lr"], r["grad_norm"], r["tokens_per_s"]) for r in steps
+    ]
     analysis = [r for r in raw if r.get("event") == "analysis"]
     assert [a.step for a in run.analysis] == [r["step"] for r in analysis] == [0, 3, 6]
     for a, r in zip(run.analysis, analysis):
         assert a.sink == tuple(r["sink"][str(i)] for i in range(2)) and a.sink_mean == r["sink_mean"]
-        assert {str(eps): v for eps, v in a.sink_share.items()} == r["sink_share"] and set(a.sink_share) == {0.3, 0.8}
-        assert a.norm_factor == r["norm_factor"] and list(a.norm_factor) == list(r["norm_factor"])  # module order
+        assert {str(eps): v for eps, v in a.sink_share.items()} == r["sink_share"] and set(a.sink_share) == {
+            0.3,
+            0.8,
+        }
+        assert a.norm_factor == r["norm_factor"] and list(a.norm_factor) == list(
+            r["norm_factor"]
+        )  # module order
         assert a.mean_norm_factor == pytest.approx(sum(r["norm_factor"].values()) / len(r["norm_factor"]))
         assert a.stable_rank == r["stable_rank"] and a.mean_abs_cos == r["mean_abs_cos"] and a.stable_rank
         assert (a.residual_flow, a.loss, a.not_measured) == (r["residual_flow"], r["loss"], r["not_measured"])
         assert a.to_dict() == r  # the writer's dict: the schema is this one type
     norms = [r for r in raw if r.get("event") == "norm_factor"]
-    assert [(n.step, n.norm_factor) for n in run.norm_records] == [(r["step"], r["norm_factor"]) for r in norms]
+    assert [(n.step, n.norm_factor) for n in run.norm_records] == [
+        (r["step"], r["norm_factor"]) for r in norms
+    ]
     assert [n.step for n in run.norm_records] == list(range(7))
     for rec in (*run.evals, *run.train_log, *run.norm_records):
         assert rec.to_dict() in raw
@@ -60,7 +81,11 @@ def test_an_older_file_without_later_fields_parses(tmp_path):
     old = {"event": "analysis", "step": 10, "sink": {"1": 0.5, "0": 0.25}, "stable_rank": {"q": 3.0}}
     a = parse_record(old)
     assert isinstance(a, AnalysisRecord)
-    assert (a.step, a.sink, a.stable_rank) == (10, (0.25, 0.5), {"q": 3.0})  # layers in their order, not the file's
+    assert (a.step, a.sink, a.stable_rank) == (
+        10,
+        (0.25, 0.5),
+        {"q": 3.0},
+    )  # layers in their order, not the file's
     assert (a.sink_mean, a.residual_flow, a.loss, a.mean_norm_factor) == (None, None, None, None)
     assert (a.sink_share, a.norm_factor, a.mean_abs_cos, a.not_measured) == ({}, {}, {}, {})
     assert parse_record({"event": "norm_factor", "step": 0}) == NormFactorRecord(0, {})
@@ -71,13 +96,15 @@ def test_an_older_file_without_later_fields_parses(tmp_path):
 
 def test_a_kind_not_typed_is_skipped_not_misread(tmp_path):
     (tmp_path / "config.json").write_text(Config.load(overrides=TINY_MODEL).to_json())
-    recs = [{"step": 0, "val_loss": 5.0},
-            {"event": "analysis_v2", "step": 1, "sink": {"0": 0.9}, "norm_factor": {"n": 0.1}},  # a later kind
-            {"event": "moe", "step": 1, "loss": 9.0, "balance_loss": 0.1},  # known, but no type here
-            {"event": "steps", "step": 1, "before": 0, "after": 4},
-            {"event": "analysis", "step": "one", "sink": {"0": 0.9}},  # not a step
-            {"event": "nonfinite", "step": 2, "loss": float("nan"), "lr": 1e-3, "grad_norm": float("inf")},
-            {"step": 4, "val_loss": 4.0}]
+    recs = [
+        {"step": 0, "val_loss": 5.0},
+        {"event": "analysis_v2", "step": 1, "sink": {"0": 0.9}, "norm_factor": {"n": 0.1}},  # a later kind
+        {"event": "moe", "step": 1, "loss": 9.0, "balance_loss": 0.1},  # known, but no type here
+        {"event": "steps", "step": 1, "before": 0, "after": 4},
+        {"event": "analysis", "step": "one", "sink": {"0": 0.9}},  # not a step
+        {"event": "nonfinite", "step": 2, "loss": float("nan"), "lr": 1e-3, "grad_norm": float("inf")},
+        {"step": 4, "val_loss": 4.0},
+    ]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n{torn")
     run = Run.load(tmp_path)
     assert run.analysis == [] and run.norm_records == [] and run.train_log == []

@@ -34,7 +34,10 @@ from smallinit.train import Callback, Trainer
 from smallinit.train import checkpoint as ckpt
 
 TINY = [
-    *TINY_MODEL, "data.corpus=shakespeare", "train.batch_size=8", "train.warmup_steps=2",
+    *TINY_MODEL,
+    "data.corpus=shakespeare",
+    "train.batch_size=8",
+    "train.warmup_steps=2",
     "train.eval_batches=2",
 ]
 
@@ -65,13 +68,28 @@ def one_line(text: str) -> str:
 
 # -- SIGKILL at random moments ---------------------------------------------------------------------------
 
-CRASH_ARGS = (*TINY, "train.steps=30", "train.checkpoint_every=2", "train.keep_checkpoints=2",
-              "train.eval_every=10", "train.log_every=1")
+CRASH_ARGS = (
+    *TINY,
+    "train.steps=30",
+    "train.checkpoint_every=2",
+    "train.keep_checkpoints=2",
+    "train.eval_every=10",
+    "train.log_every=1",
+)
 
 
 def _start(run: Path, resume: bool) -> subprocess.Popen:
     sets = [] if resume else [a for s in CRASH_ARGS for a in ("--set", s)]
-    cmd = [sys.executable, "-m", "smallinit", "train", "--out", str(run), *sets, *(["--resume"] if resume else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "smallinit",
+        "train",
+        "--out",
+        str(run),
+        *sets,
+        *(["--resume"] if resume else []),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # same threads: same floats
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
@@ -132,8 +150,9 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
     """Six kills (seeded): before the first checkpoint, between steps, and inside checkpoint writes."""
     reference = _start(tmp_path / "reference", resume=False)
     run, rng = tmp_path / "killed", random.Random(1234)
-    plan = [("early", 0, 0.0)] + [(rng.choice(["in_write", "step"]), rng.randint(1, 5), rng.uniform(0, 0.004))
-                                  for _ in range(5)]
+    plan = [("early", 0, 0.0)] + [
+        (rng.choice(["in_write", "step"]), rng.randint(1, 5), rng.uniform(0, 0.004)) for _ in range(5)
+    ]
     plan[2] = ("in_write", plan[2][1], plan[2][2])  # at least two kills aimed inside a write
     plan[4] = ("in_write", plan[4][1], plan[4][2])
     proc, newest_before, outcomes = _start(run, resume=False), None, []
@@ -166,8 +185,13 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
 
 # -- torn or tampered checkpoints ------------------------------------------------------------------------
 
-TAMPER_ARGS = ("train.steps=4", "train.checkpoint_every=2", "train.keep_checkpoints=3", "train.eval_every=0",
-               "train.log_every=1")
+TAMPER_ARGS = (
+    "train.steps=4",
+    "train.checkpoint_every=2",
+    "train.keep_checkpoints=3",
+    "train.eval_every=0",
+    "train.log_every=1",
+)
 
 
 @pytest.fixture(scope="module")
@@ -231,29 +255,75 @@ def _set_state(**fields):
 # name: (how (run, other run, newest checkpoint), expected words, whether load_model refuses too (it reads no
 # optimizer state), whether the newest checkpoint fails verification (then the message names the older one))
 TAMPERS = {
-    "truncated model file": (lambda r, o, ck: _truncate(ck, "model.safetensors", False), "truncated", True, True),
-    "truncated, state.json updated": (lambda r, o, ck: _truncate(ck, "model.safetensors", True),
-                                      "not a readable safetensors", True, False),
-    "truncated optimizer file": (lambda r, o, ck: _truncate(ck, "optim.safetensors", False), "truncated", True, True),
+    "truncated model file": (
+        lambda r, o, ck: _truncate(ck, "model.safetensors", False),
+        "truncated",
+        True,
+        True,
+    ),
+    "truncated, state.json updated": (
+        lambda r, o, ck: _truncate(ck, "model.safetensors", True),
+        "not a readable safetensors",
+        True,
+        False,
+    ),
+    "truncated optimizer file": (
+        lambda r, o, ck: _truncate(ck, "optim.safetensors", False),
+        "truncated",
+        True,
+        True,
+    ),
     "missing tensor": (lambda r, o, ck: _drop_first(ck, "model.safetensors"), "missing", True, False),
-    "missing optimizer tensor": (lambda r, o, ck: _drop_first(ck, "optim.safetensors", "exp_avg_sq"),
-                                 "exp_avg_sq is missing", False, False),
+    "missing optimizer tensor": (
+        lambda r, o, ck: _drop_first(ck, "optim.safetensors", "exp_avg_sq"),
+        "exp_avg_sq is missing",
+        False,
+        False,
+    ),
     "wrong shape": (lambda r, o, ck: _wrong_shape(ck), "shape", True, False),
     "wrong dtype": (lambda r, o, ck: _wrong_dtype(ck, "model.safetensors"), "is float64", True, False),
-    "wrong optimizer dtype": (lambda r, o, ck: _wrong_dtype(ck, "optim.safetensors", "exp_avg"), "is float64",
-                              False, False),
-    "optimizer step not a count": (lambda r, o, ck: _wrong_dtype(ck, "optim.safetensors", ".step"), "step is float64",
-                                   False, False),
-    "state.json config differs": (lambda r, o, ck: _edit_json(ck / "state.json", lambda s: s["config"]["model"]
-                                                              .update(norm_eps=1e-5)), "different config", True, False),
-    "run config.json differs": (lambda r, o, ck: _edit_json(r / "config.json", lambda c: c["model"]
-                                                            .update(gamma=0.5)), "different config", True, False),
-    "state.json of another run": (lambda r, o, ck: shutil.copy(o / "checkpoints" / ck.name / "state.json", ck),
-                                  "checksum", True, True),
-    "state.json of another step": (lambda r, o, ck: shutil.copy(ck.parent / "step_0000002" / "state.json", ck),
-                                   "records step 2", True, True),
-    "state.json not JSON": (lambda r, o, ck: (ck / "state.json").write_text('{"step": 4,'), "not valid JSON",
-                            True, True),
+    "wrong optimizer dtype": (
+        lambda r, o, ck: _wrong_dtype(ck, "optim.safetensors", "exp_avg"),
+        "is float64",
+        False,
+        False,
+    ),
+    "optimizer step not a count": (
+        lambda r, o, ck: _wrong_dtype(ck, "optim.safetensors", ".step"),
+        "step is float64",
+        False,
+        False,
+    ),
+    "state.json config differs": (
+        lambda r, o, ck: _edit_json(ck / "state.json", lambda s: s["config"]["model"].update(norm_eps=1e-5)),
+        "different config",
+        True,
+        False,
+    ),
+    "run config.json differs": (
+        lambda r, o, ck: _edit_json(r / "config.json", lambda c: c["model"].update(gamma=0.5)),
+        "different config",
+        True,
+        False,
+    ),
+    "state.json of another run": (
+        lambda r, o, ck: shutil.copy(o / "checkpoints" / ck.name / "state.json", ck),
+        "checksum",
+        True,
+        True,
+    ),
+    "state.json of another step": (
+        lambda r, o, ck: shutil.copy(ck.parent / "step_0000002" / "state.json", ck),
+        "records step 2",
+        True,
+        True,
+    ),
+    "state.json not JSON": (
+        lambda r, o, ck: (ck / "state.json").write_text('{"step": 4,'),
+        "not valid JSON",
+        True,
+        True,
+    ),
     "state.json step is text": (_set_state(step="4"), "not a step number", True, True),
     "state.json aliases garbage": (_set_state(aliases=[1]), "aliases", True, True),
     "state.json skipped negative": (_set_state(skipped=-3), "not a count", True, True),
@@ -308,8 +378,13 @@ def test_damaged_older_checkpoint_does_not_block(runs, tmp_path):
 
 # -- failing writes: disk full, read-only folders --------------------------------------------------------
 
-FAULT_ARGS = ("train.steps=6", "train.checkpoint_every=2", "train.keep_checkpoints=3", "train.eval_every=3",
-              "train.log_every=1")
+FAULT_ARGS = (
+    "train.steps=6",
+    "train.checkpoint_every=2",
+    "train.keep_checkpoints=3",
+    "train.eval_every=3",
+    "train.log_every=1",
+)
 
 
 @pytest.fixture(scope="module")
@@ -339,7 +414,9 @@ def failing_writes(root: Path, code: int, name: str | None = None):
 
     def hit(path) -> bool:
         p = Path(os.fsdecode(path)).absolute()
-        return (p == root or root in p.parents) and (name is None or p.name == name or f".{name}.tmp" in p.name)
+        return (p == root or root in p.parents) and (
+            name is None or p.name == name or f".{name}.tmp" in p.name
+        )
 
     def fake_open(file, mode="r", *args, **kwargs):
         if isinstance(file, (str, bytes, os.PathLike)) and set(mode) & set("wax+") and hit(file):
@@ -370,14 +447,27 @@ class FaultFrom(Callback):
 
 
 FAULTS = {  # name: (fault factory, when, expected words)
-    "tensor file over the size limit (real EFBIG)": (lambda run: file_size_limit(64 << 10), 3, "File too large"),
-    "disk full on metrics.jsonl": (lambda run: failing_writes(run, errno.ENOSPC, "metrics.jsonl"), 3,
-                                   "metrics.jsonl (No space left on device)"),
-    "disk full on state.json": (lambda run: failing_writes(run, errno.ENOSPC, "state.json"), 3,
-                                "state.json (No space left on device)"),
+    "tensor file over the size limit (real EFBIG)": (
+        lambda run: file_size_limit(64 << 10),
+        3,
+        "File too large",
+    ),
+    "disk full on metrics.jsonl": (
+        lambda run: failing_writes(run, errno.ENOSPC, "metrics.jsonl"),
+        3,
+        "metrics.jsonl (No space left on device)",
+    ),
+    "disk full on state.json": (
+        lambda run: failing_writes(run, errno.ENOSPC, "state.json"),
+        3,
+        "state.json (No space left on device)",
+    ),
     "run folder turns read-only": (lambda run: failing_writes(run, errno.EROFS), 3, "Read-only file system"),
-    "disk full on summary.json": (lambda run: failing_writes(run, errno.ENOSPC, "summary.json"), 5,
-                                  "summary.json (No space left on device)"),
+    "disk full on summary.json": (
+        lambda run: failing_writes(run, errno.ENOSPC, "summary.json"),
+        5,
+        "summary.json (No space left on device)",
+    ),
 }
 
 
@@ -426,8 +516,20 @@ def test_cli_tokenizer_and_cache_unwritable(tmp_path, capsys, monkeypatch):
     corpus = tmp_path / "c.txt"
     corpus.write_text("some text to tokenise " * 50)
     with failing_writes(tmp_path / "ro", errno.EROFS):
-        assert main(["tokenizer", "train", str(corpus), "--vocab-size", "300", "--out",
-                     str(tmp_path / "ro" / "tok")]) == 2
+        assert (
+            main(
+                [
+                    "tokenizer",
+                    "train",
+                    str(corpus),
+                    "--vocab-size",
+                    "300",
+                    "--out",
+                    str(tmp_path / "ro" / "tok"),
+                ]
+            )
+            == 2
+        )
     assert "Read-only file system" in one_line(capsys.readouterr().err)
     monkeypatch.setenv("SMALLINIT_CACHE", str(corpus))  # the cache "folder" is a file
     sets = [a for s in (*TINY, f"data.corpus={corpus}") for a in ("--set", s)]

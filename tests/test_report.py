@@ -40,8 +40,15 @@ from smallinit.study.running.runs import Run, find_runs
 # -- the report --------------------------------------------------------------------------------------------------
 
 TINY = [
-    *TINY_MODEL, "train.batch_size=4", "train.steps=4", "train.eval_every=0", "train.log_every=2",
-    "train.warmup_steps=1", "analysis.every=2", "analysis.snapshots=2", "analysis.heatmap_rows=16",
+    *TINY_MODEL,
+    "train.batch_size=4",
+    "train.steps=4",
+    "train.eval_every=0",
+    "train.log_every=2",
+    "train.warmup_steps=1",
+    "analysis.every=2",
+    "analysis.snapshots=2",
+    "analysis.heatmap_rows=16",
 ]
 
 
@@ -49,8 +56,12 @@ def _sets(items):
     return sum((["--set", s] for s in items), [])
 
 
-RUNS = {"g0.5": ["model.gamma=0.5"], "g1.0": ["model.gamma=1.0"], "g1.0-seed1": ["model.gamma=1.0", "train.seed=1"],
-        "d16": ["model.gamma=1.0", "model.d_model=16"]}  # two seeds of one setting, two sizes
+RUNS = {
+    "g0.5": ["model.gamma=0.5"],
+    "g1.0": ["model.gamma=1.0"],
+    "g1.0-seed1": ["model.gamma=1.0", "train.seed=1"],
+    "d16": ["model.gamma=1.0", "model.d_model=16"],
+}  # two seeds of one setting, two sizes
 
 
 @pytest.fixture(scope="module")
@@ -60,17 +71,61 @@ def report_dir(tmp_path_factory):
     corpus.write_text("<script>alert('x')</script> & <b>bold</b> text\n" * 400, encoding="utf-8")
     runs = root / "runs"
     for name, extra in RUNS.items():
-        assert main(["train", "--out", str(runs / name), *_sets(TINY + extra),
-                     "--set", f"data.corpus={json.dumps(str(corpus))}"]) == 0
-    assert main(["analyze", str(runs / "g1.0"), "--set", "train.eval_batches=1", "--set", "train.batch_size=2"]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    "--out",
+                    str(runs / name),
+                    *_sets(TINY + extra),
+                    "--set",
+                    f"data.corpus={json.dumps(str(corpus))}",
+                ]
+            )
+            == 0
+        )
+    assert (
+        main(["analyze", str(runs / "g1.0"), "--set", "train.eval_batches=1", "--set", "train.batch_size=2"])
+        == 0
+    )
     with pytest.MonkeyPatch.context() as mp:  # compare without --out writes beside run A, not here
         mp.chdir(root)
-        assert main(["compare", str(runs / "g1.0"), str(runs / "g0.5"), "--top-k", "3", "--set",
-                     "train.batch_size=2"]) == 0
-    assert main(["coordcheck", "--out", str(root / "cc"), "--gammas", "0.5,1", "--steps", "1", "--set",
-                 "train.batch_size=2",
-                 *_sets(["model.n_layers=2", "model.vocab_size=257", "data.seq_len=16"]), "--residual-flow",
-                 "--widths", "32,64", "--seeds", "0,1"]) == 0
+        assert (
+            main(
+                [
+                    "compare",
+                    str(runs / "g1.0"),
+                    str(runs / "g0.5"),
+                    "--top-k",
+                    "3",
+                    "--set",
+                    "train.batch_size=2",
+                ]
+            )
+            == 0
+        )
+    assert (
+        main(
+            [
+                "coordcheck",
+                "--out",
+                str(root / "cc"),
+                "--gammas",
+                "0.5,1",
+                "--steps",
+                "1",
+                "--set",
+                "train.batch_size=2",
+                *_sets(["model.n_layers=2", "model.vocab_size=257", "data.seq_len=16"]),
+                "--residual-flow",
+                "--widths",
+                "32,64",
+                "--seeds",
+                "0,1",
+            ]
+        )
+        == 0
+    )
     assert main(["report", str(root)]) == 0
     return root
 
@@ -86,8 +141,9 @@ def drawn(report_dir, tmp_path_factory):
         warnings.simplefilter("always")
         mp.setattr(figures, "png", lambda fig, *a, **kw: made.append(fig) or real_png(fig, *a, **kw))
         assert main(["report", str(report_dir / "runs"), str(report_dir / "cc"), "--out", str(out)]) == 0
-    return SimpleNamespace(figures=made, warnings=[str(w.message) for w in caught],
-                           page=out.read_text(encoding="utf-8"))
+    return SimpleNamespace(
+        figures=made, warnings=[str(w.message) for w in caught], page=out.read_text(encoding="utf-8")
+    )
 
 
 def test_report_is_self_contained_and_escaped(report_dir):
@@ -100,14 +156,26 @@ def test_report_is_self_contained_and_escaped(report_dir):
         assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
     # the corpus text reaches the page only escaped (top tokens and their contexts)
     assert "&lt;script&gt;" in page or "&lt;/script&gt;" in page
-    for section in ("Claims and verdicts", "Loss curves (mean over seeds)", "RMSNorm factor against γ", "Loss curves", "Attention sink per layer",
-                    "Residual flow", "Condensation", "Token level", "Coordinate check", "Single-model analyses"):
+    for section in (
+        "Claims and verdicts",
+        "Loss curves (mean over seeds)",
+        "RMSNorm factor against γ",
+        "Loss curves",
+        "Attention sink per layer",
+        "Residual flow",
+        "Condensation",
+        "Token level",
+        "Coordinate check",
+        "Single-model analyses",
+    ):
         assert section in page, section
 
 
 def test_report_numbers_come_from_the_files(report_dir):
     page = (report_dir / "report.html").read_text(encoding="utf-8")
-    cmp = json.loads((report_dir / "runs" / "g1.0" / "analysis" / "compare-g0.5" / "compare.json").read_text())
+    cmp = json.loads(
+        (report_dir / "runs" / "g1.0" / "analysis" / "compare-g0.5" / "compare.json").read_text()
+    )
     assert f"{cmp['tokens']:,} tokens" in page
     # the claims are judged by the recipes' functions from these files: C5 per γ of the width sweep, C7 from
     # the γ = 1 vs γ = 0.5 comparison (one seed: not testable here, whatever its sign)
@@ -115,7 +183,9 @@ def test_report_numbers_come_from_the_files(report_dir):
     for gamma, seed_slopes in zip(sweep["gammas"], sweep["seed_slopes"]):
         mean = statistics.fmean(s - (1 - gamma) for s in seed_slopes)
         assert f"flow exponent − (1−γ) at γ{gamma:g}: {mean:+.3f} ± " in page
-    d = cmp["meta"]["split"]["profile_bins"]  # the profile is judged on the half of the tokens its precondition was not
+    d = cmp["meta"]["split"][
+        "profile_bins"
+    ]  # the profile is judged on the half of the tokens its precondition was not
     mid_easy = statistics.fmean(d[4:9]) - statistics.fmean(d[:3])
     assert f"Δ_sym mid−easy deciles (profile half): {mid_easy:+.3f} (n=1): not testable here" in page
     analysis = json.loads((report_dir / "runs" / "g1.0" / "analysis" / "analysis.json").read_text())
@@ -131,18 +201,37 @@ def test_report_numbers_come_from_the_files(report_dir):
 def test_analyze_says_what_each_number_is(report_dir, tmp_path, capsys):
     """No number alone: each line names what it measures and what to compare it with."""
     capsys.readouterr()
-    assert main(["analyze", str(report_dir / "runs" / "g1.0"), "--set", "train.eval_batches=1", "--set",
-                 "train.batch_size=2", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                str(report_dir / "runs" / "g1.0"),
+                "--set",
+                "train.eval_batches=1",
+                "--set",
+                "train.batch_size=2",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("step 4: loss ") and "nats/token" in lines[0]
     assert lines[1].startswith("sink score ") and "attention spread evenly gives" in lines[1]
     assert lines[2].startswith("Sink_0.3 ") and "exceeds 0.3" in lines[2]
-    assert lines[3].startswith("residual flow ") and "‖h_L − e‖/‖e‖" in lines[3] and "d^(1−γ), here 1 for d = 32" in lines[3]
+    assert (
+        lines[3].startswith("residual flow ")
+        and "‖h_L − e‖/‖e‖" in lines[3]
+        and "d^(1−γ), here 1 for d = 32" in lines[3]
+    )
     assert lines[4].startswith("min norm factor ") and "at initialisation this config gives" in lines[4]
     assert lines[5].startswith("stable rank ‖W‖_F²/‖W‖_2²: median ") and "of min(m, n) over" in lines[5]
-    assert ("this loss is on 2 windows of 32 tokens from the start of the validation split, training's val "
-            "loss on 32 windows of 32 tokens, so the two differ a little; to measure on training's windows "
-            "add --set train.eval_batches=8 --set train.batch_size=4 --set data.seq_len=32") in lines[6:]
+    assert (
+        "this loss is on 2 windows of 32 tokens from the start of the validation split, training's val "
+        "loss on 32 windows of 32 tokens, so the two differ a little; to measure on training's windows "
+        "add --set train.eval_batches=8 --set train.batch_size=4 --set data.seq_len=32"
+    ) in lines[6:]
 
 
 def test_report_refuses_an_empty_folder(tmp_path, capsys):
@@ -169,7 +258,9 @@ def layout_problems(fig: Figure) -> list[str]:
     renderer = canvas.get_renderer()
     axes = [ax for ax in fig.axes if ax.get_visible()]
     legends = [*fig.legends, *(ax.get_legend() for ax in axes if ax.get_legend() is not None)]
-    titles = [t for t in [*fig.texts, *(ax.title for ax in axes)] if t.get_text()]  # fig.texts holds the suptitle
+    titles = [
+        t for t in [*fig.texts, *(ax.title for ax in axes)] if t.get_text()
+    ]  # fig.texts holds the suptitle
     problems = []
     for i, legend in enumerate(legends):
         box = legend.get_window_extent(renderer)
@@ -179,14 +270,17 @@ def layout_problems(fig: Figure) -> list[str]:
         for text in titles:
             if _overlap(box, text.get_window_extent(renderer)) > 1.0:
                 problems.append(f"legend over the title {text.get_text()!r}")
-        if any(_overlap(box, other.get_window_extent(renderer)) > 1.0 for other in legends[i + 1:]):
+        if any(_overlap(box, other.get_window_extent(renderer)) > 1.0 for other in legends[i + 1 :]):
             problems.append("two legends over each other")
     drawn, canvas_box = fig.get_tightbbox(renderer), fig.bbox_inches.padded(0.02)  # inches
     if not (canvas_box.contains(drawn.x0, drawn.y0) and canvas_box.contains(drawn.x1, drawn.y1)):
         problems.append(f"something drawn at {drawn.bounds} leaves the canvas {fig.bbox_inches.bounds}")
     for ax in axes:
         spec = ax.get_subplotspec()
-        if spec is not None and ax.get_window_extent(renderer).width < 0.5 * fig.bbox.width / spec.get_gridspec().ncols:
+        if (
+            spec is not None
+            and ax.get_window_extent(renderer).width < 0.5 * fig.bbox.width / spec.get_gridspec().ncols
+        ):
             problems.append(f"axes {ax.get_title()!r} squeezed")
     return problems
 
@@ -198,7 +292,9 @@ def test_the_layout_check_sees_a_bad_figure():
         ax.plot([0, 1], [i, i + 1], label=f"d_ff=96, d_model=32, gamma=0.5, gate=none, n_heads=2, seed {i}")
     ax.legend(loc="center")  # over the data, and wider than the figure
     problems = layout_problems(fig)
-    assert any("legend over the axes" in p for p in problems) and any("leaves the canvas" in p for p in problems)
+    assert any("legend over the axes" in p for p in problems) and any(
+        "leaves the canvas" in p for p in problems
+    )
     fig = Figure(figsize=(6, 3), layout="constrained")
     fig.subplots().plot([0, 1], [0, 1], label="a line with a long label")
     fig.suptitle("loss: thin train, thick validation; line = mean over seeds, band = their range")
@@ -216,19 +312,30 @@ def test_every_report_figure_reads(drawn):
 def test_many_settings_still_read(recwarn):
     """A folder with a dozen settings (the cpu-long study's 113 runs have 13): the residual flow keeps one legend
     entry per setting, the loss grid wraps its long panel titles, and both stay on the canvas, legible."""
-    labels = [f"d_model=24, gate=elementwise, ε=1e-12, norm_eps_width=0, lr={lr:g}" for lr in np.geomspace(1e-3, 1e-1, 13)]
+    labels = [
+        f"d_model=24, gate=elementwise, ε=1e-12, norm_eps_width=0, lr={lr:g}"
+        for lr in np.geomspace(1e-3, 1e-1, 13)
+    ]
     flow = figures.residual_flow_figure({s: (24, [(g, 24.0 ** (1 - g)) for g in (0.5, 1.0)]) for s in labels})
-    grid = figures.grid_figure({s: (np.ones((2, 2)), ["0.5", "1"], ["1e-05", "1e-12"]) for s in labels[:2]},
-                               row_label="γ", col_label="ε", title="final val loss, γ × ε")
+    grid = figures.grid_figure(
+        {s: (np.ones((2, 2)), ["0.5", "1"], ["1e-05", "1e-12"]) for s in labels[:2]},
+        row_label="γ",
+        col_label="ε",
+        title="final val loss, γ × ε",
+    )
     for fig in (flow, grid):
         figures.png(fig)
         # a legend wider than its plot widens the figure (figures._widen_for) so the plot keeps its planned size,
         # which can be under half the figure's width: the plots are held to a size in inches instead
-        assert [p for p in layout_problems(fig) if "squeezed" not in p] == [] and smallest_text_px(fig) >= 10.0
+        assert [p for p in layout_problems(fig) if "squeezed" not in p] == [] and smallest_text_px(
+            fig
+        ) >= 10.0
     assert flow.axes[0].get_window_extent().width >= 3 * flow.dpi
     assert min(ax.get_window_extent().width for ax in grid.axes[:2]) >= 1.5 * grid.dpi
     assert len(flow.axes[0].get_legend().get_texts()) == len(labels)
-    assert len({tuple(c.get_facecolor()[0]) for c in flow.axes[0].collections}) == len(labels)  # a colour each
+    assert len({tuple(c.get_facecolor()[0]) for c in flow.axes[0].collections}) == len(
+        labels
+    )  # a colour each
     assert not [w for w in recwarn if "constrained_layout" in str(w.message)]
 
 
@@ -242,8 +349,10 @@ def smallest_text_px(fig: Figure) -> float:
 
 
 def test_no_figure_text_is_under_10_px_on_the_page(drawn):
-    sizes = {next((ax.get_title() for ax in fig.axes if ax.get_title()), "?"): smallest_text_px(fig)
-             for fig in drawn.figures}
+    sizes = {
+        next((ax.get_title() for ax in fig.axes if ax.get_title()), "?"): smallest_text_px(fig)
+        for fig in drawn.figures
+    }
     assert min(sizes.values()) >= 10.0, {t: round(px, 1) for t, px in sizes.items() if px < 10}
 
 
@@ -263,16 +372,31 @@ def test_figure_labels_name_only_what_differs(report_dir):
     groups = Groups.of(runs, varying_keys(runs))
     # d_ff, the head counts and the corpus are shared; d_model tells the panels apart, γ the curves at d = 32
     assert {(p, c, len(g)) for p, c, g in groups.items()} == {
-        ("d_model=16", "γ=1", 1), ("d_model=32", "γ=0.5", 1), ("d_model=32", "γ=1", 2)}
+        ("d_model=16", "γ=1", 1),
+        ("d_model=32", "γ=0.5", 1),
+        ("d_model=32", "γ=1", 2),
+    }
     assert groups.legend_title == "γ; 1/2 seeds each"
 
 
 def test_how_a_run_ran_does_not_split_its_arm(tmp_path):
     """train.compile = "auto" resolves per run (a warm compile cache pays sooner), so the seeds of one arm can
     record different choices; the curves and the loss grids are the arms, the same math compiled or not."""
-    runs = [Run(tmp_path / f"r{i}", f"r{i}", {"model.gamma": g, "model.norm_eps": eps, "train.seed": s,
-                                                 "train.compile": s == 1, "train.threads": 1 + s}, {"val_loss": 2.0})
-            for i, (g, eps, s) in enumerate(itertools.product((0.5, 1.0), (1e-5, 1e-12), (0, 1, 2)))]
+    runs = [
+        Run(
+            tmp_path / f"r{i}",
+            f"r{i}",
+            {
+                "model.gamma": g,
+                "model.norm_eps": eps,
+                "train.seed": s,
+                "train.compile": s == 1,
+                "train.threads": 1 + s,
+            },
+            {"val_loss": 2.0},
+        )
+        for i, (g, eps, s) in enumerate(itertools.product((0.5, 1.0), (1e-5, 1e-12), (0, 1, 2)))
+    ]
     assert arm_keys(runs) == ["model.gamma", "model.norm_eps", "train.seed"]
     groups = Groups.of(runs, arm_keys(runs))
     assert sorted(len(g) for _, _, g in groups.items()) == [3] * 4 and "compile" not in groups.legend_title
@@ -320,7 +444,9 @@ def test_whitespace_tokens_are_visible(report_dir):
 def test_a_verdict_label_of_any_wording_gets_a_badge():
     from smallinit.report.html import verdict_badge
 
-    assert verdict_badge("not testable here") == '<span class="v v-not-testable-here">not testable here</span>'
+    assert (
+        verdict_badge("not testable here") == '<span class="v v-not-testable-here">not testable here</span>'
+    )
     assert verdict_badge("<x>") == '<span class="v v-&lt;x&gt;">&lt;x&gt;</span>'
 
 
@@ -331,8 +457,24 @@ def test_compare_writes_beside_run_a_and_says_where(report_dir, capsys):
     out = report_dir / "runs" / "g1.0" / "analysis" / "compare-g0.5"
     assert {p.name for p in out.iterdir()} == {"compare.json", "token_gap.png"}
     assert not (report_dir / "compare").exists()  # the fixture ran it from report_dir
-    assert main(["compare", str(report_dir / "runs" / "d16"), str(report_dir / "runs" / "g1.0"), "--labels",
-                 "small,γ = 1 / big", "--top-k", "1", "--set", "train.batch_size=2", "--max-tokens", "64"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                str(report_dir / "runs" / "d16"),
+                str(report_dir / "runs" / "g1.0"),
+                "--labels",
+                "small,γ = 1 / big",
+                "--top-k",
+                "1",
+                "--set",
+                "train.batch_size=2",
+                "--max-tokens",
+                "64",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     target = report_dir / "runs" / "d16" / "analysis" / "compare-γ-=-1-big"
     assert f"wrote {target / 'compare.json'}" in printed and (target / "token_gap.png").is_file()
@@ -340,11 +482,36 @@ def test_compare_writes_beside_run_a_and_says_where(report_dir, capsys):
 
 def test_coordcheck_writes_under_runs_and_says_where(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert main(["coordcheck", "--gammas", "1", "--steps", "1", "--set", "train.batch_size=2",
-                 *_sets(["model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.n_kv_heads=2",
-                         "model.d_ff=32", "model.vocab_size=257", "data.seq_len=8"])]) == 0
+    assert (
+        main(
+            [
+                "coordcheck",
+                "--gammas",
+                "1",
+                "--steps",
+                "1",
+                "--set",
+                "train.batch_size=2",
+                *_sets(
+                    [
+                        "model.d_model=16",
+                        "model.n_layers=1",
+                        "model.n_heads=2",
+                        "model.n_kv_heads=2",
+                        "model.d_ff=32",
+                        "model.vocab_size=257",
+                        "data.seq_len=8",
+                    ]
+                ),
+            ]
+        )
+        == 0
+    )
     assert [p.name for p in tmp_path.iterdir()] == ["runs"]
-    assert sorted(p.name for p in (tmp_path / "runs" / "coordcheck").iterdir()) == ["coordcheck.json", "coordcheck.png"]
+    assert sorted(p.name for p in (tmp_path / "runs" / "coordcheck").iterdir()) == [
+        "coordcheck.json",
+        "coordcheck.png",
+    ]
     assert "wrote runs/coordcheck/coordcheck.json" in capsys.readouterr().out
 
 
@@ -353,7 +520,10 @@ def test_report_of_several_folders_needs_out(report_dir, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--out DIR" in err
     assert not (report_dir / "runs" / "report.html").exists()
-    assert main(["report", str(report_dir / "runs"), str(tmp_path / "missing"), "--out", str(tmp_path / "r")]) == 2
+    assert (
+        main(["report", str(report_dir / "runs"), str(tmp_path / "missing"), "--out", str(tmp_path / "r")])
+        == 2
+    )
     assert "is not a folder" in capsys.readouterr().err and not (tmp_path / "r").exists()
 
 
@@ -361,10 +531,20 @@ def test_loss_gaps_along_training_are_drawn_from_the_findings(tmp_path):
     """A findings.json whose loss comparisons carry their trajectory gets the gap figure, laid out cleanly."""
     from smallinit.report.html import _gap_panels
 
-    traj = {"steps": [0, 10, 20, 30, 40], "tokens_per_param": [0, 5, 10, 15, 20],
-            "gaps": [[0.5, -0.2, -0.1, -0.05, -0.04], [0.4, -0.3, -0.15, -0.06, -0.05]]}
-    claims = [{"claim": "C1", "comparisons": [{"label": "L(γ.5)−L(γ1) @d16×4", "trajectory": traj},
-                                              {"label": "no curve", "trajectory": None}]}]
+    traj = {
+        "steps": [0, 10, 20, 30, 40],
+        "tokens_per_param": [0, 5, 10, 15, 20],
+        "gaps": [[0.5, -0.2, -0.1, -0.05, -0.04], [0.4, -0.3, -0.15, -0.06, -0.05]],
+    }
+    claims = [
+        {
+            "claim": "C1",
+            "comparisons": [
+                {"label": "L(γ.5)−L(γ1) @d16×4", "trajectory": traj},
+                {"label": "no curve", "trajectory": None},
+            ],
+        }
+    ]
     panels = _gap_panels(claims)
     assert list(panels) == ["C1"] and list(panels["C1"]) == ["L(γ.5)−L(γ1) @d16×4"]
     assert [x for x, _ in panels["C1"]["L(γ.5)−L(γ1) @d16×4"][0]] == [5, 10, 15, 20]  # step 0 left out
@@ -374,7 +554,9 @@ def test_loss_gaps_along_training_are_drawn_from_the_findings(tmp_path):
     assert main(["report", str(tmp_path)]) == 0
     html = (tmp_path / "report.html").read_text()
     assert "loss gaps along training" in html
-    assert "does not withhold it" in html and "settled (the same sign" not in html  # the rule in force, not the old veto
+    assert (
+        "does not withhold it" in html and "settled (the same sign" not in html
+    )  # the rule in force, not the old veto
 
 
 # -- what the figures pool ---------------------------------------------------------------------------------------
@@ -386,9 +568,13 @@ def _fake_run(folder, loss: float, *sets: str, finished: bool = True) -> None:
     from smallinit import Config
 
     folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps(Config.load(overrides=[*TINY_MODEL, "train.steps=4", *sets]).to_dict()))
+    (folder / "config.json").write_text(
+        json.dumps(Config.load(overrides=[*TINY_MODEL, "train.steps=4", *sets]).to_dict())
+    )
     last = 4 if finished else 2
-    (folder / "metrics.jsonl").write_text(f'{{"step": 0, "val_loss": 5.5}}\n{{"step": {last}, "val_loss": {loss}}}\n')
+    (folder / "metrics.jsonl").write_text(
+        f'{{"step": 0, "val_loss": 5.5}}\n{{"step": {last}, "val_loss": {loss}}}\n'
+    )
     if finished:
         (folder / "summary.json").write_text(json.dumps({"step": 4, "val_loss": loss}))
 
@@ -407,10 +593,23 @@ def test_a_width_effect_is_not_shown_as_an_epsilon_effect(tmp_path):
     for gamma in (0.5, 1.0):
         for seed in (0, 1):
             for d, eps in ((16, 1e-5), (16, 1e-12), (24, 1e-12)):
-                _fake_run(tmp_path / f"d{d}-eps{eps:g}-g{gamma}-s{seed}", 3.0 if d == 16 else 2.6,
-                          f"model.d_model={d}", f"model.gamma={gamma}", f"model.norm_eps={eps}", f"train.seed={seed}")
-    _fake_run(tmp_path / "stopped", 9.0, "model.d_model=16", "model.gamma=1.0", "model.norm_eps=1e-5",
-              "train.seed=2", finished=False)
+                _fake_run(
+                    tmp_path / f"d{d}-eps{eps:g}-g{gamma}-s{seed}",
+                    3.0 if d == 16 else 2.6,
+                    f"model.d_model={d}",
+                    f"model.gamma={gamma}",
+                    f"model.norm_eps={eps}",
+                    f"train.seed={seed}",
+                )
+    _fake_run(
+        tmp_path / "stopped",
+        9.0,
+        "model.d_model=16",
+        "model.gamma=1.0",
+        "model.norm_eps=1e-5",
+        "train.seed=2",
+        finished=False,
+    )
     assert main(["report", str(tmp_path)]) == 0
     page = (tmp_path / "report.html").read_text(encoding="utf-8")
     rows = _loss_rows(page, "Final validation loss, γ × ε")
@@ -423,9 +622,26 @@ def test_a_width_effect_is_not_shown_as_an_epsilon_effect(tmp_path):
 
 def test_a_claims_row_lists_its_primary_first(tmp_path):
     """As the terminal's table: a secondary listed first would read as the reason for the verdict."""
-    claims = [{"claim": "C5", "verdict": "inconclusive", "comparisons": [
-        {"label": "exp γ0.5", "role": "secondary", "text": "flow exponent at γ0.5", "verdict": "agree"},
-        {"label": "exp γ1", "role": "primary", "text": "flow exponent at γ1", "verdict": "inconclusive"}]}]
+    claims = [
+        {
+            "claim": "C5",
+            "verdict": "inconclusive",
+            "comparisons": [
+                {
+                    "label": "exp γ0.5",
+                    "role": "secondary",
+                    "text": "flow exponent at γ0.5",
+                    "verdict": "agree",
+                },
+                {
+                    "label": "exp γ1",
+                    "role": "primary",
+                    "text": "flow exponent at γ1",
+                    "verdict": "inconclusive",
+                },
+            ],
+        }
+    ]
     (tmp_path / "findings.json").write_text(json.dumps({"recipe": "demo", "title": "t", "claims": claims}))
     assert main(["report", str(tmp_path)]) == 0
     items = re.findall(r"<li>(.*?)</li>", (tmp_path / "report.html").read_text(encoding="utf-8"))
@@ -440,7 +656,9 @@ def test_every_sink_figure_has_the_uniform_reference(drawn, report_dir):
     assert sink
     for fig in sink:
         for ax in (ax for ax in fig.axes if "sink score" in ax.get_ylabel()):
-            lines = {ln.get_label(): ln for ln in ax.get_lines() if ln.get_label().startswith("uniform attention")}
+            lines = {
+                ln.get_label(): ln for ln in ax.get_lines() if ln.get_label().startswith("uniform attention")
+            }
             assert list(lines) == ["uniform attention (T = 32)"], [ln.get_label() for ln in ax.get_lines()]
             line = lines["uniform attention (T = 32)"]
             assert line.get_linestyle() == "--" and np.allclose(line.get_ydata(), even)
@@ -455,30 +673,48 @@ def test_the_flow_legend_names_every_setting_that_separates_the_arms(tmp_path):
     credit it with the whole difference."""
     from smallinit.report.html import _Doc, _section_residual
 
-    arms = {"fixed": ["model.gate=elementwise", "model.norm_eps=1e-12"],
-            "baseline": ["model.gate=none", "model.norm_eps=1e-05", "model.norm_eps_width=2048"]}
+    arms = {
+        "fixed": ["model.gate=elementwise", "model.norm_eps=1e-12"],
+        "baseline": ["model.gate=none", "model.norm_eps=1e-05", "model.norm_eps_width=2048"],
+    }
     for arm, sets in arms.items():
         for gamma in (0.5, 1.0):
             folder = tmp_path / f"{arm}-{gamma}"
             _fake_run(folder, 3.0, f"model.gamma={gamma}", *sets)
             with open(folder / "metrics.jsonl", "a") as f:
-                f.write(json.dumps({"event": "analysis", "step": 0, "residual_flow": 2.0 / gamma, "sink": {"0": 0.1},
-                                    "norm_factor": {"n": 1.0}, "stable_rank": {}, "mean_abs_cos": {}}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "event": "analysis",
+                            "step": 0,
+                            "residual_flow": 2.0 / gamma,
+                            "sink": {"0": 0.1},
+                            "norm_factor": {"n": 1.0},
+                            "stable_rank": {},
+                            "mean_abs_cos": {},
+                        }
+                    )
+                    + "\n"
+                )
     runs = find_runs(tmp_path)
     made = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(figures, "residual_flow_figure", lambda series: made.append(series) or Figure())
         _section_residual(_Doc("t"), runs, arm_keys(runs), [])
-    assert sorted(made[0]) == ["gate=elementwise, ε=1e-12, norm_eps_width=0",
-                               "gate=none, ε=1e-05, norm_eps_width=2048"], list(made[0])
+    assert sorted(made[0]) == [
+        "gate=elementwise, ε=1e-12, norm_eps_width=0",
+        "gate=none, ε=1e-05, norm_eps_width=2048",
+    ], list(made[0])
 
 
 def test_heatmaps_of_the_judged_arm_come_first_with_a_colour_bar(tmp_path):
     """C6 judges γ 0.5 and 1 of the fixed arm: their heatmaps are the ones its verdict is read against."""
     from smallinit.report.html import _c6_judged
 
-    arms = {"baseline": ["model.gate=none", "model.norm_eps=1e-05"],
-            "fixed": ["model.gate=elementwise", "model.norm_eps=1e-12"]}
+    arms = {
+        "baseline": ["model.gate=none", "model.norm_eps=1e-05"],
+        "fixed": ["model.gate=elementwise", "model.norm_eps=1e-12"],
+    }
     groups = []
     for arm, sets in arms.items():
         for gamma in (0.5, 1.0):
@@ -497,12 +733,35 @@ def test_heatmaps_of_the_judged_arm_come_first_with_a_colour_bar(tmp_path):
 def _gap_result(seed: int, shift: float):
     from smallinit.analysis.tokens import DifficultyBin, TokenGapResult
 
-    bins = [DifficultyBin(lo=i, hi=i + 1, count=100, mean_difficulty=i + 0.5, mean_delta_sym=shift + 0.1 * i,
-                          se_delta_sym=0.01, mean_loss_diff=shift + 0.2 * i, se_loss_diff=0.02) for i in range(4)]
+    bins = [
+        DifficultyBin(
+            lo=i,
+            hi=i + 1,
+            count=100,
+            mean_difficulty=i + 0.5,
+            mean_delta_sym=shift + 0.1 * i,
+            se_delta_sym=0.01,
+            mean_loss_diff=shift + 0.2 * i,
+            se_loss_diff=0.02,
+        )
+        for i in range(4)
+    ]
     settings = [{"model.gamma": g, "model.d_model": 16, "train.seed": seed} for g in (1.0, 0.5)]
-    return TokenGapResult(tokens=400, mean_delta_sym=shift, mean_loss_a=3.0, mean_loss_b=3.1, bins=bins, top_a=[],
-                          top_b=[], meta={"label_a": f"γ=1 (seed {seed})", "label_b": f"γ=0.5 (seed {seed})",
-                                          "settings_a": settings[0], "settings_b": settings[1]})
+    return TokenGapResult(
+        tokens=400,
+        mean_delta_sym=shift,
+        mean_loss_a=3.0,
+        mean_loss_b=3.1,
+        bins=bins,
+        top_a=[],
+        top_b=[],
+        meta={
+            "label_a": f"γ=1 (seed {seed})",
+            "label_b": f"γ=0.5 (seed {seed})",
+            "settings_a": settings[0],
+            "settings_b": settings[1],
+        },
+    )
 
 
 def test_token_comparisons_of_several_seeds_are_pooled_with_the_seeds_folded(tmp_path):
@@ -517,7 +776,9 @@ def test_token_comparisons_of_several_seeds_are_pooled_with_the_seeds_folded(tmp
     shown, _, folded = page.partition("<details><summary>each seed on its own: 3 comparisons")
     assert "<h2>Token level: γ=1 vs γ=0.5 (3 seeds pooled)</h2>" in shown and "<h2>Token level" not in folded
     assert shown.count('alt="token gap by difficulty, seeds pooled"') == 1
-    assert folded.count('alt="token gap by difficulty"') == 3 and folded.count("<h3>Token level: γ=1 (seed") == 3
+    assert (
+        folded.count('alt="token gap by difficulty"') == 3 and folded.count("<h3>Token level: γ=1 (seed") == 3
+    )
     # bin 1: Δ_sym 0, 0.1, 0.2 over the seeds: mean 0.1, SE 0.1/√3
     assert "<td>1</td><td>300</td><td>0.1</td><td>0.0577</td>" in shown
     heights = [bar.get_height() for bar in made[0].axes[0].patches]
@@ -528,11 +789,27 @@ def test_token_comparisons_of_several_seeds_are_pooled_with_the_seeds_folded(tmp
 def test_analyze_figure_stays_legible_with_many_long_module_names(tmp_path):
     """17 norms with Hugging Face's long names (8 layers): a row each, every label on the canvas, and each
     matrix's stable rank written in the figure."""
-    names = [f"model.layers.{i}.{kind}" for i in range(8) for kind in ("input_layernorm", "post_attention_layernorm")]
-    mats = [{"name": f"model.layers.{i}.self_attn.q_proj.weight", "shape": [64, 64], "stable_rank": 10.0 + i,
-             "stable_rank_fraction": (10.0 + i) / 64, "mean_abs_cos": 0.1} for i in range(8)]
-    result = {"sink": {"per_layer": [0.1] * 8, "uniform_per_layer": [0.05] * 8}, "seq_len": 64,
-              "norm_factor": {**{n: 0.9 for n in names}, "model.norm": 0.8}, "matrices": mats}
+    names = [
+        f"model.layers.{i}.{kind}"
+        for i in range(8)
+        for kind in ("input_layernorm", "post_attention_layernorm")
+    ]
+    mats = [
+        {
+            "name": f"model.layers.{i}.self_attn.q_proj.weight",
+            "shape": [64, 64],
+            "stable_rank": 10.0 + i,
+            "stable_rank_fraction": (10.0 + i) / 64,
+            "mean_abs_cos": 0.1,
+        }
+        for i in range(8)
+    ]
+    result = {
+        "sink": {"per_layer": [0.1] * 8, "uniform_per_layer": [0.05] * 8},
+        "seq_len": 64,
+        "norm_factor": {**{n: 0.9 for n in names}, "model.norm": 0.8},
+        "matrices": mats,
+    }
     made = []
     real = figures.save
     with pytest.MonkeyPatch.context() as mp:
@@ -542,7 +819,10 @@ def test_analyze_figure_stays_legible_with_many_long_module_names(tmp_path):
     assert [ln.get_label() for ln in sink.axes[0].get_lines()][-1] == "uniform attention (T = 64)"
     FigureCanvasAgg(norms).draw()
     ax = norms.axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()][:2] == ["layers.0.input_layernorm", "layers.0.post_attention_layernorm"]
+    assert [t.get_text() for t in ax.get_yticklabels()][:2] == [
+        "layers.0.input_layernorm",
+        "layers.0.post_attention_layernorm",
+    ]
     assert ax.get_window_extent().height >= 17 * 15  # at least 15 px a row
     assert layout_problems(norms) == [] and smallest_text_px(norms) >= 10.0
     assert {t.get_text() for t in norms.axes[1].texts} >= {"10.0 of 64", "17.0 of 64"}
@@ -554,5 +834,9 @@ def test_demo_refuses_an_out_that_is_a_file(tmp_path, monkeypatch, capsys):
     for out in ("taken", "taken/below"):
         assert main(["demo", "--quick", "--out", out]) == 2
         err = capsys.readouterr().err
-        assert err.strip().endswith("is a file, not a folder; choose another --out") and err.count("\n") == 1, err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"] and (tmp_path / "taken").read_text() == "mine"
+        assert (
+            err.strip().endswith("is a file, not a folder; choose another --out") and err.count("\n") == 1
+        ), err
+    assert (
+        sorted(p.name for p in tmp_path.iterdir()) == ["taken"] and (tmp_path / "taken").read_text() == "mine"
+    )

@@ -15,8 +15,15 @@ import pytest
 from helpers import TINY_MODEL, snapshot
 from smallinit.cli import main
 
-TINY = [*TINY_MODEL, "data.corpus=shakespeare", "train.batch_size=4", "train.eval_batches=1", "train.log_every=1",
-        "train.eval_every=0", "train.warmup_steps=2"]
+TINY = [
+    *TINY_MODEL,
+    "data.corpus=shakespeare",
+    "train.batch_size=4",
+    "train.eval_batches=1",
+    "train.log_every=1",
+    "train.eval_every=0",
+    "train.warmup_steps=2",
+]
 
 
 def _sets(*extra: str) -> list[str]:
@@ -26,9 +33,13 @@ def _sets(*extra: str) -> list[str]:
 def _start(run: Path, *extra: str) -> subprocess.Popen:
     """A training process that runs until stopped (one optimizer step per logged line)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    return subprocess.Popen([sys.executable, "-m", "smallinit", "train", "--out", str(run),
-                             *_sets("train.steps=100000", *extra)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "smallinit", "train", "--out", str(run), *_sets("train.steps=100000", *extra)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for(proc: subprocess.Popen, ready, timeout: float = 120.0) -> None:
@@ -54,8 +65,10 @@ class _StillRunning(Exception):
 @contextlib.contextmanager
 def _at_most(seconds: int):
     """A refused writer returns at once; one that trains instead is stopped here rather than run forever."""
+
     def stop(*_):
         raise _StillRunning(f"the second writer was still running after {seconds} s")
+
     old = signal.signal(signal.SIGALRM, stop)
     signal.alarm(seconds)
     try:
@@ -91,7 +104,9 @@ def test_a_second_writer_is_refused_and_changes_nothing(tmp_path, capsys):
     proc = _start(run, "train.checkpoint_every=60")
     try:
         for checkpointed in (False, True):
-            _wait_for(proc, lambda c=checkpointed: _steps_logged(run) >= 2 and (run / "checkpoints").is_dir() == c)
+            _wait_for(
+                proc, lambda c=checkpointed: _steps_logged(run) >= 2 and (run / "checkpoints").is_dir() == c
+            )
             os.kill(proc.pid, signal.SIGSTOP)
             try:
                 assert (run / "checkpoints").is_dir() == checkpointed

@@ -18,8 +18,15 @@ from smallinit.study.planning.recipes import apply_budget, customise, load_recip
 from smallinit.study.running import resolve_config
 from smallinit.train import Callback, Trainer
 
-TINY = [*TINY_MODEL, "data.corpus=shakespeare", "train.batch_size=4", "train.warmup_steps=2",
-        "train.eval_batches=1", "train.log_every=5", "analysis.batch_size=2"]
+TINY = [
+    *TINY_MODEL,
+    "data.corpus=shakespeare",
+    "train.batch_size=4",
+    "train.warmup_steps=2",
+    "train.eval_batches=1",
+    "train.log_every=5",
+    "analysis.batch_size=2",
+]
 
 
 def tiny(*extra: str) -> Config:
@@ -28,9 +35,11 @@ def tiny(*extra: str) -> Config:
 
 def steps_of(recs: list[dict]) -> dict[str, list[int]]:
     """The steps of the evaluations, the analysis records and the norm-factor records among ``recs``."""
-    return {"eval": [r["step"] for r in recs if "val_loss" in r and "event" not in r],
-            "analysis": [r["step"] for r in recs if r.get("event") == "analysis"],
-            "norms": [r["step"] for r in recs if r.get("event") == "norm_factor"]}
+    return {
+        "eval": [r["step"] for r in recs if "val_loss" in r and "event" not in r],
+        "analysis": [r["step"] for r in recs if r.get("event") == "analysis"],
+        "norms": [r["step"] for r in recs if r.get("event") == "norm_factor"],
+    }
 
 
 def recorded(run) -> dict[str, list[int]]:
@@ -39,8 +48,11 @@ def recorded(run) -> dict[str, list[int]]:
 
 def ruled(cfg: Config, start: int = 0) -> dict[str, list[int]]:
     total = cfg.train.steps
-    return {"eval": cfg.train.eval_steps(start), "analysis": cfg.analysis.steps(total, start),
-            "norms": cfg.analysis.norm_steps(total, start)}
+    return {
+        "eval": cfg.train.eval_steps(start),
+        "analysis": cfg.analysis.steps(total, start),
+        "norms": cfg.analysis.norm_steps(total, start),
+    }
 
 
 def test_the_rules_give_todays_steps():
@@ -69,11 +81,19 @@ def test_the_step_lists_are_the_predicates(every):
             assert ac.norm_steps(total, start) == [s for s in range(first, total + 1) if ac.measures_norms(s)]
 
 
-@pytest.mark.parametrize("overrides", [
-    ("train.steps=23", "train.eval_every=5", "analysis.every=4", "analysis.norm_every=3"),  # 23 ∤ 5, 4 or 3
-    ("train.steps=7", "train.eval_every=0"),  # the last step only, analysis off
-    ("train.steps=9", "train.eval_every=3", "analysis.norm_every=2"),  # norm factors alone
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        (
+            "train.steps=23",
+            "train.eval_every=5",
+            "analysis.every=4",
+            "analysis.norm_every=3",
+        ),  # 23 ∤ 5, 4 or 3
+        ("train.steps=7", "train.eval_every=0"),  # the last step only, analysis off
+        ("train.steps=9", "train.eval_every=3", "analysis.norm_every=2"),  # norm factors alone
+    ],
+)
 def test_a_training_run_records_at_the_rules_steps(tmp_path, overrides):
     cfg = tiny(*overrides)
     Trainer(cfg, tmp_path / "run", callbacks=[]).fit()
@@ -82,8 +102,13 @@ def test_a_training_run_records_at_the_rules_steps(tmp_path, overrides):
 
 def test_a_resumed_run_records_at_the_rules_steps(tmp_path):
     """Stopped at step 12 (checkpoint at 10): the resumed fit records the steps after 10, the log the whole run's."""
-    args = ("train.steps=23", "train.eval_every=5", "train.checkpoint_every=5", "analysis.every=4",
-            "analysis.norm_every=3")
+    args = (
+        "train.steps=23",
+        "train.eval_every=5",
+        "train.checkpoint_every=5",
+        "analysis.every=4",
+        "analysis.norm_every=3",
+    )
 
     class StopAt12(Callback):
         def on_step_end(self, trainer, record):
@@ -146,22 +171,33 @@ description = "d"
 """
 
 
-@pytest.mark.parametrize("recipe, scale", [("demo", "quick"), ("demo", "full"), (SCHEDULES, "s")],
-                         ids=["demo-quick", "demo-full", "schedules"])
+@pytest.mark.parametrize(
+    "recipe, scale",
+    [("demo", "quick"), ("demo", "full"), (SCHEDULES, "s")],
+    ids=["demo-quick", "demo-full", "schedules"],
+)
 def test_the_planner_plans_the_rules_steps(tmp_path, recipe, scale):
     if recipe == SCHEDULES:
         (tmp_path / "schedules.toml").write_text(SCHEDULES)
         recipe = tmp_path / "schedules.toml"
     vocab: dict[str, int] = {}
     sc = apply_budget(customise(load_recipe(recipe).scale(scale)), vocab)
-    configs = {(name, cell.id): resolve_config(cell, vocab) for name, sw in sc.sweeps.items() for cell in sw.cells()}
+    configs = {
+        (name, cell.id): resolve_config(cell, vocab) for name, sw in sc.sweeps.items() for cell in sw.cells()
+    }
     plan = plan_recipe(load_recipe(recipe), scale, Hardware.make("cpu", 2))
     assert sorted((c.sweep, c.cell) for c in plan.cells) == sorted(configs)
     for cell in plan.cells:
         cfg = configs[cell.sweep, cell.cell]
         assert (cell.steps, cell.evaluations, cell.analysis_records) == (
-            cfg.train.steps, len(cfg.train.eval_steps()), len(cfg.analysis.steps(cfg.train.steps)))
+            cfg.train.steps,
+            len(cfg.train.eval_steps()),
+            len(cfg.analysis.steps(cfg.train.steps)),
+        )
     for (name, cell_id), cfg in configs.items():  # the records a planned run holds, step by step
         run = PlannedRun(name, cell_id, cfg, 1000)
-        assert {"eval": [r.step for r in run.evals], "analysis": [r.step for r in run.analysis],
-                "norms": [r.step for r in run.norm_records]} == ruled(cfg)
+        assert {
+            "eval": [r.step for r in run.evals],
+            "analysis": [r.step for r in run.analysis],
+            "norms": [r.step for r in run.norm_records],
+        } == ruled(cfg)

@@ -19,8 +19,14 @@ from smallinit.study.judging.claims import Runs, sink_formed
 from smallinit.study.planning.recipes import RECIPES_DIR, run_recipe
 from smallinit.study.running.runs import Run
 
-T, HD = 32, 4  # head_dim 4: RoPE pairs (0, 2) at frequency 1 and (1, 3) at θ^(-1/2) ≈ 0, where the signal lives
-STRENGTH = {0: [0.0, 1.0, 2.5, 6.0], 1: [3.5, 0.0, 0.0, 8.0]}  # score S of every query on key 0, per layer and head
+T, HD = (
+    32,
+    4,
+)  # head_dim 4: RoPE pairs (0, 2) at frequency 1 and (1, 3) at θ^(-1/2) ≈ 0, where the signal lives
+STRENGTH = {
+    0: [0.0, 1.0, 2.5, 6.0],
+    1: [3.5, 0.0, 0.0, 8.0],
+}  # score S of every query on key 0, per layer and head
 
 
 def expected_head(s: float) -> float:
@@ -31,8 +37,19 @@ def expected_head(s: float) -> float:
 def planted_model() -> Transformer:
     heads = len(STRENGTH[0])
     d = heads * HD
-    cfg = ModelConfig(d_model=d, n_layers=2, n_heads=heads, n_kv_heads=heads, d_ff=8, vocab_size=3, max_seq_len=T,
-                      gamma=1.0, norm_eps=1e-12, gate="none", rope_theta=1e16)
+    cfg = ModelConfig(
+        d_model=d,
+        n_layers=2,
+        n_heads=heads,
+        n_kv_heads=heads,
+        d_ff=8,
+        vocab_size=3,
+        max_seq_len=T,
+        gamma=1.0,
+        norm_eps=1e-12,
+        gate="none",
+        rope_theta=1e16,
+    )
     model = Transformer(cfg, seed=0).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -41,7 +58,9 @@ def planted_model() -> Transformer:
             n.weight.fill_(1.0)
         model.embed.weight[0, 0] = math.sqrt(d)  # token 0 (the BOS) along e_0, every other token along e_1,
         model.embed.weight[1:, 1] = math.sqrt(d)  # so each normed input is a unit basis vector × √d
-        for layer, block in enumerate(model.blocks):  # o_proj and the MLP stay 0: every block sees the embedding
+        for layer, block in enumerate(
+            model.blocks
+        ):  # o_proj and the MLP stay 0: every block sees the embedding
             for h, s in enumerate(STRENGTH[layer]):
                 block.attn.k_proj.weight[h * HD + 1, 0] = 1 / math.sqrt(d)  # k = 1 on the BOS, 0 elsewhere
                 block.attn.q_proj.weight[h * HD + 1, 1] = s * math.sqrt(HD) / math.sqrt(d)  # q·k/√hd = S
@@ -73,12 +92,21 @@ def test_attention_roles_are_exact_on_planted_attention():
         for layer, strengths in STRENGTH.items():
             z = [[math.exp(s) + i for i in queries] for s in strengths]
             assert roles[f"first/{kind}"][layer] == pytest.approx(
-                [np.mean([math.exp(s) / zi for zi in zs]) for s, zs in zip(strengths, z)], abs=1e-6)
+                [np.mean([math.exp(s) / zi for zi in zs]) for s, zs in zip(strengths, z)], abs=1e-6
+            )
             for role in ("self", "previous"):
-                assert roles[f"{role}/{kind}"][layer] == pytest.approx([np.mean([1 / zi for zi in zs]) for zs in z],
-                                                                      abs=1e-6)
-            entropy = [np.mean([-(math.exp(s) / zi) * math.log(math.exp(s) / zi) + i / zi * math.log(zi)
-                                for i, zi in zip(queries, zs)]) for s, zs in zip(strengths, z)]
+                assert roles[f"{role}/{kind}"][layer] == pytest.approx(
+                    [np.mean([1 / zi for zi in zs]) for zs in z], abs=1e-6
+                )
+            entropy = [
+                np.mean(
+                    [
+                        -(math.exp(s) / zi) * math.log(math.exp(s) / zi) + i / zi * math.log(zi)
+                        for i, zi in zip(queries, zs)
+                    ]
+                )
+                for s, zs in zip(strengths, z)
+            ]
             assert roles[f"entropy/{kind}"][layer] == pytest.approx(entropy, abs=1e-5)
 
 
@@ -87,9 +115,13 @@ def test_the_sink_recipe_reports_every_arm_along_training(tmp_path):
     layer and Sink_ε at every analysis step from init, equal to the runs' own records, and C3's note gives Sink_ε."""
     shipped = (RECIPES_DIR / "sink.toml").read_text()
     recipe = tmp_path / "sink-two.toml"
-    recipe.write_text(shipped.replace('"model.gamma" = [0.5, 1.0]\n"model.gate" = ["none", "headwise", "elementwise"]\n'
-                                      '"train.seed" = [0]', '"model.gamma" = [1.0]\n"model.gate" = ["none", "headwise"]\n'
-                                      '"train.seed" = [0]'))
+    recipe.write_text(
+        shipped.replace(
+            '"model.gamma" = [0.5, 1.0]\n"model.gate" = ["none", "headwise", "elementwise"]\n'
+            '"train.seed" = [0]',
+            '"model.gamma" = [1.0]\n"model.gate" = ["none", "headwise"]\n"train.seed" = [0]',
+        )
+    )
     out = tmp_path / "out"
     assert run_recipe(str(recipe), "micro", out, jobs=2, echo=None).exit_code == 0
     findings = json.loads((out / "findings.json").read_text())
@@ -103,7 +135,10 @@ def test_the_sink_recipe_reports_every_arm_along_training(tmp_path):
     assert {row["gate"] for row in findings["sinks"]} == {"none", "headwise"}
     assert all(set(row["share_above"]) == {"0.3", "0.8"} for row in findings["sinks"])
     assert list(findings["optimal_loss"]) == ["builtin:sink?alpha=0.1"]
-    assert {(row["gate"], row["seed"]) for row in findings["attention_roles"]} == {("none", 0), ("headwise", 0)}
+    assert {(row["gate"], row["seed"]) for row in findings["attention_roles"]} == {
+        ("none", 0),
+        ("headwise", 0),
+    }
     assert all(len(row["roles"]["first/other"]) == 1 for row in findings["attention_roles"])  # one layer
     _, note = sink_formed(Runs.load(out).where({"model.gate": "none"}))  # C3's precondition note, as printed
     assert f"Sink_0.3 {along['none']['share_above'][-1]['0.3']:.2f}" in note

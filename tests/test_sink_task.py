@@ -48,7 +48,9 @@ def test_bigram_steps_follow_the_chain():
     se = np.sqrt(P * (1 - P) / np.maximum(n, 1))
     rows = ~np.isin(np.arange(TASK.symbols), TASK.trigger_set)
     assert (np.abs(counts / np.maximum(n, 1) - P)[rows] <= 4 * se[rows] + 1e-3).all()
-    assert np.allclose(P.sum(axis=1), 1) and np.allclose(P[:, list(TASK.trigger_set)], TASK.rate / TASK.triggers)
+    assert np.allclose(P.sum(axis=1), 1) and np.allclose(
+        P[:, list(TASK.trigger_set)], TASK.rate / TASK.triggers
+    )
 
 
 def test_a_batch_is_a_pure_function_of_seed_and_step():
@@ -60,8 +62,11 @@ def test_a_batch_is_a_pure_function_of_seed_and_step():
     assert np.array_equal(data().train_symbols(8, 32, seed=5, step=7), later)  # a fresh object: the same
     assert not np.array_equal(d.train_symbols(8, 32, seed=5, step=8), later)
     assert not np.array_equal(d.train_symbols(8, 32, seed=6, step=7), later)
-    other = SinkData(SinkTask(symbols=16, triggers=2, rate=0.2, alpha=0.5, val=64, seed=4), load_tokenizer("anchor"),
-                     bos=True)
+    other = SinkData(
+        SinkTask(symbols=16, triggers=2, rate=0.2, alpha=0.5, val=64, seed=4),
+        load_tokenizer("anchor"),
+        bos=True,
+    )
     assert not np.array_equal(other.train_symbols(8, 32, seed=5, step=7), later)
 
 
@@ -69,7 +74,9 @@ def test_ranks_split_the_global_batch_and_validation_is_the_same_for_every_run()
     d = data()
     x, y = d.batch(8, 32, seed=0, step=3)
     parts = [d.batch(8, 32, seed=0, step=3, rank=r, world_size=4) for r in range(4)]
-    assert torch.equal(torch.cat([p[0] for p in parts]), x) and torch.equal(torch.cat([p[1] for p in parts]), y)
+    assert torch.equal(torch.cat([p[0] for p in parts]), x) and torch.equal(
+        torch.cat([p[1] for p in parts]), y
+    )
     assert torch.equal(x[:, 1:], y[:, :-1]) and (x[:, 0] == load_tokenizer("anchor").eos_id).all()
     val = list(d.eval_batches(16, 32))
     assert [v[0].shape[0] for v in val] == [16] * 4
@@ -95,13 +102,16 @@ def test_optimal_loss_by_hand():
     assert t.optimal_loss(seqs) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("spec,words", [
-    ("builtin:sink?symbols=2", "symbols=2 must be in 4..256"),
-    ("builtin:sink?triggers=0", "triggers=0"),
-    ("builtin:sink?rate=1", "rate=1.0 must be in (0, 1)"),
-    ("builtin:sink?colour=3", "unknown parameter 'colour'"),
-    ("builtin:sink?symbols=many", "symbols='many' is not a number"),
-])
+@pytest.mark.parametrize(
+    "spec,words",
+    [
+        ("builtin:sink?symbols=2", "symbols=2 must be in 4..256"),
+        ("builtin:sink?triggers=0", "triggers=0"),
+        ("builtin:sink?rate=1", "rate=1.0 must be in (0, 1)"),
+        ("builtin:sink?colour=3", "unknown parameter 'colour'"),
+        ("builtin:sink?symbols=many", "symbols='many' is not a number"),
+    ],
+)
 def test_bad_parameters_say_what_is_wrong(spec, words):
     with pytest.raises(DataError, match=words.replace("(", r"\(").replace(")", r"\)")):
         SinkTask.from_params(spec)
@@ -115,11 +125,25 @@ def test_spec_round_trip_and_the_bytes_tokenizer_is_refused():
         load_data(cfg.data, load_tokenizer("bytes"))
 
 
-SINK_RUN = ["data.corpus=builtin:sink?symbols=16&triggers=2&val=16", "data.tokenizer=anchor", "data.bos=true",
-            "data.seq_len=32", "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.n_kv_heads=2",
-            "model.d_ff=64", "train.batch_size=8", "train.warmup_steps=2", "train.eval_batches=2",
-            "train.steps=12", "train.checkpoint_every=4", "train.eval_every=4", "train.keep_checkpoints=10",
-            "train.log_every=4"]
+SINK_RUN = [
+    "data.corpus=builtin:sink?symbols=16&triggers=2&val=16",
+    "data.tokenizer=anchor",
+    "data.bos=true",
+    "data.seq_len=32",
+    "model.d_model=32",
+    "model.n_layers=1",
+    "model.n_heads=2",
+    "model.n_kv_heads=2",
+    "model.d_ff=64",
+    "train.batch_size=8",
+    "train.warmup_steps=2",
+    "train.eval_batches=2",
+    "train.steps=12",
+    "train.checkpoint_every=4",
+    "train.eval_every=4",
+    "train.keep_checkpoints=10",
+    "train.log_every=4",
+]
 
 
 def test_a_resumed_run_on_the_sink_task_is_bit_exact(tmp_path):
@@ -136,8 +160,10 @@ def test_a_resumed_run_on_the_sink_task_is_bit_exact(tmp_path):
     Trainer(Config.load(overrides=SINK_RUN), part, resume=True, callbacks=[]).fit()
     full, resumed = final_tensors(tmp_path / "full"), final_tensors(part)
     assert full.keys() == resumed.keys() and all(torch.equal(full[k], resumed[k]) for k in full)
-    losses = [[json.loads(x).get("val_loss") for x in (run / "metrics.jsonl").read_text().splitlines()]
-              for run in (tmp_path / "full", part)]
+    losses = [
+        [json.loads(x).get("val_loss") for x in (run / "metrics.jsonl").read_text().splitlines()]
+        for run in (tmp_path / "full", part)
+    ]
     assert losses[0] == losses[1]
 
 

@@ -45,20 +45,35 @@ def losses(run: Path) -> list[tuple]:
 
 
 def test_cells_ids_and_overrides():
-    sweep = Sweep.from_dict({
-        "base": {"model": {"preset": "cpu-1m", "gamma": 0.5}, "train.steps": 10},
-        "grid": {"model.gamma": [0.5, 1.0], "train": {"seed": [0, 1]}},
-        "arms": {"base": {"model.norm_eps": 1e-5}, "fixed": {"model": {"norm_eps": 1e-12, "gate": "elementwise"}}},
-    })
+    sweep = Sweep.from_dict(
+        {
+            "base": {"model": {"preset": "cpu-1m", "gamma": 0.5}, "train.steps": 10},
+            "grid": {"model.gamma": [0.5, 1.0], "train": {"seed": [0, 1]}},
+            "arms": {
+                "base": {"model.norm_eps": 1e-5},
+                "fixed": {"model": {"norm_eps": 1e-12, "gate": "elementwise"}},
+            },
+        }
+    )
     cells = sweep.cells()
-    assert [c.id for c in cells[:4]] == ["base_gamma-0.5_seed-0", "base_gamma-0.5_seed-1", "base_gamma-1.0_seed-0",
-                                         "base_gamma-1.0_seed-1"]
+    assert [c.id for c in cells[:4]] == [
+        "base_gamma-0.5_seed-0",
+        "base_gamma-0.5_seed-1",
+        "base_gamma-1.0_seed-0",
+        "base_gamma-1.0_seed-1",
+    ]
     assert len(cells) == 8 and len({c.id for c in cells}) == 8
     last = cells[-1]
     assert last.arm == "fixed" and last.values == {"model.gamma": 1.0, "train.seed": 1}
     # grid beats arm beats base; every --set literal reads back as the same value
-    assert last.overrides == {"model.preset": "cpu-1m", "model.gamma": 1.0, "train.steps": 10,
-                              "model.norm_eps": 1e-12, "model.gate": "elementwise", "train.seed": 1}
+    assert last.overrides == {
+        "model.preset": "cpu-1m",
+        "model.gamma": 1.0,
+        "train.steps": 10,
+        "model.norm_eps": 1e-12,
+        "model.gate": "elementwise",
+        "train.seed": 1,
+    }
     assert dict(parse_override(item) for item in last.set_args()) == last.overrides
 
 
@@ -67,21 +82,24 @@ def test_same_folder_name_is_refused():
         Sweep.from_dict({"grid": {"data.corpus": ["a/b", "ab"]}})
 
 
-@pytest.mark.parametrize("text, expect", [
-    (None, "not found"),
-    ("[grid\n", "not valid TOML"),
-    ('[grid]\n"model.gamma" = 0.5\n', "non-empty list"),
-    ('[grid]\n"model.gamma" = []\n', "non-empty list"),
-    ('[grids]\n"model.gamma" = [1]\n', "unknown section [grids]"),
-    ('[sweep]\nnmae = "x"\n', "unknown key sweep.nmae"),
-    ('[grid]\n"model.gamam" = [1.0]\n', "unknown config key model.gamam"),
-    ('[grid]\n"model.gamma" = [1.0, -1.0]\n', "model.gamma must be > 0"),
-    ('[base]\n"model.preset" = "huge"\n', "unknown preset"),
-    ('[sweep]\nlauncher = "sh -c id"\n', "not program 'sh'"),
-    ('[sweep]\nlauncher = "torchrun --no-python"\n', "not option '--no-python'"),
-    ('[sweep]\nlauncher = "torchrun --nproc_per_node=$(id)"\n', "not option '--nproc_per_node=$(id)'"),
-    ('[sweep]\nlauncher = "torchrun \'--standalone"\n', "not a command line"),
-])
+@pytest.mark.parametrize(
+    "text, expect",
+    [
+        (None, "not found"),
+        ("[grid\n", "not valid TOML"),
+        ('[grid]\n"model.gamma" = 0.5\n', "non-empty list"),
+        ('[grid]\n"model.gamma" = []\n', "non-empty list"),
+        ('[grids]\n"model.gamma" = [1]\n', "unknown section [grids]"),
+        ('[sweep]\nnmae = "x"\n', "unknown key sweep.nmae"),
+        ('[grid]\n"model.gamam" = [1.0]\n', "unknown config key model.gamam"),
+        ('[grid]\n"model.gamma" = [1.0, -1.0]\n', "model.gamma must be > 0"),
+        ('[base]\n"model.preset" = "huge"\n', "unknown preset"),
+        ('[sweep]\nlauncher = "sh -c id"\n', "not program 'sh'"),
+        ('[sweep]\nlauncher = "torchrun --no-python"\n', "not option '--no-python'"),
+        ('[sweep]\nlauncher = "torchrun --nproc_per_node=$(id)"\n', "not option '--nproc_per_node=$(id)'"),
+        ('[sweep]\nlauncher = "torchrun \'--standalone"\n', "not a command line"),
+    ],
+)
 def test_bad_sweep_files_exit_2_with_one_line(tmp_path, capsys, text, expect):
     path = tmp_path / "bad.toml"
     if text is not None:
@@ -99,8 +117,14 @@ def test_a_file_cannot_choose_the_program_but_the_command_line_can(tmp_path, cor
     hostile = tmp_path / "hostile.toml"
     hostile.write_text(text.replace('name = "tiny"', f'name = "tiny"\nlauncher = "touch {marker}"'))
     assert main(["sweep", str(hostile), "--out", str(tmp_path / "refused")]) == 2
-    assert "only torchrun" in capsys.readouterr().err and not marker.exists() and not (tmp_path / "refused").exists()
-    assert Sweep.from_dict({"sweep": {"launcher": "torchrun --standalone --nproc_per_node=gpu --nnodes=1"}}).launcher
+    assert (
+        "only torchrun" in capsys.readouterr().err
+        and not marker.exists()
+        and not (tmp_path / "refused").exists()
+    )
+    assert Sweep.from_dict(
+        {"sweep": {"launcher": "torchrun --standalone --nproc_per_node=gpu --nnodes=1"}}
+    ).launcher
 
     # the person at the command line may pick any launcher; each cell's train.log names it
     launcher = f"env SMALLINIT_SITE=1 {sys.executable}"
@@ -140,7 +164,9 @@ def test_failed_cell_is_contained_and_packing_is_bit_identical(tmp_path, corpus)
     # a re-run leaves both alone: the done cell is finished, the failed one waits for --retry-failed
     again = run_sweep(path, tmp_path / "packed", jobs=2)
     assert [r["status"] for r in again.rows] == ["done", "failed"]
-    assert json.loads((tmp_path / "packed" / "status.json").read_text())["cells"][good["cell"]]["attempts"] == 1
+    assert (
+        json.loads((tmp_path / "packed" / "status.json").read_text())["cells"][good["cell"]]["attempts"] == 1
+    )
 
     # the same folder with a changed sweep file is refused, and nothing in it changes
     before = _mtimes(tmp_path / "packed")
@@ -151,20 +177,27 @@ def test_failed_cell_is_contained_and_packing_is_bit_identical(tmp_path, corpus)
 
 
 def _mtimes(folder: Path) -> dict[str, int]:
-    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): p.stat().st_mtime_ns for p in sorted(folder.rglob("*")) if p.is_file()
+    }
 
 
 def test_kill_mid_cell_then_rerun_finishes_without_redoing(tmp_path, corpus, capsys, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # cells inherit it: tiny models run faster on one thread
     path = sweep_file(tmp_path, corpus, '[grid]\n"train.seed" = [0, 1]\n', steps=60)
     out = tmp_path / "out"
-    runner = subprocess.Popen([sys.executable, "-m", "smallinit", "sweep", str(path), "--out", str(out), "--jobs", "1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "smallinit", "sweep", str(path), "--out", str(out), "--jobs", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     second = out / "cells" / "seed-1"
     deadline = time.monotonic() + 600  # a failsafe only: a loaded machine is slow
     try:
         while not list((second / "checkpoints").glob("step_*")):  # the second cell is mid-run
-            assert runner.poll() is None and time.monotonic() < deadline, "the sweep ended before it could be killed"
+            assert runner.poll() is None and time.monotonic() < deadline, (
+                "the sweep ended before it could be killed"
+            )
             time.sleep(0.05)
     finally:
         runner.send_signal(signal.SIGKILL)
@@ -205,13 +238,16 @@ def _process_alive(pid) -> bool:
 def test_the_example_sweep_runs_into_a_folder_named_after_it(tmp_path, monkeypatch, capsys):
     """examples/gamma-eps.toml, its model and budget shrunk to seconds, as a user runs it: into runs/gamma-eps."""
     text = (Path(__file__).parents[1] / "examples" / "gamma-eps.toml").read_text(encoding="utf-8")
-    tiny = {'"model.preset" = "cpu-1m"': '"model.preset" = "cpu-1m"\n"model.d_model" = 16\n"model.n_layers" = 1\n'
-                                         '"model.n_heads" = 2\n"model.n_kv_heads" = 2\n"model.d_ff" = 32\n'
-                                         '"data.tokenizer" = "bytes"\n"data.seq_len" = 16\n"train.batch_size" = 4\n'
-                                         '"train.warmup_steps" = 1\n"train.eval_batches" = 1',
-            '"train.steps" = 300': '"train.steps" = 3', '"train.eval_every" = 50': '"train.eval_every" = 0',
-            '"train.seed" = [0, 1]': '"train.seed" = [0]',
-            '"model.gamma" = [0.5, 1.0]': '"model.gamma" = [1.0]'}
+    tiny = {
+        '"model.preset" = "cpu-1m"': '"model.preset" = "cpu-1m"\n"model.d_model" = 16\n"model.n_layers" = 1\n'
+        '"model.n_heads" = 2\n"model.n_kv_heads" = 2\n"model.d_ff" = 32\n'
+        '"data.tokenizer" = "bytes"\n"data.seq_len" = 16\n"train.batch_size" = 4\n'
+        '"train.warmup_steps" = 1\n"train.eval_batches" = 1',
+        '"train.steps" = 300': '"train.steps" = 3',
+        '"train.eval_every" = 50': '"train.eval_every" = 0',
+        '"train.seed" = [0, 1]': '"train.seed" = [0]',
+        '"model.gamma" = [0.5, 1.0]': '"model.gamma" = [1.0]',
+    }
     for old, new in tiny.items():
         assert old in text, old
         text = text.replace(old, new)

@@ -19,8 +19,12 @@ from smallinit.train import Callback, Trainer, lr_at
 from smallinit.train import checkpoint as ckpt
 
 TINY = [
-    *TINY_MODEL, "data.corpus=shakespeare", "train.batch_size=8", "train.warmup_steps=5",
-    "train.eval_batches=2", "train.log_every=5",
+    *TINY_MODEL,
+    "data.corpus=shakespeare",
+    "train.batch_size=8",
+    "train.warmup_steps=5",
+    "train.eval_batches=2",
+    "train.log_every=5",
 ]
 
 
@@ -56,7 +60,9 @@ def test_schedules():
 
 def test_grad_accum_matches_full_batch(tmp_path):
     a = Trainer(tiny("train.steps=3", "train.eval_every=0"), tmp_path / "a", callbacks=[])
-    b = Trainer(tiny("train.steps=3", "train.eval_every=0", "train.grad_accum=4"), tmp_path / "b", callbacks=[])
+    b = Trainer(
+        tiny("train.steps=3", "train.eval_every=0", "train.grad_accum=4"), tmp_path / "b", callbacks=[]
+    )
     a.fit(), b.fit()
     for (n, p), q in zip(a.model.named_parameters(), b.model.parameters()):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=n)
@@ -107,7 +113,9 @@ def test_signal_then_resume_is_bit_exact(tmp_path, sig):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(_train_cmd(tmp_path / "full", *args), check=True, env=env, capture_output=True)
     run = tmp_path / "killed"
-    proc = subprocess.Popen(_train_cmd(run, *args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        _train_cmd(run, *args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     _wait_for_step(run, 10)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
@@ -116,11 +124,17 @@ def test_signal_then_resume_is_bit_exact(tmp_path, sig):
         assert proc.returncode == -signal.SIGKILL and 8 <= last < 60
     else:
         assert proc.returncode == 75 and b"--resume" in err
-        assert err.decode().strip().splitlines()[-1].startswith("smallinit: stopped by SIGTERM")  # not "error:"
+        assert (
+            err.decode().strip().splitlines()[-1].startswith("smallinit: stopped by SIGTERM")
+        )  # not "error:"
         logged = max(json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines())
         assert last == logged  # the step in flight was finished and saved
-    resumed = subprocess.run([sys.executable, "-m", "smallinit", "train", "--out", str(run), "--resume"],
-                             env=env, capture_output=True, text=True)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "smallinit", "train", "--out", str(run), "--resume"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert resumed.returncode == 0, resumed.stderr
     full, res = final_tensors(tmp_path / "full"), final_tensors(run)
     assert all(torch.equal(full[k], res[k]) for k in full)
@@ -155,8 +169,14 @@ def test_checkpoints_atomic_and_verified(tmp_path):
 
 def test_nonfinite_loss_stops_and_keeps_last_checkpoint(tmp_path):
     run = tmp_path / "run"
-    cfg = tiny("train.steps=30", "train.eval_every=0", "train.checkpoint_every=2", "train.lr=1e30",
-               "train.warmup_steps=0", "train.grad_clip=0")
+    cfg = tiny(
+        "train.steps=30",
+        "train.eval_every=0",
+        "train.checkpoint_every=2",
+        "train.lr=1e30",
+        "train.warmup_steps=0",
+        "train.grad_clip=0",
+    )
     t = Trainer(cfg, run, callbacks=[])
     with pytest.raises(TrainingError, match="non-finite") as e:
         t.fit()
@@ -169,8 +189,15 @@ def test_nonfinite_loss_stops_and_keeps_last_checkpoint(tmp_path):
 
 
 def test_nonfinite_skip_counts(tmp_path):
-    cfg = tiny("train.steps=6", "train.eval_every=0", "train.lr=1e30", "train.warmup_steps=0",
-               "train.grad_clip=0", "train.nonfinite=skip", "train.max_skips=100")
+    cfg = tiny(
+        "train.steps=6",
+        "train.eval_every=0",
+        "train.lr=1e30",
+        "train.warmup_steps=0",
+        "train.grad_clip=0",
+        "train.nonfinite=skip",
+        "train.max_skips=100",
+    )
     summary = Trainer(cfg, tmp_path / "run", callbacks=[]).fit()
     assert summary["skipped"] >= 1
 
@@ -188,6 +215,7 @@ def test_run_folder_is_never_overwritten(tmp_path):
 
 def test_resume_before_the_first_checkpoint_says_so_and_keeps_the_earlier_log(tmp_path, caplog):
     """Killed before its first checkpoint: --resume starts over at step 0, says so, and keeps the old log."""
+
     class CrashAt3(Callback):
         def on_step_end(self, trainer, record):
             if trainer.step == 3:
@@ -207,6 +235,7 @@ def test_resume_before_the_first_checkpoint_says_so_and_keeps_the_earlier_log(tm
 
 def test_a_stop_says_how_to_continue_the_command_that_started_it(tmp_path, monkeypatch):
     """A cell of a sweep, recipe or demo tells the user to run that command again, not `train --resume`."""
+
     class StopAt2(Callback):
         def on_step_end(self, trainer, record):
             if trainer.step == 2:
@@ -219,8 +248,15 @@ def test_a_stop_says_how_to_continue_the_command_that_started_it(tmp_path, monke
 
 def test_a_run_longer_than_its_corpus_says_so_once_at_the_start(tmp_path, caplog):
     corpus = tmp_path / "small.txt"
-    corpus.write_text("The quick brown fox jumps over the lazy dog. " * 60, encoding="utf-8")  # ≈ 2,600 tokens
-    sets = [*TINY_MODEL, f"data.corpus={json.dumps(str(corpus))}", "train.batch_size=8", "train.warmup_steps=1"]
+    corpus.write_text(
+        "The quick brown fox jumps over the lazy dog. " * 60, encoding="utf-8"
+    )  # ≈ 2,600 tokens
+    sets = [
+        *TINY_MODEL,
+        f"data.corpus={json.dumps(str(corpus))}",
+        "train.batch_size=8",
+        "train.warmup_steps=1",
+    ]
     with caplog.at_level(logging.WARNING, logger="smallinit"):
         Trainer(Config.load(overrides=[*sets, "train.steps=8"]), tmp_path / "short")  # 2,048 tokens
     assert not [r for r in caplog.records if "repeats" in r.getMessage()]

@@ -17,8 +17,14 @@ from smallinit.errors import ConfigError
 from smallinit.train import Callback, Progress, Trainer
 
 TINY = [
-    *TINY_MODEL, "data.corpus=shakespeare", "train.batch_size=8", "train.warmup_steps=2",
-    "train.eval_batches=2", "train.log_every=2", "train.eval_every=4", "train.checkpoint_every=4",
+    *TINY_MODEL,
+    "data.corpus=shakespeare",
+    "train.batch_size=8",
+    "train.warmup_steps=2",
+    "train.eval_batches=2",
+    "train.log_every=2",
+    "train.eval_every=4",
+    "train.checkpoint_every=4",
 ]
 
 
@@ -43,7 +49,10 @@ def test_resume_of_a_finished_run_keeps_everything(tmp_path, capsys):
     assert main(["train", "--out", str(run), "--resume"]) == 0
     assert snapshot(run) == before  # summary.json's val_loss included
     out = capsys.readouterr()
-    assert out.out.startswith(f"nothing trained: {run} already reached train.steps=6") and out.out.count("\n") == 1
+    assert (
+        out.out.startswith(f"nothing trained: {run} already reached train.steps=6")
+        and out.out.count("\n") == 1
+    )
     assert "done" not in out.out and "resumed" not in out.err  # not "resumed from step 6 ... done"
 
 
@@ -78,8 +87,9 @@ def test_extension_equals_the_longer_run_planned_from_the_start(tmp_path, schedu
     with pytest.raises(KeyboardInterrupt) if schedule == "wsd" else contextlib.nullcontext():
         Trainer(tiny("train.steps=12", *extra), run, callbacks=[StopAt8()]).fit()
     first = records(run)
-    resumed = Trainer(Config.from_json_file(run / "config.json", ["train.steps=16"]), run, resume=True,
-                      callbacks=[])
+    resumed = Trainer(
+        Config.from_json_file(run / "config.json", ["train.steps=16"]), run, resume=True, callbacks=[]
+    )
     assert resumed.steps_before == 12
     step = resumed.restored.step
     assert step == (12 if schedule == "constant" else 4)
@@ -89,7 +99,7 @@ def test_extension_equals_the_longer_run_planned_from_the_start(tmp_path, schedu
     assert summary["step"] == 16 and json.loads((run / "config.json").read_text())["train"]["steps"] == 16
     logged = records(run)
     kept = [r for r in first if r["step"] <= step]
-    assert logged[:len(kept)] == kept  # the steps taken keep their records
+    assert logged[: len(kept)] == kept  # the steps taken keep their records
     assert {"step": step, "event": "steps", "before": 12, "after": 16} in logged
 
 
@@ -97,7 +107,9 @@ def test_finished_wsd_run_refuses_to_extend(tmp_path):
     run = tmp_path / "run"
     Trainer(tiny("train.steps=12", "train.schedule=wsd"), run, callbacks=[]).fit()
     with pytest.raises(ConfigError, match=r"before the decay \(step 10\)"):
-        Trainer(Config.from_json_file(run / "config.json", ["train.steps=20"]), run, resume=True, callbacks=[])
+        Trainer(
+            Config.from_json_file(run / "config.json", ["train.steps=20"]), run, resume=True, callbacks=[]
+        )
 
 
 def test_init_from_starts_a_new_run_from_the_weights(tmp_path, capsys):
@@ -109,11 +121,15 @@ def test_init_from_starts_a_new_run_from_the_weights(tmp_path, capsys):
     assert "weights from" in err and "fresh optimizer" in err
     assert snapshot(a) == before
     # step 0 of the new run measures a's final weights on the same validation batches
-    assert records(b)[0]["val_loss"] == pytest.approx(json.loads((a / "summary.json").read_text())["val_loss"])
+    assert records(b)[0]["val_loss"] == pytest.approx(
+        json.loads((a / "summary.json").read_text())["val_loss"]
+    )
     cfg = json.loads((b / "config.json").read_text())
     assert cfg["train"]["init_from"] == str((a / "checkpoints" / "step_0000008").resolve())
     assert cfg["train"]["steps"] == 4 and cfg["model"] == json.loads((a / "config.json").read_text())["model"]
-    assert main(["train", "--out", str(tmp_path / "c"), "--init-from", str(a), *sets("model.d_model=64")]) == 2
+    assert (
+        main(["train", "--out", str(tmp_path / "c"), "--init-from", str(a), *sets("model.d_model=64")]) == 2
+    )
     err = capsys.readouterr().err
     assert "model.d_model" in err and err.count("\n") == 1 and not (tmp_path / "c").exists()
 
@@ -121,12 +137,23 @@ def test_init_from_starts_a_new_run_from_the_weights(tmp_path, capsys):
 def test_terminal_output(tmp_path, caplog):
     stream = io.StringIO()
     with caplog.at_level(logging.WARNING, logger="smallinit"):
-        Trainer(tiny("train.steps=4", "train.warmup_steps=6"), tmp_path / "run", callbacks=[Progress(stream)]).fit()
+        Trainer(
+            tiny("train.steps=4", "train.warmup_steps=6"), tmp_path / "run", callbacks=[Progress(stream)]
+        ).fit()
     assert "train.steps=4 is shorter than train.warmup_steps=6" in caplog.text
     lines = stream.getvalue().splitlines()
     banner = "\n".join(lines[:5])
-    for text in ("parameters", "without embeddings", "per parameter", "per non-embedding parameter",
-                 "corpus shakespeare", "tokenizer bytes (vocab 257)", "device: cpu", "threads", str(tmp_path / "run")):
+    for text in (
+        "parameters",
+        "without embeddings",
+        "per parameter",
+        "per non-embedding parameter",
+        "corpus shakespeare",
+        "tokenizer bytes (vocab 257)",
+        "device: cpu",
+        "threads",
+        str(tmp_path / "run"),
+    ):
         assert text in banner, text
     vals = [x for x in lines if "| val " in x]
     assert [x.split(" |")[0] for x in vals] == ["step 0/4", "step 4/4"]  # only where measured
@@ -141,11 +168,26 @@ def test_analyze_says_which_batches_its_loss_is_on(tmp_path, capsys):
     run = tmp_path / "run"
     Trainer(tiny("train.steps=4"), run, callbacks=[]).fit()
     val = json.loads((run / "summary.json").read_text())["val_loss"]
-    assert main(["analyze", str(run), "--set", "train.eval_batches=2", "--set", "train.batch_size=8",
-                 "--out", str(tmp_path / "x")]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                str(run),
+                "--set",
+                "train.eval_batches=2",
+                "--set",
+                "train.batch_size=8",
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "the validation windows training's val loss is measured on" in out
     assert float(out.split("loss ")[1].split()[0]) == pytest.approx(val, abs=1e-4)
     assert main(["analyze", str(run), "--set", "train.eval_batches=1", "--out", str(tmp_path / "y")]) == 0
-    assert ("to measure on training's windows add --set train.eval_batches=2 --set train.batch_size=8 --set "
-            "data.seq_len=32") in capsys.readouterr().out
+    assert (
+        "to measure on training's windows add --set train.eval_batches=2 --set train.batch_size=8 --set "
+        "data.seq_len=32"
+    ) in capsys.readouterr().out

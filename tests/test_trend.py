@@ -14,17 +14,28 @@ from smallinit.study.judging.claims.loss import MOVING, second_half, trend_cours
 from smallinit.study.running.budget import budget_schedule
 
 DRAWS = 20000
-DEMO_STEPS = (142, 563, 708, 1586, 2815)  # the demo's quick/full (d16, d32) and cpu-long (d16/24/32) run lengths
+DEMO_STEPS = (
+    142,
+    563,
+    708,
+    1586,
+    2815,
+)  # the demo's quick/full (d16, d32) and cpu-long (d16/24/32) run lengths
 
 
 def schedule(steps: int, tokens_per_param: float = 20.0) -> np.ndarray:
     """Tokens per parameter at each evaluation the trainer makes in a recipe run of ``steps`` (eval_points 8)."""
     every = budget_schedule(steps, {"eval_points": 8})["train.eval_every"]
-    return tokens_per_param * np.asarray(TrainConfig(steps=steps, eval_every=every).eval_steps(), dtype=float) / steps
+    return (
+        tokens_per_param
+        * np.asarray(TrainConfig(steps=steps, eval_every=every).eval_steps(), dtype=float)
+        / steps
+    )
 
 
-def draws(rng: np.random.Generator, course: np.ndarray, n: int, sd_seed: float = 0.8,
-          sd_eval: float = 0.6) -> np.ndarray:
+def draws(
+    rng: np.random.Generator, course: np.ndarray, n: int, sd_seed: float = 0.8, sd_eval: float = 0.6
+) -> np.ndarray:
     """(draws, seeds, evaluations) gaps: the common course, a seed offset and evaluation noise."""
     return course + rng.normal(0, sd_seed, (DRAWS, n, 1)) + rng.normal(0, sd_eval, (DRAWS, n, len(course)))
 
@@ -51,7 +62,9 @@ def test_the_trend_has_its_power_on_the_demo_schedule():
     even = 20.0 * np.arange(1, 9) / 8
     for n in (3, 8):
         demo, reference = moving_power(schedule(142), n), moving_power(even, n)
-        print(f"\nn={n}: moving gap seen {demo:.3f} on the demo's schedule, {reference:.3f} on 8 even evaluations")
+        print(
+            f"\nn={n}: moving gap seen {demo:.3f} on the demo's schedule, {reference:.3f} on 8 even evaluations"
+        )
         assert demo >= reference - 0.01
 
 
@@ -73,7 +86,9 @@ def test_a_gap_converging_to_zero_is_not_given_a_crossing(sd_eval):
     state, direction = trend_course(draws(np.random.default_rng(3), course, 16, sd_eval=sd_eval), tokens)
     old = np.mean((state == MOVING) & np.isin(direction, ["closing", "converging"]))
     converging = np.mean(direction == "converging")
-    print(f"\nconverging, sd_eval {sd_eval}: old rule's bounded crossing {old:.4f}; 'converging' {converging:.4f}")
+    print(
+        f"\nconverging, sd_eval {sd_eval}: old rule's bounded crossing {old:.4f}; 'converging' {converging:.4f}"
+    )
     assert old > 0.99 and converging > 0.9
 
 
@@ -82,7 +97,9 @@ def test_a_gap_still_closing_at_the_end_gets_its_crossing():
     ≥ 90 % of the draws with quiet evaluations (the price of the check: ≤ 2.5 % say converging)."""
     tokens = schedule(142)
     u = np.log(np.maximum(tokens, tokens[1]) / tokens[-1])
-    _, direction = trend_course(draws(np.random.default_rng(4), 1 - u / math.log(1.5), 16, sd_eval=0.2), tokens)
+    _, direction = trend_course(
+        draws(np.random.default_rng(4), 1 - u / math.log(1.5), 16, sd_eval=0.2), tokens
+    )
     closing, converging = np.mean(direction == "closing"), np.mean(direction == "converging")
     print(f"\nclosing to 0 at 1.5 T: crossing extrapolated {closing:.4f}, converging {converging:.4f}")
     assert closing > 0.9 and converging <= 0.025 + 3 * math.sqrt(0.025 * 0.975 / DRAWS)
@@ -98,5 +115,7 @@ def test_a_late_flip_is_reported_as_a_sign_change(n):
     state, direction = trend_course(draws(np.random.default_rng(5), -1 - u / math.log(4 / 3), n), tokens)
     moving = state == MOVING
     crossed, widening = np.mean(direction[moving] == "crossed"), np.mean(direction[moving] == "widening")
-    print(f"\nlate flip, n={n}: moving {moving.mean():.3f}; of those crossed {crossed:.4f}, widening {widening:.4f}")
+    print(
+        f"\nlate flip, n={n}: moving {moving.mean():.3f}; of those crossed {crossed:.4f}, widening {widening:.4f}"
+    )
     assert crossed > 0.95 and widening < 0.01

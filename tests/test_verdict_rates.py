@@ -25,7 +25,9 @@ def _margin(p: float, n: int = DRAWS) -> float:
     return 3 * math.sqrt(p * (1 - p) / n)
 
 
-def _verdicts(samples: np.ndarray, expected: str = "positive", tolerance: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+def _verdicts(
+    samples: np.ndarray, expected: str = "positive", tolerance: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
     """(p, agrees) of the rule on (draws, seeds) samples."""
     mean, se = paired_t(samples)
     return region_p(mean, se, samples.shape[-1] - 1, expected, tolerance)
@@ -48,8 +50,10 @@ def test_no_effect_agrees_as_often_as_it_disagrees_and_the_table_rarely_errs():
     rejected = holm_reject(p, ALPHA)
     rate_agree, rate_disagree = (rejected & agree).mean(0), (rejected & ~agree).mean(0)
     table = rejected.any(-1).mean()
-    print(f"\nper claim P(agree) {np.round(rate_agree, 4)}, P(disagree) {np.round(rate_disagree, 4)}; "
-          f"table P(any) {table:.4f}")
+    print(
+        f"\nper claim P(agree) {np.round(rate_agree, 4)}, P(disagree) {np.round(rate_disagree, 4)}; "
+        f"table P(any) {table:.4f}"
+    )
     for ra, rd in zip(rate_agree, rate_disagree):
         assert ra <= ALPHA / 2 + _margin(ALPHA / 2) and rd <= ALPHA / 2 + _margin(ALPHA / 2)
         assert abs(ra - rd) <= 2 * _margin(ALPHA / 14)
@@ -59,14 +63,15 @@ def test_no_effect_agrees_as_often_as_it_disagrees_and_the_table_rarely_errs():
     assert alone > 0.25
 
 
-def _trajectories(rng: np.random.Generator, drift: float, n: int, sd_seed: float, sd_eval: float,
-                  evals: int = 8) -> tuple[np.ndarray, np.ndarray]:
+def _trajectories(
+    rng: np.random.Generator, drift: float, n: int, sd_seed: float, sd_eval: float, evals: int = 8
+) -> tuple[np.ndarray, np.ndarray]:
     """(draws, seeds, evals) gaps at evals evenly spaced up to the budget: a seed offset (sd_seed), evaluation
     noise (sd_eval), and a common course that moves by ``drift`` from half the budget to the budget (linear in
     tokens)."""
     frac = np.arange(1, evals + 1) / evals
     course = 0.2 + drift * (frac - 1) / 0.5
-    gaps = (course + rng.normal(0, sd_seed, (DRAWS, n, 1)) + rng.normal(0, sd_eval, (DRAWS, n, evals)))
+    gaps = course + rng.normal(0, sd_seed, (DRAWS, n, 1)) + rng.normal(0, sd_eval, (DRAWS, n, evals))
     return gaps, 20.0 * frac
 
 
@@ -110,8 +115,10 @@ def test_c6_rebound_from_a_minimum_chosen_elsewhere_holds_its_rate(n):
     same = located_minimum(ranks)  # chosen on the very values it is then tested on
     p, agree = _verdicts(rebound(ranks, same))
     old = float(np.mean((p <= ALPHA) & agree & ~late[same]) / np.mean(~late[same]))
-    print(f"\nC6 flat null, n={n}: P(agree | testable) {new:.4f} (minimum located on other seeds), "
-          f"{old:.4f} (on the same seeds); testable {np.mean(passes):.2f}")
+    print(
+        f"\nC6 flat null, n={n}: P(agree | testable) {new:.4f} (minimum located on other seeds), "
+        f"{old:.4f} (on the same seeds); testable {np.mean(passes):.2f}"
+    )
     assert new <= ALPHA / 2 + _margin(ALPHA / 2, int(passes.sum()))
     assert old > 2 * ALPHA / 2
 
@@ -133,7 +140,9 @@ def test_c7_profile_judged_on_other_tokens_than_its_precondition_holds_its_rate(
     old_pass = better_on_average(both.mean(-1))
     p, agree = _verdicts(mid_contrasts(both)[0])
     old = float(np.mean((p <= ALPHA) & agree & old_pass) / np.mean(old_pass))
-    print(f"\nC7 flat profile: P(agree | testable) {new:.4f} (split tokens), {old:.4f} (same tokens); "
-          f"testable {np.mean(new_pass):.3f}")
+    print(
+        f"\nC7 flat profile: P(agree | testable) {new:.4f} (split tokens), {old:.4f} (same tokens); "
+        f"testable {np.mean(new_pass):.3f}"
+    )
     assert new <= ALPHA / 2 + _margin(ALPHA / 2, int(new_pass.sum()))
     assert old > new

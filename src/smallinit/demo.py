@@ -24,7 +24,10 @@ class DemoResult:
 
 
 def run_demo(
-    *, scale: str = "full", out: str | os.PathLike | None = None, jobs: int | None = None,
+    *,
+    scale: str = "full",
+    out: str | os.PathLike | None = None,
+    jobs: int | None = None,
     echo: TextIO | None = sys.stderr,
 ) -> DemoResult:
     """Run (or continue) the demo at ``scale`` ("full", "quick" or "micro"), report and judge it."""

@@ -5,7 +5,7 @@ from collections.abc import Iterable
 
 
 def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
-    """" (did you mean PREFIX+CHOICE?)" for the choice closest to a misspelled ``word``, or "" if none is close."""
+    """ " (did you mean PREFIX+CHOICE?)" for the choice closest to a misspelled ``word``, or "" if none is close."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {prefix}{close[0]}?)" if close else ""
 

@@ -29,7 +29,9 @@ from smallinit.model import Transformer
 from smallinit.train.checkpoint import load_model, resolve_checkpoint
 
 
-def load_pretrained(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> tuple[Transformer, Tokenizer]:
+def load_pretrained(
+    path: str | os.PathLike, *, device: str | torch.device = "cpu"
+) -> tuple[Transformer, Tokenizer]:
     """The model (eval mode) and the tokenizer it was trained with, from a run folder or a checkpoint folder.
 
     The tokenizer is the one the run's config names (``data.tokenizer``); it must still have the model's
@@ -75,7 +77,10 @@ def next_token(logits: torch.Tensor, sampling: Sampling, generator: torch.Genera
 
 @torch.no_grad()
 def generate_ids(
-    model: Transformer, prompt: list[int], max_new_tokens: int, sampling: Sampling = Sampling(),
+    model: Transformer,
+    prompt: list[int],
+    max_new_tokens: int,
+    sampling: Sampling = Sampling(),
     eos_id: int | None = None,
 ) -> list[int]:
     """The new token ids after ``prompt`` (the end-of-text id included when it ends the text)."""
@@ -86,12 +91,15 @@ def generate_ids(
         raise ConfigError("the prompt has no tokens; pass at least one token id")
     context = model.config.max_seq_len
     if len(prompt) > context:
-        raise ConfigError(f"the prompt has {len(prompt)} tokens, more than the model's context of {context}; "
-                          "shorten it")
+        raise ConfigError(
+            f"the prompt has {len(prompt)} tokens, more than the model's context of {context}; shorten it"
+        )
     if len(prompt) + max_new_tokens > context:
-        raise ConfigError(f"the prompt ({len(prompt)} tokens) and {max_new_tokens} new tokens exceed the model's "
-                          f"context of {context} tokens; ask for at most {context - len(prompt)} new tokens or "
-                          "shorten the prompt")
+        raise ConfigError(
+            f"the prompt ({len(prompt)} tokens) and {max_new_tokens} new tokens exceed the model's "
+            f"context of {context} tokens; ask for at most {context - len(prompt)} new tokens or "
+            "shorten the prompt"
+        )
     device = model.embed.weight.device
     generator = torch.Generator(device=device).manual_seed(sampling.seed)
     cache = model.new_cache()
@@ -107,7 +115,10 @@ def generate_ids(
 
 
 def generate(
-    model: Transformer, tokenizer: Tokenizer, prompt: str, max_new_tokens: int = 100,
+    model: Transformer,
+    tokenizer: Tokenizer,
+    prompt: str,
+    max_new_tokens: int = 100,
     sampling: Sampling = Sampling(),
 ) -> str:
     """The continuation of ``prompt`` as text (without the end-of-text token that may end it)."""

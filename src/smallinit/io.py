@@ -32,16 +32,24 @@ def temp_name(path: Path) -> Path:
 
 def storage_error(path: Path, e: BaseException, kept: Kept | None = None) -> StorageError:
     """One line for a failed write: what, why (ENOSPC, EROFS, ...), what to do, and what was kept."""
-    why = (e.strerror if isinstance(e, OSError) else None) or str(e).split("I/O error: ")[-1] or type(e).__name__
+    why = (
+        (e.strerror if isinstance(e, OSError) else None)
+        or str(e).split("I/O error: ")[-1]
+        or type(e).__name__
+    )
     note = f"; {kept()}" if kept is not None else ""
-    return StorageError(f"cannot write {path} ({why}); free disk space or make the folder writable{note}", why)
+    return StorageError(
+        f"cannot write {path} ({why}); free disk space or make the folder writable{note}", why
+    )
 
 
 def _is_io_failure(e: BaseException) -> bool:
     return isinstance(e, OSError) or (isinstance(e, SafetensorError) and "I/O error" in str(e))
 
 
-def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, kept: Kept | None = None) -> None:
+def write_atomic(
+    path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, kept: Kept | None = None
+) -> None:
     """``write(file)`` to a temporary name, fsync, then rename: readers see the old file or the new one."""
     path = Path(path)
     tmp = temp_name(path)
@@ -149,5 +157,10 @@ def read_json(path: str | os.PathLike) -> Any:
     """The parsed file, or None if it is missing or not JSON."""
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
+    except (
+        OSError,
+        json.JSONDecodeError,
+        UnicodeDecodeError,
+        RecursionError,
+    ):  # RecursionError: nested too deep
         return None

@@ -33,10 +33,27 @@ def as_adapter(model: Any) -> ModelAdapter:
         return TransformerAdapter(model)
     if is_hf_causal_lm(model):
         return HFAdapter(model)
-    raise ModelError(f"smallinit cannot observe a {type(model).__name__}: pass a smallinit Transformer, a Hugging "
-                     "Face causal LM, or an adapter of your own (docs/analysis.md, 'Your own model')")
+    raise ModelError(
+        f"smallinit cannot observe a {type(model).__name__}: pass a smallinit Transformer, a Hugging "
+        "Face causal LM, or an adapter of your own (docs/analysis.md, 'Your own model')"
+    )
 
 
-__all__ = ["AttentionInputs", "HFAdapter", "HFModel", "HFTokenizer", "ModelAdapter", "NormForm", "Observed",
-           "TransformerAdapter", "as_adapter", "hf_folder_problem", "is_hf_causal_lm", "load_hf_folder", "norm_forms",
-           "norm_modules", "realised_factor", "recording_attention"]
+__all__ = [
+    "AttentionInputs",
+    "HFAdapter",
+    "HFModel",
+    "HFTokenizer",
+    "ModelAdapter",
+    "NormForm",
+    "Observed",
+    "TransformerAdapter",
+    "as_adapter",
+    "hf_folder_problem",
+    "is_hf_causal_lm",
+    "load_hf_folder",
+    "norm_forms",
+    "norm_modules",
+    "realised_factor",
+    "recording_attention",
+]

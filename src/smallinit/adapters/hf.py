@@ -43,8 +43,10 @@ from smallinit.model.loss import cross_entropy
 
 def is_hf_causal_lm(model: Any) -> bool:
     """A transformers PreTrainedModel (without importing transformers when it is not loaded)."""
-    return any(c.__module__.startswith("transformers.") and c.__name__ == "PreTrainedModel"
-               for c in type(model).__mro__)
+    return any(
+        c.__module__.startswith("transformers.") and c.__name__ == "PreTrainedModel"
+        for c in type(model).__mro__
+    )
 
 
 class HFAdapter:
@@ -62,8 +64,9 @@ class HFAdapter:
         """The form of each norm whose ε and form can be read (observe() names the others when asked)."""
         return readable_norm_forms(self.module)[0]
 
-    def observe(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
-                kinds: Collection[str] = ()) -> Observed:
+    def observe(
+        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, kinds: Collection[str] = ()
+    ) -> Observed:
         kinds = check_kinds(kinds)
         seen: list[tuple[str, tuple, dict]] = []  # (module name, its args, its kwargs) in call order
         attention: list[AttentionInputs] = []
@@ -79,7 +82,9 @@ class HFAdapter:
             if blocks:
                 hook = self.blocks[-1][1].register_forward_hook(_keep_output(last))
                 stack.callback(hook.remove)
-            if "norms" in kinds:  # each norm's factor, read inside the forward (a sharded model's weights are whole)
+            if (
+                "norms" in kinds
+            ):  # each norm's factor, read inside the forward (a sharded model's weights are whole)
                 for name, module in norms.items():
                     hook = module.register_forward_hook(_read_factor(name, out), with_kwargs=True)
                     stack.callback(hook.remove)
@@ -95,21 +100,36 @@ class HFAdapter:
                 if name in norms:  # a norm called more than once contributes all its rows
                     h = _first(args, kwargs)
                     prev = out.norm_inputs.get(name)
-                    out.norm_inputs[name] = h if prev is None else torch.cat([prev.flatten(0, -2), h.flatten(0, -2)])
+                    out.norm_inputs[name] = (
+                        h if prev is None else torch.cat([prev.flatten(0, -2), h.flatten(0, -2)])
+                    )
         if "attention" in kinds:
-            if problems or not attention:  # attention outside the interface, or not rebuildable: its probabilities
-                attention, why = ([], self.no_attention) if self.no_attention else self._eager_probabilities(tokens, problems)
+            if (
+                problems or not attention
+            ):  # attention outside the interface, or not rebuildable: its probabilities
+                attention, why = (
+                    ([], self.no_attention)
+                    if self.no_attention
+                    else self._eager_probabilities(tokens, problems)
+                )
                 if why:
                     out.missing["attention"] = why
                 else:
-                    out.notes["attention"] = ("read from eager attention probabilities (output_attentions): "
-                                              + (problems[0] if problems else f"{type(self.module).__name__} makes "
-                                                 "no call to transformers' attention interface"))
+                    out.notes["attention"] = (
+                        "read from eager attention probabilities (output_attentions): "
+                        + (
+                            problems[0]
+                            if problems
+                            else f"{type(self.module).__name__} makes "
+                            "no call to transformers' attention interface"
+                        )
+                    )
             out.attention = attention
         return out
 
-    def _residual(self, out: Observed, seen: list[tuple[str, tuple, dict]], norms: set[str],
-                  last: torch.Tensor | None) -> None:
+    def _residual(
+        self, out: Observed, seen: list[tuple[str, tuple, dict]], norms: set[str], last: torch.Tensor | None
+    ) -> None:
         """e = the first layer's input, then each later layer's input, then h_L: the final norm's input (the
         norm that takes the last layer's output), or where the model has none, the last layer's output."""
         model = type(self.module).__name__
@@ -117,25 +137,38 @@ class HFAdapter:
             out.missing["residual"] = self.no_blocks
             return
         names = [name for name, _ in self.blocks]
-        inputs = [(i, name, _first(args, kwargs)) for i, (name, args, kwargs) in enumerate(seen) if name in names]
+        inputs = [
+            (i, name, _first(args, kwargs)) for i, (name, args, kwargs) in enumerate(seen) if name in names
+        ]
         if [name for _, name, _ in inputs] != names or last is None:
-            out.missing["residual"] = (f"the decoder layers of {model} did not each run once in order (a recurrent "
-                                       "or looped architecture), so there is no single h_L")
+            out.missing["residual"] = (
+                f"the decoder layers of {model} did not each run once in order (a recurrent "
+                "or looped architecture), so there is no single h_L"
+            )
             return
         after, inside = inputs[-1][0], tuple(f"{b}." for b in names)
-        final = [_first(args, kwargs) for i, (name, args, kwargs) in enumerate(seen)
-                 if i > after and name in norms and not name.startswith(inside)]
+        final = [
+            _first(args, kwargs)
+            for i, (name, args, kwargs) in enumerate(seen)
+            if i > after and name in norms and not name.startswith(inside)
+        ]
         final = [h for h in final if h.shape == last.shape and torch.equal(h, last)]
         if not final:
-            out.notes["residual"] = f"h_L is the last layer's output: no norm of {model} takes it after the last layer"
+            out.notes["residual"] = (
+                f"h_L is the last layer's output: no norm of {model} takes it after the last layer"
+            )
         residual = [h for _, _, h in inputs] + [final[0] if final else last]
         if residual[0].shape != residual[-1].shape:
-            out.missing["residual"] = (f"{model}'s first layer input {tuple(residual[0].shape)} and h_L "
-                                       f"{tuple(residual[-1].shape)} differ in shape, so ‖h_L − e‖/‖e‖ is undefined")
+            out.missing["residual"] = (
+                f"{model}'s first layer input {tuple(residual[0].shape)} and h_L "
+                f"{tuple(residual[-1].shape)} differ in shape, so ‖h_L − e‖/‖e‖ is undefined"
+            )
             return
         out.residual = residual
 
-    def _eager_probabilities(self, tokens: torch.Tensor, problems: list[str]) -> tuple[list[AttentionInputs], str]:
+    def _eager_probabilities(
+        self, tokens: torch.Tensor, problems: list[str]
+    ) -> tuple[list[AttentionInputs], str]:
         """The attention probabilities the model returns with output_attentions on its eager path, one record
         per softmax layer (a key a query may not see has weight exactly 0), or why there are none."""
         model, config = type(self.module).__name__, self.module.config
@@ -143,18 +176,28 @@ class HFAdapter:
         backend = getattr(config, "_attn_implementation", None)
         try:
             config._attn_implementation = "eager"
-            probs = getattr(self.module(input_ids=tokens, use_cache=False, output_attentions=True), "attentions", None)
+            probs = getattr(
+                self.module(input_ids=tokens, use_cache=False, output_attentions=True), "attentions", None
+            )
         except (TypeError, ValueError, RuntimeError, AttributeError, NotImplementedError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            return [], f"no softmax attention observed: {why}, and its eager path failed ({type(e).__name__}: {first})"
+            return (
+                [],
+                f"no softmax attention observed: {why}, and its eager path failed ({type(e).__name__}: {first})",
+            )
         finally:
             config._attn_implementation = backend
         names = [name for name, _ in self.blocks]
-        named = [(names[i] if len(probs or ()) == len(names) else f"attentions[{i}]", p)
-                 for i, p in enumerate(probs or ()) if isinstance(p, torch.Tensor) and p.dim() == 4]
+        named = [
+            (names[i] if len(probs or ()) == len(names) else f"attentions[{i}]", p)
+            for i, p in enumerate(probs or ())
+            if isinstance(p, torch.Tensor) and p.dim() == 4
+        ]
         if not named:
-            self.no_attention = (f"no softmax attention: {why}, and returns no attention probabilities "
-                                 "(state-space or linear-attention layers have none)")
+            self.no_attention = (
+                f"no softmax attention: {why}, and returns no attention probabilities "
+                "(state-space or linear-attention layers have none)"
+            )
             return [], self.no_attention
         return [AttentionInputs(name=n, probs=p.detach(), mask=p.detach() > 0) for n, p in named], ""
 
@@ -169,8 +212,10 @@ def decoder_layers(model: nn.Module, n_layers: int | None) -> list[tuple[str, nn
     for name, m in model.named_modules():
         if isinstance(m, nn.ModuleList) and len(m) == n_layers:
             return [(f"{name}.{i}", block) for i, block in enumerate(m)]
-    raise ModelError(f"cannot find the {n_layers} decoder layers of {type(model).__name__}, so the residual stream "
-                     "cannot be observed; adapt the model yourself (docs/analysis.md, 'Your own model')")
+    raise ModelError(
+        f"cannot find the {n_layers} decoder layers of {type(model).__name__}, so the residual stream "
+        "cannot be observed; adapt the model yourself (docs/analysis.md, 'Your own model')"
+    )
 
 
 def _layer_count(config) -> int | None:
@@ -193,6 +238,7 @@ def _keep_call(name: str, seen: list[tuple[str, tuple, dict]]):
         if isinstance(_first(args, kwargs), torch.Tensor):
             detach = lambda v: v.detach() if isinstance(v, torch.Tensor) else v  # noqa: E731
             seen.append((name, tuple(detach(a) for a in args), {k: detach(v) for k, v in kwargs.items()}))
+
     return hook
 
 
@@ -209,20 +255,29 @@ def _read_factor(name: str, out: Observed):
             return
         prev = out.norm_factors.get(name)
         out.norm_factors[name] = f if prev is None else torch.cat([prev, f])
+
     return hook
 
 
 def _keep_output(last: dict[str, torch.Tensor]):
     def hook(_module, _args, output):
-        h = output if isinstance(output, torch.Tensor) else output[0] if isinstance(output, (tuple, list)) else None
+        h = (
+            output
+            if isinstance(output, torch.Tensor)
+            else output[0]
+            if isinstance(output, (tuple, list))
+            else None
+        )
         if isinstance(h, torch.Tensor):
             last["h"] = h.detach()
+
     return hook
 
 
 @contextlib.contextmanager
-def recording_attention(model: nn.Module, records: list[AttentionInputs],
-                        problems: list[str] | None = None) -> Iterator[None]:
+def recording_attention(
+    model: nn.Module, records: list[AttentionInputs], problems: list[str] | None = None
+) -> Iterator[None]:
     """While inside, every attention call of ``model``'s modules is recorded in ``records`` on its way to
     the backend the model was loaded with; other models' calls pass untouched. A call that cannot be
     rebuilt from q and k (a position bias, a flex-attention mask) raises, or with ``problems`` is said there
@@ -254,12 +309,15 @@ def recording_attention(model: nn.Module, records: list[AttentionInputs],
         AttentionInterface.get_interface = original
 
 
-def _attention_inputs(name: str, module: nn.Module, q: torch.Tensor, k: torch.Tensor, args: tuple,
-                      kwargs: dict) -> AttentionInputs:
+def _attention_inputs(
+    name: str, module: nn.Module, q: torch.Tensor, k: torch.Tensor, args: tuple, kwargs: dict
+) -> AttentionInputs:
     mask = args[0] if args else kwargs.get("attention_mask")
     if mask is not None and not isinstance(mask, torch.Tensor):
-        raise ModelError(f"{name}: attention masks of type {type(mask).__name__} (flex attention) cannot be read; "
-                         "load the model with attn_implementation='sdpa' or 'eager' to measure it")
+        raise ModelError(
+            f"{name}: attention masks of type {type(mask).__name__} (flex attention) cannot be read; "
+            "load the model with attn_implementation='sdpa' or 'eager' to measure it"
+        )
     if kwargs.get("position_bias") is not None:
         raise ModelError(f"{name}: attention with a position bias cannot be rebuilt from q and k")
     window = kwargs.get("sliding_window")
@@ -276,6 +334,13 @@ def _attention_inputs(name: str, module: nn.Module, q: torch.Tensor, k: torch.Te
     elif not kwargs.get("is_causal", getattr(module, "is_causal", True)):
         mask = torch.ones(1, 1, T, S, dtype=torch.bool, device=q.device)
     sinks = kwargs.get("s_aux")
-    return AttentionInputs(name=name, q=q.detach(), k=k.detach(), mask=None if mask is None else mask.detach(),
-                           window=window, scale=kwargs.get("scaling"), softcap=kwargs.get("softcap"),
-                           sink_logits=None if sinks is None else sinks.detach())
+    return AttentionInputs(
+        name=name,
+        q=q.detach(),
+        k=k.detach(),
+        mask=None if mask is None else mask.detach(),
+        window=window,
+        scale=kwargs.get("scaling"),
+        softcap=kwargs.get("softcap"),
+        sink_logits=None if sinks is None else sinks.detach(),
+    )

@@ -43,10 +43,19 @@ def hf_folder_problem(path: str | os.PathLike) -> str | None:
 
 
 # Files one of which a folder saved with a tokenizer holds (save_pretrained writes tokenizer_config.json with any).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "spiece.model", "tekken.json")
-HOW_TO_GIVE = ("pass the model's tokenizer with --tokenizer PATH_OR_FOLDER (a folder saved by save_pretrained, a "
-               "tokenizer.json, or 'default' for smallinit's builtin 8,192-token BPE)")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "tekken.json",
+)
+HOW_TO_GIVE = (
+    "pass the model's tokenizer with --tokenizer PATH_OR_FOLDER (a folder saved by save_pretrained, a "
+    "tokenizer.json, or 'default' for smallinit's builtin 8,192-token BPE)"
+)
 # A model's vocabulary is its tokenizer's, padded at most a little (Pythia 50,304 embeddings for 50,277 tokens);
 # a tokenizer under half the embeddings is not the model's and leaves most of them unread.
 COVER_SHARE = 0.5
@@ -60,16 +69,23 @@ def coverage_problem(n_tokens: int, vocab_size: int) -> str | None:
     if n_tokens > vocab_size:
         return f"has {n_tokens:,} tokens but the model only {vocab_size:,} embeddings"
     if n_tokens < COVER_SHARE * vocab_size:
-        return (f"has {n_tokens:,} tokens for the model's {vocab_size:,} embeddings, so it is not the model's "
-                f"tokenizer (under {COVER_SHARE:.0%} of the vocabulary)")
+        return (
+            f"has {n_tokens:,} tokens for the model's {vocab_size:,} embeddings, so it is not the model's "
+            f"tokenizer (under {COVER_SHARE:.0%} of the vocabulary)"
+        )
     return None
 
 
 def _checkpoints(path: Path) -> list[Path]:
     """The ``checkpoint-N`` model folders a transformers Trainer wrote into ``path``, latest first."""
-    steps = sorted(((int(m.group(1)), c) for c in path.glob("checkpoint-*")
-                    if (m := re.fullmatch(r"checkpoint-(\d+)", c.name)) and hf_folder_problem(c) is None),
-                   reverse=True)
+    steps = sorted(
+        (
+            (int(m.group(1)), c)
+            for c in path.glob("checkpoint-*")
+            if (m := re.fullmatch(r"checkpoint-(\d+)", c.name)) and hf_folder_problem(c) is None
+        ),
+        reverse=True,
+    )
     return [c for _, c in steps]
 
 
@@ -81,10 +97,14 @@ def trainer_output_choice(path: Path) -> tuple[Path, str | None]:
         return path, None
     last = steps[0]
     if hf_folder_problem(path) is None:
-        return path, (f"{path} is a Trainer output folder: measured the model saved at its top, not its "
-                      f"{len(steps)} checkpoint-N folders (the latest {last.name})")
-    return last, (f"{path} is a Trainer output folder with no model saved at its top: measured its latest "
-                  f"checkpoint, {last.name}")
+        return path, (
+            f"{path} is a Trainer output folder: measured the model saved at its top, not its "
+            f"{len(steps)} checkpoint-N folders (the latest {last.name})"
+        )
+    return last, (
+        f"{path} is a Trainer output folder with no model saved at its top: measured its latest "
+        f"checkpoint, {last.name}"
+    )
 
 
 # The parts of a tokenizers JSON that decide how text is encoded without special tokens and decoded (the
@@ -96,7 +116,9 @@ def encoding_fingerprint(backend: Any) -> str:
     """A hash of how a ``tokenizers.Tokenizer`` encodes and decodes text: equal for the same tokenizer saved by
     smallinit and by transformers."""
     spec = json.loads(backend.to_str())
-    return hashlib.sha256(json.dumps({k: spec.get(k) for k in ENCODING_PARTS}, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps({k: spec.get(k) for k in ENCODING_PARTS}, sort_keys=True).encode()
+    ).hexdigest()
 
 
 class HFTokenizer:
@@ -105,15 +127,22 @@ class HFTokenizer:
 
     def __init__(self, tokenizer: Any, name: str):
         if tokenizer.eos_token_id is None:
-            raise ModelError(f"the tokenizer of {name} has no end-of-text token, which separates documents; "
-                             "give it one (tokenizer.eos_token) and save it again")
+            raise ModelError(
+                f"the tokenizer of {name} has no end-of-text token, which separates documents; "
+                "give it one (tokenizer.eos_token) and save it again"
+            )
         self.tokenizer, self.name = tokenizer, name
         self.eos_id = int(tokenizer.eos_token_id)
         self.unk_id = tokenizer.unk_token_id
         self.vocab_size = len(tokenizer)
-        self.backend = getattr(tokenizer, "backend_tokenizer", None)  # fast tokenizers: encode without length checks
-        self.fingerprint = (encoding_fingerprint(self.backend) if self.backend is not None else
-                            hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest())
+        self.backend = getattr(
+            tokenizer, "backend_tokenizer", None
+        )  # fast tokenizers: encode without length checks
+        self.fingerprint = (
+            encoding_fingerprint(self.backend)
+            if self.backend is not None
+            else hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()
+        )
 
     def encode(self, text: str) -> list[int]:
         if self.backend is not None:
@@ -125,7 +154,9 @@ class HFTokenizer:
 
     def encoding_problem(self, ids: Any) -> str | None:
         """None when ``ids`` (the first batch of the measured text, a tensor) are real tokens, else what they are."""
-        special = (ids == self.eos_id) | (ids == self.unk_id) if self.unk_id is not None else ids == self.eos_id
+        special = (
+            (ids == self.eos_id) | (ids == self.unk_id) if self.unk_id is not None else ids == self.eos_id
+        )
         share, distinct = float(special.float().mean()), int(ids.unique().numel())
         if share > 0.5:
             return f"encodes the text to {share:.0%} unknown or end-of-text tokens"
@@ -161,8 +192,10 @@ def read_tokenizer(source: str | os.PathLike) -> Any:
     except Exception as exc:  # tokenizers and transformers raise plain Exceptions on a bad file
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"cannot read a tokenizer from {path}: {first}") from None
-    raise ModelError(f"tokenizer {source} not found: pass a folder saved by save_pretrained, a tokenizer.json, or "
-                     "'default'")
+    raise ModelError(
+        f"tokenizer {source} not found: pass a folder saved by save_pretrained, a tokenizer.json, or "
+        "'default'"
+    )
 
 
 def load_hf_folder(path: str | os.PathLike, *, device: str = "cpu", tokenizer: Any = None) -> HFModel:
@@ -173,11 +206,15 @@ def load_hf_folder(path: str | os.PathLike, *, device: str = "cpu", tokenizer: A
     path, note = trainer_output_choice(top) if top.is_dir() else (top, None)
     problem = hf_folder_problem(path)
     if problem is not None:
-        raise ModelError(f"{path} is not a Hugging Face model folder: {problem}; it must hold {WHAT_IT_HOLDS}")
+        raise ModelError(
+            f"{path} is not a Hugging Face model folder: {problem}; it must hold {WHAT_IT_HOLDS}"
+        )
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError:
-        raise ModelError("reading a Hugging Face folder needs transformers: pip install 'smallinit[hf]'") from None
+        raise ModelError(
+            "reading a Hugging Face folder needs transformers: pip install 'smallinit[hf]'"
+        ) from None
     from transformers.utils import logging as hf_logging
 
     bar = hf_logging.is_progress_bar_enabled()
@@ -193,14 +230,18 @@ def load_hf_folder(path: str | os.PathLike, *, device: str = "cpu", tokenizer: A
             folders = (path, top, *(_checkpoints(top) if note else ()))
             folder = next((f for f in folders if any((f / t).is_file() for t in TOKENIZER_FILES)), None)
             if folder is None:
-                raise ModelError(f"{path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES[:3])}, ...); "
-                                 f"{HOW_TO_GIVE}")
+                raise ModelError(
+                    f"{path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES[:3])}, ...); "
+                    f"{HOW_TO_GIVE}"
+                )
             tokenizer, source = AutoTokenizer.from_pretrained(folder, local_files_only=True), str(folder)
         else:
             source = getattr(tokenizer, "name_or_path", "") or "the tokenizer given"
     except (OSError, ValueError, KeyError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"transformers cannot load {path} as a causal LM with its tokenizer: {first}") from None
+        raise ModelError(
+            f"transformers cannot load {path} as a causal LM with its tokenizer: {first}"
+        ) from None
     finally:
         if bar:
             hf_logging.enable_progress_bar()
@@ -210,5 +251,10 @@ def load_hf_folder(path: str | os.PathLike, *, device: str = "cpu", tokenizer: A
     if problem is not None:
         given = f" ({source})" if source != str(path) else ""
         raise ModelError(f"the tokenizer of {path}{given} {problem}; {HOW_TO_GIVE}")
-    return HFModel(model=model.to(device).eval(), tokenizer=tok, path=path,
-                   max_seq_len=getattr(config, "max_position_embeddings", None), note=note)
+    return HFModel(
+        model=model.to(device).eval(),
+        tokenizer=tok,
+        path=path,
+        max_seq_len=getattr(config, "max_position_embeddings", None),
+        note=note,
+    )

@@ -100,8 +100,9 @@ class ModelAdapter(Protocol):
 
     def norms(self) -> dict[str, NormForm]: ...
 
-    def observe(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
-                kinds: Collection[str] = ()) -> Observed: ...
+    def observe(
+        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, kinds: Collection[str] = ()
+    ) -> Observed: ...
 
 
 def check_kinds(kinds: Collection[str]) -> set[str]:
@@ -129,7 +130,10 @@ def norm_forms(model: nn.Module) -> dict[str, NormForm]:
     that hard-codes ε, OLMo's: :func:`probe_eps`); a norm whose ε neither gives is an error, never a guess.
     The form: LayerNorm subtracts the mean, a class named RMS… does not; any other norm is probed (a
     centered norm ignores a shift of its input)."""
-    return {name: NormForm(eps=_eps(name, m), centered=_centered(name, m)) for name, m in norm_modules(model).items()}
+    return {
+        name: NormForm(eps=_eps(name, m), centered=_centered(name, m))
+        for name, m in norm_modules(model).items()
+    }
 
 
 def norm_modules(model: nn.Module) -> dict[str, nn.Module]:
@@ -147,9 +151,11 @@ def _eps(name: str, m: nn.Module) -> float:
         return float(torch.finfo(m.weight.dtype if m.weight is not None else torch.float32).eps)
     eps = probe_eps(m)
     if eps is None:
-        raise ModelError(f"cannot read the ε of norm {name} ({type(m).__name__}): it has none of "
-                         f"{', '.join(EPS_ATTRS)} and its forward does not scale as a norm with an ε; adapt the "
-                         "model yourself (docs/analysis.md, 'Your own model')")
+        raise ModelError(
+            f"cannot read the ε of norm {name} ({type(m).__name__}): it has none of "
+            f"{', '.join(EPS_ATTRS)} and its forward does not scale as a norm with an ε; adapt the "
+            "model yourself (docs/analysis.md, 'Your own model')"
+        )
     return eps
 
 
@@ -196,9 +202,13 @@ def probe_eps(m: nn.Module) -> float | None:
             a = eps**0.5
         if eps is None:
             return 0.0 if a < 1e-12 else None
-        if eps > 1e-4 * big * big:  # the reference at scale A assumes ε ≪ A²: a module that only scales has no ε
+        if (
+            eps > 1e-4 * big * big
+        ):  # the reference at scale A assumes ε ≪ A²: a module that only scales has no ε
             return None
-        f = (m(3 * a * u).double() - zero).norm().item() / ref  # the form holds at another scale, or it is no such norm
+        f = (
+            m(3 * a * u).double() - zero
+        ).norm().item() / ref  # the form holds at another scale, or it is no such norm
         if abs(f - 3 * a / (9 * a * a + eps) ** 0.5) > 1e-2 * f:
             return None
     except (TypeError, RuntimeError, ValueError):
@@ -218,8 +228,10 @@ def _centered(name: str, m: nn.Module) -> bool:
         x = x.to(device=device, dtype=dtype)
         return bool(torch.allclose(m(x), m(x + 1.0), atol=1e-4))
     except (TypeError, RuntimeError, AttributeError) as exc:
-        raise ModelError(f"cannot tell whether norm {name} ({type(m).__name__}) subtracts the mean: probing it "
-                         f"failed ({exc}); adapt the model yourself (docs/analysis.md, 'Your own model')") from None
+        raise ModelError(
+            f"cannot tell whether norm {name} ({type(m).__name__}) subtracts the mean: probing it "
+            f"failed ({exc}); adapt the model yourself (docs/analysis.md, 'Your own model')"
+        ) from None
 
 
 @torch.no_grad()
@@ -239,7 +251,9 @@ def realised_factor(norm: nn.Module, args: tuple, kwargs: dict, output) -> torch
         return (out[0] if isinstance(out, (tuple, list)) else out).double()
 
     def run(h: torch.Tensor) -> torch.Tensor:
-        return first(norm.forward(h, *args[1:], **kwargs) if args else norm.forward(**{**kwargs, "hidden_states": h}))
+        return first(
+            norm.forward(h, *args[1:], **kwargs) if args else norm.forward(**{**kwargs, "hidden_states": h})
+        )
 
     rms = x.double().pow(2).mean(-1, keepdim=True).sqrt()
     zero = run(torch.zeros_like(x))
@@ -249,11 +263,17 @@ def realised_factor(norm: nn.Module, args: tuple, kwargs: dict, output) -> torch
     for _ in range(4):  # ×100 until the output stops moving (a gate can shrink what is normalised)
         ideal, further = (run((x.double() * c * scale).to(x.dtype)) - zero for c in (1.0, 10.0))
         if not (ideal.isfinite().all() and further.isfinite().all()):
-            raise ModelError(f"{type(norm).__name__} overflows its dtype before ε becomes negligible, so its "
-                             "factor cannot be read from its forward")
+            raise ModelError(
+                f"{type(norm).__name__} overflows its dtype before ε becomes negligible, so its "
+                "factor cannot be read from its forward"
+            )
         if (further - ideal).abs().max() <= tol * ideal.abs().max():
-            f = (first(output) - zero).norm(dim=-1) / ideal.norm(dim=-1).clamp_min(torch.finfo(torch.float64).tiny)
+            f = (first(output) - zero).norm(dim=-1) / ideal.norm(dim=-1).clamp_min(
+                torch.finfo(torch.float64).tiny
+            )
             return torch.where(rms.squeeze(-1) > 0, f, 0.0).flatten()
         scale = scale * 1e2
-    raise ModelError(f"the output of {type(norm).__name__} keeps changing with its input's scale, so it is not "
-                     "measured as a norm")
+    raise ModelError(
+        f"the output of {type(norm).__name__} keeps changing with its input's scale, so it is not "
+        "measured as a norm"
+    )

@@ -20,9 +20,16 @@ class TransformerAdapter:
     def norms(self) -> dict[str, NormForm]:
         return norm_forms(self.module)
 
-    def observe(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
-                kinds: Collection[str] = ()) -> Observed:
+    def observe(
+        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, kinds: Collection[str] = ()
+    ) -> Observed:
         out = self.module(tokens, targets, capture=[_CAPTURE[k] for k in check_kinds(kinds)])
         attention = [AttentionInputs(name=f"blocks.{i}.attn", q=q, k=k) for i, (q, k) in enumerate(out.qk)]
-        return Observed(logits=out.logits, loss=out.loss, aux_loss=out.aux_loss, residual=out.hidden_states, norm_inputs=out.norm_inputs,
-                        attention=attention)
+        return Observed(
+            logits=out.logits,
+            loss=out.loss,
+            aux_loss=out.aux_loss,
+            residual=out.hidden_states,
+            norm_inputs=out.norm_inputs,
+            attention=attention,
+        )

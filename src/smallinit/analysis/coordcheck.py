@@ -42,7 +42,9 @@ class CoordCheck:
 
     def series(self, kind: str, name: str, step: int) -> list[float]:
         """RMS of ``name`` at ``step`` for each γ (in ``gammas`` order)."""
-        by_gamma = {r["gamma"]: r["rms"] for r in self.rows if (r["kind"], r["name"], r["step"]) == (kind, name, step)}
+        by_gamma = {
+            r["gamma"]: r["rms"] for r in self.rows if (r["kind"], r["name"], r["step"]) == (kind, name, step)
+        }
         return [by_gamma.get(g, float("nan")) for g in self.gammas]
 
     def names(self, kind: str) -> list[str]:
@@ -57,15 +59,21 @@ class CoordCheck:
 
     @staticmethod
     def from_dict(raw: dict) -> CoordCheck:
-        return CoordCheck(gammas=list(raw["gammas"]), steps=int(raw["steps"]), rows=list(raw["rows"]),
-                          config=dict(raw["config"]))
+        return CoordCheck(
+            gammas=list(raw["gammas"]),
+            steps=int(raw["steps"]),
+            rows=list(raw["rows"]),
+            config=dict(raw["config"]),
+        )
 
 
 def _rms(t: torch.Tensor) -> float:
     return t.detach().double().pow(2).mean().sqrt().item()
 
 
-def _activation_rows(adapter: ModelAdapter, x: torch.Tensor, y: torch.Tensor) -> tuple[list[tuple[str, float]], torch.Tensor]:
+def _activation_rows(
+    adapter: ModelAdapter, x: torch.Tensor, y: torch.Tensor
+) -> tuple[list[tuple[str, float]], torch.Tensor]:
     """RMS of e ("embed"), of each block's output ("blocks.i"), of the logits; and the training loss."""
     out = adapter.observe(x, y, kinds=("residual",))
     out.require("residual")  # a model whose layers cannot be read is refused in one line
@@ -104,8 +112,10 @@ def coord_check(
             model = Transformer(dataclasses.replace(config, gamma=float(gamma)), seed=seed)
         else:
             model = config(float(gamma))
-            described = {"built by": getattr(config, "__qualname__", type(config).__name__),
-                         "class": type(model).__name__}
+            described = {
+                "built by": getattr(config, "__qualname__", type(config).__name__),
+                "class": type(model).__name__,
+            }
         adapter = as_adapter(model)
         opt = build_optimizer(adapter.module, tc)
         for step in range(steps + 1):
@@ -124,11 +134,27 @@ def coord_check(
                     du = _rms(p - before[n])
                     rows.append(dict(gamma=float(gamma), step=step + 1, kind="update", name=n, rms=du))
                     w = _rms(before[n])
-                    rows.append(dict(gamma=float(gamma), step=step + 1, kind="relative_update", name=n,
-                                     rms=du / w if w > 0 else float("nan")))
-    return CoordCheck(gammas=[float(g) for g in gammas], steps=steps, rows=rows,
-                      config={"model": described, "train": dataclasses.asdict(tc),
-                              "batch_size": batch_size, "seq_len": seq_len, "seed": seed})
+                    rows.append(
+                        dict(
+                            gamma=float(gamma),
+                            step=step + 1,
+                            kind="relative_update",
+                            name=n,
+                            rms=du / w if w > 0 else float("nan"),
+                        )
+                    )
+    return CoordCheck(
+        gammas=[float(g) for g in gammas],
+        steps=steps,
+        rows=rows,
+        config={
+            "model": described,
+            "train": dataclasses.asdict(tc),
+            "batch_size": batch_size,
+            "seq_len": seq_len,
+            "seed": seed,
+        },
+    )
 
 
 def _batch(tokens, vocab: int, batch_size: int, seq_len: int, seed: int, step: int):

@@ -49,17 +49,26 @@ def load_run(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> 
     """A trained model with its resolved config, from a run folder or a checkpoint folder."""
     found = resolve_checkpoint(path)
     return LoadedRun(
-        model=_load_model(found, device=device), config=Config.from_dict(found.state["config"]),
-        step=found.step, path=found.path,
+        model=_load_model(found, device=device),
+        config=Config.from_dict(found.state["config"]),
+        step=found.step,
+        path=found.path,
     )
 
 
-NEITHER = ("a smallinit run folder (checkpoints/step_N/ inside), a smallinit checkpoint folder (state.json and "
-           "model.safetensors) or a Hugging Face model folder (" + HF_FOLDER + ")")
+NEITHER = (
+    "a smallinit run folder (checkpoints/step_N/ inside), a smallinit checkpoint folder (state.json and "
+    "model.safetensors) or a Hugging Face model folder (" + HF_FOLDER + ")"
+)
 
 
-def load_measured(path: str | os.PathLike, *, hf: bool = False, device: str = "cpu",
-                  tokenizer: str | os.PathLike | None = None) -> LoadedRun | HFModel:
+def load_measured(
+    path: str | os.PathLike,
+    *,
+    hf: bool = False,
+    device: str = "cpu",
+    tokenizer: str | os.PathLike | None = None,
+) -> LoadedRun | HFModel:
     """What ``analyze`` and ``compare`` measure: a smallinit run or checkpoint, or (detected from its
     config.json, or with ``hf``) a Hugging Face model folder or Trainer output_dir with its tokenizer, or with
     ``tokenizer`` (a folder, a tokenizer.json, or a builtin name: 'default', 'bytes') in its place."""
@@ -88,15 +97,22 @@ def _given_tokenizer(spec: str | os.PathLike | None) -> Any:
 
 
 def held_out_batches(
-    cfg: Config, tokenizer: Tokenizer, *, data: str | os.PathLike | None = None, batches: int = 4,
-    batch_size: int = 8, seq_len: int | None = None,
+    cfg: Config,
+    tokenizer: Tokenizer,
+    *,
+    data: str | os.PathLike | None = None,
+    batches: int = 4,
+    batch_size: int = 8,
+    seq_len: int | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(x, y) batches: the run's validation split, or the first windows of ``data`` (streamed)."""
     seq_len = _check_seq_len(seq_len or cfg.data.seq_len, cfg.model.max_seq_len)
     if data is None:
         yield from load_data(cfg.data, tokenizer).eval_batches(batch_size, seq_len, batches)
         return
-    stream = text_batches(data, tokenizer, seq_len=seq_len, batch_size=batch_size, text_field=cfg.data.text_field)
+    stream = text_batches(
+        data, tokenizer, seq_len=seq_len, batch_size=batch_size, text_field=cfg.data.text_field
+    )
     for i, xy in enumerate(stream):
         if i == batches:
             return
@@ -105,8 +121,10 @@ def held_out_batches(
 
 def _check_seq_len(seq_len: int, max_seq_len: int) -> int:
     if not 1 <= seq_len <= max_seq_len:
-        raise ConfigError(f"sequence length {seq_len} is outside 1..{max_seq_len} (the model's max_seq_len); "
-                          "pass a smaller data.seq_len (--set data.seq_len=N)")
+        raise ConfigError(
+            f"sequence length {seq_len} is outside 1..{max_seq_len} (the model's max_seq_len); "
+            "pass a smaller data.seq_len (--set data.seq_len=N)"
+        )
     return seq_len
 
 
@@ -115,7 +133,10 @@ def _mean_dicts(items: list[dict]) -> dict:
     did not reach) is the mean over those that have it, and ragged rows (heads per layer) are averaged row by row."""
     first = items[0]
     if isinstance(first, dict):
-        return {k: _mean_dicts([it[k] for it in items if k in it]) for k in dict.fromkeys(k for it in items for k in it)}
+        return {
+            k: _mean_dicts([it[k] for it in items if k in it])
+            for k in dict.fromkeys(k for it in items for k in it)
+        }
     if isinstance(first, list) and first and isinstance(first[0], str):
         return first  # names, the same in every batch
     if isinstance(first, list) and first and isinstance(first[0], list):
@@ -141,14 +162,23 @@ def analyze_model(
         per_batch.append(acts)
         n_tokens += y.numel()
     if not per_batch:
-        raise DataError("no complete sequence to analyse; pass more text with --data or a smaller data.seq_len "
-                        "(--set data.seq_len=N)")
+        raise DataError(
+            "no complete sequence to analyse; pass more text with --data or a smaller data.seq_len "
+            "(--set data.seq_len=N)"
+        )
     mean = _mean_dicts(per_batch)
     return AnalysisResult(
-        sink=SinkResult.from_dict(mean["sink"]) if "sink" in mean else None, residual_flow=mean.get("residual_flow"),
-        norm_factor=mean.get("norm_factor", {}), loss=mean.get("loss"), not_measured=not_measured, notes=tuple(notes),
-        tokens=n_tokens, seq_len=int(x.shape[1]),  # the sink's reference (uniform attention) depends on it
-        matrices=tuple(matrix_stats(module, max_rows=cosine_rows)), matrices_left_out=unoriented_matrices(module))
+        sink=SinkResult.from_dict(mean["sink"]) if "sink" in mean else None,
+        residual_flow=mean.get("residual_flow"),
+        norm_factor=mean.get("norm_factor", {}),
+        loss=mean.get("loss"),
+        not_measured=not_measured,
+        notes=tuple(notes),
+        tokens=n_tokens,
+        seq_len=int(x.shape[1]),  # the sink's reference (uniform attention) depends on it
+        matrices=tuple(matrix_stats(module, max_rows=cosine_rows)),
+        matrices_left_out=unoriented_matrices(module),
+    )
 
 
 HF_SEQ_LEN = 256  # the default sequence length for a Hugging Face model (smallinit runs use their own)
@@ -158,8 +188,14 @@ COMPARE_TOKENS = 32_768
 
 
 def hf_batches(
-    tokenizer: HFTokenizer | Tokenizer, max_seq_len: int | None, *, data: str | os.PathLike | None, batch_size: int,
-    seq_len: int | None, max_tokens: int | None = None, batches: int | None = None,
+    tokenizer: HFTokenizer | Tokenizer,
+    max_seq_len: int | None,
+    *,
+    data: str | os.PathLike | None,
+    batch_size: int,
+    seq_len: int | None,
+    max_tokens: int | None = None,
+    batches: int | None = None,
 ) -> tuple[Iterator[tuple[torch.Tensor, torch.Tensor]], int, str]:
     """(batches, sequence length, what the text is) where a Hugging Face model takes part: the first windows
     of ``data``, else of the builtin corpus, through the model's own tokenizer, refused (DataError) when that
@@ -167,22 +203,38 @@ def hf_batches(
     seq_len = _check_seq_len(seq_len or min(HF_SEQ_LEN, max_seq_len or HF_SEQ_LEN), max_seq_len or 1 << 30)
     corpus = data if data is not None else DataConfig().corpus
     stream = text_batches(corpus, tokenizer, seq_len=seq_len, batch_size=batch_size, max_tokens=max_tokens)
-    text = (f"{data} (--data; whether the model was trained on it, smallinit cannot tell)" if data is not None else
-            f"the start of smallinit's builtin corpus {corpus!r}: if the model was trained on it, this is training "
-            "text, not held out")
+    text = (
+        f"{data} (--data; whether the model was trained on it, smallinit cannot tell)"
+        if data is not None
+        else f"the start of smallinit's builtin corpus {corpus!r}: if the model was trained on it, this is training "
+        "text, not held out"
+    )
     stream = itertools.islice(stream, batches)
     first = next(stream, None)  # judged before anything is measured on it
     # (a smallinit run's tokenizer, which a compared folder shares, is its training's: nothing to judge)
-    problem = tokenizer.encoding_problem(first[0]) if first is not None and isinstance(tokenizer, HFTokenizer) else None
+    problem = (
+        tokenizer.encoding_problem(first[0])
+        if first is not None and isinstance(tokenizer, HFTokenizer)
+        else None
+    )
     if problem is not None:
-        raise DataError(f"the tokenizer {tokenizer.name} {problem}, so nothing measured on it would mean anything; "
-                        f"{HOW_TO_GIVE}")
+        raise DataError(
+            f"the tokenizer {tokenizer.name} {problem}, so nothing measured on it would mean anything; "
+            f"{HOW_TO_GIVE}"
+        )
     return itertools.chain([first] if first is not None else [], stream), seq_len, text
 
 
 def analyze_checkpoint(
-    path: str | os.PathLike, *, data: str | os.PathLike | None = None, batches: int = 4, batch_size: int = 8,
-    seq_len: int | None = None, device: str = "cpu", hf: bool = False, tokenizer: str | os.PathLike | None = None,
+    path: str | os.PathLike,
+    *,
+    data: str | os.PathLike | None = None,
+    batches: int = 4,
+    batch_size: int = 8,
+    seq_len: int | None = None,
+    device: str = "cpu",
+    hf: bool = False,
+    tokenizer: str | os.PathLike | None = None,
     progress: TextIO | None = None,
 ) -> AnalysisResult:
     """``smallinit analyze``: load a run, checkpoint or Hugging Face folder and measure it on held-out text (a
@@ -191,31 +243,68 @@ def analyze_checkpoint(
     ``tokenizer`` replaces a Hugging Face folder's own."""
     run = load_measured(path, hf=hf, device=device, tokenizer=tokenizer)
     if isinstance(run, HFModel):
-        stream, seq_len, text = hf_batches(run.tokenizer, run.max_seq_len, data=data, batch_size=batch_size,
-                                           seq_len=seq_len, batches=batches)
-        stream = with_progress(stream, label="analyze", total_tokens=batches * batch_size * seq_len, echo=progress)
-        return replace(analyze_model(run.model, stream), checkpoint=str(run.path), hf_config=run.model.config.to_dict(),
-                       data=text, note=run.note or None)
+        stream, seq_len, text = hf_batches(
+            run.tokenizer, run.max_seq_len, data=data, batch_size=batch_size, seq_len=seq_len, batches=batches
+        )
+        stream = with_progress(
+            stream, label="analyze", total_tokens=batches * batch_size * seq_len, echo=progress
+        )
+        return replace(
+            analyze_model(run.model, stream),
+            checkpoint=str(run.path),
+            hf_config=run.model.config.to_dict(),
+            data=text,
+            note=run.note or None,
+        )
     if tokenizer is not None:
-        raise ConfigError("--tokenizer is for a Hugging Face folder; a smallinit run is measured with its own "
-                          f"(data.tokenizer = {run.config.data.tokenizer})")
+        raise ConfigError(
+            "--tokenizer is for a Hugging Face folder; a smallinit run is measured with its own "
+            f"(data.tokenizer = {run.config.data.tokenizer})"
+        )
     tok = load_tokenizer(run.config.data.tokenizer)
     total = batches * batch_size * (seq_len or run.config.data.seq_len)
-    result = analyze_model(run.model, with_progress(
-        held_out_batches(run.config, tok, data=data, batches=batches, batch_size=batch_size, seq_len=seq_len),
-        label="analyze", total_tokens=total, echo=progress))
+    result = analyze_model(
+        run.model,
+        with_progress(
+            held_out_batches(
+                run.config, tok, data=data, batches=batches, batch_size=batch_size, seq_len=seq_len
+            ),
+            label="analyze",
+            total_tokens=total,
+            echo=progress,
+        ),
+    )
     m = run.config.model
-    text = (f"{data} (--data)" if data is not None else
-            f"the validation split of {run.config.data.corpus}, held out from the run's training text")
-    return replace(result, checkpoint=str(run.path), step=run.step, config=run.config.to_dict(), data=text,
-                   norm_factor_analytic=relative_factor(m.gamma, m.norm_eps, m.d_model))
+    text = (
+        f"{data} (--data)"
+        if data is not None
+        else f"the validation split of {run.config.data.corpus}, held out from the run's training text"
+    )
+    return replace(
+        result,
+        checkpoint=str(run.path),
+        step=run.step,
+        config=run.config.to_dict(),
+        data=text,
+        norm_factor_analytic=relative_factor(m.gamma, m.norm_eps, m.d_model),
+    )
 
 
 def compare_checkpoints(
-    path_a: str | os.PathLike, path_b: str | os.PathLike, *, data: str | os.PathLike | None = None,
-    batch_size: int = 8, seq_len: int | None = None, max_tokens: int | None = COMPARE_TOKENS, bins: int = 10,
-    top_k: int = 20, labels: tuple[str, str] | None = None, device: str = "cpu", hf: bool = False,
-    tokenizer: str | os.PathLike | None = None, progress: TextIO | None = None,
+    path_a: str | os.PathLike,
+    path_b: str | os.PathLike,
+    *,
+    data: str | os.PathLike | None = None,
+    batch_size: int = 8,
+    seq_len: int | None = None,
+    max_tokens: int | None = COMPARE_TOKENS,
+    bins: int = 10,
+    top_k: int = 20,
+    labels: tuple[str, str] | None = None,
+    device: str = "cpu",
+    hf: bool = False,
+    tokenizer: str | os.PathLike | None = None,
+    progress: TextIO | None = None,
 ) -> TokenGapResult:
     """``smallinit compare``: token-level gap of two trained models on held-out text (default: A's
     validation split, or the builtin corpus for Hugging Face models; or ``data``, streamed), at most about
@@ -224,37 +313,72 @@ def compare_checkpoints(
     a = load_measured(path_a, hf=hf, device=device, tokenizer=tokenizer)
     b = load_measured(path_b, hf=hf, device=device, tokenizer=tokenizer)
     if tokenizer is not None and not (isinstance(a, HFModel) or isinstance(b, HFModel)):
-        raise ConfigError("--tokenizer is for Hugging Face folders; smallinit runs are compared with their own "
-                          "(data.tokenizer)")
+        raise ConfigError(
+            "--tokenizer is for Hugging Face folders; smallinit runs are compared with their own "
+            "(data.tokenizer)"
+        )
     tok = _tokenizer(a)
     if _encoding(_tokenizer(b)) != _encoding(tok):
-        raise DataError(f"{path_a} and {path_b} use different tokenizers; token-level comparison needs the same one")
+        raise DataError(
+            f"{path_a} and {path_b} use different tokenizers; token-level comparison needs the same one"
+        )
     if isinstance(a, HFModel) or isinstance(b, HFModel):
-        max_len = min((m.max_seq_len if isinstance(m, HFModel) else m.config.model.max_seq_len) or 1 << 30
-                      for m in (a, b))
-        batches, seq_len, text = hf_batches(tok, max_len, data=data, batch_size=batch_size, seq_len=seq_len,
-                                            max_tokens=max_tokens)
+        max_len = min(
+            (m.max_seq_len if isinstance(m, HFModel) else m.config.model.max_seq_len) or 1 << 30
+            for m in (a, b)
+        )
+        batches, seq_len, text = hf_batches(
+            tok, max_len, data=data, batch_size=batch_size, seq_len=seq_len, max_tokens=max_tokens
+        )
     else:
-        seq_len = _check_seq_len(seq_len or min(a.config.data.seq_len, b.config.data.seq_len),
-                                 min(a.config.model.max_seq_len, b.config.model.max_seq_len))
-        text = (str(data) if data is not None else
-                f"the validation split of {a.config.data.corpus}, held out from A's training text")
+        seq_len = _check_seq_len(
+            seq_len or min(a.config.data.seq_len, b.config.data.seq_len),
+            min(a.config.model.max_seq_len, b.config.model.max_seq_len),
+        )
+        text = (
+            str(data)
+            if data is not None
+            else f"the validation split of {a.config.data.corpus}, held out from A's training text"
+        )
         if data is None:
             limit = None if max_tokens is None else -(-max_tokens // (batch_size * seq_len))
             batches = load_data(a.config.data, tok).eval_batches(batch_size, seq_len, limit)
         else:
-            batches = text_batches(data, tok, seq_len=seq_len, batch_size=batch_size,
-                                   text_field=a.config.data.text_field, max_tokens=max_tokens)
+            batches = text_batches(
+                data,
+                tok,
+                seq_len=seq_len,
+                batch_size=batch_size,
+                text_field=a.config.data.text_field,
+                max_tokens=max_tokens,
+            )
     window = batch_size * seq_len  # both streams stop at the first whole batch past max_tokens
     total = None if max_tokens is None else -(-max_tokens // window) * window
-    result = token_gap(a.model, b.model, with_progress(batches, label="compare", total_tokens=total, echo=progress),
-                       tokenizer=tok, bins=bins, top_k=top_k)
+    result = token_gap(
+        a.model,
+        b.model,
+        with_progress(batches, label="compare", total_tokens=total, echo=progress),
+        tokenizer=tok,
+        bins=bins,
+        top_k=top_k,
+    )
     la, lb = labels or (_run_name(a.path), _run_name(b.path))
     notes = [m.note for m in (a, b) if isinstance(m, HFModel) and m.note]
-    result.meta = {**result.meta, "label_a": la, "label_b": lb, "checkpoint_a": str(a.path), "checkpoint_b": str(b.path),
-                   "step_a": getattr(a, "step", None), "step_b": getattr(b, "step", None), "seq_len": seq_len,
-                   "settings_a": _settings(a), "settings_b": _settings(b), "data": text, "max_tokens": max_tokens,
-                   **({"notes": notes} if notes else {})}
+    result.meta = {
+        **result.meta,
+        "label_a": la,
+        "label_b": lb,
+        "checkpoint_a": str(a.path),
+        "checkpoint_b": str(b.path),
+        "step_a": getattr(a, "step", None),
+        "step_b": getattr(b, "step", None),
+        "seq_len": seq_len,
+        "settings_a": _settings(a),
+        "settings_b": _settings(b),
+        "data": text,
+        "max_tokens": max_tokens,
+        **({"notes": notes} if notes else {}),
+    }
     return result
 
 
@@ -269,8 +393,16 @@ def _encoding(tok: Tokenizer | HFTokenizer) -> str:
 
 ANALYSIS_FILE = "analysis.json"  # what `smallinit analyze` writes, and the HTML report reads back
 # what a comparison's claim depends on, and what must match for comparisons to be pooled over seeds
-SETTINGS = ("model.gamma", "model.norm_eps", "model.norm_eps_width", "model.gate", "model.d_model", "model.n_layers",
-            "train.lr", "train.seed")
+SETTINGS = (
+    "model.gamma",
+    "model.norm_eps",
+    "model.norm_eps_width",
+    "model.gate",
+    "model.d_model",
+    "model.n_layers",
+    "train.lr",
+    "train.seed",
+)
 
 
 def run_settings(flat_config: dict[str, Any]) -> dict[str, Any]:

@@ -64,12 +64,20 @@ class SinkResult:
     layers: tuple[str, ...] = ()  # the attention modules, in order
     uniform: float | None = None  # the score uniform attention would give, averaged over layers
     uniform_per_layer: tuple[float, ...] = ()  # the same per layer, from each layer's own mask
-    share_above: dict[float, float] = field(default_factory=dict)  # Sink_ε: ε → share of (layer, head) pairs above ε
+    share_above: dict[float, float] = field(
+        default_factory=dict
+    )  # Sink_ε: ε → share of (layer, head) pairs above ε
 
     def to_dict(self) -> dict[str, Any]:
-        return {"per_layer": list(self.per_layer), "per_head": [list(h) for h in self.per_head], "mean": self.mean,
-                "layers": list(self.layers), "uniform": self.uniform, "uniform_per_layer": list(self.uniform_per_layer),
-                "share_above": {str(eps): v for eps, v in self.share_above.items()}}
+        return {
+            "per_layer": list(self.per_layer),
+            "per_head": [list(h) for h in self.per_head],
+            "mean": self.mean,
+            "layers": list(self.layers),
+            "uniform": self.uniform,
+            "uniform_per_layer": list(self.uniform_per_layer),
+            "share_above": {str(eps): v for eps, v in self.share_above.items()},
+        }
 
     @staticmethod
     def from_dict(raw: Mapping[str, Any]) -> SinkResult:
@@ -81,18 +89,27 @@ class SinkResult:
         layers = raw.get("layers") or ()
         return SinkResult(
             per_layer=_numbers(raw.get("per_layer"), "sink.per_layer"),
-            per_head=tuple(_numbers(h, "sink.per_head") for h in heads), mean=_optional(raw.get("mean"), "sink.mean"),
-            layers=tuple(str(n) for n in layers), uniform=_optional(raw.get("uniform"), "sink.uniform"),
+            per_head=tuple(_numbers(h, "sink.per_head") for h in heads),
+            mean=_optional(raw.get("mean"), "sink.mean"),
+            layers=tuple(str(n) for n in layers),
+            uniform=_optional(raw.get("uniform"), "sink.uniform"),
             uniform_per_layer=_numbers(raw.get("uniform_per_layer"), "sink.uniform_per_layer"),
-            share_above={float(eps): v for eps, v in _table(raw.get("share_above"), "sink.share_above").items()})
+            share_above={
+                float(eps): v for eps, v in _table(raw.get("share_above"), "sink.share_above").items()
+            },
+        )
 
 
 def _matrix(raw: Any) -> MatrixStat:
     if not isinstance(raw, Mapping):
         raise TypeError(f"a matrix is {raw!r}, not a table")
     shape = tuple(int(n) for n in raw["shape"])
-    return MatrixStat(str(raw["name"]), shape, _number(raw["stable_rank"], "stable_rank"),
-                      _optional(raw.get("mean_abs_cos"), "mean_abs_cos"))
+    return MatrixStat(
+        str(raw["name"]),
+        shape,
+        _number(raw["stable_rank"], "stable_rank"),
+        _optional(raw.get("mean_abs_cos"), "mean_abs_cos"),
+    )
 
 
 @dataclass(frozen=True)
@@ -104,7 +121,9 @@ class AnalysisResult:
 
     sink: SinkResult | None = None
     residual_flow: float | None = None  # ‖h_L − e‖/‖e‖
-    norm_factor: dict[str, float] = field(default_factory=dict)  # norm → measured factor / ideal 1/σ, module order
+    norm_factor: dict[str, float] = field(
+        default_factory=dict
+    )  # norm → measured factor / ideal 1/σ, module order
     loss: float | None = None  # nats/token
     not_measured: dict[str, str] = field(default_factory=dict)  # measurement → why not
     notes: tuple[str, ...] = ()  # how a measurement was obtained where it is not the usual way
@@ -142,8 +161,12 @@ class AnalysisResult:
         out["not_measured"] = self.not_measured
         if self.notes:
             out["notes"] = list(self.notes)
-        out.update(tokens=self.tokens, seq_len=self.seq_len, matrices=[m.to_dict() for m in self.matrices],
-                   matrices_left_out=self.matrices_left_out)
+        out.update(
+            tokens=self.tokens,
+            seq_len=self.seq_len,
+            matrices=[m.to_dict() for m in self.matrices],
+            matrices_left_out=self.matrices_left_out,
+        )
         if self.norm_factor_analytic is not None:
             out["norm_factor_analytic"] = self.norm_factor_analytic
         return out
@@ -162,13 +185,19 @@ class AnalysisResult:
         return AnalysisResult(
             sink=SinkResult.from_dict(raw["sink"]) if raw.get("sink") else None,  # an empty one is none
             residual_flow=_optional(raw.get("residual_flow"), "residual_flow"),
-            norm_factor=_table(raw.get("norm_factor"), "norm_factor"), loss=_optional(raw.get("loss"), "loss"),
-            not_measured=_table(raw.get("not_measured"), "not_measured", str), notes=tuple(str(n) for n in notes),
-            tokens=_int(raw.get("tokens"), "tokens"), seq_len=_int(raw.get("seq_len"), "seq_len"),
+            norm_factor=_table(raw.get("norm_factor"), "norm_factor"),
+            loss=_optional(raw.get("loss"), "loss"),
+            not_measured=_table(raw.get("not_measured"), "not_measured", str),
+            notes=tuple(str(n) for n in notes),
+            tokens=_int(raw.get("tokens"), "tokens"),
+            seq_len=_int(raw.get("seq_len"), "seq_len"),
             matrices=tuple(_matrix(m) for m in mats),
             matrices_left_out=_table(raw.get("matrices_left_out"), "matrices_left_out", str),
             checkpoint=None if raw.get("checkpoint") is None else str(raw["checkpoint"]),
-            step=_int(raw.get("step"), "step"), config=raw.get("config"), hf_config=raw.get("hf_config"),
+            step=_int(raw.get("step"), "step"),
+            config=raw.get("config"),
+            hf_config=raw.get("hf_config"),
             data=None if raw.get("data") is None else str(raw["data"]),
             note=None if raw.get("note") is None else str(raw["note"]),
-            norm_factor_analytic=_optional(raw.get("norm_factor_analytic"), "norm_factor_analytic"))
+            norm_factor_analytic=_optional(raw.get("norm_factor_analytic"), "norm_factor_analytic"),
+        )

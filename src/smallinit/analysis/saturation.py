@@ -60,8 +60,9 @@ class SaturatedShare:
         return f"{100 * self.lo:.1f}–{100 * self.hi:.1f} %"
 
 
-def saturated_share(steps: Iterable[int], factors: Iterable[float], total_steps: int,
-                    threshold: float = SATURATED) -> SaturatedShare:
+def saturated_share(
+    steps: Iterable[int], factors: Iterable[float], total_steps: int, threshold: float = SATURATED
+) -> SaturatedShare:
     """The share of ``total_steps`` with the factor below ``threshold``, bracketed by the measurement spacing.
 
     ``steps`` must start at 0; the last interval runs to ``total_steps`` (a run measured up to its end has its
@@ -72,7 +73,9 @@ def saturated_share(steps: Iterable[int], factors: Iterable[float], total_steps:
     order = np.argsort(s, kind="stable")
     s, f = s[order], f[order]
     if len(s) == 0 or s[0] != 0 or total_steps < 1 or s[-1] > total_steps:
-        raise ValueError(f"saturated_share needs measurements from step 0 to at most {total_steps}, got {s.tolist()}")
+        raise ValueError(
+            f"saturated_share needs measurements from step 0 to at most {total_steps}, got {s.tolist()}"
+        )
     ends = np.append(s[1:], total_steps)
     width = ends - s
     below = f < threshold
@@ -98,7 +101,9 @@ def norm_series(records: Iterable[AnalysisRecord | NormFactorRecord]) -> dict[st
     return series if series[MEAN] else {}
 
 
-def run_saturation(records: Iterable[AnalysisRecord | NormFactorRecord], total_steps: int) -> dict[str, SaturatedShare]:
+def run_saturation(
+    records: Iterable[AnalysisRecord | NormFactorRecord], total_steps: int
+) -> dict[str, SaturatedShare]:
     """The saturated share of every norm and of their mean, from a run's norm-factor records (empty when none
     was measured at step 0)."""
     out = {}
@@ -140,5 +145,7 @@ def growth_rate(cfg: Config, steps_measured: float, threshold: float = SATURATED
     if need <= 0 or steps_measured <= 0:
         return None
     whole = min(int(steps_measured), tc.steps)
-    travelled = sum(lr_at(s, tc) for s in range(whole)) + (steps_measured - whole) * lr_at(min(whole, tc.steps - 1), tc)
+    travelled = sum(lr_at(s, tc) for s in range(whole)) + (steps_measured - whole) * lr_at(
+        min(whole, tc.steps - 1), tc
+    )
     return math.sqrt(need) / travelled

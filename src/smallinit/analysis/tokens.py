@@ -60,12 +60,18 @@ def _token_loss(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def token_gap_batch(model_a: nn.Module, model_b: nn.Module, x: torch.Tensor, y: torch.Tensor) -> TokenGapBatch:
+def token_gap_batch(
+    model_a: nn.Module, model_b: nn.Module, x: torch.Tensor, y: torch.Tensor
+) -> TokenGapBatch:
     """Per-token p, loss, Δ_sym and difficulty of models A and B on inputs x and next tokens y (B, T)."""
     loss_a, loss_b = _token_loss(model_a, x, y), _token_loss(model_b, x, y)
     return TokenGapBatch(
-        p_a=torch.exp(-loss_a), p_b=torch.exp(-loss_b), loss_a=loss_a, loss_b=loss_b,
-        delta_sym=torch.tanh((loss_b - loss_a) / 2), difficulty=(loss_a + loss_b) / 2,
+        p_a=torch.exp(-loss_a),
+        p_b=torch.exp(-loss_b),
+        loss_a=loss_a,
+        loss_b=loss_b,
+        delta_sym=torch.tanh((loss_b - loss_a) / 2),
+        difficulty=(loss_a + loss_b) / 2,
     )
 
 
@@ -116,9 +122,13 @@ class TokenGapResult:
 
     def to_dict(self) -> dict:
         return {
-            "tokens": self.tokens, "mean_delta_sym": self.mean_delta_sym, "mean_loss_a": self.mean_loss_a,
-            "mean_loss_b": self.mean_loss_b, "bins": [b.to_dict() for b in self.bins],
-            "top_a": [t.to_dict() for t in self.top_a], "top_b": [t.to_dict() for t in self.top_b],
+            "tokens": self.tokens,
+            "mean_delta_sym": self.mean_delta_sym,
+            "mean_loss_a": self.mean_loss_a,
+            "mean_loss_b": self.mean_loss_b,
+            "bins": [b.to_dict() for b in self.bins],
+            "top_a": [t.to_dict() for t in self.top_a],
+            "top_b": [t.to_dict() for t in self.top_b],
             "meta": self.meta,
         }
 
@@ -129,9 +139,13 @@ class TokenGapResult:
     @staticmethod
     def from_dict(raw: dict) -> TokenGapResult:
         return TokenGapResult(
-            tokens=raw["tokens"], mean_delta_sym=raw["mean_delta_sym"], mean_loss_a=raw["mean_loss_a"],
-            mean_loss_b=raw["mean_loss_b"], bins=[DifficultyBin(**b) for b in raw["bins"]],
-            top_a=[GapToken(**t) for t in raw["top_a"]], top_b=[GapToken(**t) for t in raw["top_b"]],
+            tokens=raw["tokens"],
+            mean_delta_sym=raw["mean_delta_sym"],
+            mean_loss_a=raw["mean_loss_a"],
+            mean_loss_b=raw["mean_loss_b"],
+            bins=[DifficultyBin(**b) for b in raw["bins"]],
+            top_a=[GapToken(**t) for t in raw["top_a"]],
+            top_b=[GapToken(**t) for t in raw["top_b"]],
             meta=dict(raw.get("meta", {})),
         )
 
@@ -155,8 +169,13 @@ class TokenGapAccumulator:
         difficulty = gap.difficulty.cpu().numpy().ravel()
         idx = np.searchsorted(self.edges, difficulty, side="right") - 1
         self.count += np.bincount(idx, minlength=len(self.count))
-        for key, v in (("difficulty", difficulty), ("delta", delta), ("delta2", delta**2), ("diff", diff),
-                       ("diff2", diff**2)):
+        for key, v in (
+            ("difficulty", difficulty),
+            ("delta", delta),
+            ("delta2", delta**2),
+            ("diff", diff),
+            ("diff2", diff**2),
+        ):
             self.sums[key] += np.bincount(idx, weights=v, minlength=len(self.count))
         self.loss_a += gap.loss_a.sum().item()
         self.loss_b += gap.loss_b.sum().item()
@@ -174,8 +193,11 @@ class TokenGapAccumulator:
                 continue
             b, t = divmod(int(flat), T)
             item = GapToken(
-                context=x[b, max(0, t + 1 - self.context): t + 1].tolist(), target=int(y[b, t]),
-                p_a=gap.p_a[b, t].item(), p_b=gap.p_b[b, t].item(), delta_sym=gap.delta_sym[b, t].item(),
+                context=x[b, max(0, t + 1 - self.context) : t + 1].tolist(),
+                target=int(y[b, t]),
+                p_a=gap.p_a[b, t].item(),
+                p_b=gap.p_b[b, t].item(),
+                delta_sym=gap.delta_sym[b, t].item(),
                 loss_diff=gap.loss_diff[b, t].item(),
             )
             entry = (s, -next(self._tie), item)
@@ -199,21 +221,33 @@ class TokenGapAccumulator:
             if c == 0:
                 continue
             s = {k: float(v[sl].sum()) for k, v in self.sums.items()}
-            out.append(DifficultyBin(
-                lo=float(self.edges[sl.start]),
-                hi=float(self.edges[stop + 1]) if stop + 1 < len(self.edges) else float("inf"),
-                count=c, mean_difficulty=s["difficulty"] / c,
-                mean_delta_sym=s["delta"] / c, se_delta_sym=_se(s["delta"], s["delta2"], c),
-                mean_loss_diff=s["diff"] / c, se_loss_diff=_se(s["diff"], s["diff2"], c),
-            ))
-        top = {side: [e[2] for e in sorted(h, key=lambda e: (-e[0], -e[1]))] for side, h in self.heaps.items()}
+            out.append(
+                DifficultyBin(
+                    lo=float(self.edges[sl.start]),
+                    hi=float(self.edges[stop + 1]) if stop + 1 < len(self.edges) else float("inf"),
+                    count=c,
+                    mean_difficulty=s["difficulty"] / c,
+                    mean_delta_sym=s["delta"] / c,
+                    se_delta_sym=_se(s["delta"], s["delta2"], c),
+                    mean_loss_diff=s["diff"] / c,
+                    se_loss_diff=_se(s["diff"], s["diff2"], c),
+                )
+            )
+        top = {
+            side: [e[2] for e in sorted(h, key=lambda e: (-e[0], -e[1]))] for side, h in self.heaps.items()
+        }
         if tokenizer is not None:
             for item in top["a"] + top["b"]:
                 item.context_text = tokenizer.decode(item.context)
                 item.target_text = tokenizer.decode([item.target])
         return TokenGapResult(
-            tokens=n, mean_delta_sym=float(self.sums["delta"].sum()) / n, mean_loss_a=self.loss_a / n,
-            mean_loss_b=self.loss_b / n, bins=out, top_a=top["a"], top_b=top["b"],
+            tokens=n,
+            mean_delta_sym=float(self.sums["delta"].sum()) / n,
+            mean_loss_a=self.loss_a / n,
+            mean_loss_b=self.loss_b / n,
+            bins=out,
+            top_a=top["a"],
+            top_b=top["b"],
         )
 
 
@@ -237,8 +271,13 @@ def _pieces(doc: str) -> Iterator[str]:
 
 
 def text_batches(
-    corpus: str | os.PathLike, tokenizer: Tokenizer, *, seq_len: int, batch_size: int = 8,
-    text_field: str = "text", max_tokens: int | None = None,
+    corpus: str | os.PathLike,
+    tokenizer: Tokenizer,
+    *,
+    seq_len: int,
+    batch_size: int = 8,
+    text_field: str = "text",
+    max_tokens: int | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Stream (x, y) batches of consecutive windows from a corpus (documents followed by EOS, as in
     training), without holding the corpus in memory. At most ``max_tokens`` predicted tokens."""
@@ -276,8 +315,12 @@ def _duration(seconds: float) -> str:
 
 
 def with_progress(
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *, label: str, total_tokens: int | None,
-    echo: TextIO | None, every_s: float = 10.0,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    label: str,
+    total_tokens: int | None,
+    echo: TextIO | None,
+    every_s: float = 10.0,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """``batches`` as they are, with progress lines on ``echo`` (None: silent): one before the first batch, one
     after it (the first estimate of the time left), one at most every ``every_s`` seconds, one at the end. The
@@ -295,8 +338,11 @@ def with_progress(
         now = time.monotonic()
         if (n == 1 or now - last >= every_s) and not (total_tokens and done >= total_tokens):
             last, spent = now, now - start
-            left = f" ({done / total_tokens:.0%}), about {_duration(spent / done * (total_tokens - done))} left" \
-                if total_tokens else ""
+            left = (
+                f" ({done / total_tokens:.0%}), about {_duration(spent / done * (total_tokens - done))} left"
+                if total_tokens
+                else ""
+            )
             print(f"{label}: {done:,}{of} tokens in {_duration(spent)}{left}", file=echo, flush=True)
     print(f"{label}: {done:,} tokens in {_duration(time.monotonic() - start)}", file=echo, flush=True)
 
@@ -335,14 +381,18 @@ def token_gap(
     if all(h.count.sum() for h in halves):
         # a claim's precondition judged on one half of the tokens and its profile on the other (smallinit C7)
         gate, profile = (h.result(bins) for h in halves)
-        result.meta["split"] = {"gate_mean_delta_sym": gate.mean_delta_sym, "gate_tokens": gate.tokens,
-                                "profile_bins": [b.mean_delta_sym for b in profile.bins],
-                                "profile_tokens": profile.tokens}
+        result.meta["split"] = {
+            "gate_mean_delta_sym": gate.mean_delta_sym,
+            "gate_tokens": gate.tokens,
+            "profile_bins": [b.mean_delta_sym for b in profile.bins],
+            "profile_tokens": profile.tokens,
+        }
     return result
 
 
-def bigram_loss(train: np.ndarray, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], vocab_size: int,
-                k: float = 0.1) -> float:
+def bigram_loss(
+    train: np.ndarray, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], vocab_size: int, k: float = 0.1
+) -> float:
     """Mean next-token loss (nats) on ``batches`` of an add-``k`` bigram model counted on ``train`` tokens:
     the floor a trained language model should be under before its token-level profile means anything."""
     train = np.asarray(train, dtype=np.int64)

@@ -22,7 +22,21 @@ from smallinit.config.schema import (
 )
 
 __all__ = [
-    "PRESETS", "PRESET_ALIASES", "AnalysisConfig", "Config", "DataConfig", "KeyDoc", "ModelConfig", "MoEConfig",
-    "TrainConfig", "config_keys", "emulated_eps", "flatten", "from_dict", "parse_override", "read_config_file",
-    "read_toml", "set_dotted",
+    "PRESETS",
+    "PRESET_ALIASES",
+    "AnalysisConfig",
+    "Config",
+    "DataConfig",
+    "KeyDoc",
+    "ModelConfig",
+    "MoEConfig",
+    "TrainConfig",
+    "config_keys",
+    "emulated_eps",
+    "flatten",
+    "from_dict",
+    "parse_override",
+    "read_config_file",
+    "read_toml",
+    "set_dotted",
 ]

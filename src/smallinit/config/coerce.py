@@ -65,7 +65,9 @@ def _one_of(tp: Any, value: Any, where: str) -> Any:
     choices = typing.get_args(tp)
     if value not in choices:
         hint = did_you_mean(value, choices) if isinstance(value, str) else ""
-        raise ConfigError(f"{where} must be one of {', '.join(map(spelled, choices))}, got {spelled(value)}{hint}")
+        raise ConfigError(
+            f"{where} must be one of {', '.join(map(spelled, choices))}, got {spelled(value)}{hint}"
+        )
     return value
 
 
@@ -82,7 +84,9 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
                 return _coerce(arg, value, where)
             except ConfigError:
                 pass
-        raise ConfigError(f"config key {where} must be {' or '.join(a.__name__ for a in args)}, got {spelled(value)}")
+        raise ConfigError(
+            f"config key {where} must be {' or '.join(a.__name__ for a in args)}, got {spelled(value)}"
+        )
     if origin is typing.Literal:  # a value of the wrong type gets the choices too, as they are spelled
         return _one_of(tp, value, where)
     if dataclasses.is_dataclass(tp):
@@ -108,4 +112,9 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     raise ConfigError(f"config key {where} must be {_KIND.get(tp, tp.__name__)}, got {spelled(value)}")
 
 
-_KIND = {bool: "true or false", int: "an integer", float: "a number", str: 'a string (in quotes in a TOML file)'}
+_KIND = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "a string (in quotes in a TOML file)",
+}

@@ -37,11 +37,17 @@ def read_config_json(p: Path) -> Any:
 def read_toml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} not found; pass an existing .toml file, or a run folder or its "
-                          "config.json")
+        raise ConfigError(
+            f"config file {str(p)!r} not found; pass an existing .toml file, or a run folder or its "
+            "config.json"
+        )
     try:
         return tomllib.loads(p.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deep
+    except (
+        tomllib.TOMLDecodeError,
+        UnicodeDecodeError,
+        RecursionError,
+    ) as e:  # RecursionError: nested too deep
         raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
 
 

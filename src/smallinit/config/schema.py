@@ -23,8 +23,13 @@ from smallinit.config.presets import PRESET_ALIASES, PRESETS
 from smallinit.errors import ConfigError, did_you_mean
 
 
-def _key(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = dataclasses.MISSING,
-         refused: dict[str, str] | None = None) -> Any:
+def _key(
+    default: Any = dataclasses.MISSING,
+    doc: str = "",
+    *,
+    factory: Any = dataclasses.MISSING,
+    refused: dict[str, str] | None = None,
+) -> Any:
     """A config key with its one-line meaning, which ``smallinit config`` prints beside it (config_keys).
 
     ``refused``: value → why it is refused, which the coercer says instead of listing the choices (a likely
@@ -57,21 +62,30 @@ class MoEConfig:
 class ModelConfig:
     d_model: int = _key(64, "width d of the residual stream")
     n_layers: int = _key(6, "transformer blocks")
-    n_heads: int = _key(4, "attention heads; divides d_model, and head_dim = d_model / n_heads is even (RoPE)")
+    n_heads: int = _key(
+        4, "attention heads; divides d_model, and head_dim = d_model / n_heads is even (RoPE)"
+    )
     n_kv_heads: int = _key(4, "key/value heads (grouped-query attention); divides n_heads")
     d_ff: int = _key(256, "hidden width of the SwiGLU feed-forward")
     vocab_size: int = _key(8192, "vocabulary size; training sets it from the tokenizer")
     max_seq_len: int = _key(512, "longest sequence the model takes (RoPE table); data.seq_len ≤ max_seq_len")
-    gamma: float = _key(1.0, "γ: every weight matrix starts from N(0, d_in^(−2γ)); 1 is the paper's choice, 0.5 the usual")
+    gamma: float = _key(
+        1.0, "γ: every weight matrix starts from N(0, d_in^(−2γ)); 1 is the paper's choice, 0.5 the usual"
+    )
     norm_eps: float = _key(1e-12, "ε of every RMSNorm; the paper's 1e-12 keeps the norms from saturating")
-    norm_eps_width: int = _key(0, "> 0: emulate the RMSNorm saturation at init of a model this wide (see "
-                               "effective_norm_eps); 0 → off")
+    norm_eps_width: int = _key(
+        0,
+        "> 0: emulate the RMSNorm saturation at init of a model this wide (see effective_norm_eps); 0 → off",
+    )
     gate: Literal["none", "headwise", "elementwise"] = _key(
-        "elementwise", "attention output gate sigmoid(x W_θ): none | headwise | elementwise")
+        "elementwise", "attention output gate sigmoid(x W_θ): none | headwise | elementwise"
+    )
     qk_norm: bool = _key(False, "RMSNorm the queries and keys of each head before RoPE")
     tie_embeddings: bool = _key(True, "the LM head shares the token embedding's matrix")
     rope_theta: float = _key(10000.0, "RoPE base θ")
-    moe: MoEConfig | None = _key(None, "mixture-of-experts feed-forward (the model.moe.* keys); absent → dense blocks")
+    moe: MoEConfig | None = _key(
+        None, "mixture-of-experts feed-forward (the model.moe.* keys); absent → dense blocks"
+    )
 
     @property
     def head_dim(self) -> int:
@@ -92,8 +106,10 @@ class ModelConfig:
     def preset(name: str, **overrides: Any) -> ModelConfig:
         name = PRESET_ALIASES.get(name, name)
         if name not in PRESETS:
-            raise ConfigError(f"unknown preset {name!r}{did_you_mean(name, ModelConfig.presets())}; choose one of: "
-                              f"{', '.join(ModelConfig.presets())}")
+            raise ConfigError(
+                f"unknown preset {name!r}{did_you_mean(name, ModelConfig.presets())}; choose one of: "
+                f"{', '.join(ModelConfig.presets())}"
+            )
         raw = dict(PRESETS[name])
         for key, value in overrides.items():  # a nested section (moe) is merged key by key, not replaced
             both = isinstance(value, dict) and isinstance(raw.get(key), dict)
@@ -117,8 +133,10 @@ class ModelConfig:
         if not (self.norm_eps > 0 and math.isfinite(self.norm_eps)):
             raise ConfigError(f"model.norm_eps must be > 0 (the paper uses 1e-12), got {self.norm_eps}")
         if self.norm_eps_width < 0:
-            raise ConfigError(f"model.norm_eps_width must be ≥ 0 (0 = off, else a width such as 2048), "
-                              f"got {self.norm_eps_width}")
+            raise ConfigError(
+                f"model.norm_eps_width must be ≥ 0 (0 = off, else a width such as 2048), "
+                f"got {self.norm_eps_width}"
+            )
         if self.rope_theta <= 0:
             raise ConfigError(f"model.rope_theta must be > 0, got {self.rope_theta}")
         if self.moe is not None:
@@ -144,11 +162,16 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     steps: int = _key(300, "optimizer steps to train")
-    seed: int = _key(0, "seed of the initial weights and of every batch (the batch of step s depends on seed and s)")
+    seed: int = _key(
+        0, "seed of the initial weights and of every batch (the batch of step s depends on seed and s)"
+    )
     lr: float = _key(3e-3, "peak learning rate of AdamW")
-    min_lr_ratio: float = _key(0.1, "the learning rate a cosine or WSD schedule decays to, as a fraction of lr")
+    min_lr_ratio: float = _key(
+        0.1, "the learning rate a cosine or WSD schedule decays to, as a fraction of lr"
+    )
     schedule: Literal["cosine", "wsd", "constant"] = _key(
-        "cosine", "learning-rate schedule after warmup: cosine | wsd (warmup-stable-decay) | constant")
+        "cosine", "learning-rate schedule after warmup: cosine | wsd (warmup-stable-decay) | constant"
+    )
     warmup_steps: int = _key(30, "steps of linear warmup from lr / warmup_steps to lr")
     decay_frac: float = _key(0.2, "wsd: the last fraction of the steps decays linearly to min_lr_ratio · lr")
     batch_size: int = _key(16, "sequences per optimizer step (global: over all ranks and accumulation steps)")
@@ -159,26 +182,42 @@ class TrainConfig:
     beta2: float = _key(0.95, "AdamW β2")
     adam_eps: float = _key(1e-8, "AdamW ε")
     grad_clip: float = _key(1.0, "clip the global gradient norm to this; 0 → off")
-    eval_every: int = _key(50, "measure the validation loss every N steps (and at step 0 and the last step); 0 → last only")
+    eval_every: int = _key(
+        50, "measure the validation loss every N steps (and at step 0 and the last step); 0 → last only"
+    )
     eval_batches: int = _key(8, "validation batches (of batch_size sequences) per evaluation")
-    checkpoint_every: int = _key(100, "write a checkpoint every N steps (and at the last step); 0 → last only")
+    checkpoint_every: int = _key(
+        100, "write a checkpoint every N steps (and at the last step); 0 → last only"
+    )
     keep_checkpoints: int = _key(2, "newest checkpoints kept in RUN/checkpoints; older ones are deleted")
     log_every: int = _key(10, "write a metrics.jsonl record and a progress line every N steps")
-    init_from: str = _key("", "start from the weights of this run or checkpoint folder (fresh optimizer, step 0); "
-                          "empty → γ-init")
+    init_from: str = _key(
+        "",
+        "start from the weights of this run or checkpoint folder (fresh optimizer, step 0); empty → γ-init",
+    )
     device: str = _key("auto", "auto | cpu | cuda | cuda:N")
     precision: Literal["auto", "fp32", "bf16"] = _key(
-        "auto", "auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16",
-        refused={"fp16": "ε = 1e-12 (and the small-init activations it protects) underflow to 0 in fp16, whose "
-                         "smallest subnormal is 6e-8; use bf16 or fp32"})
-    compile: bool | str = _key("auto", 'torch.compile the blocks: true, false or "auto" (where it pays: tiny CPU '
-                                       "models on long enough runs, or a warm compile cache; the choice is kept on "
-                                       "resume)")
+        "auto",
+        "auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16",
+        refused={
+            "fp16": "ε = 1e-12 (and the small-init activations it protects) underflow to 0 in fp16, whose "
+            "smallest subnormal is 6e-8; use bf16 or fp32"
+        },
+    )
+    compile: bool | str = _key(
+        "auto",
+        'torch.compile the blocks: true, false or "auto" (where it pays: tiny CPU '
+        "models on long enough runs, or a warm compile cache; the choice is kept on "
+        "resume)",
+    )
     parallel: Literal["none", "ddp", "fsdp"] = _key("none", "none | ddp | fsdp (under torchrun)")
-    activation_checkpointing: bool = _key(False, "keep only each block's input, recompute the rest in backward")
+    activation_checkpointing: bool = _key(
+        False, "keep only each block's input, recompute the rest in backward"
+    )
     dist_timeout: int = _key(1800, "seconds a collective may wait for another rank before the job fails")
     nonfinite: Literal["stop", "skip"] = _key(
-        "stop", "on a non-finite loss or gradient: stop | skip (skip the batch and count it)")
+        "stop", "on a non-finite loss or gradient: stop | skip (skip the batch and count it)"
+    )
     max_skips: int = _key(10, "nonfinite=skip: stop after this many skipped batches")
     threads: int = _key(0, "torch intra-op threads; 0 → torch's default")
     tensorboard: bool = _key(False, "mirror metrics.jsonl into RUN/tb/ (needs the tensorboard extra)")
@@ -203,9 +242,13 @@ class TrainConfig:
         if not isinstance(self.compile, bool) and self.compile != "auto":
             raise ConfigError(f'train.compile must be true, false or "auto", got {self.compile!r}')
         if self.batch_size > 2**24:  # every rank draws the whole batch's start positions each step
-            raise ConfigError(f"train.batch_size={self.batch_size} is too large; use at most 2**24 sequences per step")
+            raise ConfigError(
+                f"train.batch_size={self.batch_size} is too large; use at most 2**24 sequences per step"
+            )
         if self.batch_size % self.grad_accum:
-            raise ConfigError(f"train.grad_accum={self.grad_accum} must divide train.batch_size={self.batch_size}")
+            raise ConfigError(
+                f"train.grad_accum={self.grad_accum} must divide train.batch_size={self.batch_size}"
+            )
 
     # -- the evaluation schedule: the trainer evaluates where this says, the planner counts what it says --------
 
@@ -221,14 +264,20 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    corpus: str = _key("default", "builtin name (default, shakespeare, zh-poems, wiki-leads, python-stdlib, large), "
-                       "builtin:anchor?…, builtin:sink?… (generated), file, directory or glob")
+    corpus: str = _key(
+        "default",
+        "builtin name (default, shakespeare, zh-poems, wiki-leads, python-stdlib, large), "
+        "builtin:anchor?…, builtin:sink?… (generated), file, directory or glob",
+    )
     tokenizer: str = _key("default", "default | bytes | path to a tokenizer.json")
     text_field: str = _key("text", "the field holding the text in .jsonl / .parquet documents")
     seq_len: int = _key(128, "tokens per training sequence")
     val_fraction: float = _key(0.05, "fraction of the corpus held out as the validation split")
-    bos: bool = _key(False, "every sequence starts at a document boundary with the end-of-text token as BOS (for "
-                     "sink studies); false → windows start anywhere")
+    bos: bool = _key(
+        False,
+        "every sequence starts at a document boundary with the end-of-text token as BOS (for "
+        "sink studies); false → windows start anywhere",
+    )
 
     def validate(self) -> None:
         _positive(self, "seq_len")
@@ -239,8 +288,11 @@ class DataConfig:
 @dataclass
 class AnalysisConfig:
     every: int = _key(0, "measure the model every N steps during training; 0 → off")
-    norm_every: int = _key(0, "also measure the RMSNorm factors alone every N steps (cheap: one forward), to time "
-                              "how long the norms stay saturated; 0 → only with the others")
+    norm_every: int = _key(
+        0,
+        "also measure the RMSNorm factors alone every N steps (cheap: one forward), to time "
+        "how long the norms stay saturated; 0 → only with the others",
+    )
     # MoE expert i of a layer is NAME.i
     matrices: list[str] = _key(
         doc="glob patterns of the matrices whose stable rank and mean |cos| between rows are logged",
@@ -248,7 +300,11 @@ class AnalysisConfig:
     )
     heatmaps: list[str] = _key(
         doc="glob patterns of the matrices whose row-cosine heatmaps are saved (RUN/analysis/rowcos_step_*.npz)",
-        factory=lambda: ["blocks.0.attn.q_proj.weight", "blocks.0.mlp.up_proj.weight", "blocks.0.mlp.up_proj.0"],
+        factory=lambda: [
+            "blocks.0.attn.q_proj.weight",
+            "blocks.0.mlp.up_proj.weight",
+            "blocks.0.mlp.up_proj.0",
+        ],
     )
     snapshots: int = _key(4, "heatmap snapshots spread over training (the first measurement included)")
     heatmap_rows: int = _key(128, "rows per heatmap (a seeded sample of larger matrices)")
@@ -256,13 +312,17 @@ class AnalysisConfig:
 
     def validate(self) -> None:
         if self.every < 0 or self.norm_every < 0:
-            raise ConfigError(f"analysis.every and analysis.norm_every must be ≥ 0, got {self.every}, {self.norm_every}")
+            raise ConfigError(
+                f"analysis.every and analysis.norm_every must be ≥ 0, got {self.every}, {self.norm_every}"
+            )
         for key in ("matrices", "heatmaps"):
             value = getattr(self, key)
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ConfigError(f"analysis.{key} must be a list of name patterns, got {value!r}")
         if self.snapshots < 0 or self.heatmap_rows < 2 or self.batch_size < 1:
-            raise ConfigError("analysis.snapshots must be ≥ 0, analysis.heatmap_rows ≥ 2, analysis.batch_size ≥ 1")
+            raise ConfigError(
+                "analysis.snapshots must be ≥ 0, analysis.heatmap_rows ≥ 2, analysis.batch_size ≥ 1"
+            )
 
     # -- the analysis schedule: the Monitor measures where this says, the planner counts what it says ----------
 
@@ -335,7 +395,9 @@ class Config:
         return Config.from_dict(raw)
 
     @staticmethod
-    def load(path: str | Path | None = None, *, preset: str | None = None, overrides: list[str] = ()) -> Config:
+    def load(
+        path: str | Path | None = None, *, preset: str | None = None, overrides: list[str] = ()
+    ) -> Config:
         """Resolve a config: file (TOML, or a run's config.json), then preset, then ``key=value`` overrides.
 
         ``preset`` replaces the model keys it names, even where the file sets them (a run's config.json sets
@@ -374,8 +436,15 @@ def config_keys() -> list[KeyDoc]:
 
     ``model.preset`` is not a key of ModelConfig but a starting point: the model keys of that preset.
     """
-    keys = [KeyDoc("model.preset", "str", "cpu-1m", "start the [model] section from this preset "
-                   f"({', '.join(ModelConfig.presets())}); its other keys then override the preset's")]
+    keys = [
+        KeyDoc(
+            "model.preset",
+            "str",
+            "cpu-1m",
+            "start the [model] section from this preset "
+            f"({', '.join(ModelConfig.presets())}); its other keys then override the preset's",
+        )
+    ]
 
     def walk(obj: Any, prefix: str) -> None:
         hints = typing.get_type_hints(type(obj))
@@ -384,11 +453,17 @@ def config_keys() -> list[KeyDoc]:
                 walk(MoEConfig(), f"{prefix}moe.")
             else:
                 tp = hints[f.name]
-                if typing.get_origin(tp) is Literal:  # documented as the choices' type; the meaning lists them
+                if (
+                    typing.get_origin(tp) is Literal
+                ):  # documented as the choices' type; the meaning lists them
                     tp = type(typing.get_args(tp)[0])
-                type_name = str(tp) if typing.get_origin(tp) else tp.__name__  # list[str] has no __name__ of its own
+                type_name = (
+                    str(tp) if typing.get_origin(tp) else tp.__name__
+                )  # list[str] has no __name__ of its own
                 type_name = type_name.replace(" | ", " or ")  # bool | str: a Markdown table cell holds no "|"
-                keys.append(KeyDoc(prefix + f.name, type_name, getattr(obj, f.name), f.metadata.get("doc", "")))
+                keys.append(
+                    KeyDoc(prefix + f.name, type_name, getattr(obj, f.name), f.metadata.get("doc", ""))
+                )
 
     default = Config()
     for section in ("model", "train", "data", "analysis"):

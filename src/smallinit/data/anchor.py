@@ -85,12 +85,18 @@ class AnchorTask:
             )
         object.__setattr__(self, "offsets", tuple(int(o) for o in offsets))
         if self.twist == 0:
-            raise DataError("anchor task: twist must be non-zero, or memorising and reasoning answers coincide")
+            raise DataError(
+                "anchor task: twist must be non-zero, or memorising and reasoning answers coincide"
+            )
         n_pairs = self.anchors * (self.anchors - 1) // 2  # at most one of each mirror couple is held out
         if not 1 <= self.holdout <= n_pairs:
-            raise DataError(f"anchor task: holdout={self.holdout} must be in 1..{n_pairs} for {self.anchors} anchors")
+            raise DataError(
+                f"anchor task: holdout={self.holdout} must be in 1..{n_pairs} for {self.anchors} anchors"
+            )
         if not 3 <= self.length <= 64:
-            raise DataError(f"anchor task: length={self.length} must be in 3..64 (key, two anchors, distractors)")
+            raise DataError(
+                f"anchor task: length={self.length} must be in 3..64 (key, two anchors, distractors)"
+            )
         if not 0 <= self.label_noise < 1:
             raise DataError(f"anchor task: label_noise={self.label_noise} must be in [0, 1)")
         if self.n < 1 or self.seed < 0:
@@ -138,7 +144,10 @@ class AnchorTask:
     @property
     def key_range(self) -> tuple[int, int]:
         """Keys x in [lo, hi): every answer, compositional or twisted, is a number token."""
-        shifts = [self.offsets[a - 1] + self.offsets[b - 1] for a, b in itertools.product(range(1, self.anchors + 1), repeat=2)]
+        shifts = [
+            self.offsets[a - 1] + self.offsets[b - 1]
+            for a, b in itertools.product(range(1, self.anchors + 1), repeat=2)
+        ]
         shifts += [self.shift(p) for p in self.twisted]
         return max(0, -min(shifts)), self.numbers - max(0, max(shifts))
 
@@ -188,7 +197,9 @@ class AnchorTask:
         params = params.split("?", 1)[1] if "?" in params else params
         known = {f.name: f.type for f in fields(AnchorTask) if f.init}
         kwargs: dict = {}
-        for key, values in urllib.parse.parse_qs(params, keep_blank_values=True, strict_parsing=False).items():
+        for key, values in urllib.parse.parse_qs(
+            params, keep_blank_values=True, strict_parsing=False
+        ).items():
             if key not in known:
                 raise DataError(f"anchor task: unknown parameter {key!r}; known: {', '.join(known)}")
             value = values[-1]

@@ -51,8 +51,9 @@ def fitting_starts(starts: np.ndarray, n_tokens: int, seq_len: int, what: str = 
     return fit
 
 
-def batch_starts(n_tokens: int, batch_size: int, seq_len: int, seed: int, step: int, *,
-                 starts: np.ndarray | None = None) -> np.ndarray:
+def batch_starts(
+    n_tokens: int, batch_size: int, seq_len: int, seed: int, step: int, *, starts: np.ndarray | None = None
+) -> np.ndarray:
     """Start offsets (int64, shape (batch_size,)) of the windows of global batch ``step``.
 
     Each window covers tokens [start, start + seq_len + 1), so start <= n_tokens - seq_len - 1. With ``starts``
@@ -112,9 +113,11 @@ def repeat_message(steps: int, batch_size: int, seq_len: int, n_train_tokens: in
     n = epochs(steps, batch_size, seq_len, n_train_tokens)
     if n <= 1.0:
         return None
-    return (f"data repeats: {int(steps) * int(batch_size) * int(seq_len):,} training tokens are {n:.2f} epochs of "
-            f"the {int(n_train_tokens):,}-token train split of data.corpus={corpus!r}; use a larger corpus "
-            "(e.g. data.corpus=large, ≈ 25M train tokens with the byte tokenizer) or fewer train.steps")
+    return (
+        f"data repeats: {int(steps) * int(batch_size) * int(seq_len):,} training tokens are {n:.2f} epochs of "
+        f"the {int(n_train_tokens):,}-token train split of data.corpus={corpus!r}; use a larger corpus "
+        "(e.g. data.corpus=large, ≈ 25M train tokens with the byte tokenizer) or fewer train.steps"
+    )
 
 
 def n_eval_windows(n_tokens: int, seq_len: int) -> int:
@@ -134,7 +137,11 @@ def eval_starts(n_tokens: int, seq_len: int, starts: np.ndarray) -> np.ndarray:
 
 
 def iter_eval_batches(
-    tokens: np.ndarray, batch_size: int, seq_len: int, max_batches: int | None = None, *,
+    tokens: np.ndarray,
+    batch_size: int,
+    seq_len: int,
+    max_batches: int | None = None,
+    *,
     starts: np.ndarray | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Deterministic evaluation batches: consecutive windows with stride ``seq_len`` from the start.
@@ -144,8 +151,11 @@ def iter_eval_batches(
     (document boundaries) the windows begin at document boundaries instead (:func:`eval_starts`).
     """
     _check_sizes(len(tokens), int(batch_size), int(seq_len), what="validation split")
-    offsets = (np.arange(n_eval_windows(len(tokens), seq_len), dtype=np.int64) * seq_len if starts is None
-               else eval_starts(len(tokens), seq_len, starts))
+    offsets = (
+        np.arange(n_eval_windows(len(tokens), seq_len), dtype=np.int64) * seq_len
+        if starts is None
+        else eval_starts(len(tokens), seq_len, starts)
+    )
     n_win = len(offsets)
     if max_batches is not None:
         n_win = min(n_win, max(0, int(max_batches)) * batch_size)

@@ -79,14 +79,24 @@ class TokenData:
             self._starts[split] = document_starts(self.train if split == "train" else self.val, self.eos_id)
         return self._starts[split]
 
-    def batch(self, batch_size: int, seq_len: int, seed: int, step: int, *, rank: int = 0,
-              world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self, batch_size: int, seq_len: int, seed: int, step: int, *, rank: int = 0, world_size: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's rows of training batch ``step`` (``data.batching.get_batch``)."""
-        return get_batch(self.train, batch_size, seq_len, seed, step, rank=rank, world_size=world_size,
-                         starts=self.starts("train"))
+        return get_batch(
+            self.train,
+            batch_size,
+            seq_len,
+            seed,
+            step,
+            rank=rank,
+            world_size=world_size,
+            starts=self.starts("train"),
+        )
 
-    def eval_batches(self, batch_size: int, seq_len: int,
-                     max_batches: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def eval_batches(
+        self, batch_size: int, seq_len: int, max_batches: int | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The validation windows in order (``data.batching.iter_eval_batches``)."""
         return iter_eval_batches(self.val, batch_size, seq_len, max_batches, starts=self.starts("val"))
 

@@ -37,10 +37,16 @@ from smallinit.data import anchor
 from smallinit.errors import DataError
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
-BUILTIN_FILES = {"shakespeare": "shakespeare.jsonl.xz", "zh-poems": "zh-poems.jsonl.xz",
-                 "wiki-leads": "wiki-leads.jsonl.xz", "python-stdlib": "python-stdlib.jsonl.xz"}
-BUILTIN_MIXES = {"default": ("shakespeare", "zh-poems"),
-                 "large": ("shakespeare", "zh-poems", "wiki-leads", "python-stdlib")}
+BUILTIN_FILES = {
+    "shakespeare": "shakespeare.jsonl.xz",
+    "zh-poems": "zh-poems.jsonl.xz",
+    "wiki-leads": "wiki-leads.jsonl.xz",
+    "python-stdlib": "python-stdlib.jsonl.xz",
+}
+BUILTIN_MIXES = {
+    "default": ("shakespeare", "zh-poems"),
+    "large": ("shakespeare", "zh-poems", "wiki-leads", "python-stdlib"),
+}
 BUILTIN_CORPORA = tuple(BUILTIN_FILES) + tuple(BUILTIN_MIXES)
 SYNTHETIC_CORPORA = {"anchor": anchor}  # name → module with iter_documents(params) and fingerprint(params)
 SUFFIXES = (".txt", ".jsonl", ".parquet")
@@ -58,8 +64,10 @@ def _builtin_name(spec: str) -> str | None:
     ):
         return name
     if spec.startswith("builtin:") and name.partition("?")[0] == "sink":
-        raise DataError("builtin:sink is generated batch by batch (smallinit.data.sink), not a corpus of documents; "
-                        "train on it, or pass a document corpus here")
+        raise DataError(
+            "builtin:sink is generated batch by batch (smallinit.data.sink), not a corpus of documents; "
+            "train on it, or pass a document corpus here"
+        )
     if spec.startswith("builtin:"):
         names = ", ".join(BUILTIN_CORPORA + tuple(SYNTHETIC_CORPORA))
         raise DataError(f"unknown builtin corpus '{spec}'; use one of: {names}")
@@ -172,7 +180,9 @@ def _read_jsonl(path: Path, field: str) -> Iterator[str]:
                     f"{path}:{lineno} is not valid JSON ({e.msg}); write one JSON object per line"
                 ) from None
             except RecursionError:
-                raise DataError(f"{path}:{lineno} nests JSON too deeply; write one flat JSON object per line") from None
+                raise DataError(
+                    f"{path}:{lineno} nests JSON too deeply; write one flat JSON object per line"
+                ) from None
             if not isinstance(obj, dict) or field not in obj:
                 raise DataError(
                     f"{path}:{lineno} has no '{field}' field; add it or choose the field with data.text_field"

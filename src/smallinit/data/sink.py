@@ -60,7 +60,9 @@ class SinkTask:
     val: int = 512
     seed: int = 0
     trigger_set: tuple[int, ...] = field(init=False, default=())
-    cdf: np.ndarray = field(init=False, repr=False, compare=False, default=None)  # (symbols, symbols) cumulative
+    cdf: np.ndarray = field(
+        init=False, repr=False, compare=False, default=None
+    )  # (symbols, symbols) cumulative
 
     def __post_init__(self) -> None:
         if not 4 <= self.symbols <= MAX_NUMBERS:
@@ -161,8 +163,10 @@ class SinkData:
         for k in range(task.symbols):
             enc = tokenizer.encode(str(k))
             if len(enc) != 1:
-                raise DataError(f"the sink task's symbol {k} is not one token of tokenizer {tokenizer.name}; "
-                                "use data.tokenizer = \"anchor\" (one token per number)")
+                raise DataError(
+                    f"the sink task's symbol {k} is not one token of tokenizer {tokenizer.name}; "
+                    'use data.tokenizer = "anchor" (one token per number)'
+                )
             ids.append(enc[0])
         self.task, self.bos = task, bos
         self.vocab_size, self.eos_id = tokenizer.vocab_size, tokenizer.eos_id
@@ -189,21 +193,25 @@ class SinkData:
         rng = np.random.default_rng([self.task.seed, _STREAM_VAL])
         return self.task.sample(rng, self.task.val, int(seq_len) + 1, bos=self.bos)
 
-    def batch(self, batch_size: int, seq_len: int, seed: int, step: int, *, rank: int = 0,
-              world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self, batch_size: int, seq_len: int, seed: int, step: int, *, rank: int = 0, world_size: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets of this rank's rows of step ``step``'s global batch (as ``get_batch``)."""
         if world_size < 1 or not (0 <= rank < world_size) or batch_size % world_size:
-            raise DataError(f"global batch size {batch_size} must divide over {world_size} ranks (rank {rank})")
+            raise DataError(
+                f"global batch size {batch_size} must divide over {world_size} ranks (rank {rank})"
+            )
         b = batch_size // world_size
-        return self._xy(self.train_symbols(batch_size, seq_len, seed, step)[rank * b:(rank + 1) * b])
+        return self._xy(self.train_symbols(batch_size, seq_len, seed, step)[rank * b : (rank + 1) * b])
 
-    def eval_batches(self, batch_size: int, seq_len: int,
-                     max_batches: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def eval_batches(
+        self, batch_size: int, seq_len: int, max_batches: int | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The validation sequences in order, ``batch_size`` at a time; at most ``max_batches`` batches."""
         val = self.val_symbols(int(seq_len))
         n = len(val) if max_batches is None else min(len(val), max(0, int(max_batches)) * batch_size)
         for lo in range(0, n, batch_size):
-            yield self._xy(val[lo:min(lo + batch_size, n)])
+            yield self._xy(val[lo : min(lo + batch_size, n)])
 
     def check(self, seq_len: int) -> None:
         """Nothing to check: any length can be generated."""
@@ -213,8 +221,10 @@ class SinkData:
 
     def describe(self) -> str:
         bos = "<bos> then " if self.bos else ""
-        return (f"generated fresh each step: {bos}a Bigram-Backcopy chain of {self.task.symbols} symbols, "
-                f"{self.task.triggers} triggers; {self.task.val} validation sequences")
+        return (
+            f"generated fresh each step: {bos}a Bigram-Backcopy chain of {self.task.symbols} symbols, "
+            f"{self.task.triggers} triggers; {self.task.val} validation sequences"
+        )
 
 
 def is_sink_spec(corpus: str) -> bool:

@@ -168,12 +168,16 @@ def load_tokenizer(name: str | os.PathLike) -> Tokenizer:
 def run_tokenizer(name: str, vocab_size: int) -> Tokenizer:
     """The tokenizer a run names (``data.tokenizer``), refused if it no longer has the model's vocabulary."""
     if name not in BUILTIN_TOKENIZERS and not Path(name).expanduser().exists():
-        raise DataError(f"the run's tokenizer {name} (data.tokenizer in its config) is not found; a relative path "
-                        "is read from the current folder, so run from the folder the run was trained in")
+        raise DataError(
+            f"the run's tokenizer {name} (data.tokenizer in its config) is not found; a relative path "
+            "is read from the current folder, so run from the folder the run was trained in"
+        )
     tokenizer = load_tokenizer(name)
     if tokenizer.vocab_size != vocab_size:
-        raise CheckpointError(f"tokenizer {name!r} has {tokenizer.vocab_size} tokens but the model was trained with "
-                              f"{vocab_size}; the tokenizer file changed since training")
+        raise CheckpointError(
+            f"tokenizer {name!r} has {tokenizer.vocab_size} tokens but the model was trained with "
+            f"{vocab_size}; the tokenizer file changed since training"
+        )
     return tokenizer
 
 
@@ -215,7 +219,8 @@ def train_tokenizer(
     if tok.vocab_size < int(vocab_size):
         logging.getLogger("smallinit").warning(
             f"tokenizer: the corpus gave a vocabulary of {tok.vocab_size}, not the {vocab_size} asked (no byte pair "
-            "left that occurs twice); it is kept at that size; train on more text for a larger one")
+            "left that occurs twice); it is kept at that size; train on more text for a larger one"
+        )
     if out_path is not None:
         tok.save(out_path)
     return tok

@@ -69,7 +69,9 @@ def require_transformers():
     except ImportError:
         raise ExportError("transformers is not installed; pip install 'smallinit[hf]'") from None
     if int(transformers.__version__.split(".")[0]) < 5:
-        raise ExportError(f"transformers {transformers.__version__} is too old; pip install 'transformers>=5'")
+        raise ExportError(
+            f"transformers {transformers.__version__} is too old; pip install 'transformers>=5'"
+        )
     return transformers
 
 
@@ -104,10 +106,18 @@ def hf_config(cfg: ModelConfig, architecture: str, eos_id: int):
     """The transformers config object for ``architecture``."""
     transformers = require_transformers()
     common = dict(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
-        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
-        max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.effective_norm_eps,
-        tie_word_embeddings=cfg.tie_embeddings, bos_token_id=None, eos_token_id=eos_id, pad_token_id=None,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_kv_heads,
+        max_position_embeddings=cfg.max_seq_len,
+        rms_norm_eps=cfg.effective_norm_eps,
+        tie_word_embeddings=cfg.tie_embeddings,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=None,
     )
     rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     stock = dict(common, head_dim=cfg.head_dim, hidden_act="silu", attention_bias=False, rope_parameters=rope)
@@ -117,20 +127,28 @@ def hf_config(cfg: ModelConfig, architecture: str, eos_id: int):
         return transformers.Qwen3Config(**stock, use_sliding_window=False)
     if architecture == "Qwen3MoeForCausalLM":
         return transformers.Qwen3MoeConfig(
-            **stock, use_sliding_window=False, num_experts=cfg.moe.num_experts,
-            num_experts_per_tok=cfg.moe.top_k, moe_intermediate_size=cfg.moe.d_expert or cfg.d_ff,
-            decoder_sparse_step=cfg.moe.every_n_layers, mlp_only_layers=[],
+            **stock,
+            use_sliding_window=False,
+            num_experts=cfg.moe.num_experts,
+            num_experts_per_tok=cfg.moe.top_k,
+            moe_intermediate_size=cfg.moe.d_expert or cfg.d_ff,
+            decoder_sparse_step=cfg.moe.every_n_layers,
+            mlp_only_layers=[],
             norm_topk_prob=cfg.moe.top_k > 1,  # ours renormalises the top-k weights only when k > 1
         )
     if architecture == "MixtralForCausalLM":  # every layer MoE: intermediate_size is the expert width
         return transformers.MixtralConfig(
-            **dict(stock, intermediate_size=cfg.moe.d_expert or cfg.d_ff), num_local_experts=cfg.moe.num_experts,
-            num_experts_per_tok=cfg.moe.top_k, sliding_window=None, router_jitter_noise=0.0,
+            **dict(stock, intermediate_size=cfg.moe.d_expert or cfg.d_ff),
+            num_local_experts=cfg.moe.num_experts,
+            num_experts_per_tok=cfg.moe.top_k,
+            sliding_window=None,
+            router_jitter_noise=0.0,
         )
     if architecture == "Qwen3NextForCausalLM":
         return transformers.Qwen3NextConfig(
             **dict(stock, rope_parameters=dict(rope, partial_rotary_factor=1.0)),
-            layer_types=["full_attention"] * cfg.n_layers, num_experts=0,
+            layer_types=["full_attention"] * cfg.n_layers,
+            num_experts=0,
             mlp_only_layers=list(range(cfg.n_layers)),
         )
     from smallinit.export.remote.configuration_smallinit import SmallinitConfig
@@ -138,13 +156,20 @@ def hf_config(cfg: ModelConfig, architecture: str, eos_id: int):
     moe: dict[str, Any] = {}
     if cfg.moe is not None:
         moe = dict(
-            num_experts=cfg.moe.num_experts, num_experts_per_tok=cfg.moe.top_k,
-            moe_intermediate_size=cfg.moe.d_expert or cfg.d_ff, moe_shared_expert=cfg.moe.shared_expert,
-            moe_every_n_layers=cfg.moe.every_n_layers, moe_score=cfg.moe.score,
+            num_experts=cfg.moe.num_experts,
+            num_experts_per_tok=cfg.moe.top_k,
+            moe_intermediate_size=cfg.moe.d_expert or cfg.d_ff,
+            moe_shared_expert=cfg.moe.shared_expert,
+            moe_every_n_layers=cfg.moe.every_n_layers,
+            moe_score=cfg.moe.score,
         )
     config = SmallinitConfig(
-        **common, rope_theta=cfg.rope_theta, attn_output_gate=cfg.gate, qk_norm=cfg.qk_norm,
-        initializer_gamma=cfg.gamma, **moe,
+        **common,
+        rope_theta=cfg.rope_theta,
+        attn_output_gate=cfg.gate,
+        qk_norm=cfg.qk_norm,
+        initializer_gamma=cfg.gamma,
+        **moe,
     )
     config.auto_map = {
         "AutoConfig": "configuration_smallinit.SmallinitConfig",
@@ -153,7 +178,9 @@ def hf_config(cfg: ModelConfig, architecture: str, eos_id: int):
     return config
 
 
-def hf_tensors(state: dict[str, torch.Tensor], cfg: ModelConfig, architecture: str) -> dict[str, torch.Tensor]:
+def hf_tensors(
+    state: dict[str, torch.Tensor], cfg: ModelConfig, architecture: str
+) -> dict[str, torch.Tensor]:
     """Our parameter names → Hugging Face names (``model.layers.N.self_attn.q_proj.weight``, ...)."""
     out: dict[str, torch.Tensor] = {}
     for name, t in state.items():
@@ -167,8 +194,12 @@ def hf_tensors(state: dict[str, torch.Tensor], cfg: ModelConfig, architecture: s
         elif parts[0] == "lm_head":
             new = name
         else:  # blocks.N.<module>.<rest>
-            module = {"attn_norm": "input_layernorm", "attn": "self_attn", "mlp_norm": "post_attention_layernorm",
-                      "mlp": "mlp"}[parts[2]]
+            module = {
+                "attn_norm": "input_layernorm",
+                "attn": "self_attn",
+                "mlp_norm": "post_attention_layernorm",
+                "mlp": "mlp",
+            }[parts[2]]
             new = ".".join(["model", "layers", parts[1], module, *parts[3:]])
         out[new] = t.detach().to(torch.float32).contiguous()
     if architecture == "Qwen3NextForCausalLM":
@@ -197,7 +228,10 @@ def _to_qwen3_next(t: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
         g = t.pop(pre + "g_proj.weight").view(H, hd, d)
         t[pre + "q_proj.weight"] = torch.cat([q, g], dim=1).reshape(2 * H * hd, d).contiguous()
     for name in list(t):
-        if name.endswith(("layernorm.weight", "q_norm.weight", "k_norm.weight")) or name == "model.norm.weight":
+        if (
+            name.endswith(("layernorm.weight", "q_norm.weight", "k_norm.weight"))
+            or name == "model.norm.weight"
+        ):
             t[name] = t[name] - 1.0  # exact for weights in [0.5, 2] (Sterbenz), within an ulp elsewhere
 
 
@@ -206,8 +240,12 @@ def hf_tokenizer(tokenizer, max_len: int):
     transformers = require_transformers()
     # split_special_tokens keeps our rule that text never encodes to EOS (only the data pipeline inserts it)
     return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer.hf, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN, split_special_tokens=True,
-        model_max_length=max_len, clean_up_tokenization_spaces=False,
+        tokenizer_object=tokenizer.hf,
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        split_special_tokens=True,
+        model_max_length=max_len,
+        clean_up_tokenization_spaces=False,
     )
 
 
@@ -297,8 +335,10 @@ def read_hf_config(config_or_dir: str | Path):
         raise ConfigError(f"{path} has no model_type; pass a Hugging Face config.json")
     model_type = raw.pop("model_type")
     if model_type not in transformers.CONFIG_MAPPING:
-        raise ConfigError(f"{path}: model_type {model_type!r} is not known to transformers "
-                          f"{transformers.__version__}; upgrade transformers or use another config")
+        raise ConfigError(
+            f"{path}: model_type {model_type!r} is not known to transformers "
+            f"{transformers.__version__}; upgrade transformers or use another config"
+        )
     try:
         return transformers.AutoConfig.for_model(model_type, **raw)
     except (TypeError, ValueError) as e:
@@ -317,9 +357,14 @@ class InitHFResult:
     tokenizer: str = ""  # which tokenizer was saved, or why none was
 
     def __str__(self) -> str:
-        eps = (f"norm ε = {self.norm_eps:g} set on {len(self.norms)} modules and saved in config fields "
-               f"{', '.join(self.config_fields) or '(none needed)'}") if self.norm_eps is not None \
+        eps = (
+            (
+                f"norm ε = {self.norm_eps:g} set on {len(self.norms)} modules and saved in config fields "
+                f"{', '.join(self.config_fields) or '(none needed)'}"
+            )
+            if self.norm_eps is not None
             else "norm ε: the architecture's, kept"
+        )
         lines = [str(self.report), eps]
         if self.offset_norms:
             lines.append(f"{len(self.offset_norms)} norms scale by (1 + w): their weights start at 0")
@@ -344,7 +389,8 @@ def _eps_kept(transformers, config, model: torch.nn.Module, norms: list[str], no
         more = f" and {len(lost) - 1} more" if len(lost) > 1 else ""
         raise ExportError(
             f"{type(model).__name__}'s config has no field for the ε of {name}{more}: saved, the model would reload "
-            f"with ε = {eps:g}, not {norm_eps:g}; pass --keep-norm-eps to keep the architecture's ε")
+            f"with ε = {eps:g}, not {norm_eps:g}; pass --keep-norm-eps to keep the architecture's ε"
+        )
 
 
 # smallinit's builtin tokenizers, largest first: the default a folder gets when it covers the model's vocabulary
@@ -367,14 +413,21 @@ def init_tokenizer(tokenizer: str | Path | None, vocab_size: int, max_len: int) 
         if coverage_problem(builtin.vocab_size, vocab_size) is None:
             return hf_tokenizer(builtin, max_len), (
                 f"tokenizer: smallinit's builtin {name!r} ({builtin.vocab_size:,} tokens, for the model's "
-                f"{vocab_size:,} embeddings) saved with the model; pass --tokenizer for the model's own")
-    return None, (f"no tokenizer saved: none of smallinit's builtin ones covers a vocabulary of {vocab_size:,} "
-                  "(8,192 and 257 tokens); pass the model's with --tokenizer PATH_OR_FOLDER, or save it into the "
-                  "folder (tokenizer.save_pretrained), before analyze or compare")
+                f"{vocab_size:,} embeddings) saved with the model; pass --tokenizer for the model's own"
+            )
+    return None, (
+        f"no tokenizer saved: none of smallinit's builtin ones covers a vocabulary of {vocab_size:,} "
+        "(8,192 and 257 tokens); pass the model's with --tokenizer PATH_OR_FOLDER, or save it into the "
+        "folder (tokenizer.save_pretrained), before analyze or compare"
+    )
 
 
 def init_hf(
-    config_or_dir: str | Path, out_dir: str | Path, gamma: float = 1.0, norm_eps: float | None = 1e-12, seed: int = 0,
+    config_or_dir: str | Path,
+    out_dir: str | Path,
+    gamma: float = 1.0,
+    norm_eps: float | None = 1e-12,
+    seed: int = 0,
     tokenizer: str | Path | None = None,
 ) -> InitHFResult:
     """Build a causal LM from a Hugging Face config, γ-init it, set every norm's ε (None: keep the
@@ -383,8 +436,9 @@ def init_hf(
     transformers = require_transformers()
     config = read_hf_config(config_or_dir)
     text_config = config.get_text_config()
-    tok, tok_line = init_tokenizer(tokenizer, text_config.vocab_size,
-                                   getattr(text_config, "max_position_embeddings", None) or 1 << 30)
+    tok, tok_line = init_tokenizer(
+        tokenizer, text_config.vocab_size, getattr(text_config, "max_position_embeddings", None) or 1 << 30
+    )
     if norm_eps is not None and not norm_eps > 0:
         raise ConfigError(f"model.norm_eps must be > 0 (the paper uses 1e-12), got {norm_eps}")
     fields = []
@@ -397,7 +451,9 @@ def init_hf(
     try:
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     except ValueError as e:
-        raise ConfigError(f"{config_or_dir}: no causal-LM class for this config ({str(e).splitlines()[0]})") from None
+        raise ConfigError(
+            f"{config_or_dir}: no causal-LM class for this config ({str(e).splitlines()[0]})"
+        ) from None
     report = gamma_init_(model, gamma, generator=torch.Generator().manual_seed(seed))
     norms: list[str] = []
     if norm_eps is not None:
@@ -413,5 +469,6 @@ def init_hf(
         if tok is not None:
             tok.save_pretrained(tmp)
     offset = [r.name for r in report.rows if r.kind == "norm" and r.rule == "zeros"]
-    return InitHFResult(out_dir, type(model).__name__, report, norms, offset, sorted(set(fields)), norm_eps,
-                        tok_line)
+    return InitHFResult(
+        out_dir, type(model).__name__, report, norms, offset, sorted(set(fields)), norm_eps, tok_line
+    )

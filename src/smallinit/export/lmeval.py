@@ -57,8 +57,10 @@ def _reusable_export(export_dir: Path) -> str:
     architecture is ours (trust_remote_code): so they must be smallinit's own, byte for byte, and no
     auto_map may point at code elsewhere (``repo--module.Class`` would fetch it from the Hub).
     """
-    refuse = ExportError(f"{export_dir} holds code smallinit did not write; delete that folder and run again "
-                         "to export the checkpoint afresh")
+    refuse = ExportError(
+        f"{export_dir} holds code smallinit did not write; delete that folder and run again "
+        "to export the checkpoint afresh"
+    )
     try:
         configs = {p.name: json.loads(p.read_text(encoding="utf-8")) for p in export_dir.glob("*.json")}
         architecture = configs["config.json"]["architectures"][0]
@@ -75,9 +77,16 @@ def _reusable_export(export_dir: Path) -> str:
 
 
 def run_eval(
-    checkpoint: str | Path, tasks: list[str], *, limit: int | float | None = None,
-    include_path: str | Path | None = None, num_fewshot: int | None = None, batch_size: int = 8,
-    device: str = "cpu", log_samples: bool = False, seed: int = 0,
+    checkpoint: str | Path,
+    tasks: list[str],
+    *,
+    limit: int | float | None = None,
+    include_path: str | Path | None = None,
+    num_fewshot: int | None = None,
+    batch_size: int = 8,
+    device: str = "cpu",
+    log_samples: bool = False,
+    seed: int = 0,
 ) -> EvalResult:
     """Export ``checkpoint`` (a run or checkpoint folder) and evaluate it on ``tasks`` with lm-eval."""
     lm_eval, TaskManager = _require_lm_eval()
@@ -87,7 +96,9 @@ def run_eval(
     if not tasks:
         raise ConfigError("no tasks given; pass --tasks hellaswag,triviaqa,... (names known to lm-eval)")
     if include_path is not None and not Path(include_path).is_dir():
-        raise ConfigError(f"--include-path {include_path} is not a folder; pass the folder holding your task YAMLs")
+        raise ConfigError(
+            f"--include-path {include_path} is not a folder; pass the folder holding your task YAMLs"
+        )
     found = resolve_checkpoint(checkpoint)
     manager = None
     if include_path is not None:  # indexing lm-eval's own ~15k tasks takes half a minute: skip it if we can
@@ -97,7 +108,9 @@ def run_eval(
     manager = manager or TaskManager(include_path=str(include_path) if include_path is not None else None)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
-        raise ConfigError(f"unknown lm-eval task {unknown[0]!r}; check the name (lm-eval ls tasks) or --include-path")
+        raise ConfigError(
+            f"unknown lm-eval task {unknown[0]!r}; check the name (lm-eval ls tasks) or --include-path"
+        )
 
     eval_dir = run_dir_of(found.path) / "eval"
     sha = found.state["files"]["model.safetensors"]["sha256"][:12]
@@ -107,22 +120,45 @@ def run_eval(
     else:
         architecture = export_hf(found.path, export_dir).architecture
 
-    model_args = {"pretrained": str(export_dir), "dtype": "float32",
-                  "trust_remote_code": architecture == REMOTE_CLASS}
+    model_args = {
+        "pretrained": str(export_dir),
+        "dtype": "float32",
+        "trust_remote_code": architecture == REMOTE_CLASS,
+    }
     try:
         out = lm_eval.simple_evaluate(
-            model="hf", model_args=model_args, tasks=tasks, num_fewshot=num_fewshot, batch_size=batch_size,
-            device=device, limit=limit, task_manager=manager, log_samples=log_samples,
-            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+            model="hf",
+            model_args=model_args,
+            tasks=tasks,
+            num_fewshot=num_fewshot,
+            batch_size=batch_size,
+            device=device,
+            limit=limit,
+            task_manager=manager,
+            log_samples=log_samples,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
         )
     except ConnectionError as e:  # datasets, offline or without network
-        raise DataError(f"task data could not be downloaded ({str(e).splitlines()[0]}); go online or "
-                        "use local tasks with --include-path") from None
+        raise DataError(
+            f"task data could not be downloaded ({str(e).splitlines()[0]}); go online or "
+            "use local tasks with --include-path"
+        ) from None
     except FileNotFoundError as e:  # a task's local data_files (relative to the working directory)
-        raise DataError(f"task data not found ({str(e).splitlines()[0]}); task YAMLs name data_files "
-                        f"relative to the working directory {Path.cwd()}") from None
-    out["smallinit"] = {"checkpoint": str(found.path), "step": found.step, "export": str(export_dir),
-                        "architecture": architecture, "tasks": tasks, "limit": limit}
+        raise DataError(
+            f"task data not found ({str(e).splitlines()[0]}); task YAMLs name data_files "
+            f"relative to the working directory {Path.cwd()}"
+        ) from None
+    out["smallinit"] = {
+        "checkpoint": str(found.path),
+        "step": found.step,
+        "export": str(export_dir),
+        "architecture": architecture,
+        "tasks": tasks,
+        "limit": limit,
+    }
     raw = json.loads(json.dumps(out, default=handle_non_serializable))
     results_file = eval_dir / f"results-step_{found.step:07d}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     n = 1

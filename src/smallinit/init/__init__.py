@@ -19,6 +19,17 @@ from smallinit.init.own import OwnInitError
 from smallinit.init.roles import ParamRole, as_out_in, is_norm, param_roles
 
 __all__ = [
-    "InitReport", "InitRow", "MetaDeviceError", "OwnInitError", "ParamRole", "as_out_in", "gamma_init_", "gamma_normal_", "gamma_std", "init_plan", "is_norm",
-    "param_roles", "set_norm_eps_",
+    "InitReport",
+    "InitRow",
+    "MetaDeviceError",
+    "OwnInitError",
+    "ParamRole",
+    "as_out_in",
+    "gamma_init_",
+    "gamma_normal_",
+    "gamma_std",
+    "init_plan",
+    "is_norm",
+    "param_roles",
+    "set_norm_eps_",
 ]

@@ -15,8 +15,19 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-DRAWS = {"normal_", "trunc_normal_", "uniform_", "kaiming_normal_", "kaiming_uniform_", "xavier_normal_",
-         "xavier_uniform_", "lecun_normal_", "default_flax_embed_init_", "orthogonal_", "sparse_"}
+DRAWS = {
+    "normal_",
+    "trunc_normal_",
+    "uniform_",
+    "kaiming_normal_",
+    "kaiming_uniform_",
+    "xavier_normal_",
+    "xavier_uniform_",
+    "lecun_normal_",
+    "default_flax_embed_init_",
+    "orthogonal_",
+    "sparse_",
+}
 
 
 class _BlockWrites(TorchDispatchMode):
@@ -30,9 +41,15 @@ class _BlockWrites(TorchDispatchMode):
         kwargs = kwargs or {}
         if func._schema.is_mutable:
             for arg, a in zip(func._schema.arguments, args):
-                if (arg.alias_info is not None and arg.alias_info.is_write and isinstance(a, torch.Tensor)
-                        and a.untyped_storage()._cdata in self.storages):
-                    self.seen.setdefault(self.storages[a.untyped_storage()._cdata], f"in-place {func.__name__}")
+                if (
+                    arg.alias_info is not None
+                    and arg.alias_info.is_write
+                    and isinstance(a, torch.Tensor)
+                    and a.untyped_storage()._cdata in self.storages
+                ):
+                    self.seen.setdefault(
+                        self.storages[a.untyped_storage()._cdata], f"in-place {func.__name__}"
+                    )
                     return a
         return func(*args, **kwargs)
 
@@ -53,8 +70,9 @@ def architecture_inits(model: nn.Module) -> dict[str, str]:
             if p is None:
                 continue
             if id(p) not in stand_ins:
-                stand_ins[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"),
-                                                requires_grad=p.requires_grad)
+                stand_ins[id(p)] = nn.Parameter(
+                    torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=p.requires_grad
+                )
             names.setdefault(id(stand_ins[id(p)]), f"{mname}.{pname}" if mname else pname)
             swapped.append((mod, pname, p))
             mod._parameters[pname] = stand_ins[id(p)]
@@ -69,13 +87,21 @@ def architecture_inits(model: nn.Module) -> dict[str, str]:
             value = args[0] if args else kwargs.get("val")
             if fname in DRAWS or fname == "zeros_" or (fname == "constant_" and value == 0):
                 return tensor
-            seen.setdefault(name, f"constant_({value:g})" if fname == "constant_" and isinstance(value, (int, float))
-                            else fname)
+            seen.setdefault(
+                name,
+                f"constant_({value:g})"
+                if fname == "constant_" and isinstance(value, (int, float))
+                else fname,
+            )
             return tensor
+
         return record
 
-    patched = {f: getattr(hf_init, f) for f in dir(hf_init)
-               if f.endswith("_") and not f.startswith("_") and callable(getattr(hf_init, f))}
+    patched = {
+        f: getattr(hf_init, f)
+        for f in dir(hf_init)
+        if f.endswith("_") and not f.startswith("_") and callable(getattr(hf_init, f))
+    }
     try:
         for f in patched:
             setattr(hf_init, f, recorder(f))

@@ -51,8 +51,11 @@ class _Stream(TorchDispatchMode):
             if other not in self.stream and other in self.norm_outputs:
                 self.found[self.norm_outputs[other]] = None
             self.mark(out)
-        elif func in _SAME and keys[0] in self.stream and (
-                len(args) < 2 or not isinstance(args[1], torch.Tensor) or args[1].numel() == 1):
+        elif (
+            func in _SAME
+            and keys[0] in self.stream
+            and (len(args) < 2 or not isinstance(args[1], torch.Tensor) or args[1].numel() == 1)
+        ):
             self.mark(out)
         return out
 
@@ -74,6 +77,7 @@ def renormalised_branches(module: nn.Module, example_inputs=None) -> list[str] |
             if isinstance(t, torch.Tensor):
                 norm_outputs[_key(t)] = name
                 keep.append(t)
+
         return record
 
     handles = [m.register_forward_hook(hook(n)) for n, m in module.named_modules() if is_norm(m) and n]
@@ -83,8 +87,11 @@ def renormalised_branches(module: nn.Module, example_inputs=None) -> list[str] |
         module.eval()
         with recorder:
             if any(p.is_meta for p in module.parameters()):
-                state = {n: torch.empty_like(t, device="meta") for named in (module.named_parameters, module.named_buffers)
-                         for n, t in named(remove_duplicate=False)}
+                state = {
+                    n: torch.empty_like(t, device="meta")
+                    for named in (module.named_parameters, module.named_buffers)
+                    for n, t in named(remove_duplicate=False)
+                }
                 functional_call(module, state, _meta(args), _meta(kwargs), tie_weights=False, strict=False)
             else:
                 module(*args, **kwargs)
@@ -110,6 +117,8 @@ def _meta(x):
 
 def branch_note(norms: list[str]) -> str:
     """The one line the init report and ``init-hf`` print."""
-    return (f"note: {len(norms)} norms (first: {norms[0]}) renormalise a branch's output right before it is added "
-            "to the residual stream: each layer adds a scale-1 update whatever γ, so γ sets the embedding's scale "
-            "but not the layers' updates (docs/choosing-gamma.md, 'Architectures that renormalise each branch')")
+    return (
+        f"note: {len(norms)} norms (first: {norms[0]}) renormalise a branch's output right before it is added "
+        "to the residual stream: each layer adds a scale-1 update whatever γ, so γ sets the embedding's scale "
+        "but not the layers' updates (docs/choosing-gamma.md, 'Architectures that renormalise each branch')"
+    )

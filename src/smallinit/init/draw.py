@@ -55,8 +55,12 @@ def gamma_normal_(
     if tensor.is_meta:
         raise MetaDeviceError("the tensor is on the meta device: nothing to draw into; materialise it first")
     std = gamma_std(fan_in, gamma)
-    if tensor.dtype == torch.float32 and tensor.device.type == "cpu" and tensor.is_contiguous() \
-            and not _is_dtensor(tensor):
+    if (
+        tensor.dtype == torch.float32
+        and tensor.device.type == "cpu"
+        and tensor.is_contiguous()
+        and not _is_dtensor(tensor)
+    ):
         return tensor.normal_(0.0, std, generator=generator)  # the same numbers as a fresh fp32 draw
     sample = torch.empty(tensor.shape, dtype=torch.float32).normal_(0.0, std, generator=generator)
     if _is_dtensor(tensor):
@@ -99,10 +103,16 @@ class InitReport:
         for r in self.rows:
             fan = "" if r.fan_in is None else str(r.fan_in)
             std = "" if r.std is None else f"{r.std:.4g}"
-            lines.append(f"{r.name:<48} {str(tuple(r.shape)):<18} {r.rule:<6} {fan:>6} {std:>10}  {r.reason}".rstrip())
-        counts = {rule: sum(r.rule == rule for r in self.rows) for rule in ("normal", "ones", "zeros", "kept")}
-        lines.append(f"{counts['normal']} drawn, {counts['ones']} set to 1, {counts['zeros']} set to 0, "
-                     f"{counts['kept']} kept as they were")
+            lines.append(
+                f"{r.name:<48} {str(tuple(r.shape)):<18} {r.rule:<6} {fan:>6} {std:>10}  {r.reason}".rstrip()
+            )
+        counts = {
+            rule: sum(r.rule == rule for r in self.rows) for rule in ("normal", "ones", "zeros", "kept")
+        }
+        lines.append(
+            f"{counts['normal']} drawn, {counts['ones']} set to 1, {counts['zeros']} set to 0, "
+            f"{counts['kept']} kept as they were"
+        )
         lines += self.notes
         return "\n".join(lines)
 
@@ -116,11 +126,16 @@ class InitReport:
             key = (re.sub(r"\.\d+\.", ".*.", r.name), tuple(r.shape), r.rule, r.fan_in, r.std, r.reason)
             groups[key] = groups.get(key, 0) + 1
         header = f"{'parameter':<40} {'count':>5} {'shape':<18} {'rule':<6} {'d_in':>6} {'std':>10}  note"
-        lines = [f"γ-init, γ = {self.gamma:g} ({len(self.rows)} parameters; --layers lists each)", header,
-                 "-" * len(header)]
+        lines = [
+            f"γ-init, γ = {self.gamma:g} ({len(self.rows)} parameters; --layers lists each)",
+            header,
+            "-" * len(header),
+        ]
         for (name, shape, rule, fan, std, reason), n in groups.items():
-            lines.append(f"{name:<40} {n:>5} {str(shape):<18} {rule:<6} {'' if fan is None else fan:>6} "
-                         f"{'' if std is None else f'{std:.4g}':>10}  {reason}".rstrip())
+            lines.append(
+                f"{name:<40} {n:>5} {str(shape):<18} {rule:<6} {'' if fan is None else fan:>6} "
+                f"{'' if std is None else f'{std:.4g}':>10}  {reason}".rstrip()
+            )
         return "\n".join(lines + self.notes)
 
 
@@ -129,27 +144,37 @@ def _check_materialised(module: nn.Module) -> None:
     if meta:
         raise MetaDeviceError(
             f"{len(meta)} parameters (first: {meta[0]}) are on the meta device and hold no values; materialise "
-            "the model first (model.to_empty(device=...), then recompute its buffers) and call gamma_init_ again")
+            "the model first (model.to_empty(device=...), then recompute its buffers) and call gamma_init_ again"
+        )
 
 
 def _restore_ties(module: nn.Module) -> list[str]:
     """A Hugging Face model that declares tied embeddings but has them untied (``to_empty`` copies each
     name into its own storage) is tied again before drawing, so the tie is drawn once."""
-    get_in, get_out = getattr(module, "get_input_embeddings", None), getattr(module, "get_output_embeddings", None)
+    get_in, get_out = (
+        getattr(module, "get_input_embeddings", None),
+        getattr(module, "get_output_embeddings", None),
+    )
     config = getattr(module, "config", None)
     if not (callable(get_in) and callable(get_out) and hasattr(config, "get_text_config")):
         return []
-    if not getattr(config.get_text_config(), "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)):
+    if not getattr(
+        config.get_text_config(), "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)
+    ):
         return []
     inp, out = get_in(), get_out()
     if inp is None or out is None or getattr(out, "weight", None) is None or out.weight is inp.weight:
         return []
     module.tie_weights()
     if out.weight is not inp.weight:
-        return ["note: the config ties the output embeddings to the input embeddings but they are separate "
-                "tensors, and tie_weights() did not tie them: both are drawn"]
-    return ["note: the output embeddings were not tied to the input embeddings although the config ties them "
-            "(to_empty breaks ties): tied again, drawn once"]
+        return [
+            "note: the config ties the output embeddings to the input embeddings but they are separate "
+            "tensors, and tie_weights() did not tie them: both are drawn"
+        ]
+    return [
+        "note: the output embeddings were not tied to the input embeddings although the config ties them "
+        "(to_empty breaks ties): tied again, drawn once"
+    ]
 
 
 def _rule(role: ParamRole, gamma: float) -> tuple[str, int | None, float | None]:
@@ -181,10 +206,14 @@ def init_plan(
         role = roles.get(name) or ParamRole("unknown", reason="no role given")
         rule, fan, std = _rule(role, gamma)
         rows.append(InitRow(name, tuple(p.shape), rule, fan, std, _describe(role), role.kind))
-    unknown = [r for r in rows if r.rule == "kept" and roles.get(r.name, ParamRole("unknown")).kind == "unknown"]
+    unknown = [
+        r for r in rows if r.rule == "kept" and roles.get(r.name, ParamRole("unknown")).kind == "unknown"
+    ]
     if unknown:
-        notes.append(f"warning: {len(unknown)} parameters kept because their role is not established "
-                     f"(first: {unknown[0].name}: {unknown[0].reason})")
+        notes.append(
+            f"warning: {len(unknown)} parameters kept because their role is not established "
+            f"(first: {unknown[0].name}: {unknown[0].reason})"
+        )
     renormalised = renormalised_branches(module, example_inputs) or []
     if renormalised:  # the rule's balance of the residual stream does not hold there: say so
         notes.append(branch_note(renormalised))
@@ -199,25 +228,43 @@ def _own_init(module: nn.Module, report: InitReport, generator: torch.Generator 
     if not fresh:
         return
     kept = [r.name for r in report.rows if r.rule == "kept" and r.name in fresh]
-    if not kept and any(_is_dtensor(p) for p in module.parameters()):  # sharded: every parameter is the rule's
+    if not kept and any(
+        _is_dtensor(p) for p in module.parameters()
+    ):  # sharded: every parameter is the rule's
         buffers = own_buffers_(module)
         if buffers:
-            report.notes.append(f"note: not initialised by its architecture (as after building on the meta device): "
-                                f"the buffers of {', '.join(buffers)} got {type(module).__name__}'s own init")
+            report.notes.append(
+                f"note: not initialised by its architecture (as after building on the meta device): "
+                f"the buffers of {', '.join(buffers)} got {type(module).__name__}'s own init"
+            )
         return
     own_init_(module, kept, generator)
     done = set(kept)
-    report.rows = [replace(r, reason=f"{r.reason}; not initialised (as built on meta): the architecture's init"
-                           if r.reason else "not initialised (as built on meta): the architecture's init")
-                   if r.name in done else r for r in report.rows]
+    report.rows = [
+        replace(
+            r,
+            reason=f"{r.reason}; not initialised (as built on meta): the architecture's init"
+            if r.reason
+            else "not initialised (as built on meta): the architecture's init",
+        )
+        if r.name in done
+        else r
+        for r in report.rows
+    ]
     what = f"{len(kept)} kept parameters (first: {kept[0]}) and the buffers" if kept else "the buffers"
-    report.notes.append(f"note: not initialised by its architecture (as after building on the meta device): {what} got "
-                        f"{type(module).__name__}'s own init (_init_weights) first")
+    report.notes.append(
+        f"note: not initialised by its architecture (as after building on the meta device): {what} got "
+        f"{type(module).__name__}'s own init (_init_weights) first"
+    )
 
 
 @torch.no_grad()
 def gamma_init_(
-    module: nn.Module, gamma: float = 1.0, *, generator: torch.Generator | None = None, example_inputs=None,
+    module: nn.Module,
+    gamma: float = 1.0,
+    *,
+    generator: torch.Generator | None = None,
+    example_inputs=None,
     roles: dict[str, ParamRole] | None = None,
 ) -> InitReport:
     """Apply the γ rule to every parameter of ``module`` (ours or any other nn.Module) and report it.

@@ -18,8 +18,11 @@ def norm_layers(module: nn.Module) -> dict[str, nn.Module]:
     """The norm layers of ``module`` by name: a class name that says norm (is_norm) and no parameters in
     submodules. A module that holds norms or other layers is not one, whatever its name: StableLM's per-head
     norm (a list of nn.LayerNorm), roberta-prelayernorm's encoder and attention ("…PreLayerNorm…")."""
-    return {name: m for name, m in module.named_modules()
-            if is_norm(m) and not any(True for c in m.children() for _ in c.parameters())}
+    return {
+        name: m
+        for name, m in module.named_modules()
+        if is_norm(m) and not any(True for c in m.children() for _ in c.parameters())
+    }
 
 
 def set_norm_eps_(module: nn.Module, eps: float) -> list[str]:
@@ -43,5 +46,6 @@ def set_norm_eps_(module: nn.Module, eps: float) -> list[str]:
         more = f" and {len(fixed) - 1} more" if len(fixed) > 1 else ""
         raise NormEpsError(
             f"{kind} at {fixed[0] or 'the root'}{more} has no ε attribute (its forward hard-codes ε), so ε = {eps:g} "
-            "cannot be set; replace those norms with ones that take ε, or keep the architecture's ε")
+            "cannot be set; replace those norms with ones that take ε, or keep the architecture's ε"
+        )
     return touched

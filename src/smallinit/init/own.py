@@ -27,8 +27,12 @@ def uninitialised(model: nn.Module) -> set[str]:
     after building on the meta device); none for other models, where nothing says whether values were set."""
     if not callable(getattr(model, "initialize_weights", None)) or not hasattr(model, "_init_weights"):
         return set()
-    return {f"{m}.{p}" if m else p for m, mod in model.named_modules() if not getattr(mod, "_is_hf_initialized", False)
-            for p, _ in mod.named_parameters(recurse=False, remove_duplicate=False)}
+    return {
+        f"{m}.{p}" if m else p
+        for m, mod in model.named_modules()
+        if not getattr(mod, "_is_hf_initialized", False)
+        for p, _ in mod.named_parameters(recurse=False, remove_duplicate=False)
+    }
 
 
 @torch.no_grad()
@@ -38,8 +42,11 @@ def own_buffers_(model: nn.Module) -> list[str]:
     names."""
     done = []
     for name, m in model.named_modules():
-        if (not getattr(m, "_is_hf_initialized", False) and next(m.buffers(recurse=False), None) is not None
-                and next(m.parameters(recurse=False), None) is None):
+        if (
+            not getattr(m, "_is_hf_initialized", False)
+            and next(m.buffers(recurse=False), None) is not None
+            and next(m.parameters(recurse=False), None) is None
+        ):
             model._init_weights(m)
             done.append(name)
     return done
@@ -56,7 +63,8 @@ def own_init_(model: nn.Module, names: list[str], generator: torch.Generator | N
         raise OwnInitError(
             f"{len(sharded)} parameters with an initialisation of their own (first: {sharded[0]}) hold no values "
             "and are sharded, where the architecture's init cannot run: shard after gamma_init_, or build them "
-            "on the CPU")
+            "on the CPU"
+        )
     floats = [n for n in names if params[n].is_floating_point()]
     for n in floats:  # NaN marks what the architecture's init leaves unset
         params[n].fill_(float("nan"))
@@ -66,13 +74,19 @@ def own_init_(model: nn.Module, names: list[str], generator: torch.Generator | N
                 torch.manual_seed(generator.initial_seed())
             model.initialize_weights()
     except Exception as e:
-        what = f"{len(names)} parameters with an initialisation of their own (first: {names[0]})" if names \
+        what = (
+            f"{len(names)} parameters with an initialisation of their own (first: {names[0]})"
+            if names
             else "the buffers"
-        raise OwnInitError(f"built on the meta device, {what} hold no values, and the architecture's init failed "
-                           f"({type(e).__name__}: {str(e).splitlines()[0][:100]})") from None
+        )
+        raise OwnInitError(
+            f"built on the meta device, {what} hold no values, and the architecture's init failed "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:100]})"
+        ) from None
     unset = [n for n in floats if params[n].isnan().any()]
     if unset:
         raise OwnInitError(
             f"{len(unset)} parameters with an initialisation of their own (first: {unset[0]}) hold no values and "
             f"{type(model).__name__}._init_weights does not set them: build the model on the CPU, or set them "
-            "yourself and mark their modules initialised (module._is_hf_initialized = True)")
+            "yourself and mark their modules initialised (module._is_hf_initialized = True)"
+        )

@@ -122,8 +122,11 @@ def norm_role(module: nn.Module, wname: str, w: torch.Tensor) -> ParamRole:
     try:
         at0, at1, atm1 = out(0.0), out(1.0), out(-1.0)
     except Exception as e:  # a norm whose forward wants other inputs: its form stays unknown
-        return kept("unknown", f"norm form not probed ({type(e).__name__}: {str(e).splitlines()[0][:80]})",
-                    "module type")
+        return kept(
+            "unknown",
+            f"norm form not probed ({type(e).__name__}: {str(e).splitlines()[0][:80]})",
+            "module type",
+        )
     scale = at1.abs().max()
     if not torch.isfinite(scale) or scale == 0:
         return kept("unknown", "norm form not probed (its output at w = 1 is 0 or not finite)", "module type")
@@ -131,14 +134,20 @@ def norm_role(module: nn.Module, wname: str, w: torch.Tensor) -> ParamRole:
         return ParamRole("norm", source="module type")
     if atm1.abs().max() <= 1e-6 * scale:
         return ParamRole("norm", norm_offset=True, source="module type")
-    return kept("unknown", "norm weight is neither x̂·w nor x̂·(1 + w) (probed at w = 0 and w = −1)", "module type")
+    return kept(
+        "unknown", "norm weight is neither x̂·w nor x̂·(1 + w) (probed at w = 0 and w = −1)", "module type"
+    )
 
 
 def _is_hf_conv1d(module: nn.Module) -> bool:
     """GPT-2's Conv1D: weight stored (in, out), applied as x @ W."""
     w = getattr(module, "weight", None)
-    return (type(module).__name__ == "Conv1D" and isinstance(w, torch.Tensor) and w.dim() == 2
-            and tuple(w.shape) == (getattr(module, "nx", None), getattr(module, "nf", None)))
+    return (
+        type(module).__name__ == "Conv1D"
+        and isinstance(w, torch.Tensor)
+        and w.dim() == 2
+        and tuple(w.shape) == (getattr(module, "nx", None), getattr(module, "nf", None))
+    )
 
 
 def module_roles(module: nn.Module) -> dict[str, ParamRole]:
@@ -162,8 +171,15 @@ def module_roles(module: nn.Module) -> dict[str, ParamRole]:
         roles.setdefault("weight", ParamRole("embedding", module.embedding_dim, 1, source="module type"))
     elif isinstance(module, nn.modules.conv._ConvNd) and w is not None:
         if module.transposed:
-            roles.setdefault("weight", kept("unknown", "transposed convolution: each output sums a stride-"
-                                            "dependent share of the kernel, so d_in is not one axis", "module type"))
+            roles.setdefault(
+                "weight",
+                kept(
+                    "unknown",
+                    "transposed convolution: each output sums a stride-"
+                    "dependent share of the kernel, so d_in is not one axis",
+                    "module type",
+                ),
+            )
         else:  # (out, in / groups, *kernel): d_in = in_channels / groups × kernel
             roles.setdefault("weight", matrix(w, 1, "module type", tuple(range(2, w.dim()))))
     elif _is_hf_conv1d(module) and w is not None:
@@ -213,16 +229,25 @@ def _example_inputs(module: nn.Module, example_inputs) -> tuple[tuple, dict] | N
 def _from_contractions(p: torch.Tensor, cs: set[Contraction | None]) -> ParamRole:
     """d_in from how the forward contracts it: the size every use agrees on."""
     if None in cs:
-        return kept("unknown", "the forward contracts it along something that is not a part of its axes", "forward")
+        return kept(
+            "unknown", "the forward contracts it along something that is not a part of its axes", "forward"
+        )
     sizes = sorted({c.size for c in cs})
     if len(sizes) > 1:
         shown = ", ".join(map(str, sizes))
-        return kept("unknown", f"the forward contracts it at different sizes ({shown}): d_in not one number", "forward")
+        return kept(
+            "unknown",
+            f"the forward contracts it at different sizes ({shown}): d_in not one number",
+            "forward",
+        )
     if len(cs) > 1:
-        return ParamRole("matrix", sizes[0], source=f"forward (used in {len(cs)} shapes, each contracting {sizes[0]})")
+        return ParamRole(
+            "matrix", sizes[0], source=f"forward (used in {len(cs)} shapes, each contracting {sizes[0]})"
+        )
     (c,) = cs
-    return ParamRole("matrix", c.size, c.ins[0] if c.ins else None, kernel_dims=c.ins[1:], source="forward",
-                     view=c.view)
+    return ParamRole(
+        "matrix", c.size, c.ins[0] if c.ins else None, kernel_dims=c.ins[1:], source="forward", view=c.view
+    )
 
 
 def _from_use(p: torch.Tensor, use: Use | None, why_not: str) -> ParamRole:
@@ -236,7 +261,9 @@ def _from_use(p: torch.Tensor, use: Use | None, why_not: str) -> ParamRole:
     if use.lookup and not use.ops:
         if p.dim() == 2:
             return ParamRole("embedding", int(p.shape[1]), 1, source="forward")
-        return kept("unknown", f"a {p.dim()}-d lookup table: its embedding axis is not established", "forward")
+        return kept(
+            "unknown", f"a {p.dim()}-d lookup table: its embedding axis is not established", "forward"
+        )
     if use.ops:
         ops = ", ".join(sorted(use.ops)[:4])
         return kept("own", f"not a weight matrix: the forward uses it only in {ops}", "forward")
@@ -278,7 +305,9 @@ def resolve_roles(
         try:
             uses = trace_uses(module, lambda: {n: p for n, _, _, p in entries}, *inputs)
         except TraceError as e:
-            why_not = f"d_in not established: not a parameter of a known module type, and the forward failed ({e})"
+            why_not = (
+                f"d_in not established: not a parameter of a known module type, and the forward failed ({e})"
+            )
             notes.append(f"forward check failed: {e}")
     declared = architecture_inits(module)
     some_trained = any(p.requires_grad for *_, p in entries)  # a wholly frozen model says nothing
@@ -288,8 +317,11 @@ def resolve_roles(
         role = _checked(fast[name], p, use) if fast[name] is not None else _from_use(p, use, why_not)
         how = declared.get(name)
         if some_trained and not p.requires_grad and role.kind != "own":
-            role = kept("own", "frozen (requires_grad=False): a fixed table or constant of the architecture",
-                        role.source)
+            role = kept(
+                "own",
+                "frozen (requires_grad=False): a fixed table or constant of the architecture",
+                role.source,
+            )
         elif how is not None and role.kind in ("bias", "embedding"):
             # a matrix is drawn whatever its architecture's init; a bias or table it computes is its own
             role = kept("own", f"its architecture initialises it with {how}", "architecture init")

@@ -123,12 +123,12 @@ def _contraction(shape: tuple[int, ...], pieces: list[Pieces | None], sizes: lis
     if whole and axes == list(range(axes[0], axes[0] + len(axes))):
         if len(axes) == 1:
             return Contraction((axes[0],), size)
-        return Contraction((axes[0],), size, shape[:axes[0]] + (size,) + shape[axes[-1] + 1:])  # merged
+        return Contraction((axes[0],), size, shape[: axes[0]] + (size,) + shape[axes[-1] + 1 :])  # merged
     if len(flat) == 1:  # a part of one axis: that axis seen as (outer, size, inner)
         j, n, step = flat[0]
         parts = (shape[j] // (n * step), n, step)
         kept = [k for k, x in enumerate(parts) if x > 1 or k == 1]
-        view = shape[:j] + tuple(parts[k] for k in kept) + shape[j + 1:]
+        view = shape[:j] + tuple(parts[k] for k in kept) + shape[j + 1 :]
         return Contraction((j + kept.index(1),), size, view)
     return Contraction((), size)
 
@@ -146,16 +146,30 @@ class _Recorder(TorchDispatchMode):
     BIAS_ARG = {aten.addmm.default: 0, aten.baddbmm.default: 0}
     COPIES = {aten.clone.default, aten._to_copy.default, aten.lift_fresh_copy.default}
     # what stays linear in a contraction's output: routing weights, expert outputs combined, casts
-    LINEAR = {aten.mul.Tensor, aten.div.Tensor, aten.index_add.default, aten.index_add_.default,
-              aten.index_put.default, aten.index_put_.default, aten.scatter_add.default, aten.scatter_add_.default,
-              aten.cat.default, aten.stack.default, aten.sum.dim_IntList, aten._to_copy.default, aten.clone.default,
-              aten._unsafe_view.default, aten.neg.default}
+    LINEAR = {
+        aten.mul.Tensor,
+        aten.div.Tensor,
+        aten.index_add.default,
+        aten.index_add_.default,
+        aten.index_put.default,
+        aten.index_put_.default,
+        aten.scatter_add.default,
+        aten.scatter_add_.default,
+        aten.cat.default,
+        aten.stack.default,
+        aten.sum.dim_IntList,
+        aten._to_copy.default,
+        aten.clone.default,
+        aten._unsafe_view.default,
+        aten.neg.default,
+    }
 
     def __init__(self, params: dict[str, torch.Tensor]):
         super().__init__()
         # storage → (name, the tensor whose strides define the axes, the parameter pieces of each of its dims)
         self.bases: dict[int, tuple[str, torch.Tensor, list[Pieces | None]]] = {
-            _key(t): (name, t, [((j, n, 1),) for j, n in enumerate(t.shape)]) for name, t in params.items()}
+            _key(t): (name, t, [((j, n, 1),) for j, n in enumerate(t.shape)]) for name, t in params.items()
+        }
         self.shapes = {name: tuple(t.shape) for name, t in params.items()}
         self.uses = {name: Use() for name in params}
         self.products: set[int] = set()  # storages of tensors linear in a contraction's output
@@ -177,7 +191,8 @@ class _Recorder(TorchDispatchMode):
             name, pieces = got
             dims = [d % t.dim() for d in dims]
             self.uses[name].contracted.add(
-                _contraction(self.shapes[name], [pieces[d] for d in dims], [t.shape[d] for d in dims]))
+                _contraction(self.shapes[name], [pieces[d] for d in dims], [t.shape[d] for d in dims])
+            )
 
     def _mark(self, out) -> None:
         for o in out if isinstance(out, (list, tuple)) else (out,):
@@ -194,21 +209,29 @@ class _Recorder(TorchDispatchMode):
         tracked = [a for a in flat if isinstance(a, torch.Tensor) and self.axes(a) is not None]
         keys = {_key(a) for a in tracked}
         # any other tensor on meta (a buffer) stands for zeros of its shape on the CPU
-        args, kwargs = tree_map(lambda a: _zeros(a) if isinstance(a, torch.Tensor) and a.is_meta
-                                and _key(a) not in keys else a, (args, kwargs))
+        args, kwargs = tree_map(
+            lambda a: _zeros(a) if isinstance(a, torch.Tensor) and a.is_meta and _key(a) not in keys else a,
+            (args, kwargs),
+        )
         contraction = func in self.CONTRACT or func in (aten.linear.default, aten.convolution.default)
         if tracked:
             self._record(func, args, flat)
-        linear = contraction or (func in self.LINEAR and any(
-            isinstance(a, torch.Tensor) and _key(a) in self.products for a in flat))
+        linear = contraction or (
+            func in self.LINEAR
+            and any(isinstance(a, torch.Tensor) and _key(a) in self.products for a in flat)
+        )
         if not tracked:
             out = func(*args, **kwargs)
             if linear:
                 self._mark(out)
             return out
         if func._schema.is_mutable and not any(
-                a.alias_info is not None and a.alias_info.is_write and isinstance(v, torch.Tensor) and _key(v) in keys
-                for a, v in zip(func._schema.arguments, args)):
+            a.alias_info is not None
+            and a.alias_info.is_write
+            and isinstance(v, torch.Tensor)
+            and _key(v) in keys
+            for a, v in zip(func._schema.arguments, args)
+        ):
             return args[0]  # an in-place op on an activation that reads a parameter: its values do not matter
         margs, mkwargs = tree_map(_meta, (args, kwargs))
         if mkwargs.get("device") is not None:
@@ -218,7 +241,12 @@ class _Recorder(TorchDispatchMode):
         except RuntimeError as e:
             out = _meta_bf16(func, margs, mkwargs, e)
         aliased = isinstance(out, torch.Tensor) and _key(out) in self.bases  # _unsafe_view and the like
-        if aliased or _is_view(func) or func in self.COPIES or func in (aten.index.Tensor, aten.index_select.default):
+        if (
+            aliased
+            or _is_view(func)
+            or func in self.COPIES
+            or func in (aten.index.Tensor, aten.index_select.default)
+        ):
             if not (aliased or _is_view(func)):
                 self._copied(func, args, out)
             return out
@@ -273,8 +301,11 @@ class _Recorder(TorchDispatchMode):
                 self.uses[got[0]].lookup = True
         elif func in self.COPIES:
             pass
-        elif func in (aten.add.Tensor, aten.add_.Tensor) and sum(self.axes(a) is not None for a in args) == 1 \
-                and any(isinstance(a, torch.Tensor) and _key(a) in self.products for a in args):
+        elif (
+            func in (aten.add.Tensor, aten.add_.Tensor)
+            and sum(self.axes(a) is not None for a in args) == 1
+            and any(isinstance(a, torch.Tensor) and _key(a) in self.products for a in args)
+        ):
             name = next(self.axes(a)[0] for a in args if self.axes(a) is not None)
             self.uses[name].added = True  # a bias added to a contraction's output
         elif not func._schema.is_mutable and not _is_view(func):
@@ -287,13 +318,19 @@ class _Recorder(TorchDispatchMode):
 def _meta_bf16(func, args, kwargs, error: RuntimeError):
     """The output of a meta kernel stricter than the real one about dtypes (``_grouped_mm`` on meta takes
     only bfloat16, on the CPU float32 too): computed in bfloat16, given the inputs' dtype."""
-    floats = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    floats = [
+        a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor) and a.is_floating_point()
+    ]
     if not floats:
         raise error
-    cast = tree_map(lambda a: a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point() else a,
-                    (args, kwargs))
+    cast = tree_map(
+        lambda a: a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point() else a,
+        (args, kwargs),
+    )
     out = func(*cast[0], **cast[1])
-    return tree_map(lambda o: o.to(floats[0].dtype) if isinstance(o, torch.Tensor) and o.is_floating_point() else o, out)
+    return tree_map(
+        lambda o: o.to(floats[0].dtype) if isinstance(o, torch.Tensor) and o.is_floating_point() else o, out
+    )
 
 
 def _is_view(func) -> bool:
@@ -301,13 +338,19 @@ def _is_view(func) -> bool:
 
 
 def _meta(x):
-    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta") \
-        if isinstance(x, torch.Tensor) and not x.is_meta else x
+    return (
+        torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+        if isinstance(x, torch.Tensor) and not x.is_meta
+        else x
+    )
 
 
 def _zeros(x: torch.Tensor) -> torch.Tensor:
-    return torch.zeros(x.shape, dtype=x.dtype).as_strided(x.shape, x.stride()) if _dense(x) else \
-        torch.zeros(x.shape, dtype=x.dtype)
+    return (
+        torch.zeros(x.shape, dtype=x.dtype).as_strided(x.shape, x.stride())
+        if _dense(x)
+        else torch.zeros(x.shape, dtype=x.dtype)
+    )
 
 
 def _dense(x: torch.Tensor) -> bool:
@@ -343,7 +386,9 @@ def trace_uses(
     docstring); for each parameter (``names()``: name → parameter, ties once) what it did."""
     params = names()
     meta = {id(p): _stand_in(p) for p in params.values()}
-    state = {n: meta.setdefault(id(p), _stand_in(p)) for n, p in module.named_parameters(remove_duplicate=False)}
+    state = {
+        n: meta.setdefault(id(p), _stand_in(p)) for n, p in module.named_parameters(remove_duplicate=False)
+    }
     state.update({n: _stand_in(b) for n, b in module.named_buffers(remove_duplicate=False)})
     recorder = _Recorder({n: meta[id(p)] for n, p in params.items()})
     modes = {m: m.training for m in module.modules()}
@@ -364,8 +409,13 @@ def trace_uses(
     return recorder.uses
 
 
-_HOOKS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
-          "_forward_hooks_always_called")
+_HOOKS = (
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+)
 
 
 def _take_hooks(m: nn.Module) -> dict:

@@ -16,5 +16,6 @@ def engine(module: str, extra: str, what: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise MissingExtra(f"{what} needs {module.split('.')[0]}, which is not installed: "
-                           f"pip install 'smallinit[{extra}]'") from None
+        raise MissingExtra(
+            f"{what} needs {module.split('.')[0]}, which is not installed: pip install 'smallinit[{extra}]'"
+        ) from None

@@ -29,8 +29,9 @@ transformers = engine("transformers", "hf", "smallinit.integrations.hf")
 OUT = "smallinit"  # the monitor's folder inside args.output_dir
 
 
-def model_init(config: Any, *, gamma: float = 1.0, norm_eps: float | None = 1e-12, seed: int = 0
-               ) -> Callable[..., torch.nn.Module]:
+def model_init(
+    config: Any, *, gamma: float = 1.0, norm_eps: float | None = 1e-12, seed: int = 0
+) -> Callable[..., torch.nn.Module]:
     """A ``Trainer(model_init=…)`` function: the causal LM of ``config`` with every matrix drawn by the γ rule
     (seeded, so each call gives the same weights) and every norm's ε set to ``norm_eps`` (None: kept)."""
 
@@ -58,8 +59,14 @@ class SmallinitCallback(transformers.TrainerCallback):
         if "batch" not in kw and "data" not in kw:
             kw["batch"] = self._eval_batch()
         kw.setdefault("settings", getattr(self.trainer.model_init, "settings", None))
-        self.monitor = Monitor(model, out=Path(args.output_dir) / OUT, total_steps=state.max_steps,
-                               start_step=state.global_step, engine="transformers", **kw)
+        self.monitor = Monitor(
+            model,
+            out=Path(args.output_dir) / OUT,
+            total_steps=state.max_steps,
+            start_step=state.global_step,
+            engine="transformers",
+            **kw,
+        )
         if state.global_step == 0:
             self._measure(0)
 
@@ -77,13 +84,17 @@ class SmallinitCallback(transformers.TrainerCallback):
 
     def _eval_batch(self) -> dict[str, torch.Tensor]:
         if self.trainer.eval_dataset is None:
-            raise ConfigError("smallinit's monitor needs held-out text: give the Trainer an eval_dataset, or pass "
-                              "watch(trainer, batch=TOKEN_IDS) or data=ROWS")
+            raise ConfigError(
+                "smallinit's monitor needs held-out text: give the Trainer an eval_dataset, or pass "
+                "watch(trainer, batch=TOKEN_IDS) or data=ROWS"
+            )
         batch = next(iter(self.trainer.get_eval_dataloader()))
         mask = batch.get("attention_mask")
         if mask is not None and not bool(mask.all()):
-            raise ConfigError("the Trainer's first eval batch is padded, and the monitor measures whole sequences; "
-                              "pass watch(trainer, batch=TOKEN_IDS) with sequences of one length")
+            raise ConfigError(
+                "the Trainer's first eval batch is padded, and the monitor measures whole sequences; "
+                "pass watch(trainer, batch=TOKEN_IDS) with sequences of one length"
+            )
         return batch
 
 

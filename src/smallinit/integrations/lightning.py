@@ -40,13 +40,25 @@ class SmallinitCallback(L.Callback):
             loaders = trainer.val_dataloaders
             loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
             if loader is None:
-                raise ConfigError("smallinit's monitor needs held-out text: pass a val dataloader to fit, or "
-                                  "SmallinitCallback(batch=TOKEN_IDS) or data=ROWS")
+                raise ConfigError(
+                    "smallinit's monitor needs held-out text: pass a val dataloader to fit, or "
+                    "SmallinitCallback(batch=TOKEN_IDS) or data=ROWS"
+                )
             kw["batch"] = next(iter(loader))
         estimated = trainer.estimated_stepping_batches  # inf when neither max_steps nor max_epochs bounds it
-        total = trainer.max_steps if trainer.max_steps > 0 else (int(estimated) if math.isfinite(estimated) else None)
-        self.monitor = Monitor(self._model(pl_module), out=Path(trainer.default_root_dir) / OUT, total_steps=total,
-                               start_step=trainer.global_step, engine="lightning", **kw)
+        total = (
+            trainer.max_steps
+            if trainer.max_steps > 0
+            else (int(estimated) if math.isfinite(estimated) else None)
+        )
+        self.monitor = Monitor(
+            self._model(pl_module),
+            out=Path(trainer.default_root_dir) / OUT,
+            total_steps=total,
+            start_step=trainer.global_step,
+            engine="lightning",
+            **kw,
+        )
         if trainer.global_step == 0:
             self._measure(trainer, 0)
 
@@ -73,5 +85,7 @@ class SmallinitCallback(L.Callback):
                 return candidate
             except ModelError:
                 continue
-        raise ModelError(f"smallinit cannot observe {type(pl_module).__name__} nor its attribute {self.attr!r}: hold "
-                         "a smallinit Transformer or a Hugging Face causal LM there, or name it with attr=")
+        raise ModelError(
+            f"smallinit cannot observe {type(pl_module).__name__} nor its attribute {self.attr!r}: hold "
+            "a smallinit Transformer or a Hugging Face causal LM there, or name it with attr="
+        )

@@ -33,12 +33,16 @@ def measure_activations(
         if out.attention:
             result["sink"] = sink_from_attention(out.attention, chunk=chunk).to_dict()
         else:
-            not_measured["sink"] = f"no softmax attention: {type(adapter.module).__name__} made no attention call"
+            not_measured["sink"] = (
+                f"no softmax attention: {type(adapter.module).__name__} made no attention call"
+            )
     if "residual_flow" not in not_measured:
         if out.residual:
             result["residual_flow"] = flow_from_hidden(out.residual)
         else:
-            not_measured["residual_flow"] = f"the adapter of {type(adapter.module).__name__} observed no residual stream"
+            not_measured["residual_flow"] = (
+                f"the adapter of {type(adapter.module).__name__} observed no residual stream"
+            )
     factors, unmeasured = norm_factors_from_observed(adapter, out)
     if factors:
         result["norm_factor"] = factors

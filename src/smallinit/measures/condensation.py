@@ -110,7 +110,9 @@ def row_cosine(W: torch.Tensor, *, max_rows: int = 1024, seed: int = 0, cluster:
         dist = 1.0 - C_np
         np.fill_diagonal(dist, 0.0)
         order = leaves_list(linkage(squareform(dist, checks=False), method="average"))
-    return RowCosine(matrix=C_np[np.ix_(order, order)].astype(np.float32), order=order, rows=rows, mean_abs=mean_abs)
+    return RowCosine(
+        matrix=C_np[np.ix_(order, order)].astype(np.float32), order=order, rows=rows, mean_abs=mean_abs
+    )
 
 
 @dataclass
@@ -126,12 +128,18 @@ class MatrixStat:
         return self.stable_rank / min(self.shape)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "stable_rank": self.stable_rank,
-                "stable_rank_fraction": self.stable_rank_fraction, "mean_abs_cos": self.mean_abs_cos}
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "stable_rank": self.stable_rank,
+            "stable_rank_fraction": self.stable_rank_fraction,
+            "mean_abs_cos": self.mean_abs_cos,
+        }
 
 
-def named_matrices(model: nn.Module, patterns: list[str] | str | None = None, *,
-                   roles: dict[str, ParamRole] | None = None) -> dict[str, torch.Tensor]:
+def named_matrices(
+    model: nn.Module, patterns: list[str] | str | None = None, *, roles: dict[str, ParamRole] | None = None
+) -> dict[str, torch.Tensor]:
     """Every weight matrix (tied ones once) in out × in orientation, optionally filtered by glob patterns on
     the name. Parameters whose input axis is not established (``unoriented_matrices``) are left out.
 
@@ -148,7 +156,11 @@ def named_matrices(model: nn.Module, patterns: list[str] | str | None = None, *,
         if p.dim() < 2 or role.in_dim is None or not role.drawn:
             continue
         W = as_out_in(p, role)
-        items = [(name, W)] if W.dim() == 2 else [(f"{name}.{i}", w) for i, w in enumerate(W.reshape(-1, *W.shape[-2:]))]
+        items = (
+            [(name, W)]
+            if W.dim() == 2
+            else [(f"{name}.{i}", w) for i, w in enumerate(W.reshape(-1, *W.shape[-2:]))]
+        )
         for n, w in items:
             if not patterns or any(fnmatch.fnmatchcase(n, pat) for pat in patterns):
                 out[n] = w
@@ -159,8 +171,11 @@ def unoriented_matrices(model: nn.Module) -> dict[str, str]:
     """Parameters with ≥ 2 axes whose input axis is not established, with the reason: no statistic is
     computed on them rather than one on a guessed orientation."""
     params = dict(model.named_parameters())
-    return {name: role.reason or role.kind for name, role in param_roles(model).items()
-            if params[name].dim() >= 2 and (role.in_dim is None or not role.drawn)}
+    return {
+        name: role.reason or role.kind
+        for name, role in param_roles(model).items()
+        if params[name].dim() >= 2 and (role.in_dim is None or not role.drawn)
+    }
 
 
 def matrix_stats(

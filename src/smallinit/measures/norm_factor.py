@@ -96,12 +96,16 @@ def norm_factors_from_observed(adapter, observed: Observed) -> tuple[dict[str, f
     if observed.norm_factors:
         return {name: f.double().mean().item() for name, f in observed.norm_factors.items()}, missing
     forms = adapter.norms()
-    missing.update({name: "its ε or form cannot be read" for name in observed.norm_inputs if name not in forms})
+    missing.update(
+        {name: "its ε or form cannot be read" for name in observed.norm_inputs if name not in forms}
+    )
     known = {name: h for name, h in observed.norm_inputs.items() if name in forms}
     return norm_factors_from_inputs(forms, known), missing
 
 
-def norm_factors_from_inputs(forms: dict[str, NormForm], norm_inputs: dict[str, torch.Tensor]) -> dict[str, float]:
+def norm_factors_from_inputs(
+    forms: dict[str, NormForm], norm_inputs: dict[str, torch.Tensor]
+) -> dict[str, float]:
     """Measured factors from observed norm inputs (``Observed.norm_inputs``), each with its norm's form."""
     result = {}
     for name, h in norm_inputs.items():

@@ -60,8 +60,13 @@ class ResidualFlowSweep:
 
     def to_dict(self) -> dict:
         return {
-            "gammas": self.gammas, "widths": self.widths, "seeds": self.seeds, "ratios": self.ratios.tolist(),
-            "slopes": self.slopes, "seed_slopes": self.seed_slopes.tolist(), "predicted": self.predicted,
+            "gammas": self.gammas,
+            "widths": self.widths,
+            "seeds": self.seeds,
+            "ratios": self.ratios.tolist(),
+            "slopes": self.slopes,
+            "seed_slopes": self.seed_slopes.tolist(),
+            "predicted": self.predicted,
             "base_config": self.base_config,
         }
 
@@ -72,9 +77,13 @@ class ResidualFlowSweep:
     @staticmethod
     def from_dict(raw: dict) -> ResidualFlowSweep:
         return ResidualFlowSweep(
-            gammas=list(raw["gammas"]), widths=list(raw["widths"]), seeds=list(raw["seeds"]),
-            ratios=np.asarray(raw["ratios"], dtype=float), slopes=list(raw["slopes"]),
-            seed_slopes=np.asarray(raw["seed_slopes"], dtype=float), base_config=dict(raw["base_config"]),
+            gammas=list(raw["gammas"]),
+            widths=list(raw["widths"]),
+            seeds=list(raw["seeds"]),
+            ratios=np.asarray(raw["ratios"], dtype=float),
+            slopes=list(raw["slopes"]),
+            seed_slopes=np.asarray(raw["seed_slopes"], dtype=float),
+            base_config=dict(raw["base_config"]),
         )
 
 
@@ -106,7 +115,12 @@ def residual_flow_sweep(
     for gi, gamma in enumerate(gammas):
         for wi, d in enumerate(widths):
             cfg = dataclasses.replace(
-                base, gamma=float(gamma), d_model=d, n_heads=d // head_dim, n_kv_heads=d // head_dim, d_ff=ff_mult * d
+                base,
+                gamma=float(gamma),
+                d_model=d,
+                n_heads=d // head_dim,
+                n_kv_heads=d // head_dim,
+                d_ff=ff_mult * d,
             )
             for si, seed in enumerate(seeds):
                 model = Transformer(cfg, seed=int(seed)).eval()
@@ -115,9 +129,15 @@ def residual_flow_sweep(
                 ratios[gi, wi, si] = residual_flow_ratio(model, tokens)
     logd, logr = np.log(widths), np.log(ratios)
     slopes = [float(np.polyfit(logd, logr[gi].mean(axis=1), 1)[0]) for gi in range(len(gammas))]
-    seed_slopes = np.array([[np.polyfit(logd, logr[gi, :, si], 1)[0] for si in range(len(seeds))]
-                            for gi in range(len(gammas))])
+    seed_slopes = np.array(
+        [[np.polyfit(logd, logr[gi, :, si], 1)[0] for si in range(len(seeds))] for gi in range(len(gammas))]
+    )
     return ResidualFlowSweep(
-        gammas=[float(g) for g in gammas], widths=widths, seeds=[int(s) for s in seeds], ratios=ratios,
-        slopes=slopes, seed_slopes=seed_slopes, base_config=dataclasses.asdict(base),
+        gammas=[float(g) for g in gammas],
+        widths=widths,
+        seeds=[int(s) for s in seeds],
+        ratios=ratios,
+        slopes=slopes,
+        seed_slopes=seed_slopes,
+        base_config=dataclasses.asdict(base),
     )

@@ -75,7 +75,9 @@ def uniform_sink(seq_len: int, window: int | None = None) -> float:
     return float(np.mean([1 / i for i in range(2, last + 1)]))
 
 
-def key0_weights(att: AttentionInputs, *, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def key0_weights(
+    att: AttentionInputs, *, chunk: int = 256
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each query's attention weight on key 0, whether it may attend to key 0 at all, and the weight uniform
     attention over the keys it may see would put there: three (B, H, T) tensors (weights in fp32, 0 where
     unseen). Keys with fewer heads (grouped-query attention) are shared across their group of query heads,
@@ -116,7 +118,9 @@ def _allowed(att: AttentionInputs, lo: int, hi: int, S: int, device: torch.devic
     """Which keys queries lo…hi−1 may attend to, broadcastable to (B, H, hi−lo, S)."""
     if att.mask is None:
         T = att.q.shape[-2] if att.q is not None else att.probs.shape[-2]
-        queries = torch.arange(S - T + lo, S - T + hi, device=device)[:, None]  # positions after any cached keys
+        queries = torch.arange(S - T + lo, S - T + hi, device=device)[
+            :, None
+        ]  # positions after any cached keys
         keys = torch.arange(S, device=device)[None, :]
         allowed = keys <= queries
         if att.window is not None:
@@ -150,13 +154,19 @@ def sink_from_attention(attention: list[AttentionInputs], *, chunk: int = 256) -
         uniform.append((even.double().sum() / sees.sum()).item())
     heads = np.full((len(per_head), max(len(h) for h in per_head)), np.nan)
     for i, h in enumerate(per_head):
-        heads[i, :len(h)] = h
-    return SinkScores(per_layer=[float(h.mean()) for h in per_head], per_head=heads, layers=[a.name for a in attention],
-                      uniform_per_layer=uniform)
+        heads[i, : len(h)] = h
+    return SinkScores(
+        per_layer=[float(h.mean()) for h in per_head],
+        per_head=heads,
+        layers=[a.name for a in attention],
+        uniform_per_layer=uniform,
+    )
 
 
 @torch.no_grad()
-def attention_roles(model: torch.nn.Module, tokens: torch.Tensor, marked: torch.Tensor) -> dict[str, list[list[float]]]:
+def attention_roles(
+    model: torch.nn.Module, tokens: torch.Tensor, marked: torch.Tensor
+) -> dict[str, list[list[float]]]:
     """Where each head's attention goes, split by query: mean weight on the first token, on the query itself and
     on the token before it, for the queries ``marked`` (B, T bool: e.g. the sink task's triggers) and for the
     others, over queries i ≥ 2 (0-based), where those three keys differ. Keys "first/marked", "first/other",
@@ -172,11 +182,15 @@ def attention_roles(model: torch.nn.Module, tokens: torch.Tensor, marked: torch.
         k = k.repeat_interleave(rep, dim=1) if rep > 1 else k
         s = (q.float() @ k.float().transpose(-2, -1)) * q.shape[-1] ** -0.5
         a = s.masked_fill(~causal, float("-inf")).softmax(-1)[:, :, 2:]  # (B, H, T − 2, T): queries 2 … T − 1
-        roles = {"first": a[..., 0], "self": torch.diagonal(a[..., 2:], dim1=-2, dim2=-1),
-                 "previous": torch.diagonal(a[..., 1:], dim1=-2, dim2=-1),
-                 "entropy": -(a * torch.log(a.clamp_min(1e-30))).sum(-1)}
+        roles = {
+            "first": a[..., 0],
+            "self": torch.diagonal(a[..., 2:], dim1=-2, dim2=-1),
+            "previous": torch.diagonal(a[..., 1:], dim1=-2, dim2=-1),
+            "entropy": -(a * torch.log(a.clamp_min(1e-30))).sum(-1),
+        }
         for name, w in roles.items():  # (B, H, T − 2)
             for kind, sel in kinds.items():
                 out.setdefault(f"{name}/{kind}", []).append(
-                    [w[:, h][sel].mean().item() if sel.any() else float("nan") for h in range(w.shape[1])])
+                    [w[:, h][sel].mean().item() if sel.any() else float("nan") for h in range(w.shape[1])]
+                )
     return out

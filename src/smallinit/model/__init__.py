@@ -6,4 +6,16 @@ from smallinit.model.moe import MoE, RouterStats
 from smallinit.model.norm import RMSNorm
 from smallinit.model.transformer import Block, ModelOutput, Transformer
 
-__all__ = ["Attention", "Block", "KVCache", "ModelOutput", "MoE", "RMSNorm", "RouterStats", "SwiGLU", "Transformer", "apply_rope", "rope_tables"]
+__all__ = [
+    "Attention",
+    "Block",
+    "KVCache",
+    "ModelOutput",
+    "MoE",
+    "RMSNorm",
+    "RouterStats",
+    "SwiGLU",
+    "Transformer",
+    "apply_rope",
+    "rope_tables",
+]

@@ -37,8 +37,17 @@ class KVCache:
     context length. Each layer's attention stores its new positions; the model advances ``length`` once all
     layers have."""
 
-    def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_len: int, head_dim: int, *,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        n_layers: int,
+        batch_size: int,
+        n_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ):
         shape = (n_layers, batch_size, n_kv_heads, max_len, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
@@ -52,14 +61,16 @@ class KVCache:
         if not self.length:
             return None
         if self._mask is None or self._mask.shape != (T, self.length + T):
-            self._mask = torch.ones(T, self.length + T, dtype=torch.bool, device=self.keys.device).tril(self.length)
+            self._mask = torch.ones(T, self.length + T, dtype=torch.bool, device=self.keys.device).tril(
+                self.length
+            )
         return self._mask
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v (B, H_kv, T, hd) after the cached positions; return the layer's keys and values so far."""
         end = self.length + k.shape[2]
-        self.keys[layer, :, :, self.length:end] = k
-        self.values[layer, :, :, self.length:end] = v
+        self.keys[layer, :, :, self.length : end] = k
+        self.values[layer, :, :, self.length : end] = v
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
 
@@ -87,7 +98,9 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
         if gate != "none":  # W_θ
-            self.g_proj = nn.Linear(d_model, n_heads * (self.head_dim if gate == "elementwise" else 1), bias=False)
+            self.g_proj = nn.Linear(
+                d_model, n_heads * (self.head_dim if gate == "elementwise" else 1), bias=False
+            )
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, norm_eps)
             self.k_norm = RMSNorm(self.head_dim, norm_eps)
@@ -95,7 +108,12 @@ class Attention(nn.Module):
         self.sdpa = ScaledDotProductAttention()
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None = None,
+        layer: int = 0,
     ) -> torch.Tensor:
         """``cos``/``sin`` are the rows of x's positions; with ``cache``, x continues the cached positions."""
         B, T, _ = x.shape

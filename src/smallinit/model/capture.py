@@ -68,6 +68,7 @@ def capturing(model: nn.Module, kinds: Iterable[str]) -> Iterator[Captured]:
             if isinstance(norm, RMSNorm):
                 on(norm, lambda _m, args, name=name: got.norms.__setitem__(name, args[0].detach()), pre=True)
     if kinds & {"qk", "attn"}:
+
         def take(_m, args):
             q, k = args[0].detach(), args[1].detach()
             if "qk" in kinds:

@@ -93,7 +93,11 @@ class MoE(nn.Module):
         self.gate_proj = nn.Parameter(torch.empty(E, d_expert, d_model))
         self.up_proj = nn.Parameter(torch.empty(E, d_expert, d_model))
         self.down_proj = nn.Parameter(torch.empty(E, d_model, d_expert))
-        self.gamma_in_dim = {"gate_proj": 2, "up_proj": 2, "down_proj": 2}  # (E, out, in), applied as x @ w[e]ᵀ
+        self.gamma_in_dim = {
+            "gate_proj": 2,
+            "up_proj": 2,
+            "down_proj": 2,
+        }  # (E, out, in), applied as x @ w[e]ᵀ
         self.shared_expert = SwiGLU(d_model, d_expert) if cfg.shared_expert else None
         # integer counts stay exact when the model is cast to bf16
         self.register_buffer("expert_counts", torch.zeros(E, dtype=torch.int64), persistent=False)
@@ -130,7 +134,8 @@ class MoE(nn.Module):
         # a scatter, not bincount: the same counts with a static shape, so fake-tensor traces (a memory plan on
         # fake ranks) can run the forward
         counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device).scatter_add_(
-            0, flat, torch.ones_like(flat))
+            0, flat, torch.ones_like(flat)
+        )
         grouped = self._grouped(x)
         xs = x[order // k]
         hs = F.silu(expert_matmul(xs, self.gate_proj, counts, grouped=grouped))
@@ -159,12 +164,15 @@ class MoE(nn.Module):
         if not hasattr(F, "grouped_mm") or x.device.type != "cpu" or torch.compiler.is_compiling():
             return False
         return dtype in (torch.float32, torch.bfloat16) and all(
-            n * dtype.itemsize % 16 == 0 for n in (x.shape[-1], self.d_expert))
+            n * dtype.itemsize % 16 == 0 for n in (x.shape[-1], self.d_expert)
+        )
 
     @torch.no_grad()
     def _accumulate(self, counts: torch.Tensor, balance: torch.Tensor, z: torch.Tensor) -> None:
         self.expert_counts += counts
-        self.loss_sums += torch.stack([balance.detach(), z.detach(), torch.ones_like(z)]).to(self.loss_sums.dtype)
+        self.loss_sums += torch.stack([balance.detach(), z.detach(), torch.ones_like(z)]).to(
+            self.loss_sums.dtype
+        )
 
     @torch.no_grad()
     def reset_stats(self) -> None:

@@ -33,7 +33,9 @@ from smallinit.model.norm import RMSNorm
 class ModelOutput:
     logits: torch.Tensor | None = None
     loss: torch.Tensor | None = None  # mean next-token cross-entropy (plus nothing else)
-    aux_loss: torch.Tensor | None = None  # MoE router losses (weighted, mean over MoE layers); add to ``loss``
+    aux_loss: torch.Tensor | None = (
+        None  # MoE router losses (weighted, mean over MoE layers); add to ``loss``
+    )
     hidden_states: list[torch.Tensor] = field(default_factory=list)
     norm_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
     qk: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
@@ -45,7 +47,12 @@ class Block(nn.Module):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.effective_norm_eps)
         self.attn = Attention(
-            cfg.d_model, cfg.n_heads, cfg.n_kv_heads, gate=cfg.gate, qk_norm=cfg.qk_norm, norm_eps=cfg.effective_norm_eps
+            cfg.d_model,
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            gate=cfg.gate,
+            qk_norm=cfg.qk_norm,
+            norm_eps=cfg.effective_norm_eps,
         )
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.effective_norm_eps)
         self.mlp: SwiGLU | MoE
@@ -98,7 +105,11 @@ class Transformer(nn.Module):
         return report
 
     def forward(
-        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, capture: Iterable[str] = (),
+        self,
+        tokens: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        capture: Iterable[str] = (),
         cache: KVCache | None = None,
     ) -> ModelOutput:
         kinds = check_kinds(capture)
@@ -107,12 +118,17 @@ class Transformer(nn.Module):
                 raise ValueError("capture needs the whole sequence in one forward; pass no cache")
             with capturing(self, kinds) as got:
                 out = self.forward(tokens, targets)
-            out.hidden_states, out.norm_inputs, out.qk, out.attentions = got.hidden, got.norms, got.qk, got.attn
+            out.hidden_states, out.norm_inputs, out.qk, out.attentions = (
+                got.hidden,
+                got.norms,
+                got.qk,
+                got.attn,
+            )
             return out
         past, T = (cache.length if cache is not None else 0), tokens.shape[1]
         if past + T > self.config.max_seq_len:
             raise ValueError(f"sequence length {past + T} exceeds max_seq_len {self.config.max_seq_len}")
-        cos, sin = self.rope_cos[past:past + T], self.rope_sin[past:past + T]
+        cos, sin = self.rope_cos[past : past + T], self.rope_sin[past : past + T]
 
         h = self.embed(tokens)
         aux = []
@@ -134,8 +150,9 @@ class Transformer(nn.Module):
     def new_cache(self, batch_size: int = 1) -> KVCache:
         """An empty KVCache for up to max_seq_len positions, on the model's device and in its dtype."""
         c, w = self.config, self.embed.weight
-        return KVCache(c.n_layers, batch_size, c.n_kv_heads, c.max_seq_len, c.head_dim, dtype=w.dtype,
-                       device=w.device)
+        return KVCache(
+            c.n_layers, batch_size, c.n_kv_heads, c.max_seq_len, c.head_dim, dtype=w.dtype, device=w.device
+        )
 
     def num_params(self, *, active: bool = False, embeddings: bool = True) -> int:
         """Unique parameters; ``active`` counts only the experts a token uses (MoE)."""

@@ -20,7 +20,13 @@ from smallinit.report import figures
 from smallinit.report.html import build_report
 
 __all__ = [
-    "analysis_lines", "build_report", "compare_output_dir", "write_analysis", "write_compare", "write_coordcheck", "write_sweep",
+    "analysis_lines",
+    "build_report",
+    "compare_output_dir",
+    "write_analysis",
+    "write_compare",
+    "write_coordcheck",
+    "write_sweep",
 ]
 
 
@@ -44,22 +50,35 @@ def analysis_lines(result: AnalysisResult, seq_len: int | None) -> list[str]:
     if even is None and seq_len and seq_len >= 2:
         even = uniform_sink(seq_len)
     uniform = f"attention spread evenly gives {even:.4f}; " if even is not None else ""
-    flow_scale = (f"at initialisation the paper has it scale as d^(1−γ), here {m.d_model ** (1 - m.gamma):.3g} "
-                  f"for d = {m.d_model}, γ = {m.gamma:g}, up to a constant: " if m else "")
-    factor_init = (f"; at initialisation this config gives {result.norm_factor_analytic:.4f}"
-                   if result.norm_factor_analytic is not None else "")
+    flow_scale = (
+        f"at initialisation the paper has it scale as d^(1−γ), here {m.d_model ** (1 - m.gamma):.3g} "
+        f"for d = {m.d_model}, γ = {m.gamma:g}, up to a constant: "
+        if m
+        else ""
+    )
+    factor_init = (
+        f"; at initialisation this config gives {result.norm_factor_analytic:.4f}"
+        if result.norm_factor_analytic is not None
+        else ""
+    )
     lines = [f"{where}: loss {result.loss:.4f} nats/token on {result.tokens:,} tokens"]
     if sink:
-        lines += [f"sink score {sink.mean:.4f}: mean attention weight on token 1 of {span}, over layers and heads "
-                  f"({uniform}1 = every query looks only at token 1)",
-                  f"Sink_0.3 {sink.share_above[0.3]:.0%}: the share of (layer, head) pairs whose mean attention on "
-                  "token 1 exceeds 0.3, the sink literature's measure (Gu et al. 2025)"]
+        lines += [
+            f"sink score {sink.mean:.4f}: mean attention weight on token 1 of {span}, over layers and heads "
+            f"({uniform}1 = every query looks only at token 1)",
+            f"Sink_0.3 {sink.share_above[0.3]:.0%}: the share of (layer, head) pairs whose mean attention on "
+            "token 1 exceeds 0.3, the sink literature's measure (Gu et al. 2025)",
+        ]
     if result.residual_flow is not None:
-        lines.append(f"residual flow {result.residual_flow:.4g}: ‖h_L − e‖/‖e‖, how far the final norm's input "
-                     f"moved from the embedding ({flow_scale}compare it with models of another γ or width at the same step)")
+        lines.append(
+            f"residual flow {result.residual_flow:.4g}: ‖h_L − e‖/‖e‖, how far the final norm's input "
+            f"moved from the embedding ({flow_scale}compare it with models of another γ or width at the same step)"
+        )
     if result.norm_factor:
-        lines.append(f"min norm factor {min(result.norm_factor.values()):.4f}: the smallest norm factor over the "
-                     f"ideal 1/σ of its input (1 = the norm sees the input's scale{factor_init})")
+        lines.append(
+            f"min norm factor {min(result.norm_factor.values()):.4f}: the smallest norm factor over the "
+            f"ideal 1/σ of its input (1 = the norm sees the input's scale{factor_init})"
+        )
     lines += _stable_rank_lines(result.matrices)
     lines += [f"not measured, {key}: {why}" for key, why in result.not_measured.items()]
     return lines + [f"note, {note}" for note in result.notes]
@@ -71,8 +90,10 @@ def _stable_rank_lines(mats: Sequence[MatrixStat]) -> list[str]:
         return []
     low = min(mats, key=lambda m: m.stable_rank_fraction)
     median = statistics.median(m.stable_rank_fraction for m in mats)
-    return [f"stable rank ‖W‖_F²/‖W‖_2²: median {median:.1%} of min(m, n) over {len(mats)} matrices, lowest "
-            f"{low.stable_rank:.1f} of {min(low.shape)} ({low.name}); a small share = condensed rows"]
+    return [
+        f"stable rank ‖W‖_F²/‖W‖_2²: median {median:.1%} of min(m, n) over {len(mats)} matrices, lowest "
+        f"{low.stable_rank:.1f} of {min(low.shape)} ({low.name}); a small share = condensed rows"
+    ]
 
 
 def compare_output_dir(result: TokenGapResult) -> Path:

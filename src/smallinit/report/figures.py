@@ -64,8 +64,16 @@ def _legend_right(ax, **kw) -> None:
     """The legend beside the axes, never over the data (constrained layout makes room for it)."""
     n = len(ax.get_legend_handles_labels()[0])
     if n:
-        _widen_for(ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=SMALL,
-                             ncols=math.ceil(n / LEGEND_ROWS), **kw))
+        _widen_for(
+            ax.legend(
+                loc="upper left",
+                bbox_to_anchor=(1.02, 1.0),
+                borderaxespad=0.0,
+                fontsize=SMALL,
+                ncols=math.ceil(n / LEGEND_ROWS),
+                **kw,
+            )
+        )
 
 
 Series = Sequence[tuple[float, float]]  # (x, y) points of one seed
@@ -82,8 +90,9 @@ def seed_mean(seeds: Sequence[Series]) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return np.array(xs), ys.mean(axis=1), ys.min(axis=1), ys.max(axis=1)
 
 
-def _plot_seeds(ax, seeds: Sequence[Series], color, label: str | None = None, band_alpha: float = 0.2,
-                **kw) -> None:
+def _plot_seeds(
+    ax, seeds: Sequence[Series], color, label: str | None = None, band_alpha: float = 0.2, **kw
+) -> None:
     """The mean over seeds as a line; with two or more seeds, the range between them as a band."""
     x, mean, lo, hi = seed_mean(seeds)
     if not len(x):
@@ -98,17 +107,20 @@ def _colors(labels: Sequence[str]) -> dict[str, tuple]:
     return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
 
 
-def _panels(panels: Mapping[str, Mapping[str, Any]], ncols_per_panel: int = 1, w: float = 4.6,
-            h: float = 3.4) -> tuple[Figure, list[np.ndarray], dict[str, tuple]]:
+def _panels(
+    panels: Mapping[str, Mapping[str, Any]], ncols_per_panel: int = 1, w: float = 4.6, h: float = 3.4
+) -> tuple[Figure, list[np.ndarray], dict[str, tuple]]:
     """One row of axes per panel title (several panels side by side when each is one axes), and one colour
     per curve label, the same in every panel."""
     n = max(1, len(panels))
     per_row = min(n, 2) if ncols_per_panel == 1 else 1  # two panels and a legend fit the page's column
     rows = math.ceil(n / per_row)
     fig, axes = _fig(ncols=per_row * ncols_per_panel, nrows=rows, w=w, h=h)
-    flat = [axes[i // per_row, (i % per_row) * ncols_per_panel:(i % per_row + 1) * ncols_per_panel]
-            for i in range(n)]
-    for extra in axes.flat[n * ncols_per_panel:]:
+    flat = [
+        axes[i // per_row, (i % per_row) * ncols_per_panel : (i % per_row + 1) * ncols_per_panel]
+        for i in range(n)
+    ]
+    for extra in axes.flat[n * ncols_per_panel :]:
         extra.set_visible(False)
     labels = list(dict.fromkeys(label for curves in panels.values() for label in curves))
     return fig, flat, _colors(labels)
@@ -121,12 +133,21 @@ def _shared_legend(fig: Figure, title: str | None) -> None:
         for h, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, h)
     if handles:
-        _widen_for(fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=SMALL,
-                              title=title, title_fontsize=SMALL))
+        _widen_for(
+            fig.legend(
+                list(handles.values()),
+                list(handles),
+                loc="outside right upper",
+                fontsize=SMALL,
+                title=title,
+                title_fontsize=SMALL,
+            )
+        )
 
 
-def norm_factor_figure(d: int = 2048, eps: Sequence[float] = (1e-5, 1e-12),
-                       gammas: Sequence[float] | None = None) -> Figure:
+def norm_factor_figure(
+    d: int = 2048, eps: Sequence[float] = (1e-5, 1e-12), gammas: Sequence[float] | None = None
+) -> Figure:
     """Fig. 1c: the RMSNorm factor (σ² + ε)^(−1/2), σ² = d^(−2γ), against γ for two ε, and the ideal 1/σ."""
     g = np.linspace(0.25, 1.5, 126) if gammas is None else np.asarray(gammas, dtype=float)
     fig, ax = _fig()
@@ -143,8 +164,9 @@ def norm_factor_figure(d: int = 2048, eps: Sequence[float] = (1e-5, 1e-12),
     return fig
 
 
-def loss_curves_figure(panels: Mapping[str, Mapping[str, Mapping[str, Sequence[Series]]]],
-                       legend_title: str | None = None) -> Figure:
+def loss_curves_figure(
+    panels: Mapping[str, Mapping[str, Mapping[str, Sequence[Series]]]], legend_title: str | None = None
+) -> Figure:
     """Loss curves, one panel per title: ``{panel: {curve: {"train": [per-seed [(step, loss)]], "val": [...]}}}``.
     Each curve is the mean over its seeds (train thin, validation thick with markers), its band the range
     over the seeds; one legend beside the panels."""
@@ -152,8 +174,15 @@ def loss_curves_figure(panels: Mapping[str, Mapping[str, Mapping[str, Sequence[S
     for (title, curves), (ax,) in zip(panels.items(), axes):
         for label, c in curves.items():
             if c.get("train"):
-                _plot_seeds(ax, c["train"], colors[label], None if c.get("val") else label, lw=0.9, alpha=0.8,
-                            band_alpha=0.12)
+                _plot_seeds(
+                    ax,
+                    c["train"],
+                    colors[label],
+                    None if c.get("val") else label,
+                    lw=0.9,
+                    alpha=0.8,
+                    band_alpha=0.12,
+                )
             if c.get("val"):
                 _plot_seeds(ax, c["val"], colors[label], label, lw=2, marker="o", ms=3)
         ax.set_xlabel("step")
@@ -164,19 +193,25 @@ def loss_curves_figure(panels: Mapping[str, Mapping[str, Mapping[str, Sequence[S
     return fig
 
 
-def grid_figure(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[str]]], *, row_label: str,
-                col_label: str, title: str) -> Figure:
+def grid_figure(
+    panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[str]]],
+    *,
+    row_label: str,
+    col_label: str,
+    title: str,
+) -> Figure:
     """Heatmaps of final losses (mean over seeds) with the numbers written in the cells, one panel per
     ``{panel title: (values, row labels, column labels)}``, on one colour scale."""
     shapes = [np.asarray(v, dtype=float).shape for v, _, _ in panels.values()]
     n_rows, n_cols = max(s[0] for s in shapes), max(s[1] for s in shapes)
     per_row = min(len(panels), 3)
-    fig, axes = _fig(ncols=per_row, nrows=math.ceil(len(panels) / per_row), w=1.3 * n_cols + 1.6,
-                     h=0.6 * n_rows + 1.6)
+    fig, axes = _fig(
+        ncols=per_row, nrows=math.ceil(len(panels) / per_row), w=1.3 * n_cols + 1.6, h=0.6 * n_rows + 1.6
+    )
     finite = np.concatenate([np.asarray(v, dtype=float).ravel() for v, _, _ in panels.values()])
     finite = finite[np.isfinite(finite)]
     norm = matplotlib.colors.Normalize(*(finite.min(), finite.max()) if len(finite) else (0, 1))
-    for ax in axes.flat[len(panels):]:
+    for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     for ax, (panel, (values, rows, cols)) in zip(axes.flat, panels.items()):
         values = np.asarray(values, dtype=float)
@@ -189,12 +224,14 @@ def grid_figure(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[s
             for j in range(values.shape[1]):
                 if math.isfinite(values[i, j]):
                     r, g, b, _ = im.cmap(norm(values[i, j]))
-                    ink = "k" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "w"  # readable on light and dark cells
+                    ink = (
+                        "k" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "w"
+                    )  # readable on light and dark cells
                     ax.text(j, i, f"{values[i, j]:.4f}", ha="center", va="center", color=ink)
         ax.set_title(textwrap.fill(panel, 32) if panel else title)  # a long setting must not widen its panel
     if any(panels):
         fig.suptitle(title)
-    fig.colorbar(im, ax=list(axes.flat[:len(panels)]), shrink=0.8)
+    fig.colorbar(im, ax=list(axes.flat[: len(panels)]), shrink=0.8)
     return fig
 
 
@@ -205,16 +242,23 @@ def uniform_label(seq_len: int | None) -> str:
 Reference = float | Sequence[float]  # one value for every layer, or one per layer (a sliding window's differ)
 
 
-def sink_figure(panels: Mapping[str, Mapping[str, Sequence[Sequence[float]]]], legend_title: str | None = None,
-                uniform: Mapping[str, Mapping[str, Reference]] | None = None) -> Figure:
+def sink_figure(
+    panels: Mapping[str, Mapping[str, Sequence[Sequence[float]]]],
+    legend_title: str | None = None,
+    uniform: Mapping[str, Mapping[str, Reference]] | None = None,
+) -> Figure:
     """Fig. 1f/g: sink score per layer, ``{panel: {model: [per-seed scores by layer]}}``; each line the mean
     over seeds, its band their range. ``uniform``: ``{panel: {label: score}}``, dashed, the score of evenly
     spread attention, the reference a score is read against (noise far below it on a zoomed axis is no sink)."""
     fig, axes, colors = _panels(panels)
     for (title, models), (ax,) in zip(panels.items(), axes):
         for label, seeds in models.items():
-            _plot_seeds(ax, [list(enumerate(s, start=1)) for s in seeds], colors[label], label, marker="o", ms=4)
-        for i, (label, ref) in enumerate((uniform or {}).get(title, {}).items()):  # after the data: last in the legend
+            _plot_seeds(
+                ax, [list(enumerate(s, start=1)) for s in seeds], colors[label], label, marker="o", ms=4
+            )
+        for i, (label, ref) in enumerate(
+            (uniform or {}).get(title, {}).items()
+        ):  # after the data: last in the legend
             style = {"color": "0.3", "lw": 1.2, "ls": ("--", "-.", ":")[i % 3], "label": label}
             if isinstance(ref, (int, float)):
                 ax.axhline(ref, **style)
@@ -268,8 +312,11 @@ def residual_flow_figure(series: Mapping[str, tuple[int, Sequence[tuple[float, f
     ax.set_xlabel("γ")
     ax.set_ylabel("‖h_L − e‖ / ‖e‖")
     ax.set_title("residual flow at init")
-    _legend_right(ax, title="dots: measured; dotted: their fit;\ndashed: the paper's d^(1−γ) through γ = 1",
-                  title_fontsize=SMALL)
+    _legend_right(
+        ax,
+        title="dots: measured; dotted: their fit;\ndashed: the paper's d^(1−γ) through γ = 1",
+        title_fontsize=SMALL,
+    )
     ax.grid(alpha=0.3)
     return fig
 
@@ -303,8 +350,9 @@ def residual_sweep_figure(sweep: ResidualFlowSweep) -> Figure:
     return fig
 
 
-def condensation_figure(panels: Mapping[str, Mapping[str, Mapping[str, Sequence[Series]]]],
-                        legend_title: str | None = None) -> Figure:
+def condensation_figure(
+    panels: Mapping[str, Mapping[str, Mapping[str, Sequence[Series]]]], legend_title: str | None = None
+) -> Figure:
     """Stable rank and mean |cos| over training, one row of two axes per panel title:
     ``{panel: {curve: {"stable_rank": [per-seed [(step, v)]], "mean_abs_cos": [...]}}}`` (each value averaged
     over the logged matrices); the line is the mean over seeds, the band their range."""
@@ -348,8 +396,10 @@ def heatmaps_figure(snapshots: Sequence[Mapping]) -> Figure:
 
 
 # the two panels of a token-level comparison: (result field, y label, title)
-TOKEN_PANELS = (("delta_sym", "mean Δ_sym (> 0: A better)", "symmetric probability gap"),
-                ("loss_diff", "mean loss(B) − loss(A)", "loss difference"))
+TOKEN_PANELS = (
+    ("delta_sym", "mean Δ_sym (> 0: A better)", "symmetric probability gap"),
+    ("loss_diff", "mean loss(B) − loss(A)", "loss difference"),
+)
 
 
 def _token_axes(ax, ylabel: str, title: str) -> None:
@@ -373,7 +423,9 @@ def token_gap_figure(result: TokenGapResult, label_a: str = "A", label_b: str = 
     return fig
 
 
-def token_gap_pooled_figure(results: Sequence[TokenGapResult], label_a: str = "A", label_b: str = "B") -> Figure:
+def token_gap_pooled_figure(
+    results: Sequence[TokenGapResult], label_a: str = "A", label_b: str = "B"
+) -> Figure:
     """The token-level comparison pooled over seeds: per difficulty bin (each seed's own quantiles, so bin i is
     the same share of each seed's tokens) the mean over seeds of Δ_sym and of the loss difference (B − A), ± 2 SE
     over seeds (the seeds, not the tokens, are the independent samples), and each seed's value as a dot."""
@@ -384,8 +436,15 @@ def token_gap_pooled_figure(results: Sequence[TokenGapResult], label_a: str = "A
         per_seed = np.array([[getattr(b, f"mean_{key}") for b in r.bins[:k]] for r in results])
         m = per_seed.mean(axis=0)
         se = per_seed.std(axis=0, ddof=1) / math.sqrt(len(results)) if len(results) > 1 else np.zeros(k)
-        ax.bar(x, m, yerr=2 * se, color=np.where(m >= 0, "C0", "C3"), alpha=0.75, capsize=2,
-               label="mean over seeds ± 2 SE")
+        ax.bar(
+            x,
+            m,
+            yerr=2 * se,
+            color=np.where(m >= 0, "C0", "C3"),
+            alpha=0.75,
+            capsize=2,
+            label="mean over seeds ± 2 SE",
+        )
         for row in per_seed:
             ax.plot(x, row, "o", color="k", ms=2.5, alpha=0.6)
         ax.plot([], [], "o", color="k", ms=2.5, alpha=0.6, label="one seed")
@@ -403,8 +462,13 @@ def coordcheck_figure(cc: CoordCheck) -> Figure:
     fig, axes = _fig(ncols=3, w=3.6)
     for ax, step in zip(axes[0, :2], (0, cc.steps)):
         for i, name in enumerate(acts):
-            ax.plot(g, cc.series("activation", name, step), marker="o",
-                    color=matplotlib.colormaps["viridis"](i / max(1, len(acts) - 1)), label=name)
+            ax.plot(
+                g,
+                cc.series("activation", name, step),
+                marker="o",
+                color=matplotlib.colormaps["viridis"](i / max(1, len(acts) - 1)),
+                label=name,
+            )
         ax.set_yscale("log")
         ax.set_xlabel("γ")
         ax.set_ylabel("activation RMS")
@@ -465,14 +529,23 @@ def norms_matrices_figure(result: AnalysisResult) -> Figure:
         ax_m.text(frac[i] + 0.01, i, f"{m.stable_rank:.1f} of {min(m.shape)}", va="center", fontsize=SMALL)
     cos = [(i, m.mean_abs_cos) for i, m in enumerate(mats) if m.mean_abs_cos is not None]
     if cos:
-        ax_m.scatter([c for _, c in cos], [i for i, _ in cos], marker="D", s=14, color="C2", zorder=3,
-                     label="mean |cos| of rows")
+        ax_m.scatter(
+            [c for _, c in cos],
+            [i for i, _ in cos],
+            marker="D",
+            s=14,
+            color="C2",
+            zorder=3,
+            label="mean |cos| of rows",
+        )
     ax_m.set_xlim(0, 1.25)  # room for the stable rank written beside each bar
     ax_m.set_xlabel("fraction")
     median = float(np.median([m.stable_rank for m in mats])) if mats else float("nan")
     ax_m.set_title(f"matrices: stable rank ‖W‖_F²/‖W‖_2² (median {median:.1f})")
     handles = [h for ax in (ax_n, ax_m) for h in ax.get_legend_handles_labels()[0]]
-    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=SMALL)  # off the rows
+    fig.legend(
+        handles=handles, loc="outside lower center", ncols=len(handles), fontsize=SMALL
+    )  # off the rows
     return fig
 
 
@@ -484,8 +557,15 @@ def analysis_figures(result: AnalysisResult, out_dir: str | Path) -> list[Path]:
     if result.sink:  # a model without softmax attention has none
         panel = "attention sink per layer"
         ref = sink_reference(result)
-        paths.append(save(sink_figure({panel: {"model": [list(result.sink.per_layer)]}},
-                                      uniform={panel: dict([ref])} if ref else None), out_dir / "sink.png"))
+        paths.append(
+            save(
+                sink_figure(
+                    {panel: {"model": [list(result.sink.per_layer)]}},
+                    uniform={panel: dict([ref])} if ref else None,
+                ),
+                out_dir / "sink.png",
+            )
+        )
     return [*paths, save(norms_matrices_figure(result), out_dir / "norms_matrices.png")]
 
 

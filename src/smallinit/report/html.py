@@ -113,7 +113,9 @@ VISIBLE_SPACE = str.maketrans({"\n": "⏎", "\r": "␍", "\t": "⇥", " ": "␠"
 def token_text(text: str, spaces: bool = True) -> str:
     """Decoded corpus text with its whitespace drawn (⏎ newline, ⇥ tab, and ␠ space if ``spaces``), escaped:
     a token that is a newline or a space would otherwise show as an empty cell."""
-    shown = text.translate(VISIBLE_SPACE if spaces else {k: v for k, v in VISIBLE_SPACE.items() if k != ord(" ")})
+    shown = text.translate(
+        VISIBLE_SPACE if spaces else {k: v for k, v in VISIBLE_SPACE.items() if k != ord(" ")}
+    )
     return esc(shown)
 
 
@@ -154,13 +156,22 @@ class _Doc:
         self.parts.append(fragment)
 
     def render(self) -> str:
-        return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-                f"<title>{esc(self.title)}</title><style>{CSS}</style></head><body>"
-                f"<h1>{esc(self.title)}</h1>" + "\n".join(self.parts) + "</body></html>\n")
+        return (
+            '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+            f"<title>{esc(self.title)}</title><style>{CSS}</style></head><body>"
+            f"<h1>{esc(self.title)}</h1>" + "\n".join(self.parts) + "</body></html>\n"
+        )
 
 
-SIZE_KEYS = ("model.d_model", "model.n_layers", "model.n_heads", "model.n_kv_heads", "model.d_ff",
-             "model.moe.num_experts", "model.moe.top_k")
+SIZE_KEYS = (
+    "model.d_model",
+    "model.n_layers",
+    "model.n_heads",
+    "model.n_kv_heads",
+    "model.d_ff",
+    "model.moe.num_experts",
+    "model.moe.top_k",
+)
 SHORT_KEYS = {"model.gamma": "γ", "model.norm_eps": "ε"}
 
 
@@ -192,7 +203,9 @@ class Groups:
         by_size: dict[str, list[Run]] = {}
         for r in runs:
             by_size.setdefault(json.dumps([r.config.get(k) for k in size_keys], default=str), []).append(r)
-        curve_keys = [k for k in keys if k not in size_keys and any(_distinct(g, k) > 1 for g in by_size.values())]
+        curve_keys = [
+            k for k in keys if k not in size_keys and any(_distinct(g, k) > 1 for g in by_size.values())
+        ]
         title_keys = distinguishing(list(by_size.values()), size_keys)
         panels: dict[str, dict[str, list[Run]]] = {}
         for group in by_size.values():
@@ -202,7 +215,9 @@ class Groups:
         seeds = sorted({len(c) for curves in panels.values() for c in curves.values()})
         counts = "/".join(map(str, seeds))
         title = ", ".join(map(short_key, curve_keys))
-        return Groups(panels, f"{title}{'; ' if title else ''}{counts} seed{'s' if seeds != [1] else ''} each")
+        return Groups(
+            panels, f"{title}{'; ' if title else ''}{counts} seed{'s' if seeds != [1] else ''} each"
+        )
 
     def items(self) -> Iterable[tuple[str, str, list[Run]]]:
         """(panel, curve, runs) for every curve."""
@@ -223,21 +238,28 @@ def _grid(runs: Sequence[Run], row_key: str, col_key: str) -> tuple[np.ndarray, 
     vals = np.full((len(rows), len(cols)), np.nan)
     for i, rv in enumerate(rows):
         for j, cv in enumerate(cols):
-            losses = [r.val_loss for r in runs
-                      if r.config.get(row_key) == rv and r.config.get(col_key) == cv and r.val_loss is not None]
+            losses = [
+                r.val_loss
+                for r in runs
+                if r.config.get(row_key) == rv and r.config.get(col_key) == cv and r.val_loss is not None
+            ]
             if losses:
                 vals[i, j] = statistics.fmean(losses)
     return vals, rows, cols
 
 
-def distinguishing(groups: Sequence[Sequence[Run]], keys: Sequence[str], named: Sequence[str] = ()) -> list[str]:
+def distinguishing(
+    groups: Sequence[Sequence[Run]], keys: Sequence[str], named: Sequence[str] = ()
+) -> list[str]:
     """``named`` and the fewest of ``keys``, in order, whose values tell the groups apart with them (d_ff and the
     head counts usually follow d_model, the step counts a size: they are named only when they add to it)."""
     chosen: list[str] = list(named)
     for k in keys:
         if len({_setting(g[0], chosen) for g in groups}) == len(groups):
             break
-        if len({_setting(g[0], [*chosen, k]) for g in groups}) > len({_setting(g[0], chosen) for g in groups}):
+        if len({_setting(g[0], [*chosen, k]) for g in groups}) > len(
+            {_setting(g[0], chosen) for g in groups}
+        ):
             chosen.append(k)
     return chosen
 
@@ -247,9 +269,14 @@ def _changing_with(runs: Sequence[Run], key: str, others: Sequence[str]) -> list
     by_value: dict[str, list[Run]] = {}
     for r in runs:
         by_value.setdefault(json.dumps(r.config.get(key), default=str), []).append(r)
-    value_sets = [[{json.dumps(r.config.get(k), default=str) for r in g} for g in by_value.values()] for k in others]
-    return [k for k, sets in zip(others, value_sets)
-            if all(a.isdisjoint(b) for i, a in enumerate(sets) for b in sets[i + 1:])]
+    value_sets = [
+        [{json.dumps(r.config.get(k), default=str) for r in g} for g in by_value.values()] for k in others
+    ]
+    return [
+        k
+        for k, sets in zip(others, value_sets)
+        if all(a.isdisjoint(b) for i, a in enumerate(sets) for b in sets[i + 1 :])
+    ]
 
 
 def grids(runs: Sequence[Run], vary: Sequence[str], row_key: str, col_key: str) -> dict[str, tuple]:
@@ -271,43 +298,67 @@ def grids(runs: Sequence[Run], vary: Sequence[str], row_key: str, col_key: str) 
     return out
 
 
-def _judge(runs: list[Run], sweeps: list[tuple[str, ResidualFlowSweep]],
-           compares: list[tuple[str, TokenGapResult]]) -> dict[str, Any]:
+def _judge(
+    runs: list[Run], sweeps: list[tuple[str, ResidualFlowSweep]], compares: list[tuple[str, TokenGapResult]]
+) -> dict[str, Any]:
     """C1–C7 judged from the finished runs, residual-flow sweep and token comparisons found here, by the same
     functions as the recipes (so a folder of hand-made runs is judged exactly as a recipe's would be)."""
     flow = sweeps[0][1].to_dict() if sweeps else None
     claims = judge_all(Runs.finished(runs), flow, gaps_from_compares(res.to_dict() for _, res in compares))
-    return {"title": "the paper's claims, judged from the runs in this folder", "claims": [c.to_dict() for c in claims]}
+    return {
+        "title": "the paper's claims, judged from the runs in this folder",
+        "claims": [c.to_dict() for c in claims],
+    }
 
 
 def _section_findings(doc: _Doc, findings: list[tuple[str, dict]]) -> None:
     for name, f in findings:
         doc.h2(f"Claims and verdicts: {f.get('title', f.get('recipe', name))}")
-        origin = f"{name}: recipe {f['recipe']}, scale {f.get('scale', '?')}." if "recipe" in f else (
-            "Runs are paired by seed and selected by their configs (γ, ε, gate, size); parts a claim needs that "
-            "the folder lacks are marked not measured.")
-        doc.p(f"{origin} Each comparison is judged from its per-seed numbers by one rule for every claim "
-              "(smallinit.study.judging.verdicts: Student-t over seeds; each claim's verdict is its pre-declared primary "
-              "comparison's, Holm over the table's primaries; the others are secondary; not testable here where a "
-              "precondition fails; described in docs/experiments.md).", "note")
+        origin = (
+            f"{name}: recipe {f['recipe']}, scale {f.get('scale', '?')}."
+            if "recipe" in f
+            else (
+                "Runs are paired by seed and selected by their configs (γ, ε, gate, size); parts a claim needs that "
+                "the folder lacks are marked not measured."
+            )
+        )
+        doc.p(
+            f"{origin} Each comparison is judged from its per-seed numbers by one rule for every claim "
+            "(smallinit.study.judging.verdicts: Student-t over seeds; each claim's verdict is its pre-declared primary "
+            "comparison's, Holm over the table's primaries; the others are secondary; not testable here where a "
+            "precondition fails; described in docs/experiments.md).",
+            "note",
+        )
         rows = []
         for c in f.get("claims", []):
             label = str(c.get("verdict", "inconclusive"))
-            why = "".join(f"<li>{'primary: ' if x.get('role') == 'primary' else ''}{esc(x.get('text', ''))}: "
-                          f"{esc(x.get('verdict', ''))}"
-                          + (f"; {esc(x['magnitude'])}" if x.get("magnitude") else "")
-                          + (f" ({esc(x['reason'])})" if x.get("reason") and x["reason"] not in x.get("text", "") else "")
-                          + "</li>" for x in _primary_first(c.get("comparisons", [])))
-            rows.append(f"<tr><td>{esc(c.get('claim', ''))}</td><td>{esc(c.get('statement', ''))}</td>"
-                        f"<td>{esc(c.get('paper', ''))}</td><td><ul>{why}</ul>{esc('; '.join(c.get('notes', [])))}</td>"
-                        f"<td>{verdict_badge(label)}</td></tr>")
+            why = "".join(
+                f"<li>{'primary: ' if x.get('role') == 'primary' else ''}{esc(x.get('text', ''))}: "
+                f"{esc(x.get('verdict', ''))}"
+                + (f"; {esc(x['magnitude'])}" if x.get("magnitude") else "")
+                + (
+                    f" ({esc(x['reason'])})"
+                    if x.get("reason") and x["reason"] not in x.get("text", "")
+                    else ""
+                )
+                + "</li>"
+                for x in _primary_first(c.get("comparisons", []))
+            )
+            rows.append(
+                f"<tr><td>{esc(c.get('claim', ''))}</td><td>{esc(c.get('statement', ''))}</td>"
+                f"<td>{esc(c.get('paper', ''))}</td><td><ul>{why}</ul>{esc('; '.join(c.get('notes', [])))}</td>"
+                f"<td>{verdict_badge(label)}</td></tr>"
+            )
         head = "".join(f"<th>{h}</th>" for h in ("claim", "statement", "the paper", "measured", "verdict"))
         doc.raw(wide(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"))
         gaps = _gap_panels(f.get("claims", []))
         if gaps:
-            doc.p("Each loss comparison along training. A gap is judged at the budget its runs reached; its trend "
-                  "(each seed's slope against log tokens over the second half, tested across seeds) is printed beside "
-                  "the verdict and does not withhold it.", "note")
+            doc.p(
+                "Each loss comparison along training. A gap is judged at the budget its runs reached; its trend "
+                "(each seed's slope against log tokens over the second half, tested across seeds) is printed beside "
+                "the verdict and does not withhold it.",
+                "note",
+            )
             doc.raw(img(figures.gap_figure(gaps), "loss gaps along training"))
 
 
@@ -325,7 +376,8 @@ def _gap_panels(claims: list[dict]) -> dict[str, dict[str, list]]:
             t = comp.get("trajectory")
             if t and t.get("gaps"):
                 panels.setdefault(str(c.get("claim", "")), {})[comp.get("label", "")] = [  # from the first
-                    [(x, y) for x, y in zip(t["tokens_per_param"], g) if x > 0] for g in t["gaps"]]  # step on
+                    [(x, y) for x, y in zip(t["tokens_per_param"], g) if x > 0] for g in t["gaps"]
+                ]  # step on
     return panels
 
 
@@ -345,15 +397,31 @@ def _section_runs(doc: _Doc, runs: list[Run], vary: list[str], pooled: list[Run]
         return
     left_out = len(runs) - len(pooled)
     if left_out:
-        doc.p(f"{left_out} unfinished run{'s are' if left_out > 1 else ' is'} left out of the figures and grids "
-              "below (a loss before the end of its schedule is not a final loss); smallinit report "
-              "--include-unfinished draws them too.", "note")
-    doc.raw(table(["run", "final val loss", "status", *vary],
-                  [[r.name, "–" if r.val_loss is None else r.val_loss, _status(r), *[r.config.get(k) for k in vary]]
-                   for r in runs]))
+        doc.p(
+            f"{left_out} unfinished run{'s are' if left_out > 1 else ' is'} left out of the figures and grids "
+            "below (a loss before the end of its schedule is not a final loss); smallinit report "
+            "--include-unfinished draws them too.",
+            "note",
+        )
+    doc.raw(
+        table(
+            ["run", "final val loss", "status", *vary],
+            [
+                [
+                    r.name,
+                    "–" if r.val_loss is None else r.val_loss,
+                    _status(r),
+                    *[r.config.get(k) for k in vary],
+                ]
+                for r in runs
+            ],
+        )
+    )
     common = {k: v for k, v in sorted(runs[0].config.items()) if k not in vary}
-    doc.raw(f"<details><summary>settings shared by every run</summary><pre>"
-            f"{esc(json.dumps(common, indent=1, default=str))}</pre></details>")
+    doc.raw(
+        f"<details><summary>settings shared by every run</summary><pre>"
+        f"{esc(json.dumps(common, indent=1, default=str))}</pre></details>"
+    )
 
 
 def _or_dash(v: Any) -> Any:
@@ -366,13 +434,36 @@ def _section_norm_factor(doc: _Doc, runs: list[Run], analyses: list[tuple[str, A
     doc.h2("RMSNorm factor against γ (Fig. 1c)")
     doc.raw(img(figures.norm_factor_figure(d), "RMSNorm factor against gamma"))
     gs = (0.5, 0.6, 0.75, 1.0, 1.25)
-    doc.raw(table(["γ", "σ² = d^(−2γ)", "factor, ε=1e-5", "factor, ε=1e-12", "ideal 1/σ",
-                   "relative, ε=1e-5", "relative, ε=1e-12"],
-                  [[g, init_variance(g, d), rmsnorm_factor(g, 1e-5, d), rmsnorm_factor(g, 1e-12, d), d**g,
-                    relative_factor(g, 1e-5, d), relative_factor(g, 1e-12, d)] for g in gs]))
-    doc.p(f"At d = {d} and ε = 1e-5 the factor starts to saturate (σ² < 10ε) above γ = "
-          f"{saturation_gamma(1e-5, d, 10):.2f} and is pinned (σ² < ε) above γ = {saturation_gamma(1e-5, d):.2f}.",
-          "note")
+    doc.raw(
+        table(
+            [
+                "γ",
+                "σ² = d^(−2γ)",
+                "factor, ε=1e-5",
+                "factor, ε=1e-12",
+                "ideal 1/σ",
+                "relative, ε=1e-5",
+                "relative, ε=1e-12",
+            ],
+            [
+                [
+                    g,
+                    init_variance(g, d),
+                    rmsnorm_factor(g, 1e-5, d),
+                    rmsnorm_factor(g, 1e-12, d),
+                    d**g,
+                    relative_factor(g, 1e-5, d),
+                    relative_factor(g, 1e-12, d),
+                ]
+                for g in gs
+            ],
+        )
+    )
+    doc.p(
+        f"At d = {d} and ε = 1e-5 the factor starts to saturate (σ² < 10ε) above γ = "
+        f"{saturation_gamma(1e-5, d, 10):.2f} and is pinned (σ² < ε) above γ = {saturation_gamma(1e-5, d):.2f}.",
+        "note",
+    )
     rows = []
     for r in runs:
         nf = r.analysis[0].norm_factor if r.analysis else None
@@ -397,39 +488,78 @@ def _section_losses(doc: _Doc, runs: list[Run], vary: list[str], groups: Groups)
     if not panels:
         return
     doc.h2("Loss curves (mean over seeds)")
-    doc.p("Thin: training loss; thick with markers: validation loss. Each line is the mean over a setting's seeds, "
-          "its band the range between them.", "note")
+    doc.p(
+        "Thin: training loss; thick with markers: validation loss. Each line is the mean over a setting's seeds, "
+        "its band the range between them.",
+        "note",
+    )
     doc.raw(img(figures.loss_curves_figure(panels, groups.legend_title), "loss curves"))
-    for row_key, col_key, title in (("model.gamma", "model.norm_eps", "γ × ε"), ("model.gamma", "model.gate", "γ × gate")):
+    for row_key, col_key, title in (
+        ("model.gamma", "model.norm_eps", "γ × ε"),
+        ("model.gamma", "model.gate", "γ × gate"),
+    ):
         if row_key not in vary or col_key not in vary:
             continue
         found = grids(runs, vary, row_key, col_key)
         doc.h2(f"Final validation loss, {title} (mean over seeds)")
         if not found:
-            along = _changing_with(runs, col_key, [k for k in vary if k not in (row_key, col_key, "train.seed")])
-            doc.p(f"No {title} grid: no two runs differ in {col_key} alone"
-                  + (f" (it changes together with {', '.join(along)})" if along else "")
-                  + ", so a loss difference between its values here would not be its own.", "note")
+            along = _changing_with(
+                runs, col_key, [k for k in vary if k not in (row_key, col_key, "train.seed")]
+            )
+            doc.p(
+                f"No {title} grid: no two runs differ in {col_key} alone"
+                + (f" (it changes together with {', '.join(along)})" if along else "")
+                + ", so a loss difference between its values here would not be its own.",
+                "note",
+            )
             continue
-        doc.p("One grid per combination of the other settings that vary; a cell is the mean over the seeds of one "
-              "setting, so no cell mixes runs that differ in a setting the grid does not show.", "note")
-        doc.raw(img(figures.grid_figure(
-            {t: (vals, [_value(x) for x in rows], [_value(x) for x in cols]) for t, (vals, rows, cols) in found.items()},
-            row_label=short_key(row_key), col_label=short_key(col_key), title=f"final val loss, {title}"),
-            f"loss grid {title}"))
+        doc.p(
+            "One grid per combination of the other settings that vary; a cell is the mean over the seeds of one "
+            "setting, so no cell mixes runs that differ in a setting the grid does not show.",
+            "note",
+        )
+        doc.raw(
+            img(
+                figures.grid_figure(
+                    {
+                        t: (vals, [_value(x) for x in rows], [_value(x) for x in cols])
+                        for t, (vals, rows, cols) in found.items()
+                    },
+                    row_label=short_key(row_key),
+                    col_label=short_key(col_key),
+                    title=f"final val loss, {title}",
+                ),
+                f"loss grid {title}",
+            )
+        )
         cols = list(dict.fromkeys(c for _, _, cs in found.values() for c in cs))
-        doc.raw(table(["runs with", f"{row_key} \\ {col_key}", *map(_value, cols)],
-                      [[t or "all", _value(rv), *[vals[i, cs.index(c)] if c in cs else float("nan") for c in cols]]
-                       for t, (vals, rs, cs) in found.items() for i, rv in enumerate(rs)]))
+        doc.raw(
+            table(
+                ["runs with", f"{row_key} \\ {col_key}", *map(_value, cols)],
+                [
+                    [
+                        t or "all",
+                        _value(rv),
+                        *[vals[i, cs.index(c)] if c in cs else float("nan") for c in cols],
+                    ]
+                    for t, (vals, rs, cs) in found.items()
+                    for i, rv in enumerate(rs)
+                ],
+            )
+        )
 
 
 def _section_sink(doc: _Doc, groups: Groups, analyses: list[tuple[str, AnalysisResult]]) -> None:
     panels: dict[str, dict[str, list[list[float]]]] = {}
     rows = []
 
-    def shares(found: list[dict[float, float]]) -> list[Any]:  # Sink_0.3, Sink_0.8: mean over seeds, "–" if not recorded
-        return [statistics.fmean(f[eps] for f in found) if found and all(eps in f for f in found) else "–"
-                for eps in (0.3, 0.8)]
+    def shares(
+        found: list[dict[float, float]],
+    ) -> list[Any]:  # Sink_0.3, Sink_0.8: mean over seeds, "–" if not recorded
+        return [
+            statistics.fmean(f[eps] for f in found) if found and all(eps in f for f in found) else "–"
+            for eps in (0.3, 0.8)
+        ]
 
     refs: dict[str, dict[str, figures.Reference]] = {}  # {panel: {label: the score of uniform attention}}
     unknown = []  # analyses written before analyze recorded its sequence length
@@ -440,12 +570,21 @@ def _section_sink(doc: _Doc, groups: Groups, analyses: list[tuple[str, AnalysisR
         if lasts:
             seeds = [list(a.sink) for a in lasts]
             panels.setdefault(panel, {})[curve] = seeds
-            lengths = sorted({int(r.config["data.seq_len"]) for r in measured})  # the callback's batch; no window
+            lengths = sorted(
+                {int(r.config["data.seq_len"]) for r in measured}
+            )  # the callback's batch; no window
             refs.setdefault(panel, {}).update((figures.uniform_label(T), uniform_sink(T)) for T in lengths)
             found = [a.sink_share for a in lasts if a.sink_share]
-            rows.append([Groups.name(panel, curve), len(seeds), lasts[0].step,
-                         uniform_sink(lengths[0]) if len(lengths) == 1 else "–",
-                         *shares(found if len(found) == len(lasts) else []), *np.mean(seeds, axis=0)])
+            rows.append(
+                [
+                    Groups.name(panel, curve),
+                    len(seeds),
+                    lasts[0].step,
+                    uniform_sink(lengths[0]) if len(lengths) == 1 else "–",
+                    *shares(found if len(found) == len(lasts) else []),
+                    *np.mean(seeds, axis=0),
+                ]
+            )
     for name, a in analyses:
         if not a.sink:
             continue
@@ -455,37 +594,71 @@ def _section_sink(doc: _Doc, groups: Groups, analyses: list[tuple[str, AnalysisR
             refs.setdefault("smallinit analyze", {})[ref[0]] = ref[1]
         else:
             unknown.append(name)
-        rows.append([name, 1, _or_dash(a.step), "–" if ref is None else float(np.mean(ref[1])),
-                     *shares([a.sink.share_above]), *a.sink.per_layer])
+        rows.append(
+            [
+                name,
+                1,
+                _or_dash(a.step),
+                "–" if ref is None else float(np.mean(ref[1])),
+                *shares([a.sink.share_above]),
+                *a.sink.per_layer,
+            ]
+        )
     if not panels:
         return
     doc.h2("Attention sink per layer (Fig. 1f/g)")
-    doc.p("Sink score: mean attention weight that queries 2…T put on token 1, over sequences and heads, at the "
-          "last measurement during training (line: mean over seeds, band: their range), and from smallinit "
-          "analyze. Dashed: uniform attention, the score when each query spreads its weight evenly over the keys it "
-          "sees (1/i on token 1 at position i, mean over i = 2…T); a score near it is no sink, however the axis is "
-          "zoomed. Sink_ε (Gu et al.): the share of (layer, head) pairs whose mean weight on token 1 exceeds ε.",
-          "note")
+    doc.p(
+        "Sink score: mean attention weight that queries 2…T put on token 1, over sequences and heads, at the "
+        "last measurement during training (line: mean over seeds, band: their range), and from smallinit "
+        "analyze. Dashed: uniform attention, the score when each query spreads its weight evenly over the keys it "
+        "sees (1/i on token 1 at position i, mean over i = 2…T); a score near it is no sink, however the axis is "
+        "zoomed. Sink_ε (Gu et al.): the share of (layer, head) pairs whose mean weight on token 1 exceeds ε.",
+        "note",
+    )
     if unknown:
-        doc.p(f"No uniform reference for {', '.join(unknown)}: written before analyze recorded its sequence length "
-              "(run smallinit analyze again).", "note")
+        doc.p(
+            f"No uniform reference for {', '.join(unknown)}: written before analyze recorded its sequence length "
+            "(run smallinit analyze again).",
+            "note",
+        )
     doc.raw(img(figures.sink_figure(panels, groups.legend_title, refs), "sink scores per layer"))
     layers = max(len(r) for r in rows) - 6
-    doc.raw(table(["model", "seeds", "step", "uniform attention", "Sink_0.3", "Sink_0.8", "mean",
-                   *[f"L{i + 1}" for i in range(layers)]],
-                  [[*r[:6], statistics.fmean(r[6:]), *r[6:]] for r in rows]))
+    doc.raw(
+        table(
+            [
+                "model",
+                "seeds",
+                "step",
+                "uniform attention",
+                "Sink_0.3",
+                "Sink_0.8",
+                "mean",
+                *[f"L{i + 1}" for i in range(layers)],
+            ],
+            [[*r[:6], statistics.fmean(r[6:]), *r[6:]] for r in rows],
+        )
+    )
 
 
-def _section_residual(doc: _Doc, runs: list[Run], vary: list[str], sweeps: list[tuple[str, ResidualFlowSweep]]) -> None:
-    at_init = [(r, a) for r in runs for a in r.analysis[:1]  # against γ: runs that say their γ (a monitored run may not)
-               if a.step == 0 and a.residual_flow is not None and r.config.get("model.gamma") is not None]
+def _section_residual(
+    doc: _Doc, runs: list[Run], vary: list[str], sweeps: list[tuple[str, ResidualFlowSweep]]
+) -> None:
+    at_init = [
+        (r, a)
+        for r in runs
+        for a in r.analysis[:1]  # against γ: runs that say their γ (a monitored run may not)
+        if a.step == 0 and a.residual_flow is not None and r.config.get("model.gamma") is not None
+    ]
     if not at_init and not sweeps:
         return
     doc.h2("Residual flow (Fig. 3a)")
-    doc.p("‖h_L − e‖/‖e‖ at initialisation, mean over tokens; the paper predicts ≍ d^(1−γ): the residual branch "
-          "dominates for γ < 1, balances at γ = 1 and vanishes above. One colour per setting (all that varies but "
-          "γ and the seed); dotted: the least-squares fit ∝ d^(−kγ) through its points (the paper: k = 1); "
-          "dashed: the paper's d^(1−γ) scaled to meet its points at the γ nearest 1.", "note")
+    doc.p(
+        "‖h_L − e‖/‖e‖ at initialisation, mean over tokens; the paper predicts ≍ d^(1−γ): the residual branch "
+        "dominates for γ < 1, balances at γ = 1 and vanishes above. One colour per setting (all that varies but "
+        "γ and the seed); dotted: the least-squares fit ∝ d^(−kγ) through its points (the paper: k = 1); "
+        "dashed: the paper's d^(1−γ) scaled to meet its points at the γ nearest 1.",
+        "note",
+    )
     if at_init:
         keys = [k for k in vary if k not in ("model.gamma", "train.seed")]
         by_setting: dict[str, list[tuple[Run, AnalysisRecord]]] = {}
@@ -497,9 +670,13 @@ def _section_residual(doc: _Doc, runs: list[Run], vary: list[str], sweeps: list[
         # every setting that separates arms of one size (the gate, ε, the emulated saturation...) is named; of
         # those that follow the size, the fewest that tell the sizes apart
         arm = [k for k in keys if k not in SIZE_KEYS and any(_distinct(g, k) > 1 for g in sizes.values())]
-        follow = [k for k in SIZE_KEYS if k in keys] + [k for k in keys if k not in SIZE_KEYS and k not in arm]
+        follow = [k for k in SIZE_KEYS if k in keys] + [
+            k for k in keys if k not in SIZE_KEYS and k not in arm
+        ]
         chosen = distinguishing([[r for r, _ in g] for g in by_setting.values()], follow, arm)
-        label_keys = [k for k in dict.fromkeys([*SIZE_KEYS, *keys]) if k in chosen]  # the size first, as elsewhere
+        label_keys = [
+            k for k in dict.fromkeys([*SIZE_KEYS, *keys]) if k in chosen
+        ]  # the size first, as elsewhere
         series, rows = {}, []
         for group in by_setting.values():
             d = int(group[0][0].config["model.d_model"])
@@ -507,16 +684,36 @@ def _section_residual(doc: _Doc, runs: list[Run], vary: list[str], sweeps: list[
             label = _setting(group[0][0], label_keys) or f"d_model={d}"
             series[label] = (d, points)
             c = figures.residual_prediction(points, d)
-            rows += [[r.name, float(r.config["model.gamma"]), a.residual_flow, c * d ** (1 - r.config["model.gamma"])]
-                     for r, a in sorted(group, key=lambda ra: (ra[0].config["model.gamma"], ra[0].name))]
+            rows += [
+                [
+                    r.name,
+                    float(r.config["model.gamma"]),
+                    a.residual_flow,
+                    c * d ** (1 - r.config["model.gamma"]),
+                ]
+                for r, a in sorted(group, key=lambda ra: (ra[0].config["model.gamma"], ra[0].name))
+            ]
         doc.raw(img(figures.residual_flow_figure(series), "residual flow against gamma"))
         doc.raw(table(["run", "γ", "ratio at init", "paper c·d^(1−γ), c through the γ = 1 points"], rows))
     for name, sw in sweeps:
-        doc.p(f"Width sweep {name}: widths {sw.widths}, seeds {sw.seeds}, depth {sw.base_config.get('n_layers')}.")
+        doc.p(
+            f"Width sweep {name}: widths {sw.widths}, seeds {sw.seeds}, depth {sw.base_config.get('n_layers')}."
+        )
         doc.raw(img(figures.residual_sweep_figure(sw), "residual flow width sweep"))
-        doc.raw(table(["γ", "predicted 1 − γ", "measured exponent", "seed sd"],
-                      [[g, 1 - g, s, float(np.std(sw.seed_slopes[i], ddof=1)) if len(sw.seeds) > 1 else float("nan")]
-                       for i, (g, s) in enumerate(zip(sw.gammas, sw.slopes))]))
+        doc.raw(
+            table(
+                ["γ", "predicted 1 − γ", "measured exponent", "seed sd"],
+                [
+                    [
+                        g,
+                        1 - g,
+                        s,
+                        float(np.std(sw.seed_slopes[i], ddof=1)) if len(sw.seeds) > 1 else float("nan"),
+                    ]
+                    for i, (g, s) in enumerate(zip(sw.gammas, sw.slopes))
+                ],
+            )
+        )
 
 
 HEATMAPS_SHOWN = 2  # settings whose row-cosine heatmaps are open; the others are folded away
@@ -527,7 +724,9 @@ def _c6_judged(groups: Sequence[Sequence[Run]]) -> dict[int, int]:
     else the emulated baseline, else the plain one) that has runs, as claims.c6 chooses them; their heatmaps
     are the ones a reader checks its verdict against, so they are shown first."""
     for arm in (FIXED, EMULATED, BASELINE):
-        found = [g for g in groups if g and g[0].matches(arm) and g[0].config.get("model.gamma") in (0.5, 1.0)]
+        found = [
+            g for g in groups if g and g[0].matches(arm) and g[0].config.get("model.gamma") in (0.5, 1.0)
+        ]
         if found:
             ordered = sorted(found, key=lambda g: (g[0].size, -float(g[0].config["model.gamma"])))
             return {id(g): i for i, g in enumerate(ordered)}
@@ -541,61 +740,111 @@ def _section_condensation(doc: _Doc, groups: Groups) -> None:
         recs = [r.analysis for r in group if r.analysis and r.analysis[0].stable_rank]
         if not recs:
             continue
-        c = {"stable_rank": [[(a.step, statistics.fmean(a.stable_rank.values())) for a in rr if a.stable_rank]
-                             for rr in recs],
-             "mean_abs_cos": [[(a.step, statistics.fmean(a.mean_abs_cos.values())) for a in rr if a.mean_abs_cos]
-                              for rr in recs]}
+        c = {
+            "stable_rank": [
+                [(a.step, statistics.fmean(a.stable_rank.values())) for a in rr if a.stable_rank]
+                for rr in recs
+            ],
+            "mean_abs_cos": [
+                [(a.step, statistics.fmean(a.mean_abs_cos.values())) for a in rr if a.mean_abs_cos]
+                for rr in recs
+            ],
+        }
         panels.setdefault(panel, {})[curve] = c
-        (steps, rank, _, _), (_, cos, _, _) = (figures.seed_mean(c[k]) for k in ("stable_rank", "mean_abs_cos"))
+        (steps, rank, _, _), (_, cos, _, _) = (
+            figures.seed_mean(c[k]) for k in ("stable_rank", "mean_abs_cos")
+        )
         if len(steps):
             rows += [[Groups.name(panel, curve), steps[i], rank[i], cos[i]] for i in (0, -1)]  # first, last
     judged = _c6_judged([group for _, _, group in groups.items()])
-    snaps = [(Groups.name(panel, curve), load_snapshots(group[0].path), id(group) in judged)
-             for panel, curve, group in sorted(groups.items(), key=lambda g: judged.get(id(g[2]), len(judged)))]
+    snaps = [
+        (Groups.name(panel, curve), load_snapshots(group[0].path), id(group) in judged)
+        for panel, curve, group in sorted(groups.items(), key=lambda g: judged.get(id(g[2]), len(judged)))
+    ]
     snaps = [(label, sn, j) for label, sn, j in snaps if sn]
     if not panels and not snaps:
         return
     doc.h2("Condensation: stable rank and row alignment over training")
-    doc.p("Stable rank ‖W‖_F²/‖W‖_2² and mean |cos| between rows, averaged over the logged matrices "
-          "(analysis.matrices); line: mean over seeds, band: their range. The paper: with γ = 1 matrices first "
-          "condense (low stable rank, aligned rows), then expand; with γ = 0.5 they start diffuse and change "
-          "slowly.", "note")
+    doc.p(
+        "Stable rank ‖W‖_F²/‖W‖_2² and mean |cos| between rows, averaged over the logged matrices "
+        "(analysis.matrices); line: mean over seeds, band: their range. The paper: with γ = 1 matrices first "
+        "condense (low stable rank, aligned rows), then expand; with γ = 0.5 they start diffuse and change "
+        "slowly.",
+        "note",
+    )
     if panels:
-        doc.raw(img(figures.condensation_figure(panels, groups.legend_title), "stable rank and mean cos over training"))
+        doc.raw(
+            img(
+                figures.condensation_figure(panels, groups.legend_title),
+                "stable rank and mean cos over training",
+            )
+        )
         doc.raw(table(["setting", "step (first, last)", "stable rank", "mean |cos|"], rows))
     heatmaps = []
     for label, sn, j in snaps:  # early, one in between, late; the first seed of each setting
         chosen = [sn[0], sn[len(sn) // 2], sn[-1]] if len(sn) > 2 else sn
-        heatmaps.append(f"<h3>Row |cos| heatmaps, {esc(label)} (first seed{'; an arm C6 judges' if j else ''})</h3>"
-                        + img(figures.heatmaps_figure(chosen), f"row cosine heatmaps, {label}"))
+        heatmaps.append(
+            f"<h3>Row |cos| heatmaps, {esc(label)} (first seed{'; an arm C6 judges' if j else ''})</h3>"
+            + img(figures.heatmaps_figure(chosen), f"row cosine heatmaps, {label}")
+        )
     doc.raw("".join(heatmaps[:HEATMAPS_SHOWN]))
     if len(heatmaps) > HEATMAPS_SHOWN:
         more = len(heatmaps) - HEATMAPS_SHOWN
-        doc.raw(f'<details class="heatmaps"><summary>row |cos| heatmaps of {more} more setting'
-                f'{"s" if more > 1 else ""}</summary>{"".join(heatmaps[HEATMAPS_SHOWN:])}</details>')
+        doc.raw(
+            f'<details class="heatmaps"><summary>row |cos| heatmaps of {more} more setting'
+            f"{'s' if more > 1 else ''}</summary>{''.join(heatmaps[HEATMAPS_SHOWN:])}</details>"
+        )
 
 
 def _token_detail(name: str, res: TokenGapResult, heading: str) -> str:
     """One comparison: its numbers, figure, bins and largest gaps (``heading``: h2 alone, h3 inside a pool)."""
     la, lb = res.meta.get("label_a", "A"), res.meta.get("label_b", "B")
-    note = (f"{res.tokens:,} tokens; mean Δ_sym {res.mean_delta_sym:+.4f}; mean loss {la} {res.mean_loss_a:.4f}, "
-            f"{lb} {res.mean_loss_b:.4f}. Δ_sym = (p_A − p_B)/(p_A + p_B) on the true next token, A = {la}, B = {lb}; "
-            f"difficulty = mean of the two losses, quantile bins. ({name})")
-    parts = [f"<{heading}>Token level: {esc(la)} vs {esc(lb)}</{heading}>", f'<p class="note">{esc(note)}</p>',
-             img(figures.token_gap_figure(res, la, lb), "token gap by difficulty"),
-             table(["bin", "difficulty from", "to", "tokens", "mean Δ_sym", "Δ_sym SE", "loss B − A", "loss SE"],
-                   [[i + 1, b.lo, b.hi, b.count, b.mean_delta_sym, b.se_delta_sym, b.mean_loss_diff, b.se_loss_diff]
-                    for i, b in enumerate(res.bins)])]
-    for title, items in ((f"largest gaps where {la} is better", res.top_a), (f"largest gaps where {lb} is better", res.top_b)):
+    note = (
+        f"{res.tokens:,} tokens; mean Δ_sym {res.mean_delta_sym:+.4f}; mean loss {la} {res.mean_loss_a:.4f}, "
+        f"{lb} {res.mean_loss_b:.4f}. Δ_sym = (p_A − p_B)/(p_A + p_B) on the true next token, A = {la}, B = {lb}; "
+        f"difficulty = mean of the two losses, quantile bins. ({name})"
+    )
+    parts = [
+        f"<{heading}>Token level: {esc(la)} vs {esc(lb)}</{heading}>",
+        f'<p class="note">{esc(note)}</p>',
+        img(figures.token_gap_figure(res, la, lb), "token gap by difficulty"),
+        table(
+            ["bin", "difficulty from", "to", "tokens", "mean Δ_sym", "Δ_sym SE", "loss B − A", "loss SE"],
+            [
+                [
+                    i + 1,
+                    b.lo,
+                    b.hi,
+                    b.count,
+                    b.mean_delta_sym,
+                    b.se_delta_sym,
+                    b.mean_loss_diff,
+                    b.se_loss_diff,
+                ]
+                for i, b in enumerate(res.bins)
+            ],
+        ),
+    ]
+    for title, items in (
+        (f"largest gaps where {la} is better", res.top_a),
+        (f"largest gaps where {lb} is better", res.top_b),
+    ):
         if not items:
             continue
         rows = "".join(
-            f"<tr><td><code class=\"tok\">{token_text(t.context_text, spaces=False)}</code></td>"
-            f"<td><code class=\"tok\">{token_text(t.target_text)}</code></td><td>{num(t.p_a)}</td>"
-            f"<td>{num(t.p_b)}</td><td>{num(t.delta_sym)}</td></tr>" for t in items)
-        parts.append(f"<details><summary>{esc(title)} ({len(items)} tokens)</summary>" + wide(
-            f"<table><thead><tr><th>context</th><th>true token (⏎ newline, ␠ space)</th><th>p {esc(la)}</th>"
-            f"<th>p {esc(lb)}</th><th>Δ_sym</th></tr></thead><tbody>{rows}</tbody></table>") + "</details>")
+            f'<tr><td><code class="tok">{token_text(t.context_text, spaces=False)}</code></td>'
+            f'<td><code class="tok">{token_text(t.target_text)}</code></td><td>{num(t.p_a)}</td>'
+            f"<td>{num(t.p_b)}</td><td>{num(t.delta_sym)}</td></tr>"
+            for t in items
+        )
+        parts.append(
+            f"<details><summary>{esc(title)} ({len(items)} tokens)</summary>"
+            + wide(
+                f"<table><thead><tr><th>context</th><th>true token (⏎ newline, ␠ space)</th><th>p {esc(la)}</th>"
+                f"<th>p {esc(lb)}</th><th>Δ_sym</th></tr></thead><tbody>{rows}</tbody></table>"
+            )
+            + "</details>"
+        )
     return "".join(parts)
 
 
@@ -605,8 +854,15 @@ def _token_pools(compares: list[tuple[str, TokenGapResult]]) -> list[list[tuple[
     pools: dict[str, list[tuple[str, TokenGapResult]]] = {}
     for name, res in compares:
         a, b = res.meta.get("settings_a"), res.meta.get("settings_b")
-        key = json.dumps([{k: v for k, v in s.items() if k != "train.seed"} for s in (a, b)], sort_keys=True,
-                         default=str) if isinstance(a, dict) and isinstance(b, dict) else name
+        key = (
+            json.dumps(
+                [{k: v for k, v in s.items() if k != "train.seed"} for s in (a, b)],
+                sort_keys=True,
+                default=str,
+            )
+            if isinstance(a, dict) and isinstance(b, dict)
+            else name
+        )
         pools.setdefault(key, []).append((name, res))
     return list(pools.values())
 
@@ -627,45 +883,93 @@ def _section_tokens(doc: _Doc, compares: list[tuple[str, TokenGapResult]]) -> No
         la, lb = _pool_labels(results[0])
         gaps = [r.mean_delta_sym for r in results]
         doc.h2(f"Token level: {la} vs {lb} ({len(pool)} seeds pooled)")
-        doc.p(f"{sum(r.tokens for r in results):,} tokens over {len(pool)} seeds; mean Δ_sym {statistics.fmean(gaps):+.4f} "
-              f"(seeds {min(gaps):+.4f} to {max(gaps):+.4f}); Δ_sym = (p_A − p_B)/(p_A + p_B) on the true next token, "
-              f"A = {la}, B = {lb}. Difficulty = mean of the two losses, in each seed's own quantile bins; a bar is "
-              "the mean over seeds, ± 2 SE over seeds (the seeds are the independent samples), a dot one seed.", "note")
-        doc.raw(img(figures.token_gap_pooled_figure(results, la, lb), "token gap by difficulty, seeds pooled"))
+        doc.p(
+            f"{sum(r.tokens for r in results):,} tokens over {len(pool)} seeds; mean Δ_sym {statistics.fmean(gaps):+.4f} "
+            f"(seeds {min(gaps):+.4f} to {max(gaps):+.4f}); Δ_sym = (p_A − p_B)/(p_A + p_B) on the true next token, "
+            f"A = {la}, B = {lb}. Difficulty = mean of the two losses, in each seed's own quantile bins; a bar is "
+            "the mean over seeds, ± 2 SE over seeds (the seeds are the independent samples), a dot one seed.",
+            "note",
+        )
+        doc.raw(
+            img(figures.token_gap_pooled_figure(results, la, lb), "token gap by difficulty, seeds pooled")
+        )
         k = min(len(r.bins) for r in results)
         cols = []  # per bin: mean over seeds and its SE, of Δ_sym and of the loss difference
         for key in ("mean_delta_sym", "mean_loss_diff"):
             per_seed = np.array([[getattr(b, key) for b in r.bins[:k]] for r in results])
             cols += [per_seed.mean(axis=0), per_seed.std(axis=0, ddof=1) / math.sqrt(len(results))]
-        doc.raw(table(["bin", "tokens (all seeds)", "mean Δ_sym", "Δ_sym SE over seeds", "loss B − A", "loss SE over seeds"],
-                      [[i + 1, sum(r.bins[i].count for r in results), *(c[i] for c in cols)] for i in range(k)]))
-        doc.raw(f"<details><summary>each seed on its own: {len(pool)} comparisons (figure, bins, largest gaps)"
-                f"</summary>{''.join(_token_detail(name, res, heading='h3') for name, res in pool)}</details>")
+        doc.raw(
+            table(
+                [
+                    "bin",
+                    "tokens (all seeds)",
+                    "mean Δ_sym",
+                    "Δ_sym SE over seeds",
+                    "loss B − A",
+                    "loss SE over seeds",
+                ],
+                [[i + 1, sum(r.bins[i].count for r in results), *(c[i] for c in cols)] for i in range(k)],
+            )
+        )
+        doc.raw(
+            f"<details><summary>each seed on its own: {len(pool)} comparisons (figure, bins, largest gaps)"
+            f"</summary>{''.join(_token_detail(name, res, heading='h3') for name, res in pool)}</details>"
+        )
 
 
 def _section_coordcheck(doc: _Doc, checks: list[tuple[str, CoordCheck]]) -> None:
     for name, cc in checks:
         doc.h2("Coordinate check over γ")
-        doc.p(f"{name}: fresh models per γ, {cc.steps} AdamW steps; activation RMS per layer and the relative size "
-              "of the first update. A layer whose scale moves with γ here is one the init decides.", "note")
+        doc.p(
+            f"{name}: fresh models per γ, {cc.steps} AdamW steps; activation RMS per layer and the relative size "
+            "of the first update. A layer whose scale moves with γ here is one the init decides.",
+            "note",
+        )
         doc.raw(img(figures.coordcheck_figure(cc), "coordinate check"))
         acts = cc.names("activation")
-        doc.raw(table(["layer", *[f"γ={g:g}, step 0" for g in cc.gammas]],
-                      [[n, *cc.series("activation", n, 0)] for n in acts]))
+        doc.raw(
+            table(
+                ["layer", *[f"γ={g:g}, step 0" for g in cc.gammas]],
+                [[n, *cc.series("activation", n, 0)] for n in acts],
+            )
+        )
 
 
 def _section_analyses(doc: _Doc, analyses: list[tuple[str, AnalysisResult]]) -> None:
     if not analyses:
         return
     doc.h2("Single-model analyses (smallinit analyze)")
-    doc.raw(table(["file", "step", "loss", "tokens", "sink mean", "Sink_0.3 (share of heads)", "residual flow",
-                   "min norm factor", "median stable rank / min(m,n)", "median mean |cos|"],
-                  [[n, _or_dash(a.step), a.loss, a.tokens, _or_dash(a.sink.mean) if a.sink else "–",
-                    a.sink.share_above.get(0.3, "–") if a.sink else "–", _or_dash(a.residual_flow),
+    doc.raw(
+        table(
+            [
+                "file",
+                "step",
+                "loss",
+                "tokens",
+                "sink mean",
+                "Sink_0.3 (share of heads)",
+                "residual flow",
+                "min norm factor",
+                "median stable rank / min(m,n)",
+                "median mean |cos|",
+            ],
+            [
+                [
+                    n,
+                    _or_dash(a.step),
+                    a.loss,
+                    a.tokens,
+                    _or_dash(a.sink.mean) if a.sink else "–",
+                    a.sink.share_above.get(0.3, "–") if a.sink else "–",
+                    _or_dash(a.residual_flow),
                     min(a.norm_factor.values()) if a.norm_factor else "–",
                     float(np.median([m.stable_rank_fraction for m in a.matrices])) if a.matrices else "–",
-                    float(np.median([m.mean_abs_cos for m in a.matrices])) if a.matrices else "–"]
-                   for n, a in analyses]))
+                    float(np.median([m.mean_abs_cos for m in a.matrices])) if a.matrices else "–",
+                ]
+                for n, a in analyses
+            ],
+        )
+    )
     for n, a in analyses:  # what analyze could not measure on that model, and why
         for what, why in a.not_measured.items():
             doc.p(f"{n}: {what} not measured: {why}", "note")
@@ -682,7 +986,9 @@ def _section_evals(doc: _Doc, evals: list[tuple[str, dict]]) -> None:
             for metric, value in sorted(metrics.items()):
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and "stderr" not in metric:
                     stderr = metrics.get(metric.replace(",", "_stderr,", 1))
-                    rows.append([name, task, metric, value, stderr if isinstance(stderr, (int, float)) else "–"])
+                    rows.append(
+                        [name, task, metric, value, stderr if isinstance(stderr, (int, float)) else "–"]
+                    )
     doc.raw(table(["file", "task", "metric", "value", "stderr"], rows))
 
 
@@ -722,8 +1028,12 @@ def _find_runs(roots: Sequence[Path], base: Path) -> list[Run]:
     return [runs[p] for p in sorted(runs)]
 
 
-def build_report(roots: str | os.PathLike | Sequence[str | os.PathLike],
-                 out: str | os.PathLike | None = None, *, include_unfinished: bool = False) -> Path:
+def build_report(
+    roots: str | os.PathLike | Sequence[str | os.PathLike],
+    out: str | os.PathLike | None = None,
+    *,
+    include_unfinished: bool = False,
+) -> Path:
     """One report for one or more run, sweep or recipe folders: written to ``out``, else ROOT/report.html when
     there is one folder (several need ``out``); returns its path. Runs that have not finished are listed and
     marked, and drawn in the figures only with ``include_unfinished``."""
@@ -732,8 +1042,11 @@ def build_report(roots: str | os.PathLike | Sequence[str | os.PathLike],
         if not root.is_dir():
             raise ReportError(f"{root} is not a folder; pass run, sweep or recipe folders")
     if not roots or (out is None and len(roots) > 1):
-        raise ReportError("one report from several folders needs a place of its own: add --out DIR"
-                          if roots else "pass at least one run, sweep or recipe folder")
+        raise ReportError(
+            "one report from several folders needs a place of its own: add --out DIR"
+            if roots
+            else "pass at least one run, sweep or recipe folder"
+        )
     base = Path(os.path.commonpath([r.resolve() for r in roots]))  # the folder itself when there is one
     runs = _find_runs(roots, base)
     analyses = _load_all(roots, base, ANALYSIS_FILE, AnalysisResult.from_dict)
@@ -744,15 +1057,20 @@ def build_report(roots: str | os.PathLike | Sequence[str | os.PathLike],
     evals = _load_all(roots, base, "results-step_*.json", _evals)
     folders = ", ".join(str(r) for r in roots)
     if not (runs or analyses or compares or checks or sweeps or findings or evals):
-        raise ReportError(f"{folders} hold{'s' if len(roots) == 1 else ''} no runs nor analysis outputs; pass a "
-                          "folder written by smallinit train, sweep, recipe, demo, analyze, compare or coordcheck")
+        raise ReportError(
+            f"{folders} hold{'s' if len(roots) == 1 else ''} no runs nor analysis outputs; pass a "
+            "folder written by smallinit train, sweep, recipe, demo, analyze, compare or coordcheck"
+        )
     vary = varying_keys(runs)
     pooled = runs if include_unfinished else [r for r in runs if r.summary]
     pooled_vary = arm_keys(pooled)
     doc = _Doc("smallinit report: " + " + ".join(r.resolve().name for r in roots))
-    doc.p(f"Folder{'s' if len(roots) > 1 else ''} {', '.join(str(r.resolve()) for r in roots)} · smallinit "
-          f"{__version__} · {len(runs)} run(s), {len(analyses)} analysis, {len(compares)} comparison, "
-          f"{len(checks)} coordinate check and {len(sweeps)} sweep file(s).", "note")
+    doc.p(
+        f"Folder{'s' if len(roots) > 1 else ''} {', '.join(str(r.resolve()) for r in roots)} · smallinit "
+        f"{__version__} · {len(runs)} run(s), {len(analyses)} analysis, {len(compares)} comparison, "
+        f"{len(checks)} coordinate check and {len(sweeps)} sweep file(s).",
+        "note",
+    )
     if not findings and (runs or sweeps or compares):  # a recipe's findings already judge its runs
         findings = [(folders, _judge(runs, sweeps, compares))]
     _section_findings(doc, findings)

@@ -25,7 +25,23 @@ from smallinit.study.running import (
 )
 
 __all__ = [
-    "CLAIMS", "Cell", "Claim", "Hardware", "Sweep", "SweepOutcome", "SweepRunner", "default_jobs", "format_plan",
-    "format_table", "load_recipe", "plan_recipe", "plan_sweep", "recipe_names", "register", "run_recipe", "run_sweep",
-    "sweep_rows", "verdict_table",
+    "CLAIMS",
+    "Cell",
+    "Claim",
+    "Hardware",
+    "Sweep",
+    "SweepOutcome",
+    "SweepRunner",
+    "default_jobs",
+    "format_plan",
+    "format_table",
+    "load_recipe",
+    "plan_recipe",
+    "plan_sweep",
+    "recipe_names",
+    "register",
+    "run_recipe",
+    "run_sweep",
+    "sweep_rows",
+    "verdict_table",
 ]

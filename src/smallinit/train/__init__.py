@@ -7,4 +7,18 @@ from smallinit.train.monitor import AnalysisCallback, Monitor, load_snapshots, s
 from smallinit.train.optim import build_optimizer, lr_at
 from smallinit.train.trainer import Runtime, Trainer
 
-__all__ = ["AnalysisCallback", "Callback", "Monitor", "load_snapshots", "scalars", "Progress", "RouterLog", "Runtime", "Trainer", "build_optimizer", "latest_checkpoint", "load_model", "lr_at"]
+__all__ = [
+    "AnalysisCallback",
+    "Callback",
+    "Monitor",
+    "load_snapshots",
+    "scalars",
+    "Progress",
+    "RouterLog",
+    "Runtime",
+    "Trainer",
+    "build_optimizer",
+    "latest_checkpoint",
+    "load_model",
+    "lr_at",
+]

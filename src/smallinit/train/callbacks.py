@@ -46,8 +46,11 @@ class Progress(Callback):
         print("\n".join(banner(trainer)), file=self.stream, flush=True)
 
     def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        print(f"step {record['step']}/{trainer.cfg.train.steps} | val {record['val_loss']:.4f}", file=self.stream,
-              flush=True)
+        print(
+            f"step {record['step']}/{trainer.cfg.train.steps} | val {record['val_loss']:.4f}",
+            file=self.stream,
+            flush=True,
+        )
 
     def on_step_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         step, total = record["step"], trainer.cfg.train.steps
@@ -58,7 +61,8 @@ class Progress(Callback):
         print(
             f"step {step}/{total} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | "
             f"{record['tokens_per_s']:,.0f} tok/s | ETA {format_hms(eta)}",
-            file=self.stream, flush=True,
+            file=self.stream,
+            flush=True,
         )
 
 
@@ -68,7 +72,9 @@ def banner(trainer: Trainer) -> list[str]:
     params, nonembed = model.num_params(), model.num_params(embeddings=False)
     active = model.num_params(active=True)
     tokens = cfg.train.steps * cfg.train.batch_size * cfg.data.seq_len
-    precision = "fp32" if trainer.amp_dtype is None else f"{str(trainer.amp_dtype).removeprefix('torch.')} autocast"
+    precision = (
+        "fp32" if trainer.amp_dtype is None else f"{str(trainer.amp_dtype).removeprefix('torch.')} autocast"
+    )
     layout = f", {cfg.train.parallel}" if cfg.train.parallel != "none" else ""
     lines = [
         f"run folder {trainer.run_dir}",
@@ -82,8 +88,10 @@ def banner(trainer: Trainer) -> list[str]:
         f"{trainer.runtime.world_size} process{'es' if trainer.runtime.world_size > 1 else ''}{layout}",
     ]
     if trainer.init_source is not None and trainer.restored is None:
-        lines.append(f"weights from {trainer.init_source.path} (its step {trainer.init_source.step}); "
-                     "fresh optimizer, step 0")
+        lines.append(
+            f"weights from {trainer.init_source.path} (its step {trainer.init_source.step}); "
+            "fresh optimizer, step 0"
+        )
     if trainer.restored is not None:
         lines.append(f"resumed from step {trainer.restored.step} ({trainer.restored.path})")
     if trainer.steps_before is not None:

@@ -63,8 +63,13 @@ def kept(run_dir: Path) -> io.Kept:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, model_tensors: dict[str, torch.Tensor], optim_tensors: dict[str, torch.Tensor],
-    state: dict[str, Any], *, keep: int = 2,
+    run_dir: Path,
+    step: int,
+    model_tensors: dict[str, torch.Tensor],
+    optim_tensors: dict[str, torch.Tensor],
+    state: dict[str, Any],
+    *,
+    keep: int = 2,
 ) -> Path:
     """Write checkpoint ``step`` atomically, then prune to the newest ``keep`` complete ones."""
     final = checkpoint_dir(run_dir, step)
@@ -73,8 +78,9 @@ def save_checkpoint(
         for fname, tensors in zip(TENSOR_FILES, (model_tensors, optim_tensors)):
             save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp / fname)
             files[fname] = {"bytes": (tmp / fname).stat().st_size, "sha256": io.sha256_file(tmp / fname)}
-        io.write_json_atomic(tmp / "state.json", {**state, "format": FORMAT, "step": step, "files": files},
-                             kept=kept(run_dir))
+        io.write_json_atomic(
+            tmp / "state.json", {**state, "format": FORMAT, "step": step, "files": files}, kept=kept(run_dir)
+        )
         for fname in TENSOR_FILES:
             with open(tmp / fname, "rb") as f:
                 os.fsync(f.fileno())
@@ -103,7 +109,11 @@ def read_checkpoint(path: Path, *, verify: bool = True) -> Checkpoint:
     state = io.read_json(state_file)
     if state is None:
         raise CheckpointError(f"{state_file} is not valid JSON; the checkpoint is damaged")
-    if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("files"), dict):
+    if (
+        not isinstance(state, dict)
+        or state.get("format") != FORMAT
+        or not isinstance(state.get("files"), dict)
+    ):
         raise CheckpointError(f"{state_file} is not a smallinit checkpoint state ({FORMAT})")
     _check_state(state, path)
     for fname in TENSOR_FILES:
@@ -112,7 +122,9 @@ def read_checkpoint(path: Path, *, verify: bool = True) -> Checkpoint:
         if not isinstance(meta, dict) or not f.is_file():
             raise CheckpointError(f"checkpoint {path} lacks {fname}; it is incomplete")
         if f.stat().st_size != meta.get("bytes"):
-            raise CheckpointError(f"{f} has {f.stat().st_size} bytes, expected {meta.get('bytes')}: it is truncated")
+            raise CheckpointError(
+                f"{f} has {f.stat().st_size} bytes, expected {meta.get('bytes')}: it is truncated"
+            )
         if verify and io.sha256_file(f) != meta.get("sha256"):
             raise CheckpointError(f"{f} does not match its checksum: it was altered or damaged")
     return Checkpoint(path=path, step=state["step"], state=state)
@@ -120,8 +132,11 @@ def read_checkpoint(path: Path, *, verify: bool = True) -> Checkpoint:
 
 def _check_state(state: dict[str, Any], path: Path) -> None:
     """The fields the loaders use have the types they expect (state.json is not covered by the checksums)."""
+
     def bad(what: str) -> CheckpointError:
-        return CheckpointError(f"{path / 'state.json'}: {what}; the checkpoint is damaged or not from smallinit")
+        return CheckpointError(
+            f"{path / 'state.json'}: {what}; the checkpoint is damaged or not from smallinit"
+        )
 
     step = state.get("step")
     if type(step) is not int or step < 0:
@@ -172,8 +187,12 @@ def newest_checkpoint(run_dir: Path) -> Checkpoint | None:
         return read_checkpoint(done[-1])
     except CheckpointError as e:
         older = _first_intact(reversed(done[:-1]))
-        fallback = (f"to continue from {older.path.name}, the newest intact one, move {done[-1].name} out of "
-                    f"{done[-1].parent}" if older else "no older intact checkpoint exists")
+        fallback = (
+            f"to continue from {older.path.name}, the newest intact one, move {done[-1].name} out of "
+            f"{done[-1].parent}"
+            if older
+            else "no older intact checkpoint exists"
+        )
         raise CheckpointError(f"{e}; {fallback}") from None
 
 
@@ -217,19 +236,25 @@ def check_model_tensors(tensors: dict[str, torch.Tensor], spec: Spec, source: Pa
         _check_tensor(f"{source}: {k}", tensors[k], shape, dtype, "the model expects")
 
 
-def check_optimizer_tensors(tensors: dict[str, torch.Tensor], params: Spec) -> dict[str, dict[str, torch.Tensor]]:
+def check_optimizer_tensors(
+    tensors: dict[str, torch.Tensor], params: Spec
+) -> dict[str, dict[str, torch.Tensor]]:
     """AdamW state grouped by parameter name; a parameter has all of its state or none (an expert that never
     got a gradient), with its parameter's shape and dtype and a single fp32 step count."""
     state: dict[str, dict[str, torch.Tensor]] = {}
     for key, t in tensors.items():
         name, _, k = key.rpartition(".")
         if name not in params or k not in ADAM_STATE:
-            raise CheckpointError(f"optimizer state {key} matches no parameter: the checkpoint is from another model")
+            raise CheckpointError(
+                f"optimizer state {key} matches no parameter: the checkpoint is from another model"
+            )
         state.setdefault(name, {})[k] = t
     for name, st in state.items():
         missing = [k for k in ADAM_STATE if k not in st]
         if missing:
-            raise CheckpointError(f"optimizer state {name}.{missing[0]} is missing: the checkpoint is incomplete")
+            raise CheckpointError(
+                f"optimizer state {name}.{missing[0]} is missing: the checkpoint is incomplete"
+            )
         shape, dtype = params[name]
         _check_tensor(f"optimizer state {name}.step", st["step"], (), torch.float32, "AdamW keeps")
         for k in ("exp_avg", "exp_avg_sq"):
@@ -237,13 +262,19 @@ def check_optimizer_tensors(tensors: dict[str, torch.Tensor], params: Spec) -> d
     return state
 
 
-def _check_tensor(what: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, expects: str) -> None:
+def _check_tensor(
+    what: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, expects: str
+) -> None:
     if tuple(t.shape) != shape:
-        raise CheckpointError(f"{what} has shape {tuple(t.shape)}, {expects} {shape}: the checkpoint is from "
-                              "another model or damaged")
+        raise CheckpointError(
+            f"{what} has shape {tuple(t.shape)}, {expects} {shape}: the checkpoint is from "
+            "another model or damaged"
+        )
     if t.dtype != dtype:
-        raise CheckpointError(f"{what} is {str(t.dtype)[6:]}, {expects} {str(dtype)[6:]}: the checkpoint was "
-                              "altered or is from another program")
+        raise CheckpointError(
+            f"{what} is {str(t.dtype)[6:]}, {expects} {str(dtype)[6:]}: the checkpoint was "
+            "altered or is from another program"
+        )
 
 
 def load_optimizer_tensors(
@@ -271,8 +302,10 @@ def check_config(found: Checkpoint, config: dict[str, Any], source: Path) -> Non
     """A checkpoint belongs to a run only if it was written under the run's own config (a resolved
     ``Config.to_dict()``; keys added to the config since the checkpoint was written count as their defaults)."""
     if Config.from_dict(found.state["config"]).to_dict() != config:
-        raise CheckpointError(f"{found.path} was written by a different config than {source}: "
-                              "it does not belong to this run; restore the run's own checkpoint")
+        raise CheckpointError(
+            f"{found.path} was written by a different config than {source}: "
+            "it does not belong to this run; restore the run's own checkpoint"
+        )
 
 
 def resolve_checkpoint(path: str | Path) -> Checkpoint:
@@ -284,7 +317,9 @@ def resolve_checkpoint(path: str | Path) -> Checkpoint:
         return read_checkpoint(path)
     found = newest_checkpoint(path)
     if found is None:
-        raise CheckpointError(f"{path} holds no complete checkpoint; pass a run folder that finished a checkpoint")
+        raise CheckpointError(
+            f"{path} holds no complete checkpoint; pass a run folder that finished a checkpoint"
+        )
     return found
 
 

@@ -34,7 +34,9 @@ from smallinit.train.distributed import names_gpu
 
 # From the measurements in benchmarks/README.md, "Tiny widths" (1 thread, byte tokenizer, batch 16 × 128, 4 layers).
 TINY_WIDTH = 128  # the widest model "auto" compiles: the widths the speedup was measured at
-SAVED_S_PER_ELEMENT = 9.9e-9  # seconds a compiled step saves per token × d_model × layer (the lowest, at d = 64)
+SAVED_S_PER_ELEMENT = (
+    9.9e-9  # seconds a compiled step saves per token × d_model × layer (the lowest, at d = 64)
+)
 COLD_S = 15.0  # seconds to compile a block's forward and backward with an empty cache
 WARM_S = 2.0  # ... and when the cache holds the graph (Dynamo still traces, Inductor loads)
 
@@ -56,9 +58,15 @@ def graph_key(cfg: Config) -> str:
     if not model.get("norm_eps_width"):
         del model["gamma"]
     tc = cfg.train
-    fields = {"model": model, "micro_batch": tc.batch_size // tc.grad_accum,
-              "seq_len": cfg.data.seq_len, "precision": tc.precision, "device": tc.device,
-              "checkpointing": tc.activation_checkpointing, "torch": torch.__version__}
+    fields = {
+        "model": model,
+        "micro_batch": tc.batch_size // tc.grad_accum,
+        "seq_len": cfg.data.seq_len,
+        "precision": tc.precision,
+        "device": tc.device,
+        "checkpointing": tc.activation_checkpointing,
+        "torch": torch.__version__,
+    }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -139,7 +139,9 @@ def shutdown() -> None:
 # -- wrapping ----------------------------------------------------------------------------------------------
 
 
-def parallelize(model: nn.Module, rt: Runtime, train: TrainConfig, amp_dtype: torch.dtype | None) -> nn.Module:
+def parallelize(
+    model: nn.Module, rt: Runtime, train: TrainConfig, amp_dtype: torch.dtype | None
+) -> nn.Module:
     """Apply activation checkpointing, ``torch.compile`` and DDP / FSDP2 to ``model``; return what to call.
 
     ``model`` must already hold its initial weights (drawn in full from the seed). Checkpointing and
@@ -173,7 +175,11 @@ def parallelize(model: nn.Module, rt: Runtime, train: TrainConfig, amp_dtype: to
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(rt.device.type, (rt.world_size,))
-    mp = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32) if amp_dtype else MixedPrecisionPolicy()
+    mp = (
+        MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
+        if amp_dtype
+        else MixedPrecisionPolicy()
+    )
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)  # the root: embedding, final norm, LM head
@@ -274,7 +280,9 @@ def eval_pieces(
     so every rank runs the same number of forwards (FSDP gathers parameters in each). A piece with no rows
     (a short last batch) is replaced by the first row, with ``rows`` = 0 so that its loss is not counted.
     """
-    pieces = list(zip(x.tensor_split(rt.world_size * micro_batches), y.tensor_split(rt.world_size * micro_batches)))
+    pieces = list(
+        zip(x.tensor_split(rt.world_size * micro_batches), y.tensor_split(rt.world_size * micro_batches))
+    )
     for xp, yp in pieces[rt.rank * micro_batches : (rt.rank + 1) * micro_batches]:
         rows = xp.shape[0]
         yield (xp, yp, rows) if rows else (x[:1], y[:1], 0)
@@ -319,14 +327,19 @@ def full_state(
     tensors = {k: v for k, v in get_model_state_dict(model, options=options).items() if k not in aliases}
     optim: dict[str, torch.Tensor] = {}
     if optimizer.state:  # an untouched optimizer has nothing to save (and gathering would initialise it)
-        for name, state in get_optimizer_state_dict(model, optimizer, options=options).get("state", {}).items():
+        for name, state in (
+            get_optimizer_state_dict(model, optimizer, options=options).get("state", {}).items()
+        ):
             for k, v in state.items():
                 optim[f"{name}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
     return tensors, optim
 
 
 def load_full_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer, names: dict[int, str], rt: Runtime,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    names: dict[int, str],
+    rt: Runtime,
     read: Callable[[], tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, str]]],
 ) -> None:
     """Restore model and AdamW state from full tensors that only rank 0 reads (``read`` → model, optim, aliases).
@@ -359,8 +372,9 @@ def load_full_state(
         {**{k: v for k, v in g.items() if k != "params"}, "params": [names[id(p)] for p in g["params"]]}
         for g in optimizer.param_groups
     ]
-    set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": groups} if rt.is_main else {},
-                             options=options)
+    set_optimizer_state_dict(
+        model, optimizer, {"state": state, "param_groups": groups} if rt.is_main else {}, options=options
+    )
 
 
 # Train keys that say how a run is spread over devices, not what it computes: a run may resume under

@@ -41,4 +41,3 @@ def train_flops_per_token(model: nn.Module, seq_len: int, *, causal: bool = True
     d_attn = cfg.n_heads * cfg.head_dim
     attention = 12.0 * cfg.n_layers * seq_len * d_attn * (0.5 if causal else 1.0)
     return 6.0 * matmul_params(model) + attention
-

@@ -27,12 +27,16 @@ class RunLock:
         """Lock ``run_dir`` (made if absent), or one line if another process holds it."""
         if run_dir.exists() and not run_dir.is_dir():
             raise ConfigError(f"--out {run_dir} is a file, not a folder; choose another --out")
-        made = [p for p in (run_dir / LOCK_FILE, run_dir, *run_dir.parents) if not p.exists()]  # innermost first
+        made = [
+            p for p in (run_dir / LOCK_FILE, run_dir, *run_dir.parents) if not p.exists()
+        ]  # innermost first
         io.make_folder(run_dir)
         fd = io.lock_exclusive(run_dir / LOCK_FILE)
         if fd is None:
-            raise ConfigError(f"run folder {run_dir} is being written by another training process; wait for "
-                              "it to finish or stop it, or choose another --out")
+            raise ConfigError(
+                f"run folder {run_dir} is being written by another training process; wait for "
+                "it to finish or stop it, or choose another --out"
+            )
         return RunLock(run_dir, fd, made)
 
     def release(self, *, failed: bool = False) -> None:
@@ -49,4 +53,3 @@ class RunLock:
                         path.rmdir()  # only if nothing else was written
         os.close(self._fd)
         self._fd = None
-

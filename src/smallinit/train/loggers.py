@@ -83,15 +83,21 @@ class WandbLogger(Callback):
         try:
             import wandb
         except ImportError:
-            raise ConfigError("train.wandb needs the wandb package, which is not installed; pip install wandb") from None
+            raise ConfigError(
+                "train.wandb needs the wandb package, which is not installed; pip install wandb"
+            ) from None
         self.wandb = wandb
         self.run = None
 
     def on_train_start(self, trainer: Trainer) -> None:
         run_dir = trainer.run_dir.resolve()
         self.run = self.wandb.init(
-            project="smallinit", name=run_dir.name, dir=str(run_dir), config=trainer.cfg.to_dict(),
-            id=hashlib.sha256(str(run_dir).encode()).hexdigest()[:16], resume="allow",
+            project="smallinit",
+            name=run_dir.name,
+            dir=str(run_dir),
+            config=trainer.cfg.to_dict(),
+            id=hashlib.sha256(str(run_dir).encode()).hexdigest()[:16],
+            resume="allow",
         )
 
     def on_log(self, trainer: Trainer, record: dict[str, Any]) -> None:

@@ -97,7 +97,9 @@ def layer_bytes_per_token(cfg: ModelConfig, act_bytes: int) -> list[float]:
     return [24 * d + act_bytes * (3 * d + 2 * kv + 2 * g + gated_out) + mlp(i) for i in range(_period(cfg))]
 
 
-def activation_bytes_per_token(cfg: ModelConfig, act_bytes: int, *, activation_checkpointing: bool = False) -> float:
+def activation_bytes_per_token(
+    cfg: ModelConfig, act_bytes: int, *, activation_checkpointing: bool = False
+) -> float:
     """Bytes saved for backward per token of the micro-batch: all layers (or only their inputs) and the head."""
     head = 12 * cfg.d_model + act_bytes * cfg.vocab_size
     if activation_checkpointing:
@@ -106,8 +108,14 @@ def activation_bytes_per_token(cfg: ModelConfig, act_bytes: int, *, activation_c
 
 
 def estimate_memory(
-    cfg: ModelConfig, *, micro_batch: int, seq_len: int, world_size: int = 1, parallel: str = "ddp",
-    precision: str = "bf16", activation_checkpointing: bool = False,
+    cfg: ModelConfig,
+    *,
+    micro_batch: int,
+    seq_len: int,
+    world_size: int = 1,
+    parallel: str = "ddp",
+    precision: str = "bf16",
+    activation_checkpointing: bool = False,
 ) -> MemoryEstimate:
     """Per-GPU training memory for micro-batches of ``micro_batch`` sequences of ``seq_len`` tokens."""
     if parallel not in ("none", "ddp", "fsdp"):
@@ -139,19 +147,30 @@ def format_estimates(rows: list[tuple[str, MemoryEstimate]]) -> str:
 
 def memory_table(*, micro_batch: int = 4, seq_len: int = 2048, gpus: int = 8) -> str:
     """Every preset on ``gpus`` GPUs in bf16 (the table in docs/distributed.md), in GiB per GPU."""
-    head = (f"{'preset':<16} {'params':>8} {'DDP':>8} {'FSDP':>8} {'FSDP+AC':>8} {'act/seq':>8} {'act/seq AC':>10}")
-    lines = [f"per GPU, GiB: bf16, micro-batch {micro_batch} × {seq_len} tokens, FSDP over {gpus} GPUs", head,
-             "-" * len(head)]
+    head = f"{'preset':<16} {'params':>8} {'DDP':>8} {'FSDP':>8} {'FSDP+AC':>8} {'act/seq':>8} {'act/seq AC':>10}"
+    lines = [
+        f"per GPU, GiB: bf16, micro-batch {micro_batch} × {seq_len} tokens, FSDP over {gpus} GPUs",
+        head,
+        "-" * len(head),
+    ]
     for name in PRESETS:
         cfg = ModelConfig.preset(name)
         seq = min(seq_len, cfg.max_seq_len)
         ddp = estimate_memory(cfg, micro_batch=micro_batch, seq_len=seq, parallel="ddp")
         fsdp = estimate_memory(cfg, micro_batch=micro_batch, seq_len=seq, world_size=gpus, parallel="fsdp")
-        ac = estimate_memory(cfg, micro_batch=micro_batch, seq_len=seq, world_size=gpus, parallel="fsdp",
-                             activation_checkpointing=True)
+        ac = estimate_memory(
+            cfg,
+            micro_batch=micro_batch,
+            seq_len=seq,
+            world_size=gpus,
+            parallel="fsdp",
+            activation_checkpointing=True,
+        )
         per_seq, per_seq_ac = ddp.activations / micro_batch, ac.activations / micro_batch
-        lines.append(f"{name:<16} {ddp.params / 1e9:>7.3f}B {ddp.total / GIB:>8.2f} {fsdp.total / GIB:>8.2f} "
-                     f"{ac.total / GIB:>8.2f} {per_seq / GIB:>8.2f} {per_seq_ac / GIB:>10.2f}")
+        lines.append(
+            f"{name:<16} {ddp.params / 1e9:>7.3f}B {ddp.total / GIB:>8.2f} {fsdp.total / GIB:>8.2f} "
+            f"{ac.total / GIB:>8.2f} {per_seq / GIB:>8.2f} {per_seq_ac / GIB:>10.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -161,22 +180,31 @@ def describe_memory(cfg: Config, gpus: int = 1) -> str:
     if gpus < 1:
         raise ConfigError(f"--num-devices must be ≥ 1, got {gpus}")
     if tc.batch_size % (gpus * tc.grad_accum):
-        raise ConfigError(f"train.batch_size={tc.batch_size} does not divide into {gpus} GPUs × "
-                          f"train.grad_accum={tc.grad_accum} micro-batches; change one of them")
+        raise ConfigError(
+            f"train.batch_size={tc.batch_size} does not divide into {gpus} GPUs × "
+            f"train.grad_accum={tc.grad_accum} micro-batches; change one of them"
+        )
     micro = tc.batch_size // (gpus * tc.grad_accum)
     precision = "fp32" if tc.precision == "fp32" else "bf16"
     common = dict(micro_batch=micro, seq_len=cfg.data.seq_len, world_size=gpus, precision=precision)
-    layouts = [("ddp", tc.activation_checkpointing)] if gpus == 1 else [
-        ("ddp", tc.activation_checkpointing), ("fsdp", tc.activation_checkpointing)]
+    layouts = (
+        [("ddp", tc.activation_checkpointing)]
+        if gpus == 1
+        else [("ddp", tc.activation_checkpointing), ("fsdp", tc.activation_checkpointing)]
+    )
     if not tc.activation_checkpointing:
         layouts.append((layouts[-1][0], True))
     rows = []
     for parallel, ac in layouts:
         label = ("one GPU" if gpus == 1 else f"{parallel} × {gpus}") + (" + act. ckpt" if ac else "")
-        rows.append((label, estimate_memory(cfg.model, parallel=parallel, activation_checkpointing=ac, **common)))
-    return (f"memory per GPU (GiB, estimate): {precision}, micro-batch {micro} × {cfg.data.seq_len} tokens "
-            f"(train.batch_size {tc.batch_size} / {gpus} GPUs / grad_accum {tc.grad_accum})\n"
-            + format_estimates(rows))
+        rows.append(
+            (label, estimate_memory(cfg.model, parallel=parallel, activation_checkpointing=ac, **common))
+        )
+    return (
+        f"memory per GPU (GiB, estimate): {precision}, micro-batch {micro} × {cfg.data.seq_len} tokens "
+        f"(train.batch_size {tc.batch_size} / {gpus} GPUs / grad_accum {tc.grad_accum})\n"
+        + format_estimates(rows)
+    )
 
 
 def device_memory(device: torch.device) -> int:
@@ -196,9 +224,15 @@ def check_fits(cfg: Config, device: torch.device, world_size: int, amp_dtype: to
     """
     tc = cfg.train
     micro = tc.batch_size // (world_size * tc.grad_accum)
-    est = estimate_memory(cfg.model, micro_batch=micro, seq_len=cfg.data.seq_len, world_size=world_size,
-                          parallel=tc.parallel, precision="bf16" if amp_dtype is not None else "fp32",
-                          activation_checkpointing=tc.activation_checkpointing)
+    est = estimate_memory(
+        cfg.model,
+        micro_batch=micro,
+        seq_len=cfg.data.seq_len,
+        world_size=world_size,
+        parallel=tc.parallel,
+        precision="bf16" if amp_dtype is not None else "fp32",
+        activation_checkpointing=tc.activation_checkpointing,
+    )
     have = device_memory(device)
     if est.total <= have:
         return
@@ -208,9 +242,11 @@ def check_fits(cfg: Config, device: torch.device, world_size: int, amp_dtype: to
         raise ConfigError(
             f"the model's weights, gradients and AdamW state alone need ≈ {state / GIB:,.1f} GiB per {where} "
             f"({est.params:,} parameters) but this {where} has {have / GIB:,.1f} GiB; choose a smaller model "
-            "(or train.parallel=fsdp over more GPUs)")
+            "(or train.parallel=fsdp over more GPUs)"
+        )
     raise ConfigError(
         f"training needs ≈ {est.total / GIB:,.1f} GiB per {where} (of which activations for {micro:,} × "
         f"{cfg.data.seq_len} tokens per micro-batch ≈ {(est.activations + est.in_flight) / GIB:,.1f} GiB) but this "
         f"{where} has {have / GIB:,.1f} GiB; lower train.batch_size or data.seq_len, raise train.grad_accum, or set "
-        "train.activation_checkpointing=true (smallinit info --memory shows the estimate)")
+        "train.activation_checkpointing=true (smallinit info --memory shows the estimate)"
+    )

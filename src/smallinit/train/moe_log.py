@@ -36,13 +36,16 @@ class RouterLog(Callback):
         if not stats:
             return
         n = len(stats)
-        trainer.log({
-            "step": step, "event": "moe",
-            "balance_loss": sum(s.balance_loss for s in stats.values()) / n,
-            "z_loss": sum(s.z_loss for s in stats.values()) / n,
-            "max_load_ratio": max(max(s.load) * len(s.load) for s in stats.values()),
-            "load": {name: [round(x, 5) for x in s.load] for name, s in stats.items()},
-        })
+        trainer.log(
+            {
+                "step": step,
+                "event": "moe",
+                "balance_loss": sum(s.balance_loss for s in stats.values()) / n,
+                "z_loss": sum(s.z_loss for s in stats.values()) / n,
+                "max_load_ratio": max(max(s.load) * len(s.load) for s in stats.values()),
+                "load": {name: [round(x, 5) for x in s.load] for name, s in stats.items()},
+            }
+        )
 
     @staticmethod
     def _pop(trainer: Trainer) -> dict:

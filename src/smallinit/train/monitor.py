@@ -61,7 +61,12 @@ COS_ROWS = 512  # rows sampled for the logged mean |cos| of large matrices
 SATURATED = 0.5  # a norm factor below this at init: ε, not the input, sets the norm's scale
 DEFAULT_EVERY = 100  # the monitor's cost at this interval is benchmarked in benchmarks/bench_callbacks.py
 # Matrices measured on models that are not smallinit's (whose names AnalysisConfig's defaults follow)
-OTHER_MATRICES = ["*.self_attn.q_proj.weight", "*.attn.c_attn.weight", "*.mlp.up_proj.weight", "*.mlp.c_fc.weight"]
+OTHER_MATRICES = [
+    "*.self_attn.q_proj.weight",
+    "*.attn.c_attn.weight",
+    "*.mlp.up_proj.weight",
+    "*.mlp.c_fc.weight",
+]
 
 
 def snapshot_path(run_dir: str | Path, step: int) -> Path:
@@ -84,10 +89,20 @@ class Monitor:
     """
 
     def __init__(
-        self, model: Any, cfg: AnalysisConfig | None = None, *, batch: Any = None, data: Iterable | None = None,
-        out: str | Path, log: Callable[[dict[str, Any]], None] | None = None,
-        total_steps: int | None = None, start_step: int = 0, settings: Mapping[str, Any] | None = None,
-        engine: str = "loop", guard: bool = True, **fields: Any,
+        self,
+        model: Any,
+        cfg: AnalysisConfig | None = None,
+        *,
+        batch: Any = None,
+        data: Iterable | None = None,
+        out: str | Path,
+        log: Callable[[dict[str, Any]], None] | None = None,
+        total_steps: int | None = None,
+        start_step: int = 0,
+        settings: Mapping[str, Any] | None = None,
+        engine: str = "loop",
+        guard: bool = True,
+        **fields: Any,
     ):
         cfg_given = cfg is not None
         if not cfg_given:
@@ -95,20 +110,29 @@ class Monitor:
         cfg = dataclasses.replace(cfg or AnalysisConfig(), **fields)
         cfg.validate()
         if cfg.every < 1 and cfg.norm_every < 1:
-            raise ConfigError(f"the monitor needs every or norm_every ≥ 1, got {cfg.every} and {cfg.norm_every}")
+            raise ConfigError(
+                f"the monitor needs every or norm_every ≥ 1, got {cfg.every} and {cfg.norm_every}"
+            )
         self.cfg, self.total_steps, self.start_step = cfg, total_steps, start_step
         self.adapter = as_adapter(_unwrapped(model))
         self.module = self.adapter.module
         self.writes = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
         self.tokens, self.targets = self._held_out(batch, data)
         self.roles = param_roles(self.module)  # traced once: roles do not change in training
-        chosen = self._ours or cfg_given  # else AnalysisConfig's defaults name smallinit's matrices, not these
+        chosen = (
+            self._ours or cfg_given
+        )  # else AnalysisConfig's defaults name smallinit's matrices, not these
         patterns = fields.get("matrices", cfg.matrices if chosen else OTHER_MATRICES)
         self.matrices = list(named_matrices(self.module, patterns, roles=self.roles))
-        self.heatmaps = set(named_matrices(self.module, cfg.heatmaps, roles=self.roles) if "heatmaps" in fields
-                            or chosen else _first_of_each(self.matrices, OTHER_MATRICES))
+        self.heatmaps = set(
+            named_matrices(self.module, cfg.heatmaps, roles=self.roles)
+            if "heatmaps" in fields or chosen
+            else _first_of_each(self.matrices, OTHER_MATRICES)
+        )
         self.snapshot_steps = self._snapshot_steps()
-        self.warned = start_step > 0 or not guard  # the saturation guard speaks at the start of a fresh run only
+        self.warned = (
+            start_step > 0 or not guard
+        )  # the saturation guard speaks at the start of a fresh run only
         self.last_step: int | None = None
         self.last_loss: float | None = None
         self.out = Path(out)
@@ -126,13 +150,17 @@ class Monitor:
 
     def _held_out(self, batch: Any, data: Iterable | None) -> tuple[torch.Tensor, torch.Tensor]:
         if (batch is None) == (data is None):
-            raise ConfigError("pass the monitor a held-out batch= (token ids) or data= (an iterable of batches), "
-                              "not " + ("both" if batch is not None else "neither"))
+            raise ConfigError(
+                "pass the monitor a held-out batch= (token ids) or data= (an iterable of batches), "
+                "not " + ("both" if batch is not None else "neither")
+            )
         x, y = _as_xy(batch) if batch is not None else _first_rows(data, self.cfg.batch_size)
         limit = _context(self.module)
         if limit is not None and x.shape[1] > limit:
-            raise ConfigError(f"the held-out batch has {x.shape[1]} positions, more than the model's context of "
-                              f"{limit}; pass shorter sequences")
+            raise ConfigError(
+                f"the held-out batch has {x.shape[1]} positions, more than the model's context of "
+                f"{limit}; pass shorter sequences"
+            )
         device = next(self.module.parameters()).device
         return x.to(device), y.to(device)
 
@@ -165,12 +193,19 @@ class Monitor:
                     path.unlink()
         else:
             set_aside_metrics(out)  # a fresh start keeps an earlier attempt's records beside it
-        io.write_json_atomic(out / MONITOR_FILE, {
-            "engine": engine, "model": describe_model(self.adapter), "settings": settings,
-            "every": self.cfg.every, "norm_every": self.cfg.norm_every, "total_steps": self.total_steps,
-            "batch": list(self.tokens.shape),
-            "world_size": torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
-        })
+        io.write_json_atomic(
+            out / MONITOR_FILE,
+            {
+                "engine": engine,
+                "model": describe_model(self.adapter),
+                "settings": settings,
+                "every": self.cfg.every,
+                "norm_every": self.cfg.norm_every,
+                "total_steps": self.total_steps,
+                "batch": list(self.tokens.shape),
+                "world_size": torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
+            },
+        )
 
     def _append(self, record: dict[str, Any]) -> None:
         if self.writes:
@@ -180,10 +215,15 @@ class Monitor:
         """The run's summary (the last step measured and its loss), and the folder given up."""
         if self._lock is not None:
             try:
-                io.write_json_atomic(self.out / "summary.json", {
-                    "step": self.last_step, "val_loss": self.last_loss,
-                    "params": sum(p.numel() for p in self.module.parameters()),
-                    "params_nonembed": _params_nonembed(self.module)})
+                io.write_json_atomic(
+                    self.out / "summary.json",
+                    {
+                        "step": self.last_step,
+                        "val_loss": self.last_loss,
+                        "params": sum(p.numel() for p in self.module.parameters()),
+                        "params_nonembed": _params_nonembed(self.module),
+                    },
+                )
             finally:
                 self._release()
                 self._lock = None
@@ -219,12 +259,17 @@ class Monitor:
             mats = self._gathered()
         sink = acts.get("sink") or {}
         rec = AnalysisRecord(
-            step, sink=tuple(sink.get("per_layer", ())), sink_mean=sink.get("mean"),
+            step,
+            sink=tuple(sink.get("per_layer", ())),
+            sink_mean=sink.get("mean"),
             sink_share={float(eps): v for eps, v in sink.get("share_above", {}).items()},
-            residual_flow=acts.get("residual_flow"), norm_factor=acts.get("norm_factor", {}), loss=acts.get("loss"),
+            residual_flow=acts.get("residual_flow"),
+            norm_factor=acts.get("norm_factor", {}),
+            loss=acts.get("loss"),
             stable_rank={n: stable_rank(W) for n, W in mats.items()},
             mean_abs_cos={n: sampled_mean_abs_cos(W, max_rows=COS_ROWS) for n, W in mats.items()},
-            not_measured=acts["not_measured"])
+            not_measured=acts["not_measured"],
+        )
         self.last_loss = rec.loss
         self._guard(step, rec.norm_factor)
         written = rec.to_dict()
@@ -241,7 +286,9 @@ class Monitor:
         if factors is None:
             with _eval_mode(self.module):
                 observed = self.adapter.observe(self.tokens, kinds=("norms",))
-            factors = norm_factors_from_observed(self.adapter, observed)[0]  # as measure's: read off each norm's forward
+            factors = norm_factors_from_observed(self.adapter, observed)[
+                0
+            ]  # as measure's: read off each norm's forward
         self._guard(step, factors)
         rec = NormFactorRecord(step, factors).to_dict()
         self._log(rec)
@@ -259,9 +306,11 @@ class Monitor:
         name, factor = min(factors.items(), key=lambda kv: kv[1])
         if factor < SATURATED and self.writes:
             n = sum(f < SATURATED for f in factors.values())
-            log.warning(f"{n} of {len(factors)} norms are saturated at step {step} (the lowest, {name}, has factor "
-                        f"{factor:.3f} < {SATURATED}): their ε, not their input, sets the scale, which undoes a small "
-                        "initialization; lower ε (smallinit.set_norm_eps_(model, 1e-12)) or use a larger init scale")
+            log.warning(
+                f"{n} of {len(factors)} norms are saturated at step {step} (the lowest, {name}, has factor "
+                f"{factor:.3f} < {SATURATED}): their ε, not their input, sets the scale, which undoes a small "
+                "initialization; lower ε (smallinit.set_norm_eps_(model, 1e-12)) or use a larger init scale"
+            )
 
     def _snapshot(self, step: int, mats: dict[str, torch.Tensor]) -> None:
         if not self.writes or not mats:
@@ -283,7 +332,12 @@ def load_snapshots(run_dir: str | Path) -> list[dict[str, Any]]:
     out = []
     for path in sorted((Path(run_dir) / SNAPSHOT_DIR).glob("rowcos_step_*.npz")):
         with np.load(path) as z:
-            snap: dict[str, Any] = {"step": int(z["step"]), "matrices": {}, "stable_rank": {}, "mean_abs_cos": {}}
+            snap: dict[str, Any] = {
+                "step": int(z["step"]),
+                "matrices": {},
+                "stable_rank": {},
+                "mean_abs_cos": {},
+            }
             for key in z.files:
                 if key == "step":
                     continue
@@ -304,15 +358,24 @@ class AnalysisCallback(Callback):
         self.cfg = dataclasses.replace(cfg or AnalysisConfig(), **fields)
         self.cfg.validate()
         if self.cfg.every < 1 and self.cfg.norm_every < 1:
-            raise ConfigError(f"the analysis callback needs analysis.every or analysis.norm_every ≥ 1, got "
-                              f"{self.cfg.every} and {self.cfg.norm_every}")
+            raise ConfigError(
+                f"the analysis callback needs analysis.every or analysis.norm_every ≥ 1, got "
+                f"{self.cfg.every} and {self.cfg.norm_every}"
+            )
         self.monitor: Monitor | None = None
 
     def on_train_start(self, trainer: Trainer) -> None:
         batch = next(iter(trainer.data.eval_batches(self.cfg.batch_size, trainer.cfg.data.seq_len, 1)))
-        self.monitor = Monitor(trainer.model, self.cfg, batch=batch, out=trainer.run_dir, log=trainer.log,
-                               total_steps=trainer.cfg.train.steps, start_step=trainer.step,
-                               guard=not trainer.cfg.model.norm_eps_width)  # ε emulation saturates on purpose
+        self.monitor = Monitor(
+            trainer.model,
+            self.cfg,
+            batch=batch,
+            out=trainer.run_dir,
+            log=trainer.log,
+            total_steps=trainer.cfg.train.steps,
+            start_step=trainer.step,
+            guard=not trainer.cfg.model.norm_eps_width,
+        )  # ε emulation saturates on purpose
         if trainer.step == 0:
             self.monitor(0)
 
@@ -327,7 +390,11 @@ def scalars(record: dict[str, Any], prefix: str = "smallinit/") -> dict[str, flo
     full = isinstance(rec, AnalysisRecord)  # else a norm-factor record: its factors alone
     out: dict[str, float] = {}
     if full:
-        for key, value in (("sink_mean", rec.sink_mean), ("residual_flow", rec.residual_flow), ("loss", rec.loss)):
+        for key, value in (
+            ("sink_mean", rec.sink_mean),
+            ("residual_flow", rec.residual_flow),
+            ("loss", rec.loss),
+        ):
             if value is not None:
                 out[prefix + key] = value
         if rec.sink_share:
@@ -350,10 +417,12 @@ def describe_model(adapter: ModelAdapter) -> dict[str, Any]:
     if config is None and hasattr(module, "cfg"):  # smallinit's Transformer
         config = module.cfg
     desc: dict[str, Any] = {"class": type(module).__name__}
-    for key, names in (("d_model", ("d_model", "hidden_size", "n_embd")),
-                       ("n_layers", ("n_layers", "num_hidden_layers", "n_layer")),
-                       ("n_heads", ("n_heads", "num_attention_heads", "n_head")),
-                       ("d_ff", ("d_ff", "intermediate_size", "n_inner"))):
+    for key, names in (
+        ("d_model", ("d_model", "hidden_size", "n_embd")),
+        ("n_layers", ("n_layers", "num_hidden_layers", "n_layer")),
+        ("n_heads", ("n_heads", "num_attention_heads", "n_head")),
+        ("d_ff", ("d_ff", "intermediate_size", "n_inner")),
+    ):
         value = next((getattr(config, n) for n in names if isinstance(getattr(config, n, None), int)), None)
         if value is not None:
             desc[key] = value
@@ -370,7 +439,9 @@ def _params_nonembed(module: nn.Module) -> int:
 
 def _unwrapped(model: Any) -> Any:
     """The model inside a DDP / DataParallel wrapper (its forward would sync buffers across ranks)."""
-    return model.module if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)) else model
+    return (
+        model.module if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)) else model
+    )
 
 
 def _context(module: nn.Module) -> int | None:
@@ -385,7 +456,11 @@ def _context(module: nn.Module) -> int | None:
 
 def _as_xy(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, next-token targets) from the forms a held-out batch comes in."""
-    if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch):
+    if (
+        isinstance(batch, (tuple, list))
+        and len(batch) == 2
+        and all(isinstance(t, torch.Tensor) for t in batch)
+    ):
         x, y = batch
     else:
         ids = batch.get("input_ids") if isinstance(batch, Mapping) else batch
@@ -397,8 +472,10 @@ def _as_xy(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
             ids, labels = ids[None], labels[None]
         x, y = ids[:, :-1], labels[:, 1:]
     if x.dim() != 2 or x.shape != y.shape or x.dtype not in (torch.int32, torch.int64) or x.shape[1] < 2:
-        raise ConfigError(f"the held-out batch must be token ids of shape (sequences, positions ≥ 2), got "
-                          f"{tuple(x.shape)} of {x.dtype}")
+        raise ConfigError(
+            f"the held-out batch must be token ids of shape (sequences, positions ≥ 2), got "
+            f"{tuple(x.shape)} of {x.dtype}"
+        )
     return x.long(), y.long()
 
 
@@ -419,8 +496,11 @@ def _first_rows(data: Iterable, n: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _first_of_each(names: list[str], patterns: list[str]) -> list[str]:
-    return [next(n for n in names if fnmatch.fnmatchcase(n, p)) for p in patterns
-            if any(fnmatch.fnmatchcase(n, p) for n in names)]
+    return [
+        next(n for n in names if fnmatch.fnmatchcase(n, p))
+        for p in patterns
+        if any(fnmatch.fnmatchcase(n, p) for n in names)
+    ]
 
 
 class _eval_mode:
@@ -432,5 +512,3 @@ class _eval_mode:
 
     def __exit__(self, *exc: Any) -> None:
         self.module.train(self.was_training)
-
-

@@ -32,8 +32,12 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     # the foreach path (benchmarks/README.md) and agrees with it to float rounding.
     fused = all(p.device.type in ("cpu", "cuda") for p in model.parameters())
     return torch.optim.AdamW(
-        param_groups(model, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
-        fused=fused or None, foreach=None if fused else True,
+        param_groups(model, cfg),
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.adam_eps,
+        fused=fused or None,
+        foreach=None if fused else True,
     )
 
 

@@ -52,7 +52,12 @@ class StepRecord:
     nonfinite: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        rec: dict[str, Any] = {"step": self.step, "loss": self.loss, "lr": self.lr, "grad_norm": self.grad_norm}
+        rec: dict[str, Any] = {
+            "step": self.step,
+            "loss": self.loss,
+            "lr": self.lr,
+            "grad_norm": self.grad_norm,
+        }
         if self.tokens_per_s is not None:
             rec["tokens_per_s"] = self.tokens_per_s
         if self.nonfinite:
@@ -64,8 +69,14 @@ class StepRecord:
         step, loss = _int(raw.get("step")), _float(raw.get("loss"))
         if step is None or loss is None:
             return None
-        return StepRecord(step, loss, _float(raw.get("lr")), _float(raw.get("grad_norm")),
-                          _float(raw.get("tokens_per_s")), raw.get("event") == NONFINITE)
+        return StepRecord(
+            step,
+            loss,
+            _float(raw.get("lr")),
+            _float(raw.get("grad_norm")),
+            _float(raw.get("tokens_per_s")),
+            raw.get("event") == NONFINITE,
+        )
 
 
 @dataclass(frozen=True)
@@ -96,9 +107,13 @@ class AnalysisRecord:
     step: int
     sink: tuple[float, ...] = ()  # the sink score per layer, first layer first
     sink_mean: float | None = None  # their mean
-    sink_share: dict[float, float] = field(default_factory=dict)  # Sink_ε: ε → share of (layer, head) pairs above ε
+    sink_share: dict[float, float] = field(
+        default_factory=dict
+    )  # Sink_ε: ε → share of (layer, head) pairs above ε
     residual_flow: float | None = None
-    norm_factor: dict[str, float] = field(default_factory=dict)  # norm → measured factor / ideal 1/σ, module order
+    norm_factor: dict[str, float] = field(
+        default_factory=dict
+    )  # norm → measured factor / ideal 1/σ, module order
     loss: float | None = None  # the loss on the monitor's held-out batch
     stable_rank: dict[str, float] = field(default_factory=dict)  # matrix → stable rank
     mean_abs_cos: dict[str, float] = field(default_factory=dict)  # matrix → mean |cos| between rows
@@ -111,12 +126,17 @@ class AnalysisRecord:
     def to_dict(self) -> dict[str, Any]:
         rec: dict[str, Any] = {"event": ANALYSIS, "step": self.step}
         if self.sink:
-            rec.update(sink={str(i): v for i, v in enumerate(self.sink)}, sink_mean=self.sink_mean,
-                       sink_share={str(eps): v for eps, v in self.sink_share.items()})
+            rec.update(
+                sink={str(i): v for i, v in enumerate(self.sink)},
+                sink_mean=self.sink_mean,
+                sink_share={str(eps): v for eps, v in self.sink_share.items()},
+            )
         for key in ("residual_flow", "norm_factor", "loss"):
             if getattr(self, key) not in (None, {}):
                 rec[key] = getattr(self, key)
-        rec.update(not_measured=self.not_measured, stable_rank=self.stable_rank, mean_abs_cos=self.mean_abs_cos)
+        rec.update(
+            not_measured=self.not_measured, stable_rank=self.stable_rank, mean_abs_cos=self.mean_abs_cos
+        )
         return rec
 
     @staticmethod
@@ -129,10 +149,17 @@ class AnalysisRecord:
         shares = {float(eps): v for eps, v in _floats(raw.get("sink_share")).items()}
         why = raw.get("not_measured")
         return AnalysisRecord(
-            step, tuple(sink[k] for k in layers), _float(raw.get("sink_mean")), shares,
-            _float(raw.get("residual_flow")), _floats(raw.get("norm_factor")), _float(raw.get("loss")),
-            _floats(raw.get("stable_rank")), _floats(raw.get("mean_abs_cos")),
-            {str(k): str(v) for k, v in why.items()} if isinstance(why, Mapping) else {})
+            step,
+            tuple(sink[k] for k in layers),
+            _float(raw.get("sink_mean")),
+            shares,
+            _float(raw.get("residual_flow")),
+            _floats(raw.get("norm_factor")),
+            _float(raw.get("loss")),
+            _floats(raw.get("stable_rank")),
+            _floats(raw.get("mean_abs_cos")),
+            {str(k): str(v) for k, v in why.items()} if isinstance(why, Mapping) else {},
+        )
 
 
 @dataclass(frozen=True)
@@ -155,7 +182,11 @@ class NormFactorRecord:
 
 
 Record = StepRecord | EvalRecord | AnalysisRecord | NormFactorRecord
-_EVENTS = {ANALYSIS: AnalysisRecord.from_dict, NORM_FACTOR: NormFactorRecord.from_dict, NONFINITE: StepRecord.from_dict}
+_EVENTS = {
+    ANALYSIS: AnalysisRecord.from_dict,
+    NORM_FACTOR: NormFactorRecord.from_dict,
+    NONFINITE: StepRecord.from_dict,
+}
 
 
 def parse_record(raw: Mapping[str, Any]) -> Record | None:

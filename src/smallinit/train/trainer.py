@@ -64,7 +64,12 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 
 class Trainer:
     def __init__(
-        self, cfg: Config, run_dir: str | Path, *, resume: bool = False, callbacks: list[Callback] | None = None,
+        self,
+        cfg: Config,
+        run_dir: str | Path,
+        *,
+        resume: bool = False,
+        callbacks: list[Callback] | None = None,
         runtime: Runtime | None = None,
     ):
         self.run_dir = Path(run_dir)
@@ -76,15 +81,19 @@ class Trainer:
         cfg.model.vocab_size = self.tokenizer.vocab_size  # the tokenizer defines the vocabulary
         self.cfg = cfg.validate()
         if tc.steps < tc.warmup_steps:
-            log.warning(f"train.steps={tc.steps} is shorter than train.warmup_steps={tc.warmup_steps}: the run ends "
-                        f"during warmup at learning rate {lr_at(tc.steps - 1, tc):.2g}, not the peak {tc.lr:.2g}, "
-                        "and never decays; raise train.steps or lower train.warmup_steps")
+            log.warning(
+                f"train.steps={tc.steps} is shorter than train.warmup_steps={tc.warmup_steps}: the run ends "
+                f"during warmup at learning rate {lr_at(tc.steps - 1, tc):.2g}, not the peak {tc.lr:.2g}, "
+                "and never decays; raise train.steps or lower train.warmup_steps"
+            )
         self.restored: ckpt.Checkpoint | None = None  # the checkpoint a resumed run continues from
         self.steps_before: int | None = None  # train.steps of that checkpoint, when this call changed it
         # after validation, so bad input fails on every rank alike before any process group exists
         self.runtime = runtime or Runtime.from_env(tc)
         check_layout(tc, self.runtime.world_size)
-        self.callbacks = ([Progress()] if self.runtime.is_main else []) if callbacks is None else list(callbacks)
+        self.callbacks = (
+            ([Progress()] if self.runtime.is_main else []) if callbacks is None else list(callbacks)
+        )
         loggers = metric_loggers(tc)  # TensorBoard / W&B; a missing package fails on every rank, early
         self.callbacks += loggers if self.runtime.is_main else []
         self.amp_dtype = autocast_dtype(tc.precision, self.runtime.device)
@@ -110,15 +119,20 @@ class Trainer:
             log.warning(repeats)
 
         self.model = Transformer(cfg.model, seed=tc.seed).to(self.runtime.device)
-        if tc.init_from and not (resume and on_main(self.runtime, lambda: ckpt.list_checkpoints(self.run_dir))):
+        if tc.init_from and not (
+            resume and on_main(self.runtime, lambda: ckpt.list_checkpoints(self.run_dir))
+        ):
             self._load_initial_weights()
         if has_moe(self.model):  # expert load and router losses go to metrics.jsonl
             self.callbacks.append(RouterLog())
         if (cfg.analysis.every or cfg.analysis.norm_every) and not any(
-                isinstance(cb, AnalysisCallback) for cb in self.callbacks):
+            isinstance(cb, AnalysisCallback) for cb in self.callbacks
+        ):
             self.callbacks.append(AnalysisCallback(cfg.analysis))  # the measurements the config asks for
         recorded = on_main(self.runtime, lambda: compiling.recorded_choice(self.run_dir)) if resume else None
-        tc.compile = compiling.resolve(self.cfg, self.runtime.world_size, recorded)  # config.json keeps the choice
+        tc.compile = compiling.resolve(
+            self.cfg, self.runtime.world_size, recorded
+        )  # config.json keeps the choice
         if tc.compile:
             self.callbacks.append(compiling.MarkWarm(self.cfg))
         self.engine: torch.nn.Module = parallelize(self.model, self.runtime, tc, self.amp_dtype)
@@ -176,19 +190,31 @@ class Trainer:
         if found is None:  # killed before the first checkpoint: start over, with a fresh log and the new plan
             if self.runtime.is_main:
                 earlier = set_aside_metrics(self.run_dir)
-                log.warning(f"--resume: {self.run_dir} has no checkpoint yet, so training starts again from step 0"
-                            + (f"; the earlier attempt's log is kept as {earlier}" if earlier else ""))
+                log.warning(
+                    f"--resume: {self.run_dir} has no checkpoint yet, so training starts again from step 0"
+                    + (f"; the earlier attempt's log is kept as {earlier}" if earlier else "")
+                )
                 self._write_config()
             return
         planned = Config.from_dict(found.state["config"])
-        ckpt.check_config(found, _as_planned(self.cfg.to_dict(), planned.to_dict()), self.run_dir / "config.json")
+        ckpt.check_config(
+            found, _as_planned(self.cfg.to_dict(), planned.to_dict()), self.run_dir / "config.json"
+        )
         if planned.train.steps != self.cfg.train.steps:
             self._check_new_length(planned.train, found.step)
             self.steps_before = planned.train.steps
         if self.runtime.is_distributed:  # rank 0 reads the full tensors, every rank takes its part
-            load_full_state(self.model, self.optimizer, self.names, self.runtime, lambda: (
-                ckpt.load_tensors(found.path / "model.safetensors"),
-                ckpt.load_tensors(found.path / "optim.safetensors"), found.state.get("aliases") or {}))
+            load_full_state(
+                self.model,
+                self.optimizer,
+                self.names,
+                self.runtime,
+                lambda: (
+                    ckpt.load_tensors(found.path / "model.safetensors"),
+                    ckpt.load_tensors(found.path / "optim.safetensors"),
+                    found.state.get("aliases") or {},
+                ),
+            )
         else:
             ckpt.load_weights(self.model, found)
             optim = ckpt.load_tensors(found.path / "optim.safetensors")
@@ -199,8 +225,14 @@ class Trainer:
             truncate_metrics(self.run_dir, self.step)
             if self.steps_before is not None:  # the run's new length; metrics.jsonl keeps the old one
                 self._write_config()
-                self.log({"step": self.step, "event": "steps", "before": self.steps_before,
-                          "after": self.cfg.train.steps})
+                self.log(
+                    {
+                        "step": self.step,
+                        "event": "steps",
+                        "before": self.steps_before,
+                        "after": self.cfg.train.steps,
+                    }
+                )
 
     def _write_config(self) -> None:
         io.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict(), kept=ckpt.kept(self.run_dir))
@@ -208,18 +240,22 @@ class Trainer:
     def _check_new_length(self, planned: TrainConfig, step: int) -> None:
         """A run may resume with another train.steps only if its steps so far keep their learning rates."""
         new = self.cfg.train
-        how = (f"start a new run from its weights instead (fresh optimizer and warmup): smallinit train "
-               f"--out NEW_RUN --init-from {self.run_dir} --set train.steps={max(1, new.steps - step)}")
+        how = (
+            f"start a new run from its weights instead (fresh optimizer and warmup): smallinit train "
+            f"--out NEW_RUN --init-from {self.run_dir} --set train.steps={max(1, new.steps - step)}"
+        )
         if new.steps < step:
-            raise ConfigError(f"--resume: train.steps={new.steps} is below step {step}, which the run has reached; "
-                              f"pass train.steps ≥ {step}")
+            raise ConfigError(
+                f"--resume: train.steps={new.steps} is below step {step}, which the run has reached; "
+                f"pass train.steps ≥ {step}"
+            )
         changed = next((s for s in range(step) if lr_at(s, planned) != lr_at(s, new)), None)
         if changed is None:
             return
         why = {
             "cosine": "a cosine schedule decays over all the steps, so its length is fixed once it leaves warmup",
             "wsd": f"a WSD run changes length only while its newest checkpoint is before the decay (step "
-                   f"{wsd_decay_start(planned)})",
+            f"{wsd_decay_start(planned)})",
         }.get(planned.schedule, "its schedule depends on train.steps")
         raise ConfigError(
             f"--resume cannot change train.steps from {planned.steps} to {new.steps}: step {changed} was trained at "
@@ -230,25 +266,33 @@ class Trainer:
     def _load_initial_weights(self) -> None:
         """train.init_from: this run starts from another run's weights (its optimizer state is not taken)."""
         if self.init_source is None:  # resumed before its first checkpoint
-            self.init_source = on_main(self.runtime, lambda: ckpt.resolve_checkpoint(self.cfg.train.init_from))
+            self.init_source = on_main(
+                self.runtime, lambda: ckpt.resolve_checkpoint(self.cfg.train.init_from)
+            )
         source = self.init_source
         theirs = Config.from_dict(source.state["config"])
         if load_tokenizer(theirs.data.tokenizer).fingerprint != self.tokenizer.fingerprint:
-            raise ConfigError(f"train.init_from={source.path} was trained with data.tokenizer="
-                              f"{theirs.data.tokenizer!r}, this run uses {self.cfg.data.tokenizer!r}; use the same one")
+            raise ConfigError(
+                f"train.init_from={source.path} was trained with data.tokenizer="
+                f"{theirs.data.tokenizer!r}, this run uses {self.cfg.data.tokenizer!r}; use the same one"
+            )
         try:
             ckpt.load_weights(self.model, source)
         except CheckpointError as e:
             diff = _first_difference(theirs.to_dict()["model"], self.cfg.to_dict()["model"], "model")
-            raise ConfigError(f"train.init_from: {diff or e}; a run starts from the weights of a model of the same "
-                              "shape (omit --config/--preset to take that run's model)") from None
+            raise ConfigError(
+                f"train.init_from: {diff or e}; a run starts from the weights of a model of the same "
+                "shape (omit --config/--preset to take that run's model)"
+            ) from None
 
     def save(self) -> Path | None:
         tensors, optim = full_state(self.model, self.optimizer, self.names, self.runtime)  # all ranks gather
         if not self.runtime.is_main:
             return None
         state = {"config": self.cfg.to_dict(), "aliases": tied_aliases(self.model), "skipped": self.skipped}
-        return ckpt.save_checkpoint(self.run_dir, self.step, tensors, optim, state, keep=self.cfg.train.keep_checkpoints)
+        return ckpt.save_checkpoint(
+            self.run_dir, self.step, tensors, optim, state, keep=self.cfg.train.keep_checkpoints
+        )
 
     def log(self, record: dict[str, Any]) -> None:
         """Append a record to metrics.jsonl and pass it to the callbacks' on_log (main process only)."""
@@ -289,7 +333,9 @@ class Trainer:
         lr = lr_at(self.step, tc)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        x, y = self.data.batch(tc.batch_size, d.seq_len, tc.seed, self.step, rank=rt.rank, world_size=rt.world_size)
+        x, y = self.data.batch(
+            tc.batch_size, d.seq_len, tc.seed, self.step, rank=rt.rank, world_size=rt.world_size
+        )
         x, y = x.to(rt.device), y.to(rt.device)
         loss_sum = torch.zeros((), device=rt.device)
         for i, (xm, ym) in enumerate(zip(x.chunk(tc.grad_accum), y.chunk(tc.grad_accum))):
@@ -340,18 +386,32 @@ class Trainer:
         tokens_per_step = tc.batch_size * self.cfg.data.seq_len
         for cb in self.callbacks:
             cb.on_train_start(self)
-        if self.step == 0 and tc.evaluates(0):  # a resumed run measured its checkpoint's step before it stopped
+        if self.step == 0 and tc.evaluates(
+            0
+        ):  # a resumed run measured its checkpoint's step before it stopped
             self._eval_and_log()
         t_last, step_last = time.perf_counter(), self.step
         # the newest measured value, so a resumed run's summary keeps it (read_metrics skips torn lines)
-        val_loss = next((r.val_loss for r in map(parse_record, reversed(read_metrics(self.run_dir)))
-                         if isinstance(r, EvalRecord)), None) if self.runtime.is_main else None
+        val_loss = (
+            next(
+                (
+                    r.val_loss
+                    for r in map(parse_record, reversed(read_metrics(self.run_dir)))
+                    if isinstance(r, EvalRecord)
+                ),
+                None,
+            )
+            if self.runtime.is_main
+            else None
+        )
         with stop_requests() as stop:
             while self.step < tc.steps:
                 record = self.train_step()
                 if self.step % tc.log_every == 0 or self.step == tc.steps:
                     now = time.perf_counter()
-                    record["tokens_per_s"] = tokens_per_step * (self.step - step_last) / max(now - t_last, 1e-9)
+                    record["tokens_per_s"] = (
+                        tokens_per_step * (self.step - step_last) / max(now - t_last, 1e-9)
+                    )
                     t_last, step_last = now, self.step
                     self.log(record)
                 else:
@@ -366,13 +426,20 @@ class Trainer:
                     self.save()
                     path = ckpt.checkpoint_dir(self.run_dir, self.step)
                     how = os.environ.get(CONTINUE_ENV) or f"smallinit train --out {self.run_dir} --resume"
-                    raise Preempted(f"stopped by {stop[0] if stop else 'a signal to another rank'} at step "
-                                    f"{self.step}, checkpoint {path}; to continue: {how}")
+                    raise Preempted(
+                        f"stopped by {stop[0] if stop else 'a signal to another rank'} at step "
+                        f"{self.step}, checkpoint {path}; to continue: {how}"
+                    )
         for cb in self.callbacks:
             cb.on_train_end(self)
-        summary = {"step": self.step, "val_loss": val_loss, "skipped": self.skipped,
-                   "params": self.model.num_params(), "params_active": self.model.num_params(active=True),
-                   "params_nonembed": self.model.num_params(embeddings=False)}
+        summary = {
+            "step": self.step,
+            "val_loss": val_loss,
+            "skipped": self.skipped,
+            "params": self.model.num_params(),
+            "params_active": self.model.num_params(active=True),
+            "params_nonembed": self.model.num_params(embeddings=False),
+        }
         if self.runtime.is_main:
             io.write_json_atomic(self.run_dir / "summary.json", summary, kept=ckpt.kept(self.run_dir))
         return summary

@@ -40,9 +40,13 @@ class SmallinitConfig(PretrainedConfig):
         **kwargs,
     ):
         if attn_output_gate not in ("none", "headwise", "elementwise"):
-            raise ValueError(f"attn_output_gate must be none, headwise or elementwise, got {attn_output_gate!r}")
+            raise ValueError(
+                f"attn_output_gate must be none, headwise or elementwise, got {attn_output_gate!r}"
+            )
         if hidden_size % num_attention_heads or num_attention_heads % num_key_value_heads:
-            raise ValueError("num_attention_heads must divide hidden_size and num_key_value_heads must divide it")
+            raise ValueError(
+                "num_attention_heads must divide hidden_size and num_key_value_heads must divide it"
+            )
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size

@@ -34,9 +34,13 @@ class SmallinitRMSNorm(nn.Module):
         return (h * self.weight.float()).to(x.dtype)
 
 
-def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    position_ids: torch.Tensor, head_dim: int, theta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape (B, 1, T, head_dim) for the rotate-half convention (angles in fp64, as in training)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=position_ids.device) / head_dim)
+    inv_freq = 1.0 / theta ** (
+        torch.arange(0, head_dim, 2, dtype=torch.float64, device=position_ids.device) / head_dim
+    )
     angles = position_ids.to(torch.float64)[..., None] * inv_freq
     angles = torch.cat([angles, angles], dim=-1)[:, None]
     return angles.cos().float(), angles.sin().float()
@@ -52,7 +56,11 @@ class SmallinitAttention(nn.Module):
         super().__init__()
         d, hd = config.hidden_size, config.head_dim
         self.layer_idx = layer_idx
-        self.n_heads, self.n_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, hd
+        self.n_heads, self.n_kv_heads, self.head_dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            hd,
+        )
         self.gate = config.attn_output_gate
         self.q_proj = nn.Linear(d, self.n_heads * hd, bias=False)
         self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=False)
@@ -76,7 +84,12 @@ class SmallinitAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=self.n_kv_heads != self.n_heads
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=mask is None and T > 1,
+            enable_gqa=self.n_kv_heads != self.n_heads,
         )
         if self.gate != "none":
             g = torch.sigmoid(self.g_proj(x).float()).to(y.dtype)
@@ -166,9 +179,9 @@ class SmallinitPreTrainedModel(PreTrainedModel):
             for p in (module.gate_proj, module.up_proj, module.down_proj):
                 hf_init.normal_(p, mean=0.0, std=p.shape[-1] ** -gamma)
         elif isinstance(module, nn.Linear):
-            hf_init.normal_(module.weight, mean=0.0, std=module.in_features ** -gamma)
+            hf_init.normal_(module.weight, mean=0.0, std=module.in_features**-gamma)
         elif isinstance(module, nn.Embedding):
-            hf_init.normal_(module.weight, mean=0.0, std=module.embedding_dim ** -gamma)
+            hf_init.normal_(module.weight, mean=0.0, std=module.embedding_dim**-gamma)
         elif isinstance(module, SmallinitRMSNorm):
             hf_init.ones_(module.weight)
 
@@ -252,5 +265,7 @@ class SmallinitForCausalLM(SmallinitPreTrainedModel, GenerationMixin):
         logits = self.lm_head(h[:, keep])
         loss = None
         if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+            loss = self.loss_function(
+                logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
+            )
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None)

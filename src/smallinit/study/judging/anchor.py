@@ -25,7 +25,7 @@ def _answers(model: nn.Module, tok: Tokenizer, questions: list[Question], batch_
         raise ConfigError("anchor questions must tokenize to equal lengths; use data.tokenizer=anchor")
     out = []
     for lo in range(0, len(rows), batch_size):
-        x = torch.tensor(rows[lo:lo + batch_size], dtype=torch.long)
+        x = torch.tensor(rows[lo : lo + batch_size], dtype=torch.long)
         logits = model(x.to(_device(model))).logits
         out += logits[:, -1].argmax(-1).tolist()
     return out
@@ -39,13 +39,21 @@ def _device(model: nn.Module) -> torch.device:
 def _token(tok: Tokenizer, number: int) -> int:
     ids = tok.encode(str(number))
     if len(ids) != 1:
-        raise ConfigError(f"the tokenizer splits the number {number} into {len(ids)} tokens; use data.tokenizer=anchor")
+        raise ConfigError(
+            f"the tokenizer splits the number {number} into {len(ids)} tokens; use data.tokenizer=anchor"
+        )
     return ids[0]
 
 
 @torch.no_grad()
 def anchor_scores(
-    model: nn.Module, tokenizer: Tokenizer, task: AnchorTask, *, n: int = 512, seed: int = 0, batch_size: int = 256,
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    task: AnchorTask,
+    *,
+    n: int = 512,
+    seed: int = 0,
+    batch_size: int = 256,
 ) -> dict[str, Any]:
     """Fractions over ``n`` fresh questions of each kind (the pairs visited round robin).
 
@@ -69,8 +77,16 @@ def anchor_scores(
         r = sum(a == _token(tokenizer, q.answer) for q, a in qa)
         m = sum(a == _token(tokenizer, q.memorised) for q, a in qa)
         reasoning, memorising = reasoning + r, memorising + m
-        per_pair[f"A{pair[0]} A{pair[1]}"] = {"reasoning": r / len(qa), "memorising": m / len(qa), "n": len(qa)}
+        per_pair[f"A{pair[0]} A{pair[1]}"] = {
+            "reasoning": r / len(qa),
+            "memorising": m / len(qa),
+            "n": len(qa),
+        }
     return {
-        "in_distribution": in_dist, "heldout_reasoning": reasoning / n, "heldout_memorising": memorising / n,
-        "heldout_other": (n - reasoning - memorising) / n, "n": n, "per_pair": per_pair,
+        "in_distribution": in_dist,
+        "heldout_reasoning": reasoning / n,
+        "heldout_memorising": memorising / n,
+        "heldout_other": (n - reasoning - memorising) / n,
+        "n": n,
+        "per_pair": per_pair,
     }

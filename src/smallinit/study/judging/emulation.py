@@ -41,16 +41,26 @@ def paper_scale_config(gamma: float = 1.0, eps: float = 1e-5) -> Config:
     """The paper's d = 2048 setting as the paper-fig1 recipe trains it (its gpu scale), without the fixes."""
     recipe = read_toml(PAPER_RECIPE)
     scale = recipe["scales"][PAPER_SCALE]
-    keys = {**flatten(recipe.get("base", {})), **flatten(scale.get("base", {})),
-            **flatten(scale["sweeps"]["grid"]["sizes"][PAPER_SIZE]),
-            "model.gamma": gamma, "model.norm_eps": eps, "model.gate": "none", "model.norm_eps_width": 0}
+    keys = {
+        **flatten(recipe.get("base", {})),
+        **flatten(scale.get("base", {})),
+        **flatten(scale["sweeps"]["grid"]["sizes"][PAPER_SIZE]),
+        "model.gamma": gamma,
+        "model.norm_eps": eps,
+        "model.gate": "none",
+        "model.norm_eps_width": 0,
+    }
     cfg = config_from_flat(keys)
     if "budget" in scale:  # the length follows from the model's size, as the recipe resolves it
-        cfg = config_from_flat({**keys, **budget_schedule(budget_steps(cfg, scale["budget"]), scale["budget"])})
+        cfg = config_from_flat(
+            {**keys, **budget_schedule(budget_steps(cfg, scale["budget"]), scale["budget"])}
+        )
     return cfg
 
 
-@functools.lru_cache(maxsize=64)  # a pure function of its arguments and the shipped recipe; asked once per run
+@functools.lru_cache(
+    maxsize=64
+)  # a pure function of its arguments and the shipped recipe; asked once per run
 def paper_scale_share(rate: float = 1.0, gamma: float = 1.0, eps: float = 1e-5) -> float:
     """The share of the paper-scale run its embedding's norm spends saturated, by the formula at ``rate``."""
     cfg = paper_scale_config(gamma, eps)
@@ -79,24 +89,39 @@ class Emulation:
 
     def describe(self) -> str:
         lo, hi = self.paper
-        paper = f"{100 * lo:.2f} %" if math.isclose(lo, hi, rel_tol=0.05) else f"{100 * lo:.2f}–{100 * hi:.2f} %"
+        paper = (
+            f"{100 * lo:.2f} %" if math.isclose(lo, hi, rel_tol=0.05) else f"{100 * lo:.2f}–{100 * hi:.2f} %"
+        )
         if self.predicted:
-            return (f"the embedding's norm would stay saturated for ≥ {self.first.describe()} of training (the formula, "
-                    f"at the fastest growth Adam allows), at d = 2048 for {paper} (formula)")
-        return (f"the embedding's norm was saturated for {self.first.describe()} of training (mean over all norms: "
-                f"{self.measured.describe()}), at d = 2048 for {paper} (formula)")
+            return (
+                f"the embedding's norm would stay saturated for ≥ {self.first.describe()} of training (the formula, "
+                f"at the fastest growth Adam allows), at d = 2048 for {paper} (formula)"
+            )
+        return (
+            f"the embedding's norm was saturated for {self.first.describe()} of training (mean over all norms: "
+            f"{self.measured.describe()}), at d = 2048 for {paper} (formula)"
+        )
 
 
 def pooled(found: list[Emulation]) -> Emulation:
     """Several runs' (seeds') emulations as one: the union of their brackets and paper-scale ranges."""
+
     def union(shares: list[SaturatedShare]) -> SaturatedShare:
-        return SaturatedShare(min(x.lo for x in shares), max(x.hi for x in shares), shares[0].total_steps,
-                              max(x.spacing for x in shares))
+        return SaturatedShare(
+            min(x.lo for x in shares),
+            max(x.hi for x in shares),
+            shares[0].total_steps,
+            max(x.spacing for x in shares),
+        )
+
     rates = [e.rate for e in found if e.rate is not None]
-    return Emulation(union([e.measured for e in found]), union([e.first for e in found]),
-                     min(rates) if rates else None,
-                     (min(e.paper[0] for e in found), max(e.paper[1] for e in found)),
-                     predicted=all(e.predicted for e in found))
+    return Emulation(
+        union([e.measured for e in found]),
+        union([e.first for e in found]),
+        min(rates) if rates else None,
+        (min(e.paper[0] for e in found), max(e.paper[1] for e in found)),
+        predicted=all(e.predicted for e in found),
+    )
 
 
 def run_emulation(run: Run) -> Emulation | None:
@@ -124,7 +149,9 @@ def emulation(config: Config, records: Sequence[AnalysisRecord | NormFactorRecor
     shares = run_saturation(records, config.train.steps)
     if MEAN not in shares:
         return None
-    name = next(k for k in shares if k != MEAN)  # module order: the first block's input norm reads the embedding
+    name = next(
+        k for k in shares if k != MEAN
+    )  # module order: the first block's input norm reads the embedding
     first = shares[name]
     left = norm_series(records)[name][-1][1] >= SATURATED  # it left saturation within the measured steps
     rate = growth_rate(config, first.mid * config.train.steps) if left and first.mid > 0 else None

@@ -64,8 +64,14 @@ def _load(out: Path, say: Say) -> Runs:
 def _group_key(run: Run) -> tuple:
     """The size and arm of a run, which its seeds share: γ, ε and the width it is emulated at, the gate, the lr."""
     c = run.config
-    return (run.size, float(c["model.gamma"]), float(c["model.norm_eps"]), int(c.get("model.norm_eps_width") or 0),
-            c["model.gate"], float(c["train.lr"]))
+    return (
+        run.size,
+        float(c["model.gamma"]),
+        float(c["model.norm_eps"]),
+        int(c.get("model.norm_eps_width") or 0),
+        c["model.gate"],
+        float(c["train.lr"]),
+    )
 
 
 def _arm_fields(arm: tuple) -> dict[str, Any]:
@@ -83,8 +89,16 @@ def loss_table(runs: Runs) -> list[dict[str, Any]]:
     for r in runs:
         if r.val_loss is not None:
             groups.setdefault(_group_key(r), []).append(r.val_loss)
-    return [{**_size_fields(k[0]), **_arm_fields(k[1:]), "mean": float(np.mean(v)),
-             "sd": float(np.std(v, ddof=1)) if len(v) > 1 else None, "n": len(v)} for k, v in sorted(groups.items())]
+    return [
+        {
+            **_size_fields(k[0]),
+            **_arm_fields(k[1:]),
+            "mean": float(np.mean(v)),
+            "sd": float(np.std(v, ddof=1)) if len(v) > 1 else None,
+            "n": len(v),
+        }
+        for k, v in sorted(groups.items())
+    ]
 
 
 def sink_table(runs: Runs) -> list[dict[str, Any]]:
@@ -93,10 +107,16 @@ def sink_table(runs: Runs) -> list[dict[str, Any]]:
     for r in runs:
         if sink_layers(r) is not None:
             groups.setdefault(_group_key(r), []).append(r)
-    return [{**_size_fields(k[0]), **_arm_fields(k[1:]),
-             "per_layer": np.mean([sink_layers(r)[0] for r in v], axis=0).tolist(),
-             "share_above": _mean_shares([r.analysis[-1] for r in v]), "n": len(v)}
-            for k, v in sorted(groups.items())]
+    return [
+        {
+            **_size_fields(k[0]),
+            **_arm_fields(k[1:]),
+            "per_layer": np.mean([sink_layers(r)[0] for r in v], axis=0).tolist(),
+            "share_above": _mean_shares([r.analysis[-1] for r in v]),
+            "n": len(v),
+        }
+        for k, v in sorted(groups.items())
+    ]
 
 
 def _mean_shares(records: list[AnalysisRecord]) -> dict[str, float]:
@@ -117,9 +137,17 @@ def sink_along_training(runs: Runs) -> list[dict[str, Any]]:
         by_step = [{rec.step: rec for rec in r.analysis} for r in group]
         steps = sorted(set.intersection(*[set(b) for b in by_step]))
         per_layer = [np.mean([b[t].sink for b in by_step], axis=0) for t in steps]
-        rows.append({**_size_fields(k[0]), **_arm_fields(k[1:]), "n": len(group), "steps": steps,
-                     "per_layer": [p.tolist() for p in per_layer], "max_layer": [float(p.max()) for p in per_layer],
-                     "share_above": [_mean_shares([b[t] for b in by_step]) for t in steps]})
+        rows.append(
+            {
+                **_size_fields(k[0]),
+                **_arm_fields(k[1:]),
+                "n": len(group),
+                "steps": steps,
+                "per_layer": [p.tolist() for p in per_layer],
+                "max_layer": [float(p.max()) for p in per_layer],
+                "share_above": [_mean_shares([b[t] for b in by_step]) for t in steps],
+            }
+        )
     return rows
 
 
@@ -128,8 +156,11 @@ def norm_factor_table(runs: Runs) -> dict[str, Any]:
     mean factor per size and arm at the start and end of training."""
     widths = sorted({int(r.config["model.d_model"]) for r in runs} | {2048})
     gammas = [round(g, 3) for g in np.arange(0.25, 1.5001, 0.05)]
-    analytic = {f"d{d}_eps{eps:g}": [float(relative_factor(g, eps, d)) for g in gammas]
-                for d in widths for eps in (1e-5, 1e-12)}
+    analytic = {
+        f"d{d}_eps{eps:g}": [float(relative_factor(g, eps, d)) for g in gammas]
+        for d in widths
+        for eps in (1e-5, 1e-12)
+    }
     measured: dict[tuple, dict[str, list[float]]] = {}
     saturated: dict[tuple, list[Emulation]] = {}
     for r in runs:
@@ -144,23 +175,39 @@ def norm_factor_table(runs: Runs) -> dict[str, Any]:
     rows = []
     for k in sorted(measured.keys() | saturated.keys()):
         v = measured.get(k)
-        at = {"start": float(np.mean(v["start"])), "end": float(np.mean(v["end"])), "n": len(v["start"])} if v else {}
-        rows.append({**_size_fields(k[0]), **_arm_fields(k[1:]), **at,
-                     **(_saturated(pooled(saturated[k])) if k in saturated else {})})
+        at = (
+            {"start": float(np.mean(v["start"])), "end": float(np.mean(v["end"])), "n": len(v["start"])}
+            if v
+            else {}
+        )
+        rows.append(
+            {
+                **_size_fields(k[0]),
+                **_arm_fields(k[1:]),
+                **at,
+                **(_saturated(pooled(saturated[k])) if k in saturated else {}),
+            }
+        )
     return {"gammas": gammas, "analytic": analytic, "measured": rows}
 
 
 def _saturated(e: Emulation) -> dict[str, Any]:
     """Shares of training below factor 0.5 (brackets over the seeds): the embedding's norm, the mean over the
     norms, and the d = 2048 formula's range."""
-    return {"saturated_embedding": [e.first.lo, e.first.hi], "saturated_mean": [e.measured.lo, e.measured.hi],
-            "saturated_paper_scale": list(e.paper)}
+    return {
+        "saturated_embedding": [e.first.lo, e.first.hi],
+        "saturated_mean": [e.measured.lo, e.measured.hi],
+        "saturated_paper_scale": list(e.paper),
+    }
 
 
 def flow_design(options: dict[str, Any]) -> tuple[list[float], list[int], list[int]]:
     """The residual-flow sweep's γ, widths and seeds (the plan asks this too)."""
-    return (list(options.get("flow_gammas", [0.5, 0.75, 1.0, 1.25])), list(options.get("flow_widths", [64, 128, 256])),
-            list(options.get("flow_seeds", [0, 1, 2])))
+    return (
+        list(options.get("flow_gammas", [0.5, 0.75, 1.0, 1.25])),
+        list(options.get("flow_widths", [64, 128, 256])),
+        list(options.get("flow_seeds", [0, 1, 2])),
+    )
 
 
 def flow_sweep(options: dict[str, Any], out: Path, say: Say = _quiet) -> dict[str, Any]:
@@ -187,13 +234,18 @@ def token_gap_pairs(runs: Runs) -> tuple[dict[int, Run], dict[int, Run]]:
 
 def _largest_paired_size(runs: Runs, arm: dict[str, Any]) -> tuple | None:
     sel = runs.where(arm)
-    ok = [n for n in sel.values("size")
-          if set(sel.where({"model.gamma": 1.0, "size": n}).run_by_seed())
-          & set(sel.where({"model.gamma": 0.5, "size": n}).run_by_seed())]
+    ok = [
+        n
+        for n in sel.values("size")
+        if set(sel.where({"model.gamma": 1.0, "size": n}).run_by_seed())
+        & set(sel.where({"model.gamma": 0.5, "size": n}).run_by_seed())
+    ]
     return max(ok) if ok else None
 
 
-def token_gaps(runs: Runs, options: dict[str, Any], out: Path, say: Say = _quiet) -> dict[int, dict[str, Any]] | None:
+def token_gaps(
+    runs: Runs, options: dict[str, Any], out: Path, say: Say = _quiet
+) -> dict[int, dict[str, Any]] | None:
     """Δ_sym of γ = 1 (A) against γ = 0.5 (B), same seed, fixed arm, at the largest size that has both;
     also OUT/tokens/seed<s>/compare.json for the report."""
     a, b = token_gap_pairs(runs)
@@ -207,18 +259,36 @@ def token_gaps(runs: Runs, options: dict[str, Any], out: Path, say: Say = _quiet
         key = repr(sorted(cfg.to_dict()["data"].items()))
         if key not in shared:
             tok = load_tokenizer(cfg.data.tokenizer)
-            batches = list(held_out_batches(cfg, tok, batches=int(options.get("gap_batches", 16)),
-                                            batch_size=int(options.get("gap_batch_size", 16))))
-            train = load_token_data(cfg.data.corpus, tok, val_fraction=cfg.data.val_fraction,
-                                    text_field=cfg.data.text_field).train
+            batches = list(
+                held_out_batches(
+                    cfg,
+                    tok,
+                    batches=int(options.get("gap_batches", 16)),
+                    batch_size=int(options.get("gap_batch_size", 16)),
+                )
+            )
+            train = load_token_data(
+                cfg.data.corpus, tok, val_fraction=cfg.data.val_fraction, text_field=cfg.data.text_field
+            ).train
             shared[key] = tok, batches, bigram_loss(train, batches, tok.vocab_size)
         tok, batches, bigram = shared[key]
-        res = token_gap(load_model(a[seed].path), load_model(b[seed].path), batches, tokenizer=tok, bins=10, top_k=10)
-        res.meta.update(label_a=f"γ=1 ({a[seed].name})", label_b=f"γ=0.5 ({b[seed].name})",
-                        settings_a=run_settings(a[seed].config), settings_b=run_settings(b[seed].config))
+        res = token_gap(
+            load_model(a[seed].path), load_model(b[seed].path), batches, tokenizer=tok, bins=10, top_k=10
+        )
+        res.meta.update(
+            label_a=f"γ=1 ({a[seed].name})",
+            label_b=f"γ=0.5 ({b[seed].name})",
+            settings_a=run_settings(a[seed].config),
+            settings_b=run_settings(b[seed].config),
+        )
         res.save(out / "tokens" / f"seed{seed}")
-        gaps[seed] = {**res.to_dict(), **_size_fields(a[seed].size), "a": a[seed].name, "b": b[seed].name,
-                      "bigram_loss": bigram}
+        gaps[seed] = {
+            **res.to_dict(),
+            **_size_fields(a[seed].size),
+            "a": a[seed].name,
+            "b": b[seed].name,
+            "bigram_loss": bigram,
+        }
     return gaps
 
 
@@ -228,21 +298,33 @@ def _claims(results: list[ClaimResult]) -> list[dict[str, Any]]:
     return [c.to_dict() for c in results]
 
 
-def claims_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+def claims_findings(
+    out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet
+) -> dict[str, Any]:
     """The recipe's claims (the demo's: C1–C7), with the residual flow and the token gaps where they need them."""
     runs = _load(out, say)
     needs = {need for key in claims for need in registered(key).needs}  # measure only what the claims read
     flow = flow_sweep(options, out, say) if "flow" in needs else None
     gaps = token_gaps(runs, options, out, say) if "gaps" in needs else None
     say(f"judging the claims ({int(options.get('n_boot', 1000))} bootstrap resamples for C4)")
-    return {"claims": _claims(judge(claims, runs, {"flow": flow, "gaps": gaps}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
-            "norm_factors": norm_factor_table(runs), "n_runs": len(runs)}
+    return {
+        "claims": _claims(judge(claims, runs, {"flow": flow, "gaps": gaps}, options)),
+        "losses": loss_table(runs),
+        "sinks": sink_table(runs),
+        "norm_factors": norm_factor_table(runs),
+        "n_runs": len(runs),
+    }
 
 
 def fig1_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
-    return {"claims": _claims(judge(claims, runs, {}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
-            "norm_factors": norm_factor_table(runs), "n_runs": len(runs)}
+    return {
+        "claims": _claims(judge(claims, runs, {}, options)),
+        "losses": loss_table(runs),
+        "sinks": sink_table(runs),
+        "norm_factors": norm_factor_table(runs),
+        "n_runs": len(runs),
+    }
 
 
 def scaling_fits(runs: Runs) -> list[dict[str, Any]]:
@@ -253,11 +335,15 @@ def scaling_fits(runs: Runs) -> list[dict[str, Any]]:
             arms.setdefault(_group_key(r)[1:], []).append(r)
     fits = []
     for arm, rs in sorted(arms.items()):
-        entry: dict[str, Any] = {**_arm_fields(arm),
-                                 "points": [[r.params_nonembed, r.val_loss, r.seed] for r in rs]}
+        entry: dict[str, Any] = {
+            **_arm_fields(arm),
+            "points": [[r.params_nonembed, r.val_loss, r.seed] for r in rs],
+        }
         if len({r.params_nonembed for r in rs}) >= 3:
             try:
-                entry["fit"] = fit_power_law([r.params_nonembed for r in rs], [r.val_loss for r in rs]).to_dict()
+                entry["fit"] = fit_power_law(
+                    [r.params_nonembed for r in rs], [r.val_loss for r in rs]
+                ).to_dict()
             except ConfigError as e:
                 entry["fit_error"] = str(e)
         fits.append(entry)
@@ -267,15 +353,24 @@ def scaling_fits(runs: Runs) -> list[dict[str, Any]]:
 def fig2_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     c4_base = claim_c4(runs, arm=BASELINE, n_boot=int(options.get("n_boot", 1000)))  # contrast: no fixes
-    return {"claims": _claims(judge(claims, runs, {}, options)), "fits": scaling_fits(runs), "losses": loss_table(runs),
-            "effective_size_without_fixes": c4_base.extra.get("effective_size_gain"), "n_runs": len(runs)}
+    return {
+        "claims": _claims(judge(claims, runs, {}, options)),
+        "fits": scaling_fits(runs),
+        "losses": loss_table(runs),
+        "effective_size_without_fixes": c4_base.extra.get("effective_size_gain"),
+        "n_runs": len(runs),
+    }
 
 
 def fig3_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     flow = flow_sweep(options, out, say)
-    return {"claims": _claims(judge(claims, runs, {"flow": flow}, options)), "residual_flow": flow, "losses": loss_table(runs),
-            "n_runs": len(runs)}
+    return {
+        "claims": _claims(judge(claims, runs, {"flow": flow}, options)),
+        "residual_flow": flow,
+        "losses": loss_table(runs),
+        "n_runs": len(runs),
+    }
 
 
 def trajectories(runs: Runs) -> list[dict[str, Any]]:
@@ -285,26 +380,48 @@ def trajectories(runs: Runs) -> list[dict[str, Any]]:
         recs = r.analysis
         if not recs or not recs[0].stable_rank:
             continue
-        out.append({"cell": r.name, "dir": str(r.path), **_size_fields(r.size), "gamma": float(r.config["model.gamma"]),
-                    "seed": r.seed, "steps": [x.step for x in recs],
-                    "stable_rank": {m: [x.stable_rank[m] for x in recs] for m in recs[0].stable_rank},
-                    "mean_abs_cos": {m: [x.mean_abs_cos[m] for x in recs] for m in recs[0].mean_abs_cos}})
+        out.append(
+            {
+                "cell": r.name,
+                "dir": str(r.path),
+                **_size_fields(r.size),
+                "gamma": float(r.config["model.gamma"]),
+                "seed": r.seed,
+                "steps": [x.step for x in recs],
+                "stable_rank": {m: [x.stable_rank[m] for x in recs] for m in recs[0].stable_rank},
+                "mean_abs_cos": {m: [x.mean_abs_cos[m] for x in recs] for m in recs[0].mean_abs_cos},
+            }
+        )
     return out
 
 
-def condensation_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+def condensation_findings(
+    out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet
+) -> dict[str, Any]:
     runs = _load(out, say)
-    return {"claims": _claims(judge(claims, runs, {}, options)), "trajectories": trajectories(runs), "losses": loss_table(runs),
-            "n_runs": len(runs)}
+    return {
+        "claims": _claims(judge(claims, runs, {}, options)),
+        "trajectories": trajectories(runs),
+        "losses": loss_table(runs),
+        "n_runs": len(runs),
+    }
 
 
-def tokens_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+def tokens_findings(
+    out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet
+) -> dict[str, Any]:
     runs = _load(out, say)
     gaps = token_gaps(runs, options, out, say)
-    return {"claims": _claims(judge(claims, runs, {"gaps": gaps}, options)), "losses": loss_table(runs), "n_runs": len(runs)}
+    return {
+        "claims": _claims(judge(claims, runs, {"gaps": gaps}, options)),
+        "losses": loss_table(runs),
+        "n_runs": len(runs),
+    }
 
 
-def reasoning_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+def reasoning_findings(
+    out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet
+) -> dict[str, Any]:
     """Anchor probe per run, summarised by γ; judged against Zhang et al.: small init favours reasoning."""
     runs = _load(out, say)
     n = int(options.get("anchor_probes", 256))
@@ -315,22 +432,49 @@ def reasoning_findings(out: Path, claims: list[str], options: dict[str, Any], sa
         if not corpus.startswith("builtin:anchor"):
             continue
         say(f"anchor probe of {r.name} ({i} of {len(runs)})")
-        s = anchor_scores(load_model(r.path), load_tokenizer(str(r.config["data.tokenizer"])),
-                          AnchorTask.from_params(corpus), n=n)
+        s = anchor_scores(
+            load_model(r.path),
+            load_tokenizer(str(r.config["data.tokenizer"])),
+            AnchorTask.from_params(corpus),
+            n=n,
+        )
         scores[r.path], gamma = s, float(r.config["model.gamma"])
         by_arm.setdefault((r.size, gamma), []).append(s)
-        per_run.append({"cell": r.name, **_size_fields(r.size), "gamma": gamma, "seed": r.seed, "val_loss": r.val_loss,
-                        **{k: v for k, v in s.items() if k != "per_pair"}, "per_pair": s["per_pair"]})
-    summary = [{**_size_fields(size), "gamma": g, "n": len(rows), **{k: float(np.mean([x[k] for x in rows]))
-               for k in ("in_distribution", "heldout_reasoning", "heldout_memorising", "heldout_other")}}
-               for (size, g), rows in sorted(by_arm.items())]
+        per_run.append(
+            {
+                "cell": r.name,
+                **_size_fields(r.size),
+                "gamma": gamma,
+                "seed": r.seed,
+                "val_loss": r.val_loss,
+                **{k: v for k, v in s.items() if k != "per_pair"},
+                "per_pair": s["per_pair"],
+            }
+        )
+    summary = [
+        {
+            **_size_fields(size),
+            "gamma": g,
+            "n": len(rows),
+            **{
+                k: float(np.mean([x[k] for x in rows]))
+                for k in ("in_distribution", "heldout_reasoning", "heldout_memorising", "heldout_other")
+            },
+        }
+        for (size, g), rows in sorted(by_arm.items())
+    ]
     judged = judge(claims, runs, {"anchor": scores}, options)
     if per_run:
         acc = [row["in_distribution"] for row in per_run]
         for claim in judged:
             claim.notes.append(f"in-distribution accuracy {min(acc):.2f}–{max(acc):.2f}")
-    return {"claims": _claims(judged), "anchor": per_run, "anchor_by_gamma": summary, "losses": loss_table(runs),
-            "n_runs": len(runs)}
+    return {
+        "claims": _claims(judged),
+        "anchor": per_run,
+        "anchor_by_gamma": summary,
+        "losses": loss_table(runs),
+        "n_runs": len(runs),
+    }
 
 
 def sink_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
@@ -349,19 +493,39 @@ def sink_findings(out: Path, claims: list[str], options: dict[str, Any], say: Sa
             rows = cfg.train.eval_batches * cfg.train.batch_size  # the sequences the val loss is measured on
             optimal[corpus] = data.task.optimal_loss(data.val_symbols(cfg.data.seq_len)[:rows])
         say(f"where the heads attend, {r.name} ({i} of {len(runs)})")
-        symbols = data.val_symbols(cfg.data.seq_len)[: cfg.analysis.batch_size, :-1]  # the sink's probe sequences
+        symbols = data.val_symbols(cfg.data.seq_len)[
+            : cfg.analysis.batch_size, :-1
+        ]  # the sink's probe sequences
         trigger = torch.from_numpy(np.isin(symbols, data.task.trigger_set))
         found = attention_roles(load_model(r.path), torch.from_numpy(data.tokens(symbols)), trigger)
-        roles.append({"cell": r.name, **_size_fields(r.size), **_arm_fields(_group_key(r)[1:]), "seed": r.seed,
-                      "roles": found})
-    return {"claims": _claims(judge(claims, runs, {}, options)), "losses": loss_table(runs), "sinks": sink_table(runs),
-            "sink_along_training": sink_along_training(runs), "attention_roles": roles, "optimal_loss": optimal,
-            "n_runs": len(runs)}
+        roles.append(
+            {
+                "cell": r.name,
+                **_size_fields(r.size),
+                **_arm_fields(_group_key(r)[1:]),
+                "seed": r.seed,
+                "roles": found,
+            }
+        )
+    return {
+        "claims": _claims(judge(claims, runs, {}, options)),
+        "losses": loss_table(runs),
+        "sinks": sink_table(runs),
+        "sink_along_training": sink_along_training(runs),
+        "attention_roles": roles,
+        "optimal_loss": optimal,
+        "n_runs": len(runs),
+    }
 
 
 # Each analysis measures what its figures show (and its claims need) and judges the recipe's claims.
 FINDINGS: dict[str, Callable[[Path, list[str], dict[str, Any], Say], dict[str, Any]]] = {
-    "claims": claims_findings, "fig1": fig1_findings, "fig2": fig2_findings, "fig3": fig3_findings,
-    "condensation": condensation_findings, "tokens": tokens_findings, "reasoning": reasoning_findings,
+    "claims": claims_findings,
+    "fig1": fig1_findings,
+    "fig2": fig2_findings,
+    "fig3": fig3_findings,
+    "condensation": condensation_findings,
+    "tokens": tokens_findings,
+    "reasoning": reasoning_findings,
     "sink": sink_findings,
 }

@@ -17,7 +17,9 @@ ALPHA = 0.05  # the table-level error rate: Holm over the claims' primary estima
 POWER = 0.8
 SD_BOUND = 0.8  # one-sided confidence of the seed sd's upper bound, for the MDE a study could be sure of
 N_CLAIMS = 7  # C1–C7: the size of the table's family
-CLAIM_ALPHA = ALPHA / N_CLAIMS  # the level each primary is guaranteed under Holm over the table (its first step)
+CLAIM_ALPHA = (
+    ALPHA / N_CLAIMS
+)  # the level each primary is guaranteed under Holm over the table (its first step)
 
 MIN_TOKENS_PER_PARAM = 20.0  # every loss comparison: tokens seen per non-embedding parameter
 MIN_EVALS = 4  # evaluations along training, for the gap's trend
@@ -63,7 +65,9 @@ def minimum_detectable_effect(sd: float, n: int, alpha: float = CLAIM_ALPHA, pow
     return float(optimize.brentq(lambda d: power_of_test(d, sd, n, alpha) - power, 0.0, hi, xtol=sd * 1e-6))
 
 
-def seeds_for_power(effect: float, sd: float, alpha: float = CLAIM_ALPHA, power: float = POWER, max_seeds: int = 1000) -> int:
+def seeds_for_power(
+    effect: float, sd: float, alpha: float = CLAIM_ALPHA, power: float = POWER, max_seeds: int = 1000
+) -> int:
     """The fewest seeds (≥ 2) whose paired t-test detects ``effect`` with probability ``power``; ``max_seeds``
     + 1 when even that many do not."""
     for n in range(MIN_SEEDS, max_seeds + 1):
@@ -86,6 +90,12 @@ def mde_line(sd: float, n: int, alpha: float, what: str = "an effect of") -> tup
     line gives both: the bound's is below the true MDE only with probability 1 − SD_BOUND."""
     point = minimum_detectable_effect(sd, n, alpha, POWER)
     upper = minimum_detectable_effect(sd_upper_bound(sd, n), n, alpha, POWER)
-    return point, upper, (f"{what} {point:.3g} would be seen at {POWER:.0%} power if the seed sd is the measured "
-                          f"{sd:.3g} (n = {n}), {upper:.3g} if it is as large as its {SD_BOUND:.0%} upper bound "
-                          f"{sd_upper_bound(sd, n):.3g}; smaller effects may have been missed")
+    return (
+        point,
+        upper,
+        (
+            f"{what} {point:.3g} would be seen at {POWER:.0%} power if the seed sd is the measured "
+            f"{sd:.3g} (n = {n}), {upper:.3g} if it is as large as its {SD_BOUND:.0%} upper bound "
+            f"{sd_upper_bound(sd, n):.3g}; smaller effects may have been missed"
+        ),
+    )

@@ -83,8 +83,9 @@ def paired_t(samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x.mean(-1), x.std(-1, ddof=1) / np.sqrt(x.shape[-1])
 
 
-def region_p(mean: np.ndarray, se: np.ndarray, df: int, expected: str = "positive",
-             tolerance: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+def region_p(
+    mean: np.ndarray, se: np.ndarray, df: int, expected: str = "positive", tolerance: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
     """(p, agrees): the smallest α at which the (1 − α) interval lies wholly inside (agrees) or wholly outside
     (not agrees) the claim's region. A direction: the two-sided p of 0. A tolerance: twice the larger one-sided
     p of the equivalence tests, or twice the one-sided p of lying beyond ±tol on the side of the mean."""
@@ -93,18 +94,25 @@ def region_p(mean: np.ndarray, se: np.ndarray, df: int, expected: str = "positiv
         return _region_p(mean, se, df, expected, tolerance)
 
 
-def _region_p(mean: np.ndarray, se: np.ndarray, df: int, expected: str, tolerance: float) -> tuple[np.ndarray, np.ndarray]:
+def _region_p(
+    mean: np.ndarray, se: np.ndarray, df: int, expected: str, tolerance: float
+) -> tuple[np.ndarray, np.ndarray]:
     if expected == "positive":
         return np.minimum(1.0, 2 * stats.t.sf(np.abs(mean) / se, df)), mean > 0
-    p_in = np.minimum(1.0, 2 * np.maximum(stats.t.sf((mean + tolerance) / se, df),
-                                          stats.t.sf((tolerance - mean) / se, df)))
+    p_in = np.minimum(
+        1.0, 2 * np.maximum(stats.t.sf((mean + tolerance) / se, df), stats.t.sf((tolerance - mean) / se, df))
+    )
     p_out = np.minimum(1.0, 2 * stats.t.sf((np.abs(mean) - tolerance) / se, df))
     return np.minimum(p_in, p_out), p_in <= p_out
 
 
 def seeds_problem(n: int) -> str:
     """Why ``n`` paired seeds cannot be tested ("" when they can)."""
-    return f"{n} seed(s): needs ≥ {MIN_SEEDS} paired seeds for a spread to judge against" if n < MIN_SEEDS else ""
+    return (
+        f"{n} seed(s): needs ≥ {MIN_SEEDS} paired seeds for a spread to judge against"
+        if n < MIN_SEEDS
+        else ""
+    )
 
 
 def t_test(samples: Sequence[float], expected: str = "positive", tolerance: float = 0.0) -> TTest | str:
@@ -120,9 +128,14 @@ def t_test(samples: Sequence[float], expected: str = "positive", tolerance: floa
         return "no spread over seeds (identical values): nothing to judge the difference against"
     df, half = n - 1, t_quantile(n) * se
     p, agrees = region_p(m, se, df, expected, tolerance)
-    why = (f"two-sided t-test of 0, {df} df" if expected == "positive"
-           else f"interval inside or beyond ±{tolerance:g}, {df} df")
-    return TTest(m, se, n, m - half, m + half, float(p), AGREE if agrees else DISAGREE, why, expected, tolerance)
+    why = (
+        f"two-sided t-test of 0, {df} df"
+        if expected == "positive"
+        else f"interval inside or beyond ±{tolerance:g}, {df} df"
+    )
+    return TTest(
+        m, se, n, m - half, m + half, float(p), AGREE if agrees else DISAGREE, why, expected, tolerance
+    )
 
 
 def holm_reject(p: np.ndarray, alpha: float = ALPHA) -> np.ndarray:
@@ -133,7 +146,9 @@ def holm_reject(p: np.ndarray, alpha: float = ALPHA) -> np.ndarray:
     order = np.argsort(np.where(np.isfinite(p), p, np.inf), axis=-1)
     sorted_p = np.take_along_axis(p, order, axis=-1)
     rank = np.arange(p.shape[-1])
-    passes = np.cumprod(np.where(rank < k, sorted_p <= alpha / np.maximum(k - rank, 1), False), axis=-1).astype(bool)
+    passes = np.cumprod(
+        np.where(rank < k, sorted_p <= alpha / np.maximum(k - rank, 1), False), axis=-1
+    ).astype(bool)
     rejected = np.zeros_like(passes)
     np.put_along_axis(rejected, order, passes, axis=-1)
     return rejected
@@ -176,16 +191,27 @@ def verdict_table(claims: list[dict[str, Any]]) -> str:
     comparisons with the same reason); the notation last."""
     rows = [("claim", "verdict", "measured (mean ± sd over seeds, n seeds) → verdict", "paper")]
     for c in claims:
-        comps = c["comparisons"] or [{"text": "; ".join(c["notes"]) or "not measured at this scale",
-                                      "verdict": "", "paper": c["paper"]}]
+        comps = c["comparisons"] or [
+            {
+                "text": "; ".join(c["notes"]) or "not measured at this scale",
+                "verdict": "",
+                "paper": c["paper"],
+            }
+        ]
         comps = sorted(comps, key=lambda comp: comp.get("role") != "primary")  # the primary first
         previous = ""
         for i, comp in enumerate(comps):
             primary = comp.get("role") == "primary"
             arrow = f" → {comp['verdict']}" if comp["verdict"] else ""
             mark = "▶ " if primary else "· "
-            rows.append((c["claim"] if i == 0 else "", c["verdict"] if i == 0 else "", mark + comp["text"] + arrow,
-                         comp.get("paper") or ""))
+            rows.append(
+                (
+                    c["claim"] if i == 0 else "",
+                    c["verdict"] if i == 0 else "",
+                    mark + comp["text"] + arrow,
+                    comp.get("paper") or "",
+                )
+            )
             reason = (comp.get("reason") or "") if comp.get("verdict") == NOT_TESTABLE or primary else ""
             if reason and reason != previous:
                 rows.append(("", "", f"    ↳ {reason}", ""))

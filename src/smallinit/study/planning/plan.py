@@ -60,8 +60,14 @@ from smallinit.train.records import AnalysisRecord, EvalRecord, NormFactorRecord
 
 # Dense bf16 peak per GPU (FLOP/s, without sparsity) and memory (GiB), from the vendors' data sheets.
 GPUS: dict[str, tuple[float, float]] = {
-    "h100": (989e12, 80), "h200": (989e12, 141), "h800": (989e12, 80), "a100": (312e12, 80),
-    "a100-40gb": (312e12, 40), "l40s": (362e12, 48), "b200": (2250e12, 180), "mi300x": (1307e12, 192),
+    "h100": (989e12, 80),
+    "h200": (989e12, 141),
+    "h800": (989e12, 80),
+    "a100": (312e12, 80),
+    "a100-40gb": (312e12, 40),
+    "l40s": (362e12, 48),
+    "b200": (2250e12, 180),
+    "mi300x": (1307e12, 192),
 }
 # No GPU has run benchmarks/gpu.py for this project yet; 40 % is a common MFU for dense models of these sizes
 # under FSDP/DDP with torch.compile, and the plan says that it is assumed. Measure yours and pass --mfu.
@@ -74,6 +80,8 @@ CPU_MFU = 0.20
 # The seed sd of a paired final-loss gap, when neither --seed-sd nor the recipe gives one: the median sd over
 # 3 seeds of the 15 paired loss gaps of the CPU study's earlier run (docs/findings-cpu.md, its verdict table), in nats.
 CPU_STUDY_SEED_SD = 0.017
+
+
 @dataclass(frozen=True)
 class Hardware:
     """Where a plan runs: ``devices`` GPUs of one kind, or CPU cores (kind "cpu")."""
@@ -87,8 +95,9 @@ class Hardware:
     tokens_per_s: float | None = None  # all devices together; replaces the MFU when given
 
     @staticmethod
-    def make(kind: str = "h100", devices: int = 8, *, mfu: float | None = None,
-             tokens_per_s: float | None = None) -> Hardware:
+    def make(
+        kind: str = "h100", devices: int = 8, *, mfu: float | None = None, tokens_per_s: float | None = None
+    ) -> Hardware:
         kind = kind.lower()
         if devices < 1:
             raise ExperimentError(f"--num-devices must be ≥ 1, got {devices}")
@@ -98,15 +107,30 @@ class Hardware:
             raise ExperimentError(f"--tokens-per-s must be > 0, got {tokens_per_s}")
         given = ("--tokens-per-s" if tokens_per_s else "--mfu") if (mfu or tokens_per_s) else ""
         if kind == "cpu":
-            return Hardware("cpu", devices, CPU_CORE_FLOPS, mfu or CPU_MFU,
-                            given or "measured at the demo's shapes (benchmarks/README.md)",
-                            device_memory(torch.device("cpu")) / GIB, tokens_per_s)
+            return Hardware(
+                "cpu",
+                devices,
+                CPU_CORE_FLOPS,
+                mfu or CPU_MFU,
+                given or "measured at the demo's shapes (benchmarks/README.md)",
+                device_memory(torch.device("cpu")) / GIB,
+                tokens_per_s,
+            )
         if kind not in GPUS:
-            raise ExperimentError(f"unknown GPU {kind!r}; choose one of {', '.join(GPUS)} or cpu, or pass --mfu with "
-                                  "the closest one")
+            raise ExperimentError(
+                f"unknown GPU {kind!r}; choose one of {', '.join(GPUS)} or cpu, or pass --mfu with "
+                "the closest one"
+            )
         peak, mem = GPUS[kind]
-        return Hardware(kind, devices, peak, mfu or GPU_MFU,
-                        given or "assumed: no GPU measurement yet (benchmarks/gpu.py measures it)", mem, tokens_per_s)
+        return Hardware(
+            kind,
+            devices,
+            peak,
+            mfu or GPU_MFU,
+            given or "assumed: no GPU measurement yet (benchmarks/gpu.py measures it)",
+            mem,
+            tokens_per_s,
+        )
 
     def seconds(self, flops: float, tokens: float) -> float:
         if self.tokens_per_s:
@@ -115,8 +139,11 @@ class Hardware:
 
     def describe(self) -> str:
         what = f"{self.devices} CPU cores" if self.kind == "cpu" else f"{self.devices} × {self.kind.upper()}"
-        rate = (f"{self.tokens_per_s:,.0f} tokens/s" if self.tokens_per_s
-                else f"MFU {self.mfu:.0%} of {self.peak_flops / 1e12:g} TFLOP/s")
+        rate = (
+            f"{self.tokens_per_s:,.0f} tokens/s"
+            if self.tokens_per_s
+            else f"MFU {self.mfu:.0%} of {self.peak_flops / 1e12:g} TFLOP/s"
+        )
         return f"{what}, {rate} ({self.source})"
 
 
@@ -149,7 +176,9 @@ class ClaimPlan:
     seeds: int  # the primary's paired seeds …
     mde: float  # … and its minimum detectable effect at 80 % power, in ``unit`` (inf: none, or no seed sd)
     unit: str = "nats"
-    alpha: float = ALPHA  # the level its table judges its primary at (Holm's first step over the decided primaries)
+    alpha: float = (
+        ALPHA  # the level its table judges its primary at (Holm's first step over the decided primaries)
+    )
     mde_sds: float = math.inf  # the MDE in seed sds, which needs no seed sd
     seed_sd: float | None = None  # in ``unit``; None where nothing measured it
     seed_sd_source: str = ""
@@ -190,26 +219,45 @@ class Plan:
 
     def headline(self) -> str:
         """One line: the wall time and device-hours, and which claims it decides (its primary can be judged)."""
-        decided = [c.claim + (f" ({len(c.testable)} of {len(c.testable) + len(c.failing)} comparisons)" if c.partly
-                              else "") for c in self.claims if c.decides]
+        decided = [
+            c.claim
+            + (f" ({len(c.testable)} of {len(c.testable) + len(c.failing)} comparisons)" if c.partly else "")
+            for c in self.claims
+            if c.decides
+        ]
         undecided = [c.claim for c in self.claims if not c.decides and not c.not_run]
         dropped = [c.claim for c in self.claims if c.not_run]
         unit = "core" if self.hardware.kind == "cpu" else "GPU"
-        where = (f"{self.hardware.devices} CPU cores" if unit == "core"
-                 else f"{self.hardware.devices} × {self.hardware.kind.upper()}")
-        said = "; ".join(f"{k} {', '.join(v)}" for k, v in (("decides", decided), ("not", undecided),
-                                                             ("not run by design", dropped)) if v)
+        where = (
+            f"{self.hardware.devices} CPU cores"
+            if unit == "core"
+            else f"{self.hardware.devices} × {self.hardware.kind.upper()}"
+        )
+        said = "; ".join(
+            f"{k} {', '.join(v)}"
+            for k, v in (("decides", decided), ("not", undecided), ("not run by design", dropped))
+            if v
+        )
         if not decided:
             said += ": an illustration, its design decides no claim (smallinit plan shows why)"
         return f"plan on {where}: {_hours(self.wall_s)} wall, {self.device_hours:,.1f} {unit}-hours; {said}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"recipe": self.recipe, "scale": self.scale, "hardware": asdict(self.hardware),
-                "seed_sd": self.seed_sd, "seed_sd_source": self.seed_sd_source, "flops": self.flops,
-                "wall_s": self.wall_s, "device_hours": self.device_hours,
-                "cells": [asdict(c) for c in self.cells],
-                "claims": [{**asdict(c), "mde": _finite(c.mde), "mde_sds": _finite(c.mde_sds)} for c in self.claims],
-                "notes": self.notes}
+        return {
+            "recipe": self.recipe,
+            "scale": self.scale,
+            "hardware": asdict(self.hardware),
+            "seed_sd": self.seed_sd,
+            "seed_sd_source": self.seed_sd_source,
+            "flops": self.flops,
+            "wall_s": self.wall_s,
+            "device_hours": self.device_hours,
+            "cells": [asdict(c) for c in self.cells],
+            "claims": [
+                {**asdict(c), "mde": _finite(c.mde), "mde_sds": _finite(c.mde_sds)} for c in self.claims
+            ],
+            "notes": self.notes,
+        }
 
 
 def _finite(x: float) -> float | None:
@@ -246,8 +294,11 @@ class _Shapes:
         if key not in self.numbers:
             with torch.device("meta"):
                 model = Transformer(cfg.model, init=False)
-            self.numbers[key] = (model.num_params(), model.num_params(embeddings=False),
-                                 train_flops_per_token(model, cfg.data.seq_len))
+            self.numbers[key] = (
+                model.num_params(),
+                model.num_params(embeddings=False),
+                train_flops_per_token(model, cfg.data.seq_len),
+            )
         return self.numbers[key]
 
     def memory_gib(self, cfg: Config, **layout: Any) -> float:
@@ -257,18 +308,36 @@ class _Shapes:
         return self.memory[key]
 
 
-def plan_cell(sweep: str, cell_id: str, size: str, cfg: Config, ranks: int, hardware: Hardware,
-              shapes: _Shapes) -> CellPlan:
+def plan_cell(
+    sweep: str, cell_id: str, size: str, cfg: Config, ranks: int, hardware: Hardware, shapes: _Shapes
+) -> CellPlan:
     tc, seq = cfg.train, cfg.data.seq_len
     total, nonembed, flops_per_token = shapes.counts(cfg)
     tokens = float(tc.steps * tc.batch_size * seq)
-    mem = shapes.memory_gib(cfg, micro_batch=max(1, tc.batch_size // (ranks * tc.grad_accum)), seq_len=seq,
-                            world_size=ranks, parallel=tc.parallel if ranks > 1 else "none",
-                            precision="fp32" if hardware.kind == "cpu" or tc.precision == "fp32" else "bf16",
-                            activation_checkpointing=tc.activation_checkpointing)
-    return CellPlan(sweep, cell_id, size, total, nonembed, tc.steps, tokens, tokens / max(1, nonembed),
-                    len(tc.eval_steps()), len(cfg.analysis.steps(tc.steps)),
-                    tokens * flops_per_token, ranks, mem)
+    mem = shapes.memory_gib(
+        cfg,
+        micro_batch=max(1, tc.batch_size // (ranks * tc.grad_accum)),
+        seq_len=seq,
+        world_size=ranks,
+        parallel=tc.parallel if ranks > 1 else "none",
+        precision="fp32" if hardware.kind == "cpu" or tc.precision == "fp32" else "bf16",
+        activation_checkpointing=tc.activation_checkpointing,
+    )
+    return CellPlan(
+        sweep,
+        cell_id,
+        size,
+        total,
+        nonembed,
+        tc.steps,
+        tokens,
+        tokens / max(1, nonembed),
+        len(tc.eval_steps()),
+        len(cfg.analysis.steps(tc.steps)),
+        tokens * flops_per_token,
+        ranks,
+        mem,
+    )
 
 
 # -- decidability: the planned runs, judged by the recipe's own analysis -------------------------------------------
@@ -287,7 +356,9 @@ class PlannedRun(Run):
     def __init__(self, sweep: str, cell_id: str, cfg: Config, nonembed: int):
         flat = flatten(cfg.to_dict())
         flat.setdefault("model.norm_eps_width", 0)
-        super().__init__(Path(sweep) / cell_id, cell_id, flat, {"step": cfg.train.steps, "params_nonembed": nonembed})
+        super().__init__(
+            Path(sweep) / cell_id, cell_id, flat, {"step": cfg.train.steps, "params_nonembed": nonembed}
+        )
         self.planned_cfg = cfg
 
     @property
@@ -305,8 +376,12 @@ class PlannedRun(Run):
     @property
     def analysis(self) -> list[AnalysisRecord]:  # every measurement unknown (one stable rank stands for all)
         cfg = self.planned_cfg
-        return [AnalysisRecord(s, sink=(UNKNOWN,) * cfg.model.n_layers, sink_mean=UNKNOWN,
-                               stable_rank={"unknown": UNKNOWN}) for s in cfg.analysis.steps(cfg.train.steps)]
+        return [
+            AnalysisRecord(
+                s, sink=(UNKNOWN,) * cfg.model.n_layers, sink_mean=UNKNOWN, stable_rank={"unknown": UNKNOWN}
+            )
+            for s in cfg.analysis.steps(cfg.train.steps)
+        ]
 
     @property
     def norm_records(self) -> list[NormFactorRecord]:
@@ -328,8 +403,11 @@ def _planned_measurements(runs: Runs, claims: list[str], options: dict[str, Any]
     needs = {need for key in claims for need in registered(key).needs}
     out: dict[str, Any] = {}
     if "anchor" in needs:
-        out["anchor"] = {r.path: {"heldout_reasoning": UNKNOWN, "heldout_memorising": UNKNOWN}
-                         for r in runs if str(r.config.get("data.corpus", "")).startswith("builtin:anchor")}
+        out["anchor"] = {
+            r.path: {"heldout_reasoning": UNKNOWN, "heldout_memorising": UNKNOWN}
+            for r in runs
+            if str(r.config.get("data.corpus", "")).startswith("builtin:anchor")
+        }
     gammas, widths, seeds = flow_design(options)
     if "flow" in needs and len(widths) >= 2:  # one fitted exponent per γ and seed
         out["flow"] = {"gammas": gammas, "seed_slopes": [[UNKNOWN] * len(seeds) for _ in gammas]}
@@ -339,7 +417,9 @@ def _planned_measurements(runs: Runs, claims: list[str], options: dict[str, Any]
     return out
 
 
-def _claim_plans(results: list[ClaimResult], loss_sd: tuple[float, str], claim_sd: dict[str, float]) -> list[ClaimPlan]:
+def _claim_plans(
+    results: list[ClaimResult], loss_sd: tuple[float, str], claim_sd: dict[str, float]
+) -> list[ClaimPlan]:
     """Each claim's plan at the level its table judges it: Holm over the k primaries the design decides gives the
     first of them α/k (a recipe that decides one claim judges it at α), in the claim's unit from its seed sd."""
     plans = []
@@ -353,13 +433,32 @@ def _claim_plans(results: list[ClaimResult], loss_sd: tuple[float, str], claim_s
         key = res.claim.split()[0]
         claim = registered(key)
         unit = claim.unit
-        sd, source = ((claim_sd[key], f"--seed-sd {key}={claim_sd[key]:g}") if key in claim_sd
-                      else loss_sd if unit == "nats" else claim.seed_sd or (None, ""))
+        sd, source = (
+            (claim_sd[key], f"--seed-sd {key}={claim_sd[key]:g}")
+            if key in claim_sd
+            else loss_sd
+            if unit == "nats"
+            else claim.seed_sd or (None, "")
+        )
         dropped = res.untestable.removeprefix(f"{NOT_RUN}: ") if res.untestable.startswith(NOT_RUN) else ""
-        plans.append(ClaimPlan(res.claim, res.statement, primary.label, not problems[primary.label], n, math.inf,
-                               unit=unit, seed_sd=sd, seed_sd_source=source, fewest_seeds=min(counts),
-                               most_seeds=max(counts), failing={} if dropped else failing,
-                               testable=[c.label for c in testable], not_run=dropped))
+        plans.append(
+            ClaimPlan(
+                res.claim,
+                res.statement,
+                primary.label,
+                not problems[primary.label],
+                n,
+                math.inf,
+                unit=unit,
+                seed_sd=sd,
+                seed_sd_source=source,
+                fewest_seeds=min(counts),
+                most_seeds=max(counts),
+                failing={} if dropped else failing,
+                testable=[c.label for c in testable],
+                not_run=dropped,
+            )
+        )
     alpha = ALPHA / max(1, sum(c.decides for c in plans))
     for c in plans:
         c.alpha = alpha
@@ -393,7 +492,9 @@ def parse_seed_sd(values: list[str] | None) -> tuple[float | None, dict[str, flo
         try:
             sd = float(number)
         except ValueError:
-            raise ExperimentError(f"--seed-sd {value}: not a number; give X or CLAIM=X (e.g. C6=0.06)") from None
+            raise ExperimentError(
+                f"--seed-sd {value}: not a number; give X or CLAIM=X (e.g. C6=0.06)"
+            ) from None
         if not sd > 0:
             raise ExperimentError(f"--seed-sd must be > 0, got {value}")
         if key:
@@ -414,18 +515,36 @@ def default_hardware(recipe: Recipe, scale: str) -> Hardware:
     return Hardware.make("cpu", os.cpu_count() or 1)
 
 
-def plan_sweep(path: str | os.PathLike, hardware: Hardware | None = None, *, seed_sd: float | None = None,
-               claim_sd: dict[str, float] | None = None) -> Plan:
+def plan_sweep(
+    path: str | os.PathLike,
+    hardware: Hardware | None = None,
+    *,
+    seed_sd: float | None = None,
+    claim_sd: dict[str, float] | None = None,
+) -> Plan:
     """The plan of a sweep file: its cost, and which of C1–C7 its runs could decide (judged as the demo judges)."""
     sweep = Sweep.load(path)
-    recipe = Recipe(Path(path).stem, sweep.name or Path(path).stem, list(PAPER), "claims",
-                    {"sweep": Scale("sweep", sweep.description, {"sweep": sweep})}, Path(path))
+    recipe = Recipe(
+        Path(path).stem,
+        sweep.name or Path(path).stem,
+        list(PAPER),
+        "claims",
+        {"sweep": Scale("sweep", sweep.description, {"sweep": sweep})},
+        Path(path),
+    )
     return plan_recipe(recipe, "sweep", hardware, seed_sd=seed_sd, claim_sd=claim_sd)
 
 
-def plan_recipe(recipe: Recipe | str, scale: str, hardware: Hardware | None = None, *, presets: list[str] | None = None,
-                overrides: list[str] = (), seed_sd: float | None = None,
-                claim_sd: dict[str, float] | None = None) -> Plan:
+def plan_recipe(
+    recipe: Recipe | str,
+    scale: str,
+    hardware: Hardware | None = None,
+    *,
+    presets: list[str] | None = None,
+    overrides: list[str] = (),
+    seed_sd: float | None = None,
+    claim_sd: dict[str, float] | None = None,
+) -> Plan:
     """The cost and decidability of ``recipe --scale scale`` on ``hardware``; trains nothing. ``seed_sd``: the loss
     gaps' seed sd (nats); ``claim_sd``: a claim's own (C6: a stable rank), over the CPU study's."""
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
@@ -445,23 +564,36 @@ def plan_recipe(recipe: Recipe | str, scale: str, hardware: Hardware | None = No
             cells.append(plan_cell(name, cell.id, size, cfg, ranks, hardware, shapes))
             runs.append(PlannedRun(name, cell.id, cfg, cells[-1].params_nonembed))
     all_runs = Runs(runs)
-    sd, source = ((seed_sd, "--seed-sd") if seed_sd else recipe.seed_sd or
-                  (CPU_STUDY_SEED_SD, "the CPU study's median paired loss-gap sd (docs/findings-cpu.md); pass "
-                   "--seed-sd from a pilot"))
-    judged = judge(recipe.claims, all_runs, _planned_measurements(all_runs, recipe.claims, sc.options),
-                   {**sc.options, "n_boot": 20})
+    sd, source = (
+        (seed_sd, "--seed-sd")
+        if seed_sd
+        else recipe.seed_sd
+        or (
+            CPU_STUDY_SEED_SD,
+            "the CPU study's median paired loss-gap sd (docs/findings-cpu.md); pass --seed-sd from a pilot",
+        )
+    )
+    judged = judge(
+        recipe.claims,
+        all_runs,
+        _planned_measurements(all_runs, recipe.claims, sc.options),
+        {**sc.options, "n_boot": 20},
+    )
     claims = _claim_plans(judged, (sd, source), claim_sd or {})
     unjudged = sorted(set(claim_sd or {}) - {c.claim.split()[0] for c in claims if not c.not_run})
     if unjudged:
-        raise ExperimentError(f"--seed-sd {unjudged[0]}=…: recipe {recipe.name} --scale {sc.name} does not judge "
-                              f"{unjudged[0]}")
+        raise ExperimentError(
+            f"--seed-sd {unjudged[0]}=…: recipe {recipe.name} --scale {sc.name} does not judge {unjudged[0]}"
+        )
     notes = []
     if hardware.kind != "cpu":
         too_big = [c for c in cells if c.memory_gib > hardware.memory_gib]
         if too_big:
-            notes.append(f"{len(too_big)} cell(s) need ≈ {max(c.memory_gib for c in too_big):.0f} GiB per GPU (estimate) "
-                         f"> {hardware.memory_gib:g} GiB: set train.parallel=fsdp, raise train.grad_accum or set "
-                         "train.activation_checkpointing=true")
+            notes.append(
+                f"{len(too_big)} cell(s) need ≈ {max(c.memory_gib for c in too_big):.0f} GiB per GPU (estimate) "
+                f"> {hardware.memory_gib:g} GiB: set train.parallel=fsdp, raise train.grad_accum or set "
+                "train.activation_checkpointing=true"
+            )
     return Plan(recipe.name, sc.name, hardware, sd, source, cells, claims, notes)
 
 
@@ -480,8 +612,10 @@ def scale_headline(recipe: Recipe, scale: str) -> str:
 def format_plan(plan: Plan) -> str:
     hw = plan.hardware
     lines = [f"plan: recipe {plan.recipe} --scale {plan.scale} on {hw.describe()}"]
-    head = (f"  {'sweep':<12} {'size':<10} {'runs':>5} {'params':>9} {'non-emb':>9} {'tokens/run':>11} {'tok/param':>9} "
-            f"{'evals':>5} {'FLOPs/run':>10} {'GiB/dev':>8} {'wall':>9}")
+    head = (
+        f"  {'sweep':<12} {'size':<10} {'runs':>5} {'params':>9} {'non-emb':>9} {'tokens/run':>11} {'tok/param':>9} "
+        f"{'evals':>5} {'FLOPs/run':>10} {'GiB/dev':>8} {'wall':>9}"
+    )
     lines += [head, "  " + "-" * (len(head) - 2)]
     groups: dict[tuple[str, str], list[CellPlan]] = {}
     for c in plan.cells:
@@ -489,36 +623,57 @@ def format_plan(plan: Plan) -> str:
     for (sweep, size), cs in groups.items():
         c = max(cs, key=lambda x: x.flops)
         wall = hw.seconds(sum(x.flops for x in cs), sum(x.tokens for x in cs))
-        lines.append(f"  {sweep:<12} {size:<10} {len(cs):>5} {_si(c.params):>9} {_si(c.params_nonembed):>9} "
-                     f"{_si(c.tokens):>11} {min(x.tokens_per_param for x in cs):>9.1f} {c.evaluations:>5} "
-                     f"{c.flops:>10.2e} {c.memory_gib:>8.2f} {_hours(wall):>9}")
+        lines.append(
+            f"  {sweep:<12} {size:<10} {len(cs):>5} {_si(c.params):>9} {_si(c.params_nonembed):>9} "
+            f"{_si(c.tokens):>11} {min(x.tokens_per_param for x in cs):>9.1f} {c.evaluations:>5} "
+            f"{c.flops:>10.2e} {c.memory_gib:>8.2f} {_hours(wall):>9}"
+        )
     unit = "CPU-core" if hw.kind == "cpu" else "GPU"
-    lines.append(f"  total: {len(plan.cells)} runs, {plan.flops:.3g} FLOPs, {_hours(plan.wall_s)} wall, "
-                 f"{plan.device_hours:,.1f} {unit}-hours")
+    lines.append(
+        f"  total: {len(plan.cells)} runs, {plan.flops:.3g} FLOPs, {_hours(plan.wall_s)} wall, "
+        f"{plan.device_hours:,.1f} {unit}-hours"
+    )
     decided = sum(c.decides for c in plan.claims)
     alpha = plan.claims[0].alpha if plan.claims else ALPHA
-    lines.append(f"claims (minimum detectable effect of each primary at {POWER:.0%} power, two-sided, at the level its "
-                 f"table judges it: α = {alpha:.3g}, Holm's first step over the {decided} primar"
-                 f"{'y' if decided == 1 else 'ies'} this design decides; in the claim's own unit):")
+    lines.append(
+        f"claims (minimum detectable effect of each primary at {POWER:.0%} power, two-sided, at the level its "
+        f"table judges it: α = {alpha:.3g}, Holm's first step over the {decided} primar"
+        f"{'y' if decided == 1 else 'ies'} this design decides; in the claim's own unit):"
+    )
     for c in plan.claims:
         if c.decides:
-            at = (f"{c.mde:.3g} {c.unit} at seed sd {c.seed_sd:g}" if c.seed_sd is not None
-                  else f"no seed sd of {c.unit} measured: pass --seed-sd {c.claim.split()[0]}=X")
-            lines.append(f"  {c.claim:<12} decides: primary {c.primary} on {c.seeds} seeds, MDE {c.mde_sds:.2f} seed sds "
-                         f"({at}); {len(c.testable)} of {len(c.testable) + len(c.failing)} comparisons testable, "
-                         f"{c.fewest_seeds}–{c.most_seeds} seeds")
+            at = (
+                f"{c.mde:.3g} {c.unit} at seed sd {c.seed_sd:g}"
+                if c.seed_sd is not None
+                else f"no seed sd of {c.unit} measured: pass --seed-sd {c.claim.split()[0]}=X"
+            )
+            lines.append(
+                f"  {c.claim:<12} decides: primary {c.primary} on {c.seeds} seeds, MDE {c.mde_sds:.2f} seed sds "
+                f"({at}); {len(c.testable)} of {len(c.testable) + len(c.failing)} comparisons testable, "
+                f"{c.fewest_seeds}–{c.most_seeds} seeds"
+            )
         elif c.not_run:
             lines.append(f"  {c.claim:<12} {NOT_RUN}: {c.not_run}")
         else:
-            lines.append(f"  {c.claim:<12} cannot decide: its primary ({c.primary}) fails a precondition by design"
-                         + (f"; {len(c.testable)} secondary comparison(s) testable" if c.testable else ""))
+            lines.append(
+                f"  {c.claim:<12} cannot decide: its primary ({c.primary}) fails a precondition by design"
+                + (f"; {len(c.testable)} secondary comparison(s) testable" if c.testable else "")
+            )
         for reason in _distinct(c.failing):
             lines.append(f"      ↳ {reason}")
-    outcome = [k for k in (c.claim.split()[0] for c in plan.claims if c.decides) if CLAIMS[k].decided_by_the_runs]
+    outcome = [
+        k for k in (c.claim.split()[0] for c in plan.claims if c.decides) if CLAIMS[k].decided_by_the_runs
+    ]
     if outcome:
-        lines.append("still decided by the runs themselves (the plan cannot know them): "
-                     + "; ".join(f"{k} {CLAIMS[k].decided_by_the_runs}" for k in outcome))
-    sources = {f"{c.seed_sd:g} {c.unit}: {c.seed_sd_source}" for c in plan.claims if c.decides and c.seed_sd is not None}
+        lines.append(
+            "still decided by the runs themselves (the plan cannot know them): "
+            + "; ".join(f"{k} {CLAIMS[k].decided_by_the_runs}" for k in outcome)
+        )
+    sources = {
+        f"{c.seed_sd:g} {c.unit}: {c.seed_sd_source}"
+        for c in plan.claims
+        if c.decides and c.seed_sd is not None
+    }
     lines += [f"seed sd {s}" for s in sorted(sources)]
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)

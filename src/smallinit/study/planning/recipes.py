@@ -86,7 +86,9 @@ class Recipe:
 
     def scale(self, name: str) -> Scale:
         if name not in self.scales:
-            raise ExperimentError(f"recipe {self.name} has no scale {name!r}; choose one of {', '.join(self.scales)}")
+            raise ExperimentError(
+                f"recipe {self.name} has no scale {name!r}; choose one of {', '.join(self.scales)}"
+            )
         return self.scales[name]
 
 
@@ -100,7 +102,9 @@ def load_recipe(name: str | os.PathLike) -> Recipe:
     if not (path.suffix == ".toml" and path.is_file()):
         path = RECIPES_DIR / f"{name}.toml"
         if not path.is_file():
-            raise ExperimentError(f"unknown recipe {str(name)!r}; choose one of {', '.join(recipe_names())} or pass a .toml")
+            raise ExperimentError(
+                f"unknown recipe {str(name)!r}; choose one of {', '.join(recipe_names())} or pass a .toml"
+            )
     where = f"recipe {path.stem}"
     try:
         raw = read_toml(path)
@@ -108,7 +112,9 @@ def load_recipe(name: str | os.PathLike) -> Recipe:
         raise ExperimentError(str(e).replace("config file", "recipe file")) from None
     unknown = sorted(set(raw) - set(_RECIPE_SECTIONS))
     if unknown:
-        raise ExperimentError(f"{where}: unknown section [{unknown[0]}]; use [recipe], [base] and [scales.NAME]")
+        raise ExperimentError(
+            f"{where}: unknown section [{unknown[0]}]; use [recipe], [base] and [scales.NAME]"
+        )
     for section in _RECIPE_SECTIONS:
         _table(raw.get(section, {}), f"{where}: [{section}]")
     meta = raw.get("recipe", {})
@@ -121,15 +127,19 @@ def load_recipe(name: str | os.PathLike) -> Recipe:
     seed_sd = _pilot_sd(meta, where)
     unknown = [c for c in meta.get("claims", []) if c not in CLAIMS]
     if unknown:
-        raise ExperimentError(f"{where}: claims names {unknown[0]!r}, which no module registers; the registered claims "
-                              f"are {', '.join(CLAIMS)}")
+        raise ExperimentError(
+            f"{where}: claims names {unknown[0]!r}, which no module registers; the registered claims "
+            f"are {', '.join(CLAIMS)}"
+        )
     common = flatten(raw.get("base", {}))
     scales = {}
     for sname, table in raw.get("scales", {}).items():
         _table(table, f"{where}: scale {_name(sname, where, 'scale')}")
         bad = sorted(set(table) - set(_SCALE_KEYS))
         if bad:
-            raise ExperimentError(f"{where}: unknown key scales.{sname}.{bad[0]}; use {', '.join(_SCALE_KEYS)}")
+            raise ExperimentError(
+                f"{where}: unknown key scales.{sname}.{bad[0]}; use {', '.join(_SCALE_KEYS)}"
+            )
         scale_base = {**common, **flatten(_table(table.get("base", {}), f"{where}: scales.{sname}.base"))}
         sweeps = {}
         for wname, sweep_raw in _table(table.get("sweeps", {}), f"{where}: scales.{sname}.sweeps").items():
@@ -140,34 +150,58 @@ def load_recipe(name: str | os.PathLike) -> Recipe:
         if not sweeps:
             raise ExperimentError(f"{where}: scale {sname} has no [scales.{sname}.sweeps.NAME]")
         options = dict(_table(table.get("options", {}), f"{where}: scales.{sname}.options"))
-        _check_dropped(options.get("dropped", {}), list(meta.get("claims", [])), f"{where}: scales.{sname}.options.dropped")
+        _check_dropped(
+            options.get("dropped", {}),
+            list(meta.get("claims", [])),
+            f"{where}: scales.{sname}.options.dropped",
+        )
         budget = dict(_table(table.get("budget", {}), f"{where}: scales.{sname}.budget"))
         bad = sorted(set(budget) - set(_BUDGET_KEYS))
         if bad or (budget and not float(budget.get("tokens_per_param", 0)) > 0):
-            raise ExperimentError(f"{where}: scales.{sname}.budget takes tokens_per_param (> 0), eval_points, "
-                                  "analysis_points and warmup_frac")
+            raise ExperimentError(
+                f"{where}: scales.{sname}.budget takes tokens_per_param (> 0), eval_points, "
+                "analysis_points and warmup_frac"
+            )
         scales[sname] = Scale(sname, str(table.get("description", "")), sweeps, options, budget)
     if not scales:
         raise ExperimentError(f"{where}: no [scales.NAME]")
-    return Recipe(path.stem, str(meta.get("title", path.stem)), list(meta.get("claims", [])), analysis, scales, path,
-                  seed_sd)
+    return Recipe(
+        path.stem,
+        str(meta.get("title", path.stem)),
+        list(meta.get("claims", [])),
+        analysis,
+        scales,
+        path,
+        seed_sd,
+    )
 
 
 def _check_dropped(dropped: Any, claims: list[str], where: str) -> None:
     """A scale's ``dropped`` names claims of the recipe that it does not run, each with why."""
-    if not isinstance(dropped, dict) or any(k not in claims or not isinstance(v, str) or not v.strip()
-                                            for k, v in dropped.items()):
-        raise ExperimentError(f"{where} maps claims of recipe.claims ({', '.join(claims) or 'none'}) to why this "
-                              "scale does not run them, e.g. C3 = \"no sink forms at these widths\"")
+    if not isinstance(dropped, dict) or any(
+        k not in claims or not isinstance(v, str) or not v.strip() for k, v in dropped.items()
+    ):
+        raise ExperimentError(
+            f"{where} maps claims of recipe.claims ({', '.join(claims) or 'none'}) to why this "
+            'scale does not run them, e.g. C3 = "no sink forms at these widths"'
+        )
 
 
 def _pilot_sd(meta: dict[str, Any], where: str) -> tuple[float, str] | None:
     if "seed_sd" not in meta:
         return None
     sd, source = meta["seed_sd"], meta.get("seed_sd_source")
-    if isinstance(sd, bool) or not isinstance(sd, (int, float)) or not sd > 0 or not isinstance(source, str) or not source:
-        raise ExperimentError(f"{where}: recipe.seed_sd must be a number > 0 with recipe.seed_sd_source saying where "
-                              f"it was measured; got {sd!r}, {source!r}")
+    if (
+        isinstance(sd, bool)
+        or not isinstance(sd, (int, float))
+        or not sd > 0
+        or not isinstance(source, str)
+        or not source
+    ):
+        raise ExperimentError(
+            f"{where}: recipe.seed_sd must be a number > 0 with recipe.seed_sd_source saying where "
+            f"it was measured; got {sd!r}, {source!r}"
+        )
     return float(sd), source
 
 
@@ -188,19 +222,32 @@ def customise(scale: Scale, *, presets: list[str] | None = None, overrides: list
     pairs = [parse_override(item) for item in overrides]
     sweeps = {}
     for name, sw in scale.sweeps.items():
-        sizes = {p: {"model.preset": p} for p in presets} if presets else {k: dict(v) for k, v in sw.sizes.items()}
+        sizes = (
+            {p: {"model.preset": p} for p in presets}
+            if presets
+            else {k: dict(v) for k, v in sw.sizes.items()}
+        )
         base, arms = dict(sw.base), {k: dict(v) for k, v in sw.arms.items()}
         if presets:
             base.pop("model.preset", None)
         for key, value in pairs:
             if key in sw.grid:
-                raise ExperimentError(f"--set {key}: the recipe sweeps that key; pick another or edit a copy of the recipe")
+                raise ExperimentError(
+                    f"--set {key}: the recipe sweeps that key; pick another or edit a copy of the recipe"
+                )
             base[key] = value
             for table in (*sizes.values(), *arms.values()):
                 if key in table:
                     table[key] = value
-        sweeps[name] = Sweep(base=base, grid=sw.grid, arms=arms, sizes=sizes, name=sw.name,
-                             description=sw.description, launcher=sw.launcher)
+        sweeps[name] = Sweep(
+            base=base,
+            grid=sw.grid,
+            arms=arms,
+            sizes=sizes,
+            name=sw.name,
+            description=sw.description,
+            launcher=sw.launcher,
+        )
         sweeps[name].cells()
     return Scale(scale.name, scale.description, sweeps, scale.options, scale.budget)
 
@@ -224,7 +271,9 @@ def apply_budget(scale: Scale, vocab: dict[str, int] | None = None) -> Scale:
             steps[shape] = max(steps.get(shape, 1), budget_steps(cfg, b))
     for (name, _), found in shapes.items():
         if len(found) > 1:
-            raise ExperimentError(f"sweep {name}: a budget needs one model shape per size; move shape keys to [sizes]")
+            raise ExperimentError(
+                f"sweep {name}: a budget needs one model shape per size; move shape keys to [sizes]"
+            )
 
     def at(name: str, size: str | None) -> dict[str, Any]:
         return budget_schedule(steps[next(iter(shapes[name, size]))], b)
@@ -233,8 +282,15 @@ def apply_budget(scale: Scale, vocab: dict[str, int] | None = None) -> Scale:
     for name, sw in scale.sweeps.items():
         sizes = {k: {**v, **at(name, k)} for k, v in sw.sizes.items()}
         base = dict(sw.base) if sw.sizes else {**sw.base, **at(name, None)}
-        sweeps[name] = Sweep(base=base, grid=sw.grid, arms=sw.arms, sizes=sizes, name=sw.name,
-                             description=sw.description, launcher=sw.launcher)
+        sweeps[name] = Sweep(
+            base=base,
+            grid=sw.grid,
+            arms=sw.arms,
+            sizes=sizes,
+            name=sw.name,
+            description=sw.description,
+            launcher=sw.launcher,
+        )
     return Scale(scale.name, scale.description, sweeps, scale.options, scale.budget)
 
 
@@ -261,10 +317,15 @@ def check_out(out: Path) -> None:
         raise ConfigError(f"--out {out}{where} is a file, not a folder; choose another --out")
 
 
-
 def run_recipe(
-    recipe: Recipe | str, scale: str = "cpu", out: str | os.PathLike | None = None, *, jobs: int | None = None,
-    presets: list[str] | None = None, overrides: list[str] = (), echo: TextIO | None = sys.stderr,
+    recipe: Recipe | str,
+    scale: str = "cpu",
+    out: str | os.PathLike | None = None,
+    *,
+    jobs: int | None = None,
+    presets: list[str] | None = None,
+    overrides: list[str] = (),
+    echo: TextIO | None = sys.stderr,
     launcher: str | None = None,
 ) -> RecipeResult:
     """Run every sweep of ``scale`` (continuing earlier runs in ``out``), then the recipe's analysis.
@@ -281,18 +342,35 @@ def run_recipe(
         for cell in sw.cells():
             work[str(cell_dir(out / name, cell.id))] = cell_work(resolve_config(cell, vocab))
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "recipe.json", {
-        "recipe": recipe.name, "title": recipe.title, "scale": sc.name, "description": sc.description,
-        "claims": recipe.claims, "analysis": recipe.analysis, "options": sc.options, "budget": sc.budget,
-        "presets": presets,
-        "overrides": list(overrides), "sweeps": list(sc.sweeps),
-    })
+    write_json_atomic(
+        out / "recipe.json",
+        {
+            "recipe": recipe.name,
+            "title": recipe.title,
+            "scale": sc.name,
+            "description": sc.description,
+            "claims": recipe.claims,
+            "analysis": recipe.analysis,
+            "options": sc.options,
+            "budget": sc.budget,
+            "presets": presets,
+            "overrides": list(overrides),
+            "sweeps": list(sc.sweeps),
+        },
+    )
     t0 = time.monotonic()
-    progress = Progress(recipe.name, {k: w for k, w in work.items() if not (Path(k) / "summary.json").is_file()},
-                        after=", then the analysis")
+    progress = Progress(
+        recipe.name,
+        {k: w for k, w in work.items() if not (Path(k) / "summary.json").is_file()},
+        after=", then the analysis",
+    )
     if echo is not None:
-        print(f"[recipe] {recipe.name} ({sc.name}): {len(sc.sweeps)} sweep(s), {progress.total} of {len(work)} runs "
-              f"to train; folder {out}", file=echo, flush=True)
+        print(
+            f"[recipe] {recipe.name} ({sc.name}): {len(sc.sweeps)} sweep(s), {progress.total} of {len(work)} runs "
+            f"to train; folder {out}",
+            file=echo,
+            flush=True,
+        )
         for claim, why in sc.options.get("dropped", {}).items():
             print(f"[recipe] {recipe.name} ({sc.name}): {claim} {NOT_RUN}: {why}", file=echo, flush=True)
     outcomes = {}
@@ -310,9 +388,16 @@ def run_recipe(
     cells_cpu = sum(r.get("cpu_s") or 0.0 for o in outcomes.values() for r in o.rows)
     if echo is not None:
         print(f"[analysis] done in {time.monotonic() - t0 - train_wall:.0f} s", file=echo, flush=True)
-    analysis = {"recipe": recipe.name, "scale": sc.name, "title": recipe.title, "train_wall_s": train_wall,
-                "cells_cpu_s": cells_cpu, "analysis_wall_s": time.monotonic() - t0 - train_wall,
-                "analysis_cpu_s": time.process_time() - cpu0, **analysis}
+    analysis = {
+        "recipe": recipe.name,
+        "scale": sc.name,
+        "title": recipe.title,
+        "train_wall_s": train_wall,
+        "cells_cpu_s": cells_cpu,
+        "analysis_wall_s": time.monotonic() - t0 - train_wall,
+        "analysis_cpu_s": time.process_time() - cpu0,
+        **analysis,
+    }
     write_json_atomic(out / FINDINGS_FILE, _jsonable(analysis))
     return RecipeResult(recipe, sc, out, outcomes, analysis, time.monotonic() - t0)
 

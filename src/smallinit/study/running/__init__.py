@@ -14,7 +14,20 @@ from smallinit.study.running.runner import SweepOutcome, SweepRunner, run_sweep
 from smallinit.study.running.spec import Cell, Sweep, cell_dir, resolve_config
 
 __all__ = [
-    "Cell", "Progress", "Sweep", "SweepOutcome", "SweepRunner", "available_cores", "cell_dir", "cell_states",
-    "cell_work", "compile_cache_env", "default_jobs", "format_table", "load_cells", "resolve_config", "run_sweep",
+    "Cell",
+    "Progress",
+    "Sweep",
+    "SweepOutcome",
+    "SweepRunner",
+    "available_cores",
+    "cell_dir",
+    "cell_states",
+    "cell_work",
+    "compile_cache_env",
+    "default_jobs",
+    "format_table",
+    "load_cells",
+    "resolve_config",
+    "run_sweep",
     "sweep_rows",
 ]

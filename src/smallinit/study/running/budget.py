@@ -18,6 +18,9 @@ def budget_steps(cfg: Config, budget: dict[str, Any]) -> int:
 
 def budget_schedule(n: int, budget: dict[str, Any]) -> dict[str, Any]:
     """The keys a run of ``n`` steps gets from the budget: evaluations, analyses and warmup spread over them."""
-    return {"train.steps": n, "train.eval_every": max(1, n // int(budget.get("eval_points", 8))),
-            "analysis.every": max(1, n // int(budget.get("analysis_points", 8))),
-            "train.warmup_steps": round(float(budget.get("warmup_frac", 0.05)) * n)}
+    return {
+        "train.steps": n,
+        "train.eval_every": max(1, n // int(budget.get("eval_points", 8))),
+        "analysis.every": max(1, n // int(budget.get("analysis_points", 8))),
+        "train.warmup_steps": round(float(budget.get("warmup_frac", 0.05)) * n),
+    }

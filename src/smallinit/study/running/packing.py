@@ -36,7 +36,10 @@ def available_cores() -> int:
 def compile_cache_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The compile cache of the cells: the user's TORCHINDUCTOR_CACHE_DIR, else one under smallinit's cache
     folder, shared by the cells of every sweep, so a graph compiled once loads in seconds in later cells."""
-    return {"TORCHINDUCTOR_CACHE_DIR": environ.get("TORCHINDUCTOR_CACHE_DIR") or str(default_cache_dir() / "compile")}
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": environ.get("TORCHINDUCTOR_CACHE_DIR")
+        or str(default_cache_dir() / "compile")
+    }
 
 
 def default_jobs(configs: list[Config], cores: int | None = None) -> int:

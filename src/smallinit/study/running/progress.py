@@ -13,7 +13,12 @@ from smallinit.train.callbacks import format_hms
 def cell_work(cfg: Config) -> float:
     """A cell's training compute in parameter-tokens (parameters × steps × tokens per step), its weight in an
     ETA: a cell of a larger or longer-trained model counts for what it costs."""
-    return float(Transformer.count_params(cfg.model)[0]) * cfg.train.steps * cfg.train.batch_size * cfg.data.seq_len
+    return (
+        float(Transformer.count_params(cfg.model)[0])
+        * cfg.train.steps
+        * cfg.train.batch_size
+        * cfg.data.seq_len
+    )
 
 
 class Progress:
@@ -58,11 +63,15 @@ class Progress:
         has finished with its training time known."""
         if not self.timed:
             return None
-        partial = sum(self.cell_seconds(self.left[k]) * f for k, f in (in_flight or {}).items() if k in self.left)
+        partial = sum(
+            self.cell_seconds(self.left[k]) * f for k, f in (in_flight or {}).items() if k in self.left
+        )
         left = sum(self.cell_seconds(w) for w in self.left.values()) - partial
         return (time.monotonic() - self.t0) * left / max(self.wall_done + partial, 1e-9)
 
     def line(self, in_flight: dict[str, float] | None = None) -> str:
         eta = self.eta(in_flight)
-        return (f"[{self.label}] {self.finished}/{self.total} runs | elapsed {format_hms(time.monotonic() - self.t0)} | "
-                f"ETA {'?' if eta is None else format_hms(eta)}{self.after}")
+        return (
+            f"[{self.label}] {self.finished}/{self.total} runs | elapsed {format_hms(time.monotonic() - self.t0)} | "
+            f"ETA {'?' if eta is None else format_hms(eta)}{self.after}"
+        )

@@ -20,12 +20,14 @@ from smallinit.train.records import EvalRecord, StepRecord, parse_record
 def error_line(log: Path) -> str:
     """The line that says why a cell failed: smallinit's error line, else the last line of its log."""
     try:
-        lines = [ln.strip() for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+        lines = [
+            ln.strip() for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()
+        ]
     except OSError:
         return "no log"
     for ln in reversed(lines):
         if ln.startswith("smallinit: error:"):
-            return ln[len("smallinit: error:"):].strip()
+            return ln[len("smallinit: error:") :].strip()
     return lines[-1] if lines else "exited without output"
 
 
@@ -44,26 +46,30 @@ def cell_row(sweep_dir: Path, cell: Cell, state: dict[str, Any]) -> dict[str, An
     if cell.arm is not None:
         row["arm"] = cell.arm
     row.update(cell.values)
-    row.update({
-        "val_loss": summary.get("val_loss", vals[-1].val_loss if vals else None),
-        "final_loss": train[-1].loss if train else None,
-        "step": summary.get("step", max((r.get("step", 0) for r in records), default=0)),
-        "params": summary.get("params", state.get("params")),
-        "params_active": summary.get("params_active"),
-        "params_nonembed": state.get("params_nonembed"),
-        "wall_s": state.get("wall_s"),
-        "cpu_s": state.get("cpu_s"),
-        "tokens_per_s": statistics.median(speeds) if speeds else None,
-        "error": state.get("error"),
-        "dir": f"cells/{cell.id}",
-    })
+    row.update(
+        {
+            "val_loss": summary.get("val_loss", vals[-1].val_loss if vals else None),
+            "final_loss": train[-1].loss if train else None,
+            "step": summary.get("step", max((r.get("step", 0) for r in records), default=0)),
+            "params": summary.get("params", state.get("params")),
+            "params_active": summary.get("params_active"),
+            "params_nonembed": state.get("params_nonembed"),
+            "wall_s": state.get("wall_s"),
+            "cpu_s": state.get("cpu_s"),
+            "tokens_per_s": statistics.median(speeds) if speeds else None,
+            "error": state.get("error"),
+            "dir": f"cells/{cell.id}",
+        }
+    )
     return row
 
 
 def load_cells(sweep_dir: Path) -> list[Cell]:
     spec = read_json(sweep_dir / "sweep.json")
     if not isinstance(spec, dict) or "cells" not in spec:
-        raise ExperimentError(f"{sweep_dir} is not a sweep folder (no readable sweep.json); pass a sweep's --out")
+        raise ExperimentError(
+            f"{sweep_dir} is not a sweep folder (no readable sweep.json); pass a sweep's --out"
+        )
     return [Cell(c["id"], c.get("arm"), c["values"], c["overrides"], c.get("size")) for c in spec["cells"]]
 
 
@@ -102,8 +108,13 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         err = (r.get("error") or "")[:80] if r["status"] in ("failed", "interrupted") else ""
         lines.append((r["cell"], r["status"], str(r.get("step") or 0), val, wall, err))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
-    out = ["  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + ("  " + line[-1] if line[-1] else "")
-           for line in lines]
-    counts = {s: sum(r["status"] == s for r in rows) for s in ("done", "running", "interrupted", "pending", "failed")}
+    out = [
+        "  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + ("  " + line[-1] if line[-1] else "")
+        for line in lines
+    ]
+    counts = {
+        s: sum(r["status"] == s for r in rows)
+        for s in ("done", "running", "interrupted", "pending", "failed")
+    }
     out.append(", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no cells")
     return "\n".join(line.rstrip() for line in out)

@@ -134,13 +134,22 @@ class SweepRunner:
     """Runs a sweep's cells into ``sweep_dir``; see the module docstring."""
 
     def __init__(
-        self, sweep: Sweep, sweep_dir: str | os.PathLike, *, jobs: int | None = None, retry_failed: bool = False,
-        echo: TextIO | None = None, python: str = sys.executable, progress: Progress | None = None,
+        self,
+        sweep: Sweep,
+        sweep_dir: str | os.PathLike,
+        *,
+        jobs: int | None = None,
+        retry_failed: bool = False,
+        echo: TextIO | None = None,
+        python: str = sys.executable,
+        progress: Progress | None = None,
     ):
         self.sweep, self.dir = sweep, Path(sweep_dir)
         self.cells = sweep.cells()
         vocab_sizes: dict[str, int] = {}
-        self.configs = {c.id: resolve_config(c, vocab_sizes) for c in self.cells}  # all checked before any runs
+        self.configs = {
+            c.id: resolve_config(c, vocab_sizes) for c in self.cells
+        }  # all checked before any runs
         if jobs is not None and jobs < 1:
             raise ExperimentError(f"--jobs {jobs} must be ≥ 1")
         self.jobs = jobs or default_jobs(list(self.configs.values()))
@@ -158,10 +167,15 @@ class SweepRunner:
             print(text, file=self.echo, flush=True)
 
     def _save_status(self) -> None:
-        write_json_atomic(self.dir / "status.json", {
-            "sweep": self.sweep.name, "updated": time.time(), "jobs": self.jobs,
-            "cells": {c.id: self.states[c.id] for c in self.cells},
-        })
+        write_json_atomic(
+            self.dir / "status.json",
+            {
+                "sweep": self.sweep.name,
+                "updated": time.time(),
+                "jobs": self.jobs,
+                "cells": {c.id: self.states[c.id] for c in self.cells},
+            },
+        )
 
     def _check_folder(self) -> None:
         """Refuse a folder that holds another sweep whose cells would collide with ours."""
@@ -234,14 +248,21 @@ class SweepRunner:
         log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed when the process ends
         offset = log.tell()
         state = self.states[cell.id]
-        log.write(f"=== attempt {state['attempts'] + 1}{' (resume)' if resume else ''}: {' '.join(cmd[1:])}\n")
+        log.write(
+            f"=== attempt {state['attempts'] + 1}{' (resume)' if resume else ''}: {' '.join(cmd[1:])}\n"
+        )
         log.flush()
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
-        state.update(status="running", pid=proc.pid, attempts=state["attempts"] + 1, error=None,
-                     started=time.time())
+        state.update(
+            status="running", pid=proc.pid, attempts=state["attempts"] + 1, error=None, started=time.time()
+        )
         self._save_status()
         self._say(f"[{index}/{len(self.cells)}] {cell.id}: {'resumed' if resume else 'started'}")
         return _Running(cell, index, proc, log, log_path, time.monotonic(), offset)
@@ -273,7 +294,9 @@ class SweepRunner:
         state["finished"] = time.time()
         state.pop("pid", None)
         run = cell_dir(self.dir, r.cell.id)
-        if (run / "summary.json").is_file():  # written last, atomically: the run finished (a signal may follow)
+        if (
+            run / "summary.json"
+        ).is_file():  # written last, atomically: the run finished (a signal may follow)
             state.update(status="done", error=None)
         elif rc == Preempted.exit_code or (rc < 0 and self.stop):
             state.update(status="interrupted", error=error_line(r.log_path))
@@ -283,8 +306,10 @@ class SweepRunner:
         row = cell_row(self.dir, r.cell, state)
         val = f", val loss {row['val_loss']:.4f}" if isinstance(row["val_loss"], (int, float)) else ""
         err = f": {state['error']}" if state["status"] != "done" else ""
-        self._say(f"[{r.index}/{len(self.cells)}] {r.cell.id}: {state['status']} in {time.monotonic() - r.started:.0f} s"
-                  f"{val}{err}")
+        self._say(
+            f"[{r.index}/{len(self.cells)}] {r.cell.id}: {state['status']} in {time.monotonic() - r.started:.0f} s"
+            f"{val}{err}"
+        )
         self._save_status()
         write_results(self.dir, self.rows())
         return row
@@ -298,19 +323,26 @@ class SweepRunner:
         self.dir.mkdir(parents=True, exist_ok=True)
         with _folder_lock(self.dir):
             self._check_folder()
-            write_json_atomic(self.dir / "sweep.json", {**self.sweep.to_dict(), "cells": [c.to_dict() for c in self.cells]})
+            write_json_atomic(
+                self.dir / "sweep.json", {**self.sweep.to_dict(), "cells": [c.to_dict() for c in self.cells]}
+            )
             self._initial_states()
             self._save_status()
-            todo = [(i, c) for i, c in enumerate(self.cells, 1)
-                    if self.states[c.id]["status"] in ("pending", "interrupted")]
+            todo = [
+                (i, c)
+                for i, c in enumerate(self.cells, 1)
+                if self.states[c.id]["status"] in ("pending", "interrupted")
+            ]
             skipped = len(self.cells) - len(todo)
             to_run = {c.id for _, c in todo}
             for cell in self.cells:  # finished or failed before: not part of this session's work
                 if self.overall is not None and cell.id not in to_run:
                     self.overall.drop(self._key(cell))
-            self._say(f"[sweep] {self.sweep.name}: {len(self.cells)} cells, {len(todo)} to run"
-                      f"{f' ({skipped} finished or failed before)' if skipped else ''}; {self.jobs} at a time, "
-                      f"{self.threads} thread(s) each; folder {self.dir}")
+            self._say(
+                f"[sweep] {self.sweep.name}: {len(self.cells)} cells, {len(todo)} to run"
+                f"{f' ({skipped} finished or failed before)' if skipped else ''}; {self.jobs} at a time, "
+                f"{self.threads} thread(s) each; folder {self.dir}"
+            )
             with stop_requests() as self.stop:
                 self._loop(todo)
             rows = self.rows()
@@ -372,8 +404,13 @@ class SweepRunner:
 
 
 def run_sweep(
-    sweep: Sweep | str | os.PathLike, sweep_dir: str | os.PathLike, *, jobs: int | None = None,
-    retry_failed: bool = False, echo: TextIO | None = None, launcher: str | None = None,
+    sweep: Sweep | str | os.PathLike,
+    sweep_dir: str | os.PathLike,
+    *,
+    jobs: int | None = None,
+    retry_failed: bool = False,
+    echo: TextIO | None = None,
+    launcher: str | None = None,
     progress: Progress | None = None,
 ) -> SweepOutcome:
     """Run (or continue) a sweep into ``sweep_dir``; ``echo`` receives progress lines.
@@ -386,4 +423,6 @@ def run_sweep(
     if launcher is not None:
         launcher_argv(launcher)
         sweep = dataclasses.replace(sweep, launcher=launcher)
-    return SweepRunner(sweep, sweep_dir, jobs=jobs, retry_failed=retry_failed, echo=echo, progress=progress).run()
+    return SweepRunner(
+        sweep, sweep_dir, jobs=jobs, retry_failed=retry_failed, echo=echo, progress=progress
+    ).run()

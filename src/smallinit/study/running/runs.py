@@ -51,16 +51,25 @@ class Run:
         if isinstance(raw, dict) and isinstance(raw.get("model"), dict):
             config, monitored = flatten(raw), False
             config.setdefault("model.norm_eps_width", 0)  # runs written before ε emulation existed
-        elif isinstance(known := read_json(path / MONITOR_FILE), dict) and isinstance(known.get("model"), dict):
+        elif isinstance(known := read_json(path / MONITOR_FILE), dict) and isinstance(
+            known.get("model"), dict
+        ):
             batch = known.get("batch") or [None, None]  # the held-out batch: its length is what was measured
-            config = {**flatten({"model": known["model"]}), "train.steps": known.get("total_steps"),
-                      "data.seq_len": batch[-1], "analysis.batch_size": batch[0], "engine": known.get("engine"),
-                      **(known.get("settings") or {})}
+            config = {
+                **flatten({"model": known["model"]}),
+                "train.steps": known.get("total_steps"),
+                "data.seq_len": batch[-1],
+                "analysis.batch_size": batch[0],
+                "engine": known.get("engine"),
+                **(known.get("settings") or {}),
+            }
             monitored = True
         else:
             return None
         summary = read_json(path / "summary.json")
-        return Run(path, name or path.name, config, summary if isinstance(summary, dict) else {}, monitored=monitored)
+        return Run(
+            path, name or path.name, config, summary if isinstance(summary, dict) else {}, monitored=monitored
+        )
 
     @cached_property
     def cfg(self) -> Config | None:
@@ -107,14 +116,18 @@ class Run:
         final validation loss is not finite, or training stopped there (``train.nonfinite = stop``, or more
         skipped batches than ``train.max_skips``) before writing a summary. None for a run that did not diverge."""
         final = self.summary.get("val_loss")
-        if self.summary and not (_number(final) and not math.isfinite(final)):  # a loss, or no evaluation at all
+        if self.summary and not (
+            _number(final) and not math.isfinite(final)
+        ):  # a loss, or no evaluation at all
             return None
         bad = [r.step for r in self.nonfinite] + [e.step for e in self.evals if not e.finite]
         if self.summary:
             return min(bad, default=int(self.summary.get("step") or 0))
         skipped = len(self.nonfinite)  # the trainer stops on the first, or
-        stopped = skipped and (self.config.get("train.nonfinite", "stop") == "stop"  # past max_skips
-                               or skipped > int(self.config.get("train.max_skips", 10)))
+        stopped = skipped and (
+            self.config.get("train.nonfinite", "stop") == "stop"  # past max_skips
+            or skipped > int(self.config.get("train.max_skips", 10))
+        )
         return min(bad, default=0) if stopped else None
 
     @property
@@ -188,8 +201,13 @@ def model_shape(config: dict[str, Any]) -> tuple[int, int, int, int, int]:
     """The model shape of a flat config, the same with or without the gate: (d_model, n_layers, n_heads, d_ff,
     experts)."""
     c = config
-    return (int(c["model.d_model"]), int(c["model.n_layers"]), int(c["model.n_heads"]), int(c["model.d_ff"]),
-            int(c.get("model.moe.num_experts") or 0))
+    return (
+        int(c["model.d_model"]),
+        int(c["model.n_layers"]),
+        int(c["model.n_heads"]),
+        int(c["model.d_ff"]),
+        int(c.get("model.moe.num_experts") or 0),
+    )
 
 
 def find_runs(root: str | Path) -> list[Run]:
@@ -212,4 +230,3 @@ def _number(v: Any) -> bool:
 
 def _finite(v: Any) -> bool:
     return _number(v) and math.isfinite(v)
-

@@ -46,8 +46,21 @@ _SWEEP_KEYS = ("name", "description", "launcher")
 # A file may name torchrun with these launch options only: a sweep file is data, and data downloaded with a
 # recipe must not choose which program runs. Any other launcher comes from the command line (--launcher).
 _FILE_LAUNCHER = "torchrun"
-_LAUNCH_OPTIONS = ("standalone", "nproc-per-node", "nnodes", "node-rank", "rdzv-backend", "rdzv-endpoint", "rdzv-id",
-                   "master-addr", "master-port", "max-restarts", "monitor-interval", "redirects", "tee")
+_LAUNCH_OPTIONS = (
+    "standalone",
+    "nproc-per-node",
+    "nnodes",
+    "node-rank",
+    "rdzv-backend",
+    "rdzv-endpoint",
+    "rdzv-id",
+    "master-addr",
+    "master-port",
+    "max-restarts",
+    "monitor-interval",
+    "redirects",
+    "tee",
+)
 
 
 def launcher_argv(launcher: str, where: str = "--launcher") -> list[str]:
@@ -55,7 +68,9 @@ def launcher_argv(launcher: str, where: str = "--launcher") -> list[str]:
     try:
         argv = shlex.split(launcher)
     except ValueError as e:
-        raise ExperimentError(f"{where}: {launcher!r} is not a command line ({e}); check its quotes") from None
+        raise ExperimentError(
+            f"{where}: {launcher!r} is not a command line ({e}); check its quotes"
+        ) from None
     if not argv:
         raise ExperimentError(f"{where} is empty; name a program such as torchrun, or leave it out")
     return argv
@@ -71,13 +86,17 @@ def check_file_launcher(launcher: str, where: str) -> None:
     if bad:
         raise ExperimentError(
             f"{where}: sweep.launcher may name only torchrun with --option=value launch options, not {bad}; "
-            "to run cells through another command, pass it on the command line: --launcher 'COMMAND'")
+            "to run cells through another command, pass it on the command line: --launcher 'COMMAND'"
+        )
 
 
 def _launch_option(arg: str) -> bool:
     name, _, value = arg.removeprefix("--").partition("=")
-    return (arg.startswith("--") and name.replace("_", "-") in _LAUNCH_OPTIONS
-            and re.fullmatch(r"[A-Za-z0-9._:/-]*", value) is not None)
+    return (
+        arg.startswith("--")
+        and name.replace("_", "-") in _LAUNCH_OPTIONS
+        and re.fullmatch(r"[A-Za-z0-9._:/-]*", value) is not None
+    )
 
 
 def _id_part(value: Any) -> str:
@@ -105,7 +124,13 @@ class Cell:
         return [f"{k}={toml_literal(v)}" for k, v in self.overrides.items()]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "size": self.size, "arm": self.arm, "values": self.values, "overrides": self.overrides}
+        return {
+            "id": self.id,
+            "size": self.size,
+            "arm": self.arm,
+            "values": self.values,
+            "overrides": self.overrides,
+        }
 
 
 @dataclass
@@ -147,13 +172,19 @@ class Sweep:
                 if not isinstance(table, dict):
                     raise ExperimentError(f"{where}: {axis}.{name} must be a table of config keys")
                 if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+-]*", name):
-                    raise ExperimentError(f"{where}: {axis} name {name!r} may hold only letters, digits and . + -")
+                    raise ExperimentError(
+                        f"{where}: {axis} name {name!r} may hold only letters, digits and . + -"
+                    )
                 named[name] = flatten(table)
         if meta.get("launcher"):
             check_file_launcher(str(meta["launcher"]), where)
         sweep = Sweep(
-            base=flatten(raw.get("base", {})), grid=grid, arms=axes["arms"], sizes=axes["sizes"],
-            name=str(meta.get("name", "sweep")), description=str(meta.get("description", "")),
+            base=flatten(raw.get("base", {})),
+            grid=grid,
+            arms=axes["arms"],
+            sizes=axes["sizes"],
+            name=str(meta.get("name", "sweep")),
+            description=str(meta.get("description", "")),
             launcher=str(meta.get("launcher", "")),
         )
         sweep.cells()  # checks ids and literals
@@ -176,8 +207,15 @@ class Sweep:
         return re.sub(r"[^\w.+=-]+", "-", self.name).strip(".-") or "sweep"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description, "launcher": self.launcher, "base": self.base,
-                "grid": self.grid, "arms": self.arms, "sizes": self.sizes}
+        return {
+            "name": self.name,
+            "description": self.description,
+            "launcher": self.launcher,
+            "base": self.base,
+            "grid": self.grid,
+            "arms": self.arms,
+            "sizes": self.sizes,
+        }
 
     def cells(self) -> list[Cell]:
         """Every cell, in run order: sizes, then arms, then the grid keys in the order they were written."""
@@ -188,9 +226,16 @@ class Sweep:
         for size, arm in itertools.product(list(self.sizes) or [None], list(self.arms) or [None]):
             for combo in itertools.product(*self.grid.values()):
                 values = dict(zip(self.grid, combo))
-                parts = [n for n in (size, arm) if n] + [f"{short[k]}-{_id_part(v)}" for k, v in values.items()]
+                parts = [n for n in (size, arm) if n] + [
+                    f"{short[k]}-{_id_part(v)}" for k, v in values.items()
+                ]
                 cid = "_".join(parts) or "base"
-                overrides = {**self.base, **self.sizes.get(size or "", {}), **self.arms.get(arm or "", {}), **values}
+                overrides = {
+                    **self.base,
+                    **self.sizes.get(size or "", {}),
+                    **self.arms.get(arm or "", {}),
+                    **values,
+                }
                 if cid in seen:
                     raise ExperimentError(
                         f"sweep: cells {seen[cid]} and {values} get the same folder name {cid!r}; "
@@ -218,5 +263,3 @@ def resolve_config(cell: Cell, vocab_sizes: dict[str, int] | None = None) -> Con
         return cfg.validate()
     except SmallinitError as e:
         raise ExperimentError(f"sweep cell {cell.id}: {e}") from None
-
-

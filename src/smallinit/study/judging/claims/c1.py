@@ -19,16 +19,29 @@ PAPER_GAIN = 0.05  # nats, at 0.1B: the paper's smallest model (0.003 at 1.5B)
 
 
 @judged
-def claim_c1(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str = "",
-             min_tpp: float = MIN_TOKENS_PER_PARAM) -> ClaimResult:
-    res = ClaimResult("C1" + suffix, "Without the fixes, γ = 1 beats γ = 0.5 at every size, but the gain shrinks "
-                      "with size", "gain ≈ 0.05 at 0.1B → ≈ 0.003 at 1.5B")
+def claim_c1(
+    runs: Runs,
+    *,
+    baseline: dict[str, Any] | None = None,
+    suffix: str = "",
+    min_tpp: float = MIN_TOKENS_PER_PARAM,
+) -> ClaimResult:
+    res = ClaimResult(
+        "C1" + suffix,
+        "Without the fixes, γ = 1 beats γ = 0.5 at every size, but the gain shrinks with size",
+        "gain ≈ 0.05 at 0.1B → ≈ 0.003 at 1.5B",
+    )
     base = runs.where(baseline or baselines(runs)[0][1])
     gains: dict[tuple, Comparison] = {}
     for n in base.values("size"):
-        c = loss_comparison(f"L(γ.5)−L(γ1) @{size_label(n)}", base.where({"model.gamma": 0.5, "size": n}),
-                            base.where({"model.gamma": 1.0, "size": n}), "≈ +0.05 (0.1B) … +0.003 (1.5B)", min_tpp,
-                            paper_value=PAPER_GAIN)
+        c = loss_comparison(
+            f"L(γ.5)−L(γ1) @{size_label(n)}",
+            base.where({"model.gamma": 0.5, "size": n}),
+            base.where({"model.gamma": 1.0, "size": n}),
+            "≈ +0.05 (0.1B) … +0.003 (1.5B)",
+            min_tpp,
+            paper_value=PAPER_GAIN,
+        )
         problem, note = emulation_problem(base.where({"model.gamma": 1.0, "size": n}), size_label(n))
         res.notes += [note] if note else []
         c.untestable = problem or c.untestable
@@ -37,24 +50,36 @@ def claim_c1(runs: Runs, *, baseline: dict[str, Any] | None = None, suffix: str 
             res.comparisons.append(c)
     if len(gains) >= 2:
         lo, hi = min(gains), max(gains)
-        shrink = Comparison.difference(f"gain shrink {size_label(lo)}→{size_label(hi)}", gains[lo], gains[hi],
-                                       "≈ +0.047")
+        shrink = Comparison.difference(
+            f"gain shrink {size_label(lo)}→{size_label(hi)}", gains[lo], gains[hi], "≈ +0.047"
+        )
         if not planned(base) and min(gains[lo].mean, gains[hi].mean) <= 0:  # a plan's gains are unknown
-            shrink.untestable = (f"γ = 1 is not ahead at both ends ({gains[lo].mean:+.3f} at {size_label(lo)}, "
-                                 f"{gains[hi].mean:+.3f} at {size_label(hi)}): there is no gain to shrink")
+            shrink.untestable = (
+                f"γ = 1 is not ahead at both ends ({gains[lo].mean:+.3f} at {size_label(lo)}, "
+                f"{gains[hi].mean:+.3f} at {size_label(hi)}): there is no gain to shrink"
+            )
         elif gains[lo].untestable or gains[hi].untestable:
             shrink.untestable = "the gain at the smallest or largest size is not testable: " + (
-                gains[lo].untestable or gains[hi].untestable)
+                gains[lo].untestable or gains[hi].untestable
+            )
         res.comparisons.append(shrink)
     elif gains:
-        res.comparisons.append(Comparison.missing("gain shrink with size", "needs ≥ 2 sizes of baseline runs"))
+        res.comparisons.append(
+            Comparison.missing("gain shrink with size", "needs ≥ 2 sizes of baseline runs")
+        )
     if gains:
         gains[min(gains)].role = PRIMARY
     else:
-        res.comparisons.append(Comparison.missing("L(γ.5)−L(γ1) without fixes", "no baseline runs at γ 0.5 and 1",
-                                                  role=PRIMARY))
+        res.comparisons.append(
+            Comparison.missing("L(γ.5)−L(γ1) without fixes", "no baseline runs at γ 0.5 and 1", role=PRIMARY)
+        )
     return res
 
 
-register(Claim("C1", lambda runs, measured, options: with_contrasts(claim_c1, reference_lr(runs)),
-               decided_by_the_runs="γ = 1 ahead at the smallest and the largest size (for the shrink)"))
+register(
+    Claim(
+        "C1",
+        lambda runs, measured, options: with_contrasts(claim_c1, reference_lr(runs)),
+        decided_by_the_runs="γ = 1 ahead at the smallest and the largest size (for the shrink)",
+    )
+)

@@ -45,10 +45,17 @@ def best_lr_comparison(runs: Runs, size: tuple, min_tpp: float) -> tuple[Compari
     if len(lrs) < 2:
         return None
     cells = {(g, lr): at.where({"model.gamma": g, "train.lr": lr}) for g in (0.5, 1.0) for lr in lrs}
-    loss = {k: {**cell.by_seed(val_loss), **{r.seed: math.inf for r in cell.lost}} for k, cell in cells.items()}
+    loss = {
+        k: {**cell.by_seed(val_loss), **{r.seed: math.inf for r in cell.lost}} for k, cell in cells.items()
+    }
     by_seed = {k: {**cell.run_by_seed(), **{r.seed: r for r in cell.lost}} for k, cell in cells.items()}
-    chosen: dict[float, dict[int, Run]] = {0.5: {}, 1.0: {}}  # each seed's run at the rate the other seeds chose
-    if planned(at):  # which rate is best is the runs': a plan pairs the seeds every rate has, at any one of them
+    chosen: dict[float, dict[int, Run]] = {
+        0.5: {},
+        1.0: {},
+    }  # each seed's run at the rate the other seeds chose
+    if planned(
+        at
+    ):  # which rate is best is the runs': a plan pairs the seeds every rate has, at any one of them
         every = set.intersection(*[set(by_seed[k]) for k in cells])
         chosen = {g: {s: by_seed[g, lrs[0]][s] for s in sorted(every)} for g in (0.5, 1.0)}
     else:
@@ -63,28 +70,46 @@ def best_lr_comparison(runs: Runs, size: tuple, min_tpp: float) -> tuple[Compari
     if not seeds:
         return None
     lr = {g: {s: run.config["train.lr"] for s, run in chosen[g].items()} for g in chosen}
-    note = (f"@{size_label(size)}: best lr per seed, chosen on the other seeds (γ.5 / γ1): "
-            + ", ".join(f"seed {s} {lr[0.5][s]:g} / {lr[1.0][s]:g}" for s in seeds))
-    c = loss_comparison(f"L(γ.5)−L(γ1) fixed @{size_label(size)}, each γ at its best lr",
-                        Runs(list(chosen[0.5].values())), Runs(list(chosen[1.0].values())), "> 0", min_tpp)
-    c.untestable = ("" if planned(at) else lr_bracket_problem(lr, lrs)) or c.untestable  # the best lr is an outcome
+    note = f"@{size_label(size)}: best lr per seed, chosen on the other seeds (γ.5 / γ1): " + ", ".join(
+        f"seed {s} {lr[0.5][s]:g} / {lr[1.0][s]:g}" for s in seeds
+    )
+    c = loss_comparison(
+        f"L(γ.5)−L(γ1) fixed @{size_label(size)}, each γ at its best lr",
+        Runs(list(chosen[0.5].values())),
+        Runs(list(chosen[1.0].values())),
+        "> 0",
+        min_tpp,
+    )
+    c.untestable = (
+        "" if planned(at) else lr_bracket_problem(lr, lrs)
+    ) or c.untestable  # the best lr is an outcome
     return c, note
 
 
 @judged
-def claim_c4(runs: Runs, *, arm: dict[str, Any] = FIXED, n_boot: int = 1000, all_lrs: Runs | None = None,
-             min_tpp: float = MIN_TOKENS_PER_PARAM) -> ClaimResult:
+def claim_c4(
+    runs: Runs,
+    *,
+    arm: dict[str, Any] = FIXED,
+    n_boot: int = 1000,
+    all_lrs: Runs | None = None,
+    min_tpp: float = MIN_TOKENS_PER_PARAM,
+) -> ClaimResult:
     """With ``arm`` = a baseline the same measurement serves as the contrast without the fixes; ``all_lrs``
     (runs at every learning rate) adds the comparison with each γ at its own best rate."""
-    res = ClaimResult("C4", "With both fixes γ = 1 beats γ = 0.5 at every size: ≈ 44 % effective model size",
-                      "gain at every size; +44 % effective size")
+    res = ClaimResult(
+        "C4",
+        "With both fixes γ = 1 beats γ = 0.5 at every size: ≈ 44 % effective model size",
+        "gain at every size; +44 % effective size",
+    )
     fixed = runs.where(arm)
     tag = "fixed" if arm is FIXED else "baseline"
     g05, g1 = fixed.where({"model.gamma": 0.5}), fixed.where({"model.gamma": 1.0})
     first: Comparison | None = None  # the smallest size's gain: the primary
     for n in fixed.values("size"):
-        c = loss_comparison(f"L(γ.5)−L(γ1) {tag} @{size_label(n)}", g05.where(size=n), g1.where(size=n), "> 0",
-                            min_tpp)
+        c = loss_comparison(
+            f"L(γ.5)−L(γ1) {tag} @{size_label(n)}", g05.where(size=n), g1.where(size=n), "> 0", min_tpp
+        )
         if c.samples or c.unknown or c.lost:  # unknown: a plan's seeds
             res.comparisons.append(c)
             first = first or c
@@ -113,34 +138,63 @@ def _effective_size(res: ClaimResult, g05: Runs, g1: Runs, n_boot: int, min_tpp:
         return Comparison.missing(label, f"{seeds} seed(s) at some size: needs ≥ 2 per arm and size", paper)
     tpp = [r.tokens_per_param() for r in (*g05, *g1)]
     if min(tpp) < min_tpp:
-        return Comparison.missing(label, f"trained to {min(tpp):.2g} tokens per non-embedding parameter < {min_tpp:g}",
-                                  paper)
+        return Comparison.missing(
+            label, f"trained to {min(tpp):.2g} tokens per non-embedding parameter < {min_tpp:g}", paper
+        )
     if max(tpp) > 1.5 * min(tpp):
-        return Comparison.missing(label, f"tokens per parameter differ {max(tpp) / min(tpp):.1f}× across sizes: not "
-                                  "a scaling law at matched training", paper)
+        return Comparison.missing(
+            label,
+            f"tokens per parameter differ {max(tpp) / min(tpp):.1f}× across sizes: not "
+            "a scaling law at matched training",
+            paper,
+        )
     level = 1 - ALPHA  # a secondary comparison, judged by its own interval
     if planned(g05):  # the fit and its sanity are the runs'
-        return Comparison.interval(f"{label} (bootstrap over seeds)", math.nan, math.nan, math.nan, level, paper)
+        return Comparison.interval(
+            f"{label} (bootstrap over seeds)", math.nan, math.nan, math.nan, level, paper
+        )
     base = [r for r in g05 if r.val_loss and r.size in sizes]
     treat = [r for r in g1 if r.val_loss and r.size in sizes]
     try:
         esg = effective_size_gain(
-            [r.params_nonembed for r in base], [r.val_loss for r in base], [r.params_nonembed for r in treat],
-            [r.val_loss for r in treat], base_seed=[r.seed for r in base], treat_seed=[r.seed for r in treat],
-            n_boot=n_boot, ci=level,
+            [r.params_nonembed for r in base],
+            [r.val_loss for r in base],
+            [r.params_nonembed for r in treat],
+            [r.val_loss for r in treat],
+            base_seed=[r.seed for r in base],
+            treat_seed=[r.seed for r in treat],
+            n_boot=n_boot,
+            ci=level,
         )
     except ConfigError as e:
         return Comparison.missing(label, f"fit failed: {e}", paper)
     res.extra["effective_size_gain"] = esg.to_dict()
     ratio = 1 + esg.gain
     if not (math.isfinite(ratio) and 1 / MAX_SIZE_RATIO <= ratio <= MAX_SIZE_RATIO) or esg.unbounded:
-        return Comparison.missing(label, f"no sane estimate: N_eff/N = {ratio:.3g} from the fit "
-                                  f"({'; '.join(esg.notes) or 'outside [0.1, 10]'})", paper)
-    return Comparison.interval(f"{label} (bootstrap over seeds)", esg.gain, esg.lo, esg.hi, level, paper,
-                               paper_value=PAPER_EFFECTIVE_SIZE)
+        return Comparison.missing(
+            label,
+            f"no sane estimate: N_eff/N = {ratio:.3g} from the fit "
+            f"({'; '.join(esg.notes) or 'outside [0.1, 10]'})",
+            paper,
+        )
+    return Comparison.interval(
+        f"{label} (bootstrap over seeds)",
+        esg.gain,
+        esg.lo,
+        esg.hi,
+        level,
+        paper,
+        paper_value=PAPER_EFFECTIVE_SIZE,
+    )
 
 
-register(Claim("C4", lambda runs, measured, options: claim_c4(reference_lr(runs), all_lrs=runs,
-                                                              n_boot=int(options.get("n_boot", 1000))),
-               decided_by_the_runs="each γ's best learning rate inside the grid; a sane effective-size fit "
-                                   "(N_eff/N within 10×)"))
+register(
+    Claim(
+        "C4",
+        lambda runs, measured, options: claim_c4(
+            reference_lr(runs), all_lrs=runs, n_boot=int(options.get("n_boot", 1000))
+        ),
+        decided_by_the_runs="each γ's best learning rate inside the grid; a sane effective-size fit "
+        "(N_eff/N within 10×)",
+    )
+)

@@ -18,18 +18,33 @@ FLOW_TOLERANCE = 0.15  # |fitted exponent − (1 − γ)| allowed for C5 (as in 
 
 
 @judged
-def claim_c5(runs: Runs, flow: dict[str, Any] | None, *, min_tpp: float = MIN_TOKENS_PER_PARAM) -> ClaimResult:
-    res = ClaimResult("C5", "Residual flow ‖h_L−e‖/‖e‖ ≍ d^(1−γ); loss is best at γ = 1 and worse above it",
-                      "exponent 1−γ; best loss at γ = 1")
+def claim_c5(
+    runs: Runs, flow: dict[str, Any] | None, *, min_tpp: float = MIN_TOKENS_PER_PARAM
+) -> ClaimResult:
+    res = ClaimResult(
+        "C5",
+        "Residual flow ‖h_L−e‖/‖e‖ ≍ d^(1−γ); loss is best at γ = 1 and worse above it",
+        "exponent 1−γ; best loss at γ = 1",
+    )
     if flow:
         nearest = min(flow["gammas"], key=lambda g: abs(g - 1.0))
         for gamma, seed_slopes in zip(flow["gammas"], flow["seed_slopes"]):
-            res.comparisons.append(Comparison(f"flow exponent − (1−γ) at γ{gamma:g}", [s - (1 - gamma) for s in seed_slopes],
-                                              f"0 ± {FLOW_TOLERANCE}", expected="zero", tolerance=FLOW_TOLERANCE,
-                                              paper_value=0.0, role=PRIMARY if gamma == nearest else SECONDARY))
+            res.comparisons.append(
+                Comparison(
+                    f"flow exponent − (1−γ) at γ{gamma:g}",
+                    [s - (1 - gamma) for s in seed_slopes],
+                    f"0 ± {FLOW_TOLERANCE}",
+                    expected="zero",
+                    tolerance=FLOW_TOLERANCE,
+                    paper_value=0.0,
+                    role=PRIMARY if gamma == nearest else SECONDARY,
+                )
+            )
         res.extra["residual_flow"] = flow
     else:
-        res.comparisons.append(Comparison.missing("flow exponent", "residual-flow sweep not run", role=PRIMARY))
+        res.comparisons.append(
+            Comparison.missing("flow exponent", "residual-flow sweep not run", role=PRIMARY)
+        )
     fixed = runs.where(FIXED)
     n_loss = len(res.comparisons)
     for n in fixed.values("size"):
@@ -40,14 +55,25 @@ def claim_c5(runs: Runs, flow: dict[str, Any] | None, *, min_tpp: float = MIN_TO
         ref = at.where({"model.gamma": 1.0})
         for g in gammas:
             if g != 1.0:
-                res.comparisons.append(loss_comparison(f"L(γ{g:g})−L(γ1) @{size_label(n)}",
-                                                       at.where({"model.gamma": g}), ref, "> 0", min_tpp))
+                res.comparisons.append(
+                    loss_comparison(
+                        f"L(γ{g:g})−L(γ1) @{size_label(n)}", at.where({"model.gamma": g}), ref, "> 0", min_tpp
+                    )
+                )
     if len(res.comparisons) == n_loss:
         res.comparisons.append(Comparison.missing("loss best at γ = 1", "needs ≥ 3 γ values with the fixes"))
     return res
 
 
-register(Claim("C5", lambda runs, measured, options: claim_c5(reference_lr(runs), measured.get("flow")),
-               unit="flow exponent", needs=("flow",),
-               seed_sd=(0.028, "the CPU study's sd over 5 seeds of the flow exponent − (1−γ) at γ1 "
-                                "(docs/findings-cpu.md)")))
+register(
+    Claim(
+        "C5",
+        lambda runs, measured, options: claim_c5(reference_lr(runs), measured.get("flow")),
+        unit="flow exponent",
+        needs=("flow",),
+        seed_sd=(
+            0.028,
+            "the CPU study's sd over 5 seeds of the flow exponent − (1−γ) at γ1 (docs/findings-cpu.md)",
+        ),
+    )
+)

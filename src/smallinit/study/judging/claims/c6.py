@@ -48,20 +48,35 @@ def rebound(ranks: np.ndarray, lowest: np.ndarray) -> np.ndarray:
 
 @judged
 def claim_c6(runs: Runs) -> ClaimResult:
-    res = ClaimResult("C6", "With γ = 1 matrices first condense (low stable rank), then expand; γ = 0.5 stays diffuse and "
-                      "changes slowly", "qualitative (heatmaps, stable rank)")
+    res = ClaimResult(
+        "C6",
+        "With γ = 1 matrices first condense (low stable rank), then expand; γ = 0.5 stays diffuse and "
+        "changes slowly",
+        "qualitative (heatmaps, stable rank)",
+    )
     for arm in (FIXED, EMULATED, BASELINE):  # the paper's setting; a baseline only when there is no fixed run
         sel = runs.where(arm)
-        for n in sorted({*sel.values("size"), *(r.size for r in sel.lost)}):  # a size whose runs were all lost too
+        for n in sorted(
+            {*sel.values("size"), *(r.size for r in sel.lost)}
+        ):  # a size whose runs were all lost too
             at = sel.where(size=n)
-            traj = {g: {seed: r.analysis for seed, r in at.where({"model.gamma": g}).run_by_seed().items()}
-                    for g in (0.5, 1.0)}
-            seeds = sorted(s for s in set(traj[0.5]) & set(traj[1.0]) if len(traj[0.5][s]) >= 3 and len(traj[1.0][s]) >= 3)
+            traj = {
+                g: {seed: r.analysis for seed, r in at.where({"model.gamma": g}).run_by_seed().items()}
+                for g in (0.5, 1.0)
+            }
+            seeds = sorted(
+                s
+                for s in set(traj[0.5]) & set(traj[1.0])
+                if len(traj[0.5][s]) >= 3 and len(traj[1.0][s]) >= 3
+            )
             lost = lost_seeds(at.where({"model.gamma": 0.5}), at.where({"model.gamma": 1.0}))
             if not seeds:
                 if lost:  # no seed pair left to compare: the lost seeds are the result, never dropped
-                    lone = Comparison.missing(f"srank rebound γ1 @{size_label(n)}{' fixed' if arm is FIXED else ' baseline'}",
-                                              lost_problem(lost), lost=lost)
+                    lone = Comparison.missing(
+                        f"srank rebound γ1 @{size_label(n)}{' fixed' if arm is FIXED else ' baseline'}",
+                        lost_problem(lost),
+                        lost=lost,
+                    )
                     if not res.comparisons:
                         lone.role = PRIMARY  # the smallest size of the arm
                     res.comparisons.append(lone)
@@ -71,41 +86,74 @@ def claim_c6(runs: Runs) -> ClaimResult:
             r05 = {s: [mean_stable_rank(r) for r in traj[0.5][s]] for s in seeds}
             k = min(len(v) for v in (*r1.values(), *r05.values()))
             tag = f"@{size_label(n)}{' fixed' if arm is FIXED else ' baseline'}"
-            chosen, tested = seeds[:selection_seeds(len(seeds))], seeds[selection_seeds(len(seeds)):]
+            chosen, tested = seeds[: selection_seeds(len(seeds))], seeds[selection_seeds(len(seeds)) :]
             # where the minimum lies is the runs' (a plan's label names no step, and its lateness is not checked)
             lowest = 0 if planned(at) else int(located_minimum(np.asarray([r1[s][:k] for s in chosen])))
             at_step = "" if planned(at) else f"step {steps[lowest]}, "
-            label = (f"srank rebound γ1 after its minimum ({at_step}located on seed(s) "
-                     f"{', '.join(map(str, chosen))}) {tag}")
+            label = (
+                f"srank rebound γ1 after its minimum ({at_step}located on seed(s) "
+                f"{', '.join(map(str, chosen))}) {tag}"
+            )
             if not tested:
-                expansion = Comparison.missing(label, f"{len(seeds)} seed(s): the minimum is located on some seeds "
-                                               "and the rebound tested on the others")
+                expansion = Comparison.missing(
+                    label,
+                    f"{len(seeds)} seed(s): the minimum is located on some seeds "
+                    "and the rebound tested on the others",
+                )
             else:
                 expansion = Comparison.by_seed(
-                    label, dict(zip(tested, rebound(np.asarray([r1[s][:k] for s in tested]), lowest).tolist())), "> 0")
+                    label,
+                    dict(zip(tested, rebound(np.asarray([r1[s][:k] for s in tested]), lowest).tolist())),
+                    "> 0",
+                )
             if not planned(at) and steps[lowest] > LATE_MINIMUM * steps[k - 1]:
-                expansion.untestable = (f"γ=1's stable rank is lowest at step {steps[lowest]} of {steps[k - 1]}, in "
-                                        "the last third of training: no minimum yet to rebound from")
+                expansion.untestable = (
+                    f"γ=1's stable rank is lowest at step {steps[lowest]} of {steps[k - 1]}, in "
+                    "the last third of training: no minimum yet to rebound from"
+                )
             if not res.comparisons:
                 expansion.role = PRIMARY  # the smallest size of the arm
             compared = [
-                Comparison(f"early srank γ.5−γ1 (step {steps[1]}) {tag}", [r05[s][1] - r1[s][1] for s in seeds], "> 0"),
+                Comparison(
+                    f"early srank γ.5−γ1 (step {steps[1]}) {tag}",
+                    [r05[s][1] - r1[s][1] for s in seeds],
+                    "> 0",
+                ),
                 expansion,
-                Comparison(f"srank path length γ1−γ.5 {tag}", [
-                    float(np.abs(np.diff(r1[s][:k])).sum() - np.abs(np.diff(r05[s][:k])).sum()) for s in seeds], "> 0"),
+                Comparison(
+                    f"srank path length γ1−γ.5 {tag}",
+                    [
+                        float(np.abs(np.diff(r1[s][:k])).sum() - np.abs(np.diff(r05[s][:k])).sum())
+                        for s in seeds
+                    ],
+                    "> 0",
+                ),
             ]
             for c in compared:  # a diverged or failed seed is counted, not dropped (selection.lost_problem)
                 c.lost, c.untestable = lost, lost_problem(lost) or c.untestable
             res.comparisons += compared
-            res.extra[f"stable_rank{tag}"] = {f"seed{s}": {"steps": steps[:k], "gamma1": r1[s][:k], "gamma0.5": r05[s][:k]}
-                                              for s in seeds}
+            res.extra[f"stable_rank{tag}"] = {
+                f"seed{s}": {"steps": steps[:k], "gamma1": r1[s][:k], "gamma0.5": r05[s][:k]} for s in seeds
+            }
         if res.comparisons:
             return res  # every size of one arm
-    res.comparisons.append(Comparison.missing("stable rank", "no analysis records for γ 0.5 and 1 (analysis.every)",
-                                              role=PRIMARY))
+    res.comparisons.append(
+        Comparison.missing(
+            "stable rank", "no analysis records for γ 0.5 and 1 (analysis.every)", role=PRIMARY
+        )
+    )
     return res
 
 
-register(Claim("C6", lambda runs, measured, options: claim_c6(reference_lr(runs)), unit="stable rank",
-               decided_by_the_runs="γ = 1's stable-rank minimum before the last third of training",
-               seed_sd=(0.061, "the CPU study's sd over 10 seeds of the srank rebound at d16 (docs/findings-cpu.md)")))
+register(
+    Claim(
+        "C6",
+        lambda runs, measured, options: claim_c6(reference_lr(runs)),
+        unit="stable rank",
+        decided_by_the_runs="γ = 1's stable-rank minimum before the last third of training",
+        seed_sd=(
+            0.061,
+            "the CPU study's sd over 10 seeds of the srank rebound at d16 (docs/findings-cpu.md)",
+        ),
+    )
+)

@@ -20,8 +20,10 @@ EASY_BINS, MID_BINS, NOISY_BINS = (0, 1, 2), (4, 5, 6, 7, 8), (9,)  # of 10 diff
 # whose middle deciles favour γ = 1 (under a flat population null it agreed at 2–5× its nominal α/2:
 # tests/test_c7_split.py). Judging it needs the bins or the precondition from other seed pairs; until then the
 # profile is shown, and never decides.
-DESCRIPTIVE = ("descriptive: the precondition and the difficulty bins are chosen by the same models whose profile "
-               "is judged, so a verdict would select on their own decile differences")
+DESCRIPTIVE = (
+    "descriptive: the precondition and the difficulty bins are chosen by the same models whose profile "
+    "is judged, so a verdict would select on their own decile differences"
+)
 
 
 def mid_contrasts(bins: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -49,48 +51,83 @@ def claim_c7(gaps: dict[int, dict[str, Any]] | None) -> ClaimResult:
     profile by difficulty on the other, so passing the precondition does not select favourable tokens; it still
     selects favourable models, so the claim is descriptive (``DESCRIPTIVE``): its numbers shown, its verdict never
     agree or disagree. Primary: Δ_sym of the middle deciles minus the easy ones; the paper gives no number."""
-    res = ClaimResult("C7", "γ = 1's token-level gains concentrate on moderately-to-highly difficult tokens, not easy ones "
-                      "nor the noisiest", "qualitative (Δ_sym by difficulty)")
+    res = ClaimResult(
+        "C7",
+        "γ = 1's token-level gains concentrate on moderately-to-highly difficult tokens, not easy ones "
+        "nor the noisiest",
+        "qualitative (Δ_sym by difficulty)",
+    )
     if not gaps:
-        res.comparisons.append(Comparison.missing("Δ_sym mid−easy deciles", "needs γ 0.5 and 1 runs with the fixes",
-                                                  role=PRIMARY))
+        res.comparisons.append(
+            Comparison.missing(
+                "Δ_sym mid−easy deciles", "needs γ 0.5 and 1 runs with the fixes", role=PRIMARY
+            )
+        )
         return res
-    if all(gap is None for gap in gaps.values()):  # a plan's: which seeds are compared, nothing of what they show
-        res.comparisons += [Comparison.by_seed(label, dict.fromkeys(gaps, math.nan), "> 0", role=role) for label, role in
-                            (("Δ_sym mid−easy deciles (profile half)", PRIMARY),
-                             ("Δ_sym mid−noisiest decile (profile half)", SECONDARY))]
+    if all(
+        gap is None for gap in gaps.values()
+    ):  # a plan's: which seeds are compared, nothing of what they show
+        res.comparisons += [
+            Comparison.by_seed(label, dict.fromkeys(gaps, math.nan), "> 0", role=role)
+            for label, role in (
+                ("Δ_sym mid−easy deciles (profile half)", PRIMARY),
+                ("Δ_sym mid−noisiest decile (profile half)", SECONDARY),
+            )
+        ]
         res.untestable = DESCRIPTIVE
         return res
     used = {seed: gap for seed, gap in sorted(gaps.items()) if _split(gap)}
     if not used:
-        res.comparisons.append(Comparison.missing("Δ_sym mid−easy deciles", "no token comparison split into halves in "
-                                                  "10 difficulty deciles: re-run the recipe's analysis", role=PRIMARY))
+        res.comparisons.append(
+            Comparison.missing(
+                "Δ_sym mid−easy deciles",
+                "no token comparison split into halves in "
+                "10 difficulty deciles: re-run the recipe's analysis",
+                role=PRIMARY,
+            )
+        )
         return res
     seeds = list(used)
     mid_easy, mid_noisy = mid_contrasts([_split(g)["profile_bins"] for g in used.values()])
-    res.comparisons += [Comparison.by_seed("Δ_sym mid−easy deciles (profile half)", dict(zip(seeds, mid_easy.tolist())),
-                                           "> 0", role=PRIMARY),
-                        Comparison.by_seed("Δ_sym mid−noisiest decile (profile half)",
-                                           dict(zip(seeds, mid_noisy.tolist())), "> 0")]
+    res.comparisons += [
+        Comparison.by_seed(
+            "Δ_sym mid−easy deciles (profile half)", dict(zip(seeds, mid_easy.tolist())), "> 0", role=PRIMARY
+        ),
+        Comparison.by_seed(
+            "Δ_sym mid−noisiest decile (profile half)", dict(zip(seeds, mid_noisy.tolist())), "> 0"
+        ),
+    ]
     res.extra["token_gap"] = gaps
     gate = [float(_split(g)["gate_mean_delta_sym"]) for g in used.values()]
     better = t_test(gate)
-    res.notes.append("mean Δ_sym (γ1 vs γ.5) on the precondition half of the tokens: "
-                     + (f"{better.mean:+.4f} [{better.lo:+.4f}, {better.hi:+.4f}]"
-                        if isinstance(better, TTest) else better))
+    res.notes.append(
+        "mean Δ_sym (γ1 vs γ.5) on the precondition half of the tokens: "
+        + (
+            f"{better.mean:+.4f} [{better.lo:+.4f}, {better.hi:+.4f}]"
+            if isinstance(better, TTest)
+            else better
+        )
+    )
     bigram = [g["bigram_loss"] for g in used.values() if g.get("bigram_loss") is not None]
     worst = max((max(g["mean_loss_a"], g["mean_loss_b"]) for g in used.values()), default=math.inf)
     if bigram:
-        res.notes.append(f"both models must beat an add-k bigram model on these tokens: worst model {worst:.3f} nats, "
-                         f"bigram {np.mean(bigram):.3f}")
+        res.notes.append(
+            f"both models must beat an add-k bigram model on these tokens: worst model {worst:.3f} nats, "
+            f"bigram {np.mean(bigram):.3f}"
+        )
     failed = ""
     if len(gate) < 2 or not bool(better_on_average(np.asarray(gate))):
-        failed = ("γ=1 is not better on average here (mean Δ_sym interval on the precondition half "
-                  + (f"[{better.lo:+.4f}, {better.hi:+.4f}]" if isinstance(better, TTest) else better)
-                  + " not above 0): where its gains lie is not defined")
+        failed = (
+            "γ=1 is not better on average here (mean Δ_sym interval on the precondition half "
+            + (f"[{better.lo:+.4f}, {better.hi:+.4f}]" if isinstance(better, TTest) else better)
+            + " not above 0): where its gains lie is not defined"
+        )
     elif not bigram or worst >= float(np.mean(bigram)):
-        failed = (f"a model is not below the bigram baseline ({worst:.3f} ≥ {np.mean(bigram):.3f})"
-                  if bigram else "no bigram baseline measured on these tokens")
+        failed = (
+            f"a model is not below the bigram baseline ({worst:.3f} ≥ {np.mean(bigram):.3f})"
+            if bigram
+            else "no bigram baseline measured on these tokens"
+        )
     res.untestable = DESCRIPTIVE + (f"; and {failed}" if failed else "")
     return res
 
@@ -104,8 +141,12 @@ def gaps_from_compares(compares: Iterable[dict[str, Any]]) -> dict[int, dict[str
         a, b = c.get("meta", {}).get("settings_a") or {}, c.get("meta", {}).get("settings_b") or {}
         fixed = all(s.get(k) == v for s in (a, b) for k, v in FIXED.items())
         rest = {k: v for k, v in a.items() if k != "model.gamma"}
-        if fixed and a.get("model.gamma") == 1.0 and b.get("model.gamma") == 0.5 and rest == {
-                k: v for k, v in b.items() if k != "model.gamma"}:
+        if (
+            fixed
+            and a.get("model.gamma") == 1.0
+            and b.get("model.gamma") == 0.5
+            and rest == {k: v for k, v in b.items() if k != "model.gamma"}
+        ):
             key = repr(sorted((k, v) for k, v in rest.items() if k != "train.seed"))
             groups.setdefault(key, {})[int(a.get("train.seed") or 0)] = c
 
@@ -116,6 +157,13 @@ def gaps_from_compares(compares: Iterable[dict[str, Any]]) -> dict[int, dict[str
     return groups[max(groups, key=size)] if groups else None
 
 
-register(Claim("C7", lambda runs, measured, options: claim_c7(measured.get("gaps")), unit="Δ_sym",
-               needs=("gaps",), decided_by_the_runs="γ = 1 better on average and both models below a bigram model",
-               seed_sd=(0.013, "the CPU study's sd over 3 seeds of Δ_sym mid−easy deciles (docs/findings-cpu.md)")))
+register(
+    Claim(
+        "C7",
+        lambda runs, measured, options: claim_c7(measured.get("gaps")),
+        unit="Δ_sym",
+        needs=("gaps",),
+        decided_by_the_runs="γ = 1 better on average and both models below a bigram model",
+        seed_sd=(0.013, "the CPU study's sd over 3 seeds of Δ_sym mid−easy deciles (docs/findings-cpu.md)"),
+    )
+)

@@ -61,7 +61,9 @@ class Comparison:
     magnitude: str = ""  # the primary's interval against the paper's number
     mde: float | None = None  # the primary's minimum detectable effect when it is inconclusive
     lost: str = ""  # per arm, the seeds that diverged or failed (selection.lost_seeds)
-    unknown: list[int] = field(default_factory=list)  # seeds (else positions) whose value is not a number: on a
+    unknown: list[int] = field(
+        default_factory=list
+    )  # seeds (else positions) whose value is not a number: on a
     # plan's runs every value is unknown, so these are the seeds the design pairs; nothing judges them
 
     def __post_init__(self) -> None:
@@ -82,17 +84,41 @@ class Comparison:
         """x's per-seed values minus y's, for the seeds both have; not testable where either is not."""
         xs, ys = dict(zip(x.seeds or [], x.samples)), dict(zip(y.seeds or [], y.samples))
         unknown = sorted(({*xs, *x.unknown} & {*ys, *y.unknown}) - (xs.keys() & ys.keys()))
-        return Comparison.by_seed(label, {s: xs[s] - ys[s] for s in sorted(xs.keys() & ys.keys())}, paper,
-                                  untestable=x.untestable or y.untestable, unknown=unknown, **kw)
+        return Comparison.by_seed(
+            label,
+            {s: xs[s] - ys[s] for s in sorted(xs.keys() & ys.keys())},
+            paper,
+            untestable=x.untestable or y.untestable,
+            unknown=unknown,
+            **kw,
+        )
 
     @staticmethod
-    def interval(label: str, estimate: float, lo: float, hi: float, level: float, paper: str = "",
-                 paper_value: float | None = None) -> Comparison:
+    def interval(
+        label: str,
+        estimate: float,
+        lo: float,
+        hi: float,
+        level: float,
+        paper: str = "",
+        paper_value: float | None = None,
+    ) -> Comparison:
         """A (secondary) comparison judged by its own interval at ``level``: agree if lo > 0, disagree if hi < 0."""
         v = AGREE if lo > 0 else DISAGREE if hi < 0 else INCONCLUSIVE
-        why = f"{level:.1%} interval [{lo:.3g}, {hi:.3g}]" + (" excludes 0" if v != INCONCLUSIVE else " contains 0")
-        c = Comparison(label, [], paper, estimate=estimate, lo=lo, hi=hi, interval_verdict=v, reason=why,
-                       paper_value=paper_value)
+        why = f"{level:.1%} interval [{lo:.3g}, {hi:.3g}]" + (
+            " excludes 0" if v != INCONCLUSIVE else " contains 0"
+        )
+        c = Comparison(
+            label,
+            [],
+            paper,
+            estimate=estimate,
+            lo=lo,
+            hi=hi,
+            interval_verdict=v,
+            reason=why,
+            paper_value=paper_value,
+        )
         c.magnitude = magnitude(lo, hi, paper_value)
         return c
 
@@ -127,11 +153,30 @@ class Comparison:
         return text + (f"; {self.lost}" if self.lost else "")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "role": self.role, "samples": self.samples, "seeds": self.seeds, "mean": self.mean,
-                "sd": self.sd, "n": len(self.samples), "expected": self.expected, "tolerance": self.tolerance,
-                "estimate": self.estimate, "lo": self.lo, "hi": self.hi, "verdict": self.verdict, "reason": self.reason,
-                "paper": self.paper, "paper_value": self.paper_value, "magnitude": self.magnitude, "mde": self.mde,
-                "trajectory": self.trajectory, "trend": self.trend, "lost": self.lost, "text": self.text()}
+        return {
+            "label": self.label,
+            "role": self.role,
+            "samples": self.samples,
+            "seeds": self.seeds,
+            "mean": self.mean,
+            "sd": self.sd,
+            "n": len(self.samples),
+            "expected": self.expected,
+            "tolerance": self.tolerance,
+            "estimate": self.estimate,
+            "lo": self.lo,
+            "hi": self.hi,
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "paper": self.paper,
+            "paper_value": self.paper_value,
+            "magnitude": self.magnitude,
+            "mde": self.mde,
+            "trajectory": self.trajectory,
+            "trend": self.trend,
+            "lost": self.lost,
+            "text": self.text(),
+        }
 
 
 def magnitude(lo: float, hi: float, paper_value: float | None) -> str:
@@ -207,8 +252,11 @@ class ClaimResult:
         lo, hi = t.interval(self.alpha)
         c.lo, c.hi = lo, hi
         family = f"its level under Holm over {self.family} primaries" if self.family > 1 else "judged alone"
-        c.reason = (f"{100 * (1 - self.alpha):.4g}% t-interval [{lo:+.3g}, {hi:+.3g}]; p = {t.p:.2g} ({t.why}) against "
-                    f"α = {self.alpha:.3g} ({family})" + ("; not rejected: Holm stopped at a smaller p" if self.held else ""))
+        c.reason = (
+            f"{100 * (1 - self.alpha):.4g}% t-interval [{lo:+.3g}, {hi:+.3g}]; p = {t.p:.2g} ({t.why}) against "
+            f"α = {self.alpha:.3g} ({family})"
+            + ("; not rejected: Holm stopped at a smaller p" if self.held else "")
+        )
         c.magnitude = magnitude(lo, hi, c.paper_value)
         if c.verdict == INCONCLUSIVE:
             what = "an effect of" if c.expected == "positive" else f"a deviation beyond ±{c.tolerance:g} of"
@@ -225,13 +273,24 @@ class ClaimResult:
         return "; ".join(parts + self.notes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"claim": self.claim, "statement": self.statement, "paper": self.paper, "verdict": self.verdict,
-                "untestable": self.untestable, "measured": self.measured, "alpha": self.alpha, "family": self.family,
-                "comparisons": [c.to_dict() for c in self.comparisons], "notes": self.notes,
-                "extra": self.extra}
+        return {
+            "claim": self.claim,
+            "statement": self.statement,
+            "paper": self.paper,
+            "verdict": self.verdict,
+            "untestable": self.untestable,
+            "measured": self.measured,
+            "alpha": self.alpha,
+            "family": self.family,
+            "comparisons": [c.to_dict() for c in self.comparisons],
+            "notes": self.notes,
+            "extra": self.extra,
+        }
 
 
-def declare_primary(res: ClaimResult, candidates: list[tuple[str, Comparison]], missing: str, needs: str) -> None:
+def declare_primary(
+    res: ClaimResult, candidates: list[tuple[str, Comparison]], missing: str, needs: str
+) -> None:
     """Make the first candidate whose size meets its precondition the claim's primary (else the first, so its
     reason shows); with no candidate, a missing primary that says what the runs need. ``candidates`` holds
     (precondition problem or "", comparison) per size, smallest first."""
@@ -271,9 +330,15 @@ def not_run(claims: Sequence[ClaimResult], dropped: dict[str, str]) -> list[Clai
             out.append(res)
             continue
         reason = f"{NOT_RUN}: {why}"
-        out.append(ClaimResult(res.claim, res.statement, res.paper, untestable=reason,
-                               comparisons=[Comparison.missing(res.primary.label, reason, res.primary.paper,
-                                                               role=PRIMARY)]))
+        out.append(
+            ClaimResult(
+                res.claim,
+                res.statement,
+                res.paper,
+                untestable=reason,
+                comparisons=[Comparison.missing(res.primary.label, reason, res.primary.paper, role=PRIMARY)],
+            )
+        )
     return out
 
 

@@ -12,8 +12,13 @@ from smallinit.study.judging.claims.selection import Runs, baselines
 PAPER = ("C1", "C2", "C3", "C4", "C5", "C6", "C7")  # the demo's table
 
 
-def judge_all(runs: Runs, flow: dict[str, Any] | None = None, gaps: dict[int, dict[str, Any]] | None = None, *,
-              n_boot: int = 1000) -> list[ClaimResult]:
+def judge_all(
+    runs: Runs,
+    flow: dict[str, Any] | None = None,
+    gaps: dict[int, dict[str, Any]] | None = None,
+    *,
+    n_boot: int = 1000,
+) -> list[ClaimResult]:
     """C1–C7 on ``runs``; C5's exponent needs a residual-flow sweep (``flow``), C7 token comparisons (``gaps``).
     The primaries are judged together (Holm over the table)."""
     out = judge(PAPER, runs, {"flow": flow, "gaps": gaps}, {"n_boot": n_boot})

@@ -58,9 +58,14 @@ def gap_trajectory(a: Runs, b: Runs) -> dict[str, Any] | None:
     gaps = [[ca[s][0][t] - cb[s][t] for t in steps] for s in seeds]
     run = ca[seeds[0]][1]
     arr = np.asarray(gaps)
-    return {"steps": steps, "tokens_per_param": [run.tokens_per_param(t) for t in steps], "seeds": seeds,
-            "gaps": gaps, "mean": arr.mean(axis=0).tolist(),
-            "sd": (arr.std(axis=0, ddof=1) if len(seeds) > 1 else np.full(len(steps), np.nan)).tolist()}
+    return {
+        "steps": steps,
+        "tokens_per_param": [run.tokens_per_param(t) for t in steps],
+        "seeds": seeds,
+        "gaps": gaps,
+        "mean": arr.mean(axis=0).tolist(),
+        "sd": (arr.std(axis=0, ddof=1) if len(seeds) > 1 else np.full(len(steps), np.nan)).tolist(),
+    }
 
 
 def second_half(tokens: np.ndarray) -> np.ndarray:
@@ -87,7 +92,9 @@ def seed_curves(gaps: np.ndarray, log_tokens: np.ndarray) -> tuple[np.ndarray, n
     """Per seed (last-but-one axis), the gap's least-squares quadratic in log tokens over the last axis (≥ 4
     points): (slope at the last point, curvature)."""
     u = np.asarray(log_tokens, dtype=float) - float(log_tokens[-1])
-    coef = np.einsum("pk,...k->p...", np.linalg.pinv(np.stack([np.ones_like(u), u, u * u], 1)), np.asarray(gaps))
+    coef = np.einsum(
+        "pk,...k->p...", np.linalg.pinv(np.stack([np.ones_like(u), u, u * u], 1)), np.asarray(gaps)
+    )
     return coef[1], coef[2]
 
 
@@ -121,7 +128,9 @@ def trend_state(slopes: np.ndarray, seed_sd: np.ndarray, alpha: float = TREND_AL
     return np.where(moving, MOVING, np.where(settled, SETTLED, UNDETERMINED))
 
 
-def crossing(at_end: np.ndarray, slopes: np.ndarray, alpha: float = TREND_ALPHA) -> tuple[float, float, float]:
+def crossing(
+    at_end: np.ndarray, slopes: np.ndarray, alpha: float = TREND_ALPHA
+) -> tuple[float, float, float]:
     """Where the mean line reaches 0, in log tokens relative to the last evaluation: estimate and Fieller's
     (1 − alpha) interval (±inf when unbounded)."""
     n = len(slopes)
@@ -137,7 +146,9 @@ def crossing(at_end: np.ndarray, slopes: np.ndarray, alpha: float = TREND_ALPHA)
     return est, (-qb - r) / qa, (-qb + r) / qa
 
 
-def trend_course(gaps: np.ndarray, tokens: np.ndarray, alpha: float = TREND_ALPHA) -> tuple[np.ndarray, np.ndarray]:
+def trend_course(
+    gaps: np.ndarray, tokens: np.ndarray, alpha: float = TREND_ALPHA
+) -> tuple[np.ndarray, np.ndarray]:
     """(state, direction) of gaps (seeds on the last-but-one axis, every evaluation on the last, any leading axes)
     at ``tokens`` per parameter, over the second half (module docstring): the direction of a moving gap is
     "crossed", "closing" (a crossing extrapolated), "converging" or "widening", "" otherwise."""
@@ -150,8 +161,13 @@ def trend_course(gaps: np.ndarray, tokens: np.ndarray, alpha: float = TREND_ALPH
     closing = np.sign(slope) == -np.sign(level)
     with np.errstate(divide="ignore", invalid="ignore"):
         crossed = ~closing & (-level / slope >= x[0] - x[-1])  # the mean line's zero inside the fitted range
-    direction = np.where(crossed, "crossed", np.where(~closing, "widening", np.where(
-        still_moving(gaps[..., keep], x, alpha), "closing", "converging")))
+    direction = np.where(
+        crossed,
+        "crossed",
+        np.where(
+            ~closing, "widening", np.where(still_moving(gaps[..., keep], x, alpha), "closing", "converging")
+        ),
+    )
     return state, np.where(state == MOVING, direction, "")
 
 
@@ -169,9 +185,14 @@ def gap_trend(traj: dict[str, Any] | None) -> dict[str, Any] | None:
     state, direction = (str(v) for v in trend_course(gaps, tokens))
     seed_sd = float(np.std(gaps[:, -1], ddof=1))
     per_doubling = float(np.mean(slopes)) * math.log(2)
-    out: dict[str, Any] = {"tokens_per_param": float(tokens[-1]), "state": state, "per_doubling": per_doubling,
-                           "seed_sd": seed_sd, "slopes": slopes.tolist(),
-                           "from_tokens_per_param": float(tokens[keep][0])}
+    out: dict[str, Any] = {
+        "tokens_per_param": float(tokens[-1]),
+        "state": state,
+        "per_doubling": per_doubling,
+        "seed_sd": seed_sd,
+        "slopes": slopes.tolist(),
+        "from_tokens_per_param": float(tokens[keep][0]),
+    }
     est, lo, hi = crossing(at_end, slopes)
     cross = [float(tokens[-1] * math.exp(min(v, 700.0))) if v > -math.inf else 0.0 for v in (est, lo, hi)]
     interval = f"[{cross[1]:.3g}, " + (f"{cross[2]:.3g}]" if math.isfinite(cross[2]) else "unbounded]")
@@ -187,14 +208,16 @@ def gap_trend(traj: dict[str, Any] | None) -> dict[str, Any] | None:
         "crossed": f"crossed 0 at ≈ {cross[0]:.3g} tokens/param {interval} {rate}",
         "widening": f"widening {rate}",
         "closing": f"closing {rate}, crossing extrapolated at ≈ {cross[0]:.3g} tokens/param {interval}",
-        "converging": f"converging, no crossing predicted {rate}"}[direction]
+        "converging": f"converging, no crossing predicted {rate}",
+    }[direction]
     return out
 
 
 def loss_comparison(label: str, a: Runs, b: Runs, paper: str, min_tpp: float, **kw: Any) -> Comparison:
     """L(a) − L(b) at the end of training, paired by seed, testable in the trained regime, with its trend."""
     traj = gap_trajectory(a, b)
-    c = Comparison.by_seed(label, paired(a, b), paper, trajectory=traj, trend=gap_trend(traj), lost=lost_seeds(a, b),
-                           **kw)
+    c = Comparison.by_seed(
+        label, paired(a, b), paper, trajectory=traj, trend=gap_trend(traj), lost=lost_seeds(a, b), **kw
+    )
     c.untestable = lost_problem(c.lost) or regime_problem([*a, *b], traj, min_tpp)  # lost seeds: not judged
     return c

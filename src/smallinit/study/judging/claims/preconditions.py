@@ -36,8 +36,10 @@ def regime_problem(runs: Iterable[Run], traj: dict[str, Any] | None, min_tpp: fl
         return "no paired evaluations"
     least = min(runs, key=lambda r: r.tokens_per_param())
     if least.tokens_per_param() < min_tpp:
-        return (f"trained to {least.tokens_per_param():.2g} tokens per non-embedding parameter < {min_tpp:g} "
-                f"({least.name})")
+        return (
+            f"trained to {least.tokens_per_param():.2g} tokens per non-embedding parameter < {min_tpp:g} "
+            f"({least.name})"
+        )
     if len(traj["steps"]) < MIN_EVALS:
         return f"evaluated at {len(traj['steps'])} points < {MIN_EVALS}: the gap's course is unknown"
     return ""
@@ -54,15 +56,19 @@ def saturation_problem(analytic: float, measured: float, size: str) -> str:
         factor, how = measured, "as measured"
     else:
         return ""
-    return (f"norm factor at init {factor:.2f} ≥ {SATURATED} ({how}) at {size}: ε cannot saturate (emulate it with "
-            "model.norm_eps_width)")
+    return (
+        f"norm factor at init {factor:.2f} ≥ {SATURATED} ({how}) at {size}: ε cannot saturate (emulate it with "
+        "model.norm_eps_width)"
+    )
 
 
 def emulation_problem(runs: Runs, size: str) -> tuple[str, str]:
     """(problem or "", note) for comparisons on the emulated-ε arm at one size: how long its runs' embedding norm
     stayed saturated (measured) beside a d = 2048 model's (formula); far apart, the arm does not stand for the
     paper's scale and is not judged."""
-    found = [e for e in (run_emulation(r) for r in runs if r.config.get("model.norm_eps_width")) if e is not None]
+    found = [
+        e for e in (run_emulation(r) for r in runs if r.config.get("model.norm_eps_width")) if e is not None
+    ]
     if not found:
         return "", ""
     e = pooled(found)
@@ -78,8 +84,10 @@ def lr_bracket_problem(chosen: dict[float, dict[int, float]], grid: Iterable[flo
         for seed, lr in sorted(by_seed.items()):
             if lr in (lrs[0], lrs[-1]):
                 edge = "largest" if lr == lrs[-1] else "smallest"
-                return (f"the best lr for γ {gamma:g} (seed {seed}) is {lr:g}, the {edge} of the grid "
-                        f"{', '.join(f'{x:g}' for x in lrs)}: the optimum is not bracketed (extend the lr grid)")
+                return (
+                    f"the best lr for γ {gamma:g} (seed {seed}) is {lr:g}, the {edge} of the grid "
+                    f"{', '.join(f'{x:g}' for x in lrs)}: the optimum is not bracketed (extend the lr grid)"
+                )
     return ""
 
 
@@ -92,12 +100,24 @@ def sink_formed(runs: Runs) -> tuple[str, str]:
     per_layer = np.mean([m[0] for m in measured], axis=0)
     uniform = uniform_sink(tokens)
     shares = [s for s in map(sink_share, runs) if s]
-    share = "".join(f", Sink_{eps} {np.mean([s[eps] for s in shares]):.2f}" for eps in (shares[0] if shares else {}))
-    note = (f"sink per layer, no gate, γ=1 (mean of {len(measured)} runs, {seqs} × {tokens} tokens): "
-            + ", ".join(f"{v:.3f}" for v in per_layer) + f"; uniform attention {uniform:.3f}{share}")
+    share = "".join(
+        f", Sink_{eps} {np.mean([s[eps] for s in shares]):.2f}" for eps in (shares[0] if shares else {})
+    )
+    note = (
+        f"sink per layer, no gate, γ=1 (mean of {len(measured)} runs, {seqs} × {tokens} tokens): "
+        + ", ".join(f"{v:.3f}" for v in per_layer)
+        + f"; uniform attention {uniform:.3f}{share}"
+    )
     if seqs < SINK_SEQS or tokens < SINK_TOKENS:
-        return f"sink measured on {seqs} sequences of {tokens} tokens, needs ≥ {SINK_SEQS} of ≥ {SINK_TOKENS}", note
-    if not any(r.planned for r in runs) and per_layer.max() <= sink_threshold(tokens):  # a plan's sink is unknown
-        return (f"no sink has formed: largest layer sink {per_layer.max():.3f} ≤ {SINK_RATIO:g} × {uniform:.3f} "
-                "(uniform attention)"), note
+        return (
+            f"sink measured on {seqs} sequences of {tokens} tokens, needs ≥ {SINK_SEQS} of ≥ {SINK_TOKENS}",
+            note,
+        )
+    if not any(r.planned for r in runs) and per_layer.max() <= sink_threshold(
+        tokens
+    ):  # a plan's sink is unknown
+        return (
+            f"no sink has formed: largest layer sink {per_layer.max():.3f} ≤ {SINK_RATIO:g} × {uniform:.3f} "
+            "(uniform attention)"
+        ), note
     return "", note

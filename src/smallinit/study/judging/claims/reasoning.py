@@ -15,8 +15,11 @@ from smallinit.study.judging.claims.selection import Run, Runs, paired, size_lab
 def reasoning_claim(runs: Runs, scores: dict[Path, dict[str, Any]]) -> ClaimResult:
     """R from the anchor probe's scores per run folder: held-out reasoning and memorising, the largest γ against
     the smallest, seeds paired within one size (the smallest size is the primary)."""
-    claim = ClaimResult("R", "Small init favours the reasoning (compositional) solution over memorising the mirror pair",
-                        "Zhang et al. 2024: small γ → inferential, large init → symmetric")
+    claim = ClaimResult(
+        "R",
+        "Small init favours the reasoning (compositional) solution over memorising the mirror pair",
+        "Zhang et al. 2024: small γ → inferential, large init → symmetric",
+    )
 
     def metric(key: str) -> Callable[[Run], float | None]:
         return lambda run: scores[run.path][key] if run.path in scores else None
@@ -31,11 +34,15 @@ def reasoning_claim(runs: Runs, scores: dict[Path, dict[str, Any]]) -> ClaimResu
         small, large = at.where({"model.gamma": gammas[-1]}), at.where({"model.gamma": gammas[0]})
         tag = f" @{size_label(size)}" if len(sizes) > 1 else ""
         claim.comparisons += [
-            Comparison.by_seed(f"reasoning γ{gammas[-1]:g}−γ{gammas[0]:g}{tag}",
-                               paired(small, large, metric("heldout_reasoning")),
-                               role=SECONDARY if claim.comparisons else PRIMARY),  # primary: the smallest size
-            Comparison.by_seed(f"memorising γ{gammas[0]:g}−γ{gammas[-1]:g}{tag}",
-                               paired(large, small, metric("heldout_memorising"))),
+            Comparison.by_seed(
+                f"reasoning γ{gammas[-1]:g}−γ{gammas[0]:g}{tag}",
+                paired(small, large, metric("heldout_reasoning")),
+                role=SECONDARY if claim.comparisons else PRIMARY,
+            ),  # primary: the smallest size
+            Comparison.by_seed(
+                f"memorising γ{gammas[0]:g}−γ{gammas[-1]:g}{tag}",
+                paired(large, small, metric("heldout_memorising")),
+            ),
         ]
     if not claim.comparisons:
         claim.comparisons.append(Comparison.missing("reasoning", "needs ≥ 2 γ at one size", role=PRIMARY))
@@ -43,5 +50,11 @@ def reasoning_claim(runs: Runs, scores: dict[Path, dict[str, Any]]) -> ClaimResu
     return claim
 
 
-register(Claim("R", lambda runs, measured, options: reasoning_claim(runs, measured.get("anchor") or {}),
-               unit="accuracy", needs=("anchor",)))
+register(
+    Claim(
+        "R",
+        lambda runs, measured, options: reasoning_claim(runs, measured.get("anchor") or {}),
+        unit="accuracy",
+        needs=("anchor",),
+    )
+)

@@ -20,18 +20,24 @@ from smallinit.errors import ExperimentError
 from smallinit.study.judging.claims.comparison import ClaimResult, not_run
 from smallinit.study.judging.claims.selection import Run, Runs
 
-Measured = dict[str, Any]  # beside the runs: "flow" (the residual-flow sweep), "gaps" (token comparisons), "anchor"
+Measured = dict[
+    str, Any
+]  # beside the runs: "flow" (the residual-flow sweep), "gaps" (token comparisons), "anchor"
 Judge = Callable[[Runs, Measured, dict[str, Any]], ClaimResult]
 
 
 @dataclass(frozen=True)
 class Claim:
     key: str  # "C4": the name a recipe's claims list and --seed-sd use
-    judge: Judge  # the claim on finished (or planned) runs, with what was measured beside them, and the options
+    judge: (
+        Judge  # the claim on finished (or planned) runs, with what was measured beside them, and the options
+    )
     unit: str = "nats"  # of its primary, for the minimum detectable effect
     needs: tuple[str, ...] = ()  # measurements beside the runs it reads (keys of Measured)
     decided_by_the_runs: str = ""  # its outcome preconditions, in words
-    seed_sd: tuple[float, str] | None = None  # its primary's seed sd in ``unit`` where one was measured, and where
+    seed_sd: tuple[float, str] | None = (
+        None  # its primary's seed sd in ``unit`` where one was measured, and where
+    )
 
 
 CLAIMS: dict[str, Claim] = {}

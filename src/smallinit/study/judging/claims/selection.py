@@ -70,7 +70,9 @@ class Runs:
         acc: dict[int, list[float]] = {}
         for r in self.runs:
             v = metric(r)
-            if v is not None and (math.isfinite(v) or r.planned):  # a plan's value is unknown (NaN), not missing
+            if v is not None and (
+                math.isfinite(v) or r.planned
+            ):  # a plan's value is unknown (NaN), not missing
                 acc.setdefault(r.seed, []).append(v)
         return {s: float(np.mean(v)) for s, v in acc.items()}
 
@@ -95,12 +97,18 @@ def paired(a: Runs, b: Runs, metric: Callable[[Run], float | None] = val_loss) -
     return {s: ma[s] - mb[s] for s in sorted(set(ma) & set(mb))}
 
 
-ARM_KEYS = {"model.gamma": "γ", "model.norm_eps": "ε", "model.norm_eps_width": "ε emulated at d", "model.gate": "gate",
-            "train.lr": "lr"}
+ARM_KEYS = {
+    "model.gamma": "γ",
+    "model.norm_eps": "ε",
+    "model.norm_eps_width": "ε emulated at d",
+    "model.gate": "gate",
+    "train.lr": "lr",
+}
 
 
 def arm_names(a: Runs, b: Runs) -> tuple[str, str]:
     """Each arm of a comparison named by the settings that tell it from the other: ("γ=0.5", "γ=1")."""
+
     def settings(sel: Runs) -> dict[str, Any]:
         values = {k: {r.config.get(k) for r in (*sel.runs, *sel.lost)} for k in ARM_KEYS}
         return {k: v.pop() for k, v in values.items() if len(v) == 1}
@@ -111,8 +119,10 @@ def arm_names(a: Runs, b: Runs) -> tuple[str, str]:
         return "the first arm", "the second arm"
 
     def name(s: dict[str, Any]) -> str:
-        return ", ".join(f"{ARM_KEYS[k]}={s[k]:g}" if isinstance(s[k], (int, float)) else f"{ARM_KEYS[k]} {s[k]}"
-                         for k in keys)
+        return ", ".join(
+            f"{ARM_KEYS[k]}={s[k]:g}" if isinstance(s[k], (int, float)) else f"{ARM_KEYS[k]} {s[k]}"
+            for k in keys
+        )
 
     return name(sa), name(sb)
 
@@ -127,8 +137,14 @@ def lost_seeds(a: Runs, b: Runs) -> str:
         n = len({r.seed for r in (*sel.runs, *sel.lost)})
         steps = sorted(r.diverged_at for r in sel.lost if r.diverged_at is not None)
         failed = [r.error for r in sel.lost if r.diverged_at is None]
-        what = [f"{len(steps)} of {n} seeds diverged (step{'s' if len(steps) > 1 else ''} "
-                f"{', '.join(str(s) for s in steps)})"] if steps else []
+        what = (
+            [
+                f"{len(steps)} of {n} seeds diverged (step{'s' if len(steps) > 1 else ''} "
+                f"{', '.join(str(s) for s in steps)})"
+            ]
+            if steps
+            else []
+        )
         what += [f"{len(failed)} of {n} seeds failed ({failed[0][:80]})"] if failed else []
         parts.append(f"{name}: {', '.join(what)}")
     return "; ".join(parts)
@@ -136,8 +152,14 @@ def lost_seeds(a: Runs, b: Runs) -> str:
 
 def lost_problem(lost: str) -> str:
     """The rule for a comparison whose arms lost seeds (``lost`` from :func:`lost_seeds`; "" when none did)."""
-    return (f"{lost}: a diverged or failed seed is a result about its arm, not missing data, so the other seeds' "
-            "gap is not judged (rerun at a stable learning rate, or report the divergence)") if lost else ""
+    return (
+        (
+            f"{lost}: a diverged or failed seed is a result about its arm, not missing data, so the other seeds' "
+            "gap is not judged (rerun at a stable learning rate, or report the divergence)"
+        )
+        if lost
+        else ""
+    )
 
 
 def size_label(size: tuple) -> str:
@@ -186,8 +208,12 @@ def mean_stable_rank(rec: AnalysisRecord) -> float:
 def effective_eps(run: Run) -> float:
     """The ε the run's norms used (``model.norm_eps_width`` scales it)."""
     c = run.config
-    return emulated_eps(float(c["model.norm_eps"]), int(c.get("model.norm_eps_width") or 0), int(c["model.d_model"]),
-                        float(c["model.gamma"]))
+    return emulated_eps(
+        float(c["model.norm_eps"]),
+        int(c.get("model.norm_eps_width") or 0),
+        int(c["model.d_model"]),
+        float(c["model.gamma"]),
+    )
 
 
 def measured_factor_at_init(run: Run) -> float | None:
@@ -202,4 +228,8 @@ def sink_layers(run: Run) -> tuple[list[float], int, int] | None:
     rec = last_analysis(run)
     if not rec or not rec.sink:
         return None
-    return list(rec.sink), int(run.config.get("analysis.batch_size", 0)), int(run.config.get("data.seq_len", 0))
+    return (
+        list(rec.sink),
+        int(run.config.get("analysis.batch_size", 0)),
+        int(run.config.get("data.seq_len", 0)),
+    )
