@@ -730,6 +730,31 @@ def test_heatmaps_of_the_judged_arm_come_first_with_a_colour_bar(tmp_path):
     assert layout_problems(fig) == []
 
 
+def test_the_judged_heatmaps_are_at_the_reference_learning_rate(tmp_path):
+    """An lr sweep beside the fixed arm (the full demo's) does not put its rates among the settings C6 judges."""
+    from smallinit.report.html import _c6_judged
+
+    fixed = ["model.gate=elementwise", "model.norm_eps=1e-12"]
+    groups = {}
+    for lr, seeds in ((0.003, (0, 1)), (0.01, (0,))):
+        for gamma in (0.5, 1.0):
+            for seed in seeds:
+                name = f"lr{lr}-g{gamma}-s{seed}"
+                _fake_run(
+                    tmp_path / name,
+                    3.0,
+                    f"model.gamma={gamma}",
+                    f"train.lr={lr}",
+                    f"train.seed={seed}",
+                    *fixed,
+                )
+            groups[lr, gamma] = [
+                r for seed in seeds for r in find_runs(tmp_path / f"lr{lr}-g{gamma}-s{seed}")
+            ]
+    judged = _c6_judged(list(groups.values()))
+    assert set(judged) == {id(groups[0.003, 0.5]), id(groups[0.003, 1.0])}
+
+
 def _gap_result(seed: int, shift: float):
     from smallinit.analysis.tokens import DifficultyBin, TokenGapResult
 

@@ -36,7 +36,15 @@ from smallinit.measures.norm_factor import init_variance, relative_factor, rmsno
 from smallinit.measures.residual_flow import ResidualFlowSweep
 from smallinit.measures.sink import uniform_sink
 from smallinit.report import figures
-from smallinit.study.judging.claims import BASELINE, EMULATED, FIXED, Runs, gaps_from_compares, judge_all
+from smallinit.study.judging.claims import (
+    BASELINE,
+    EMULATED,
+    FIXED,
+    Runs,
+    gaps_from_compares,
+    judge_all,
+    reference_lr,
+)
 from smallinit.study.judging.findings import FINDINGS_FILE
 from smallinit.study.running.runs import Run, find_runs
 from smallinit.train.distributed import LAYOUT_KEYS
@@ -722,10 +730,14 @@ HEATMAPS_SHOWN = 2  # settings whose row-cosine heatmaps are open; the others ar
 def _c6_judged(groups: Sequence[Sequence[Run]]) -> dict[int, int]:
     """{id(group): rank} of the settings C6 judges, smallest size first: γ 0.5 and 1 of the first arm (fixed,
     else the emulated baseline, else the plain one) that has runs, as claims.c6 chooses them; their heatmaps
-    are the ones a reader checks its verdict against, so they are shown first."""
+    are the ones a reader checks its verdict against, so they are shown first. Like the claims, only the runs at
+    the reference learning rate count (the others belong to the learning-rate check)."""
+    main = {id(r) for r in reference_lr(Runs([r for g in groups for r in g]))}
     for arm in (FIXED, EMULATED, BASELINE):
         found = [
-            g for g in groups if g and g[0].matches(arm) and g[0].config.get("model.gamma") in (0.5, 1.0)
+            g
+            for g in groups
+            if g and id(g[0]) in main and g[0].matches(arm) and g[0].config.get("model.gamma") in (0.5, 1.0)
         ]
         if found:
             ordered = sorted(found, key=lambda g: (g[0].size, -float(g[0].config["model.gamma"])))
