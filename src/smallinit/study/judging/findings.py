@@ -466,8 +466,9 @@ def reasoning_findings(
     judged = judge(claims, runs, {"anchor": scores}, options)
     if per_run:
         acc = [row["in_distribution"] for row in per_run]
-        for claim in judged:
-            claim.notes.append(f"in-distribution accuracy {min(acc):.2f}–{max(acc):.2f}")
+        for claim in judged:  # beside the claims that read the probe
+            if "anchor" in registered(claim.claim.split()[0]).needs:
+                claim.notes.append(f"in-distribution accuracy {min(acc):.2f}–{max(acc):.2f}")
     return {
         "claims": _claims(judged),
         "anchor": per_run,
