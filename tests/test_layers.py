@@ -33,8 +33,8 @@ LAYERS = [
     {""},  # smallinit/__init__.py
 ]
 # Imports inside functions: the CLI imports a command's modules when it runs (start-up time); the HF export
-# imports the modules that need the optional transformers package only when exporting.
-LAZY_ALLOWED = {("cli", None), ("export.hf", "export.remote")}
+# (and the gated-model bridge) imports the modules that need the optional transformers package only when used.
+LAZY_ALLOWED = {("cli", None), ("export.hf", "export.remote"), ("export.gated", "export.remote")}
 
 
 def _modules() -> dict[str, Path]:

@@ -1,11 +1,13 @@
 """smallinit: small initialization for language models.
 
-from smallinit import gamma_init_
+from smallinit import add_attention_gate_, gamma_init_
 report = gamma_init_(model, gamma=1.0)   # W ~ N(0, d_in^(−2γ)) for every weight matrix
+add_attention_gate_(model)               # the output gate σ(X W_θ) on every softmax attention
 """
 
 from smallinit.config import AnalysisConfig, Config, DataConfig, ModelConfig, MoEConfig, TrainConfig
 from smallinit.errors import SmallinitError
+from smallinit.export.gated import add_attention_gate_, load_gated
 from smallinit.generate import Sampling, generate, load_pretrained
 from smallinit.init import (
     InitReport,
@@ -35,10 +37,12 @@ __all__ = [
     "SmallinitError",
     "TrainConfig",
     "Transformer",
+    "add_attention_gate_",
     "as_out_in",
     "gamma_init_",
     "gamma_normal_",
     "generate",
+    "load_gated",
     "load_model",
     "load_pretrained",
     "param_roles",

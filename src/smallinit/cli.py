@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from smallinit.errors import ConfigError, ExperimentError, Preempted, SmallinitError
+from smallinit.errors import ConfigError, ExperimentError, Preempted, SmallinitError, did_you_mean
 
 # -- the grammar's parts ---------------------------------------------------------------------------------------
 
@@ -138,7 +138,9 @@ def _model_sets(args: argparse.Namespace, keys: dict[str, tuple[type, object]]) 
     for item in args.overrides:
         key, _, text = (s.strip() for s in item.partition("="))
         if key not in keys:
-            raise ConfigError(f"--set {item}: this command reads only {', '.join(keys)}")
+            raise ConfigError(
+                f"--set {item}: this command reads only {', '.join(keys)}{did_you_mean(key, keys)}"
+            )
         kind = keys[key][0]
         try:
             values[key] = kind(text)
@@ -744,7 +746,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-INIT_HF_KEYS = {"model.gamma": (float, 1.0), "model.norm_eps": (float, 1e-12), "train.seed": (int, 0)}
+INIT_HF_KEYS = {
+    "model.gamma": (float, 1.0),
+    "model.norm_eps": (float, 1e-12),
+    "model.gate": (str, "none"),
+    "train.seed": (int, 0),
+}
 
 
 def add_init_hf(sub) -> None:
@@ -754,7 +761,8 @@ def add_init_hf(sub) -> None:
     _set_arg(
         p,
         "model.gamma=G: σ = d_in^(−γ) (default 1, the paper's choice); model.norm_eps=E: ε of every norm "
-        "(default 1e-12); train.seed=N: seed of the weights (default 0)",
+        "(default 1e-12); model.gate=elementwise|headwise|none: the attention output gate σ(X W_θ) on every "
+        "softmax attention (default none); train.seed=N: seed of the weights (default 0)",
     )
     p.add_argument(
         "--keep-norm-eps",
@@ -787,6 +795,7 @@ def cmd_init_hf(args: argparse.Namespace) -> int:
             norm_eps=norm_eps,
             seed=sets["train.seed"],
             tokenizer=args.tokenizer,
+            gate=sets["model.gate"],
         )
     )
     return 0

@@ -39,8 +39,10 @@ from smallinit.config import Config, ModelConfig
 from smallinit.data import EOS_TOKEN, load_tokenizer
 from smallinit.data.tokenizer import run_tokenizer
 from smallinit.errors import CheckpointError, ConfigError, SmallinitError
+from smallinit.export.gated import add_attention_gate_
 from smallinit.init import InitReport, gamma_init_, set_norm_eps_
 from smallinit.init.eps import EPS_ATTRS, NormEpsError
+from smallinit.init.gate import KINDS, GateReport
 from smallinit.model import Transformer
 from smallinit.train.checkpoint import load_weights, resolve_checkpoint
 
@@ -355,6 +357,7 @@ class InitHFResult:
     config_fields: list[str]  # config keys that now carry ε
     norm_eps: float | None = None  # None: the architecture's ε kept
     tokenizer: str = ""  # which tokenizer was saved, or why none was
+    gate: GateReport | None = None  # the attention gate added, if one was asked for
 
     def __str__(self) -> str:
         eps = (
@@ -368,6 +371,8 @@ class InitHFResult:
         lines = [str(self.report), eps]
         if self.offset_norms:
             lines.append(f"{len(self.offset_norms)} norms scale by (1 + w): their weights start at 0")
+        if self.gate is not None:
+            lines.append(str(self.gate))
         lines += [self.tokenizer, f"saved {self.architecture} to {self.out_dir}"]
         return "\n".join(lines)
 
@@ -429,11 +434,16 @@ def init_hf(
     norm_eps: float | None = 1e-12,
     seed: int = 0,
     tokenizer: str | Path | None = None,
+    gate: str = "none",
 ) -> InitHFResult:
     """Build a causal LM from a Hugging Face config, γ-init it, set every norm's ε (None: keep the
-    architecture's), save it to ``out_dir`` with a tokenizer (``tokenizer``, else a builtin one that covers the
-    vocabulary, else none, said in the result). ε that cannot be set or saved raises; nothing is written."""
+    architecture's), add the attention output gate (``gate``: elementwise, headwise or none; W_θ drawn from the
+    same seeded generator), save it to ``out_dir`` with a tokenizer (``tokenizer``, else a builtin one that
+    covers the vocabulary, else none, said in the result). ε that cannot be set or saved and a gate that cannot
+    be added raise; nothing is written."""
     transformers = require_transformers()
+    if gate not in ("none", *KINDS):
+        raise ConfigError(f"model.gate must be one of none, {', '.join(KINDS)}, got {gate!r}")
     config = read_hf_config(config_or_dir)
     text_config = config.get_text_config()
     tok, tok_line = init_tokenizer(
@@ -454,7 +464,8 @@ def init_hf(
         raise ConfigError(
             f"{config_or_dir}: no causal-LM class for this config ({str(e).splitlines()[0]})"
         ) from None
-    report = gamma_init_(model, gamma, generator=torch.Generator().manual_seed(seed))
+    generator = torch.Generator().manual_seed(seed)
+    report = gamma_init_(model, gamma, generator=generator)
     norms: list[str] = []
     if norm_eps is not None:
         try:
@@ -462,6 +473,7 @@ def init_hf(
         except NormEpsError as e:
             raise ExportError(f"{e} (--keep-norm-eps)") from None
         _eps_kept(transformers, config, model, norms, norm_eps)
+    gated = add_attention_gate_(model, gate, gamma, generator=generator) if gate != "none" else None
 
     out_dir = Path(out_dir)
     with _publishing(out_dir) as tmp:
@@ -470,5 +482,5 @@ def init_hf(
             tok.save_pretrained(tmp)
     offset = [r.name for r in report.rows if r.kind == "norm" and r.rule == "zeros"]
     return InitHFResult(
-        out_dir, type(model).__name__, report, norms, offset, sorted(set(fields)), norm_eps, tok_line
+        out_dir, type(model).__name__, report, norms, offset, sorted(set(fields)), norm_eps, tok_line, gated
     )

@@ -2,7 +2,7 @@
 
     from smallinit.integrations.hf import model_init, watch
 
-    trainer = Trainer(model_init=model_init(config, gamma=1.0, norm_eps=1e-12), args=args,
+    trainer = Trainer(model_init=model_init(config, gamma=1.0, norm_eps=1e-12, gate="elementwise"), args=args,
                       train_dataset=train, eval_dataset=held_out)
     watch(trainer, every=50)          # records under args.output_dir/smallinit; scalars through trainer.log
     trainer.train()
@@ -20,7 +20,9 @@ from typing import Any
 import torch
 
 from smallinit.errors import ConfigError
+from smallinit.export.gated import add_attention_gate_
 from smallinit.init import gamma_init_, set_norm_eps_
+from smallinit.init.gate import KINDS
 from smallinit.integrations._engine import engine
 from smallinit.train.monitor import Monitor, scalars
 
@@ -30,19 +32,34 @@ OUT = "smallinit"  # the monitor's folder inside args.output_dir
 
 
 def model_init(
-    config: Any, *, gamma: float = 1.0, norm_eps: float | None = 1e-12, seed: int = 0
+    config: Any,
+    *,
+    gamma: float = 1.0,
+    norm_eps: float | None = 1e-12,
+    gate: str = "none",
+    seed: int = 0,
 ) -> Callable[..., torch.nn.Module]:
     """A ``Trainer(model_init=…)`` function: the causal LM of ``config`` with every matrix drawn by the γ rule
-    (seeded, so each call gives the same weights) and every norm's ε set to ``norm_eps`` (None: kept)."""
+    (seeded, so each call gives the same weights), every norm's ε set to ``norm_eps`` (None: kept) and, unless
+    ``gate`` is "none", the attention output gate ("elementwise" or "headwise", see add_attention_gate_)."""
+    if gate not in ("none", *KINDS):
+        raise ConfigError(f"gate must be one of none, {', '.join(KINDS)}, got {gate!r}")
 
     def build(trial: Any = None) -> torch.nn.Module:
         model = transformers.AutoModelForCausalLM.from_config(config)
-        gamma_init_(model, gamma, generator=torch.Generator().manual_seed(seed))
+        generator = torch.Generator().manual_seed(seed)
+        gamma_init_(model, gamma, generator=generator)
         if norm_eps is not None:
             set_norm_eps_(model, norm_eps)
+        if gate != "none":
+            add_attention_gate_(model, gate, gamma, generator=generator)
         return model
 
-    build.settings = {"model.gamma": gamma, **({"model.norm_eps": norm_eps} if norm_eps is not None else {})}
+    build.settings = {
+        "model.gamma": gamma,
+        **({"model.norm_eps": norm_eps} if norm_eps is not None else {}),
+        "model.gate": gate,
+    }
     return build
 
 

@@ -1,0 +1,269 @@
+"""The paper's attention output gate added in place to an existing model (Qiu et al. 2025, position G1).
+
+Each head's attention output Y is multiplied by σ(X W_θ) before the output projection, X being the input of
+the query projection (the normed hidden state in pre-norm blocks): "elementwise" gives one gate per channel
+(W_θ: d_model → heads · head_dim), "headwise" one per head (d_model → heads). The sigmoid is taken in fp32.
+W_θ is a child module ``g_proj`` of the attention block, so it trains, shards and saves like any weight; two
+forward pre-hooks apply it, one on the query projection (which keeps X) and one on the output projection
+(which gates its input), so the architecture's own forward is not edited. W_θ is drawn with σ = d_model^(−γ).
+
+An attention block is a module with a query projection and an output projection among its children (the names
+of Hugging Face's families, GPT-2's Conv1D, torchtitan and OLMo-core); one forward on example inputs checks
+that a softmax runs between the two, so linear attention and state-space mixers are left ungated, said.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from smallinit.errors import ConfigError
+from smallinit.init.draw import _check_gamma, gamma_normal_
+from smallinit.init.roles import _example_inputs, _is_hf_conv1d
+
+KINDS = ("elementwise", "headwise")
+QUERY = ("q_proj", "qkv_proj", "c_attn", "query_key_value", "Wqkv", "wqkv", "wq", "att_proj")
+OUTPUT = ("o_proj", "c_proj", "out_proj", "dense", "wo", "attn_out")
+HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head")
+SOFTMAX = ("softmax", "scaled_dot_product_attention", "flex_attention")
+GATE = "g_proj"
+
+
+class GateError(ConfigError):
+    """The gate cannot be added: no softmax attention, an output projection not found, a gate already there."""
+
+
+class AttentionGate(nn.Linear):
+    """W_θ of one attention block, and the two hooks that apply it: X kept at the query projection, the
+    output projection's input multiplied by σ(X W_θ) (per channel, or per head broadcast over its channels)."""
+
+    def __init__(self, d_model: int, n_heads: int, head_dim: int, kind: str, *, device=None, dtype=None):
+        out = n_heads * (head_dim if kind == "elementwise" else 1)
+        super().__init__(d_model, out, bias=False, device=device, dtype=dtype)
+        self.kind, self.n_heads, self.head_dim = kind, n_heads, head_dim
+        self._x: torch.Tensor | None = None
+
+    def keep_input(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._x = args[0] if args else next(iter(kwargs.values()))
+
+    def gate_input(self, module: nn.Module, args: tuple, kwargs: dict):
+        y = args[0] if args else next(iter(kwargs.values()))
+        x, self._x = self._x, None
+        if x is None:
+            raise RuntimeError(
+                "the attention gate saw the output projection called before the query projection"
+            )
+        g = torch.sigmoid(F.linear(x, self.weight).float()).to(y.dtype)
+        if self.kind == "headwise":
+            g = g.repeat_interleave(self.head_dim, dim=-1)
+        y = y * g
+        if args:
+            return (y, *args[1:]), kwargs
+        return args, {next(iter(kwargs)): y, **dict(list(kwargs.items())[1:])}
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, kind={self.kind}"
+
+
+@dataclass
+class GateReport:
+    """What add_attention_gate_ did: one line per attention block gated, kept as it was, or left ungated."""
+
+    kind: str
+    gamma: float
+    gated: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # blocks with a gate of their own
+    ungated: list[str] = field(default_factory=list)  # not softmax attention
+    notes: list[str] = field(default_factory=list)
+    params: int = 0  # parameters added
+    blocks: list[str] = field(default_factory=list)  # the gated blocks' names
+
+    def __str__(self) -> str:
+        head = (
+            f"attention gate ({self.kind}, W_θ σ = d_model^(−{self.gamma:g})): {len(self.gated)} blocks gated"
+        )
+        lines = [f"{head}, {self.params:,} parameters added"]
+        lines += [f"  gated  {line}" for line in self.gated]
+        lines += [f"  kept   {line}" for line in self.kept]
+        lines += [f"  not gated  {line}" for line in self.ungated]
+        return "\n".join(lines + self.notes)
+
+
+def _size_in(module: nn.Module) -> int | None:
+    """The input width of a projection: nn.Linear's in_features, GPT-2's Conv1D's rows."""
+    if isinstance(module, nn.Linear):
+        return module.in_features
+    if _is_hf_conv1d(module):
+        return int(module.weight.shape[0])
+    return None
+
+
+def _child(module: nn.Module, names: tuple[str, ...]) -> str | None:
+    return next((n for n in names if isinstance(getattr(module, n, None), nn.Module)), None)
+
+
+def _heads(attn: nn.Module, width: int) -> tuple[int, int] | None:
+    """(heads, head_dim) of an attention block whose output projection reads ``width`` channels."""
+    config = getattr(attn, "config", None)
+    heads = next((getattr(attn, a) for a in HEADS if isinstance(getattr(attn, a, None), int)), None)
+    if heads is None:
+        heads = next((getattr(config, a) for a in HEADS if isinstance(getattr(config, a, None), int)), None)
+    if not heads:
+        return None
+    head_dim = getattr(attn, "head_dim", None)
+    head_dim = head_dim if isinstance(head_dim, int) else width // heads
+    return (heads, head_dim) if heads * head_dim == width else None
+
+
+class _Calls(TorchFunctionMode):
+    """The names of the attention-defining functions called, in order, with hook marks between them."""
+
+    def __init__(self, events: list):
+        super().__init__()
+        self.events = events
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in SOFTMAX:
+            self.events.append("softmax")
+        return func(*args, **(kwargs or {}))
+
+
+def _softmax_between(
+    model: nn.Module, blocks: dict[str, tuple[str, str]], example_inputs
+) -> dict[str, bool] | None:
+    """For each block: did a softmax (or SDPA) run between its query and its output projection? None when no
+    forward could be run (no example inputs, or weights on the meta device)."""
+    if any(p.is_meta for p in model.parameters()):
+        return None
+    inputs = _example_inputs(model, example_inputs)
+    if inputs is None:
+        return None
+    events: list = []
+    hooks = []
+    for name, (q, o) in blocks.items():
+        attn = model.get_submodule(name)
+        for proj, mark in ((q, "q"), (o, "o")):
+            hooks.append(
+                getattr(attn, proj).register_forward_pre_hook(
+                    lambda m, a, name=name, mark=mark: events.append((mark, name))
+                )
+            )
+    try:
+        with torch.no_grad(), _Calls(events):
+            model(*inputs[0], **inputs[1])
+    except Exception:  # a forward that needs what the dummy inputs lack: the structure alone decides
+        return None
+    finally:
+        for h in hooks:
+            h.remove()
+    seen = {name: False for name in blocks}
+    open_: dict[str, bool] = {}
+    for e in events:
+        if e == "softmax":
+            for name in open_:
+                open_[name] = True
+        elif e[0] == "q":
+            open_[e[1]] = False
+        elif e[1] in open_:
+            seen[e[1]] |= open_.pop(e[1])
+    return seen
+
+
+def gate_attention_(
+    model: nn.Module,
+    kind: str = "elementwise",
+    gamma: float = 1.0,
+    *,
+    generator: torch.Generator | None = None,
+    example_inputs=None,
+    blocks: list[str] | None = None,
+) -> GateReport:
+    """Add the output gate σ(X W_θ) to every softmax-attention block of ``model``, in place; W_θ ~ N(0,
+    d_model^(−2γ)) from ``generator``. Returns what was gated, kept (a gate of its own) and left ungated.
+
+    Raises GateError, leaving the model unchanged, for an unknown kind, a model already gated, an attention
+    block whose output projection or head layout cannot be found, and a model with no softmax attention.
+    ``example_inputs`` (a Hugging Face model's dummy inputs when not given) run one forward that checks each
+    block's softmax; ``blocks`` names the blocks to gate instead (a saved model's, rebuilt before its weights
+    are loaded). On the meta device W_θ is created and not drawn."""
+    if kind not in KINDS:
+        raise GateError(f"attention gate kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    _check_gamma(gamma)
+    report = GateReport(kind, gamma)
+    found: dict[str, tuple[str, str]] = {}
+    layout: dict[str, tuple[int, int, int]] = {}
+    for name, mod in model.named_modules():
+        q = _child(mod, QUERY)
+        if isinstance(getattr(mod, GATE, None), AttentionGate):
+            raise GateError(f"{name or 'the model'} already has smallinit's attention gate: add it once")
+        own = getattr(mod, "gate", None)
+        if q is not None and isinstance(own, str) and own in (*KINDS, "none"):  # smallinit's own attention
+            if own == "none":
+                raise GateError(
+                    f"{name}: smallinit's model takes its gate from its config (saved with its checkpoints); "
+                    f"build it with model.gate={kind}"
+                )
+            report.kept.append(f"{name}: smallinit's own {own} gate, nothing added")
+            continue
+        if q is None or "attention" not in type(mod).__name__.lower() and _child(mod, OUTPUT) is None:
+            continue
+        o = _child(mod, OUTPUT)
+        d_model, width = _size_in(getattr(mod, q)), _size_in(getattr(mod, o)) if o else None
+        if o is None or d_model is None or width is None:
+            what = f"{q}" if d_model is None else f"{o or 'output projection'}"
+            raise GateError(
+                f"{name} ({type(mod).__name__}): its {what} is not an nn.Linear or Conv1D among "
+                f"{', '.join(OUTPUT) if o is None else 'its children'}, so the gate has no place; "
+                "the model is unchanged"
+            )
+        heads = _heads(mod, width)
+        if heads is None:
+            raise GateError(
+                f"{name} ({type(mod).__name__}): its head count is not an attribute "
+                f"({', '.join(HEADS)}) that divides the {width} channels its {o} reads; the model is unchanged"
+            )
+        found[name] = (q, o)
+        layout[name] = (d_model, *heads)
+    if blocks is not None:
+        missing = sorted(set(blocks) - set(found))
+        if missing:
+            raise GateError(
+                f"{missing[0]} is not an attention block of {type(model).__name__}: nothing gated"
+            )
+        found = {n: found[n] for n in blocks}
+    softmax = _softmax_between(model, found, example_inputs) if blocks is None and found else None
+    if softmax is not None:
+        for name in [n for n, ok in softmax.items() if not ok]:
+            q, o = found.pop(name)
+            report.ungated.append(
+                f"{name} ({type(model.get_submodule(name)).__name__}): no softmax between {q} and {o}, "
+                "not softmax attention"
+            )
+    elif blocks is None and found:
+        report.notes.append("softmax not checked: no forward could be run (pass example_inputs)")
+    if not found and not report.kept:
+        raise GateError(
+            f"{type(model).__name__} has no softmax attention with a query and an output projection "
+            f"({', '.join(QUERY[:3])}… and {', '.join(OUTPUT[:3])}…): nothing to gate"
+        )
+    for name, (q, o) in found.items():
+        attn = model.get_submodule(name)
+        d_model, n_heads, head_dim = layout[name]
+        ref = getattr(attn, o).weight
+        gate = AttentionGate(d_model, n_heads, head_dim, kind, device=ref.device, dtype=ref.dtype)
+        if not ref.is_meta:
+            gamma_normal_(gate.weight, gamma, d_model, generator=generator)
+        attn.register_module(GATE, gate)
+        getattr(attn, q).register_forward_pre_hook(gate.keep_input, with_kwargs=True)
+        getattr(attn, o).register_forward_pre_hook(gate.gate_input, with_kwargs=True)
+        report.params += gate.weight.numel()
+        report.blocks.append(name)
+        report.gated.append(
+            f"{name}.{GATE}: {d_model} → {gate.out_features} ({n_heads} heads × {head_dim}), "
+            f"X = input of {q}, gates the input of {o}"
+        )
+    return report
