@@ -15,6 +15,7 @@ from torch import nn
 from hf_tiny import build, tokens, transformers
 from smallinit import add_attention_gate_, load_gated
 from smallinit.config import ModelConfig
+from smallinit.errors import SmallinitError
 from smallinit.init.gate import GateError
 from smallinit.model import Transformer
 
@@ -224,3 +225,74 @@ def test_saved_gated_model_reloads_with_its_gate(tmp_path):
     assert (
         json.loads((tmp_path / "again" / "config.json").read_text())["smallinit_gate"]["kind"] == "headwise"
     )
+
+
+class Rows(torch.utils.data.Dataset):
+    def __init__(self, ids: torch.Tensor):
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def test_trainer_trains_a_gated_model_built_by_model_init(tmp_path):
+    from smallinit.integrations.hf import model_init, watch
+
+    config = build("llama").config
+    init = model_init(config, gamma=1.0, norm_eps=1e-12, gate="elementwise", seed=0)
+    assert init.settings["model.gate"] == "elementwise"
+    ids = torch.randint(0, 256, (24, 32), generator=torch.Generator().manual_seed(0))
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=4,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    trainer = transformers.Trainer(model_init=init, args=args, train_dataset=Rows(ids))
+    watch(trainer, every=2, batch=ids[:4])
+    start = {n: m.weight.detach().clone() for n, m in _gates(trainer.model).items()}
+    assert len(start) == 2 and all(abs(w.std().item() * 64 - 1) < 0.1 for w in start.values())
+    trainer.train()
+    for n, m in _gates(trainer.model).items():  # W_θ is a trained parameter: the optimizer moved it
+        assert not torch.equal(m.weight, start[n]), n
+    assert (tmp_path / "smallinit" / "metrics.jsonl").is_file()
+    with pytest.raises(SmallinitError, match="gate must be one of none, elementwise, headwise"):
+        model_init(config, gate="gated")
+
+
+def test_init_hf_adds_the_gate_and_its_folder_loads_gated(tmp_path):
+    from smallinit.cli import main
+
+    build("qwen3").config.save_pretrained(tmp_path / "cfg")
+    out = tmp_path / "init"
+    assert main(["init-hf", str(tmp_path / "cfg"), "--out", str(out), "--set", "model.gate=headwise"]) == 0
+    model = load_gated(out)
+    gates = _gates(model)
+    assert len(gates) == 2 and all(g.weight.shape == (4, 64) for g in gates.values())
+    assert main(["init-hf", str(tmp_path / "cfg"), "--out", str(tmp_path / "x"), "--set", "model.gate=g"]) == 2
+    assert main(["init-hf", str(tmp_path / "cfg"), "--out", str(tmp_path / "x"), "--set", "model.gat=none"]) == 2
+    assert not (tmp_path / "x").exists()
+
+
+def test_load_gated_refuses_a_plain_folder(tmp_path):
+    build("llama").save_pretrained(tmp_path)
+    with pytest.raises(SmallinitError, match="holds no gated model"):
+        load_gated(tmp_path)
+
+
+def test_a_config_shared_with_other_models_is_not_marked(tmp_path):
+    config = build("llama").config
+    gated, plain = transformers.LlamaForCausalLM(config), transformers.LlamaForCausalLM(config)
+    add_attention_gate_(gated)
+    assert "smallinit_gate" not in vars(config) and type(config) is transformers.LlamaConfig
+    assert all(m.config is gated.config for m in gated.modules() if "config" in vars(m))
+    plain.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "llama"

@@ -49,7 +49,7 @@ def add_attention_gate_(
     if hf and report.blocks:
         from smallinit.export.remote.smallinit_gate import mark_gated
 
-        mark_gated(model.config, {"kind": kind, "gamma": gamma, "blocks": report.blocks})
+        mark_gated(model, {"kind": kind, "gamma": gamma, "blocks": report.blocks})
         report.notes.append(
             "save_pretrained keeps the gate; load the folder with smallinit.load_gated(folder) or "
             "AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)"

@@ -10,6 +10,7 @@ every weight, W_θ included. Needs smallinit installed (transformers says so whe
 
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 
@@ -50,11 +51,17 @@ def gated_config_class(base: type) -> type:
     return _CLASSES[base]
 
 
-def mark_gated(config, gate: dict) -> None:
-    """Make ``config`` save as a gated model's: ``gate`` holds kind, gamma and the gated blocks."""
-    config.__class__ = gated_config_class(type(config))
+def mark_gated(model, gate: dict) -> None:
+    """Give ``model`` a config of its own that saves as a gated model's (``gate``: kind, gamma, the gated
+    blocks); the config object it was built from, which other models may share, is left as it was."""
+    old = model.config
+    config = copy.copy(old)
+    config.__class__ = gated_config_class(type(old))
     config.smallinit_gate = dict(gate)
     config.auto_map = dict(AUTO_MAP)
+    for module in model.modules():
+        if vars(module).get("config") is old:
+            module.config = config
 
 
 def gated_model_class(config) -> type:
