@@ -296,3 +296,11 @@ def test_a_config_shared_with_other_models_is_not_marked(tmp_path):
     assert all(m.config is gated.config for m in gated.modules() if "config" in vars(m))
     plain.save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "llama"
+
+
+def test_an_architecture_with_its_own_gate_is_kept_said():
+    model = build("qwen3_next")
+    state = _state(model)
+    report = add_attention_gate_(model)
+    assert not report.gated and report.kept and "a sigmoid gates its attention" in report.kept[0]
+    assert model.state_dict().keys() == state.keys()

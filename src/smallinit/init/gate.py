@@ -9,7 +9,8 @@ forward pre-hooks apply it, one on the query projection (which keeps X) and one 
 
 An attention block is a module with a query projection and an output projection among its children (the names
 of Hugging Face's families, GPT-2's Conv1D, torchtitan and OLMo-core); one forward on example inputs checks
-that a softmax runs between the two, so linear attention and state-space mixers are left ungated, said.
+that a softmax runs between the two, so linear attention and state-space mixers are left ungated, said, and
+that no sigmoid already gates it (Qwen3-Next's attention is kept as it is, said).
 """
 
 from __future__ import annotations
@@ -120,23 +121,26 @@ def _heads(attn: nn.Module, width: int) -> tuple[int, int] | None:
 
 
 class _Calls(TorchFunctionMode):
-    """The names of the attention-defining functions called, in order, with hook marks between them."""
+    """Records, in order, each softmax (or fused attention) and each sigmoid called."""
 
     def __init__(self, events: list):
         super().__init__()
         self.events = events
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in SOFTMAX:
-            self.events.append("softmax")
+        name = getattr(func, "__name__", "")
+        if name in SOFTMAX or name == "sigmoid":
+            self.events.append("sigmoid" if name == "sigmoid" else "softmax")
         return func(*args, **(kwargs or {}))
 
 
-def _softmax_between(
-    model: nn.Module, blocks: dict[str, tuple[str, str]], example_inputs
-) -> dict[str, bool] | None:
-    """For each block: did a softmax (or SDPA) run between its query and its output projection? None when no
-    forward could be run (no example inputs, or weights on the meta device)."""
+NO_SOFTMAX, SOFTMAX_ONLY, GATED = 0, 1, 2  # what runs between a block's query and output projection
+
+
+def _between(model: nn.Module, blocks: dict[str, tuple[str, str]], example_inputs) -> dict[str, int] | None:
+    """For each block, what runs between its query and its output projection in one forward: no softmax, a
+    softmax (or SDPA), or a softmax then a sigmoid (an output gate of the architecture's own, as Qwen3-Next's).
+    None when no forward could be run (no example inputs, or weights on the meta device)."""
     if any(p.is_meta for p in model.parameters()):
         return None
     inputs = _example_inputs(model, example_inputs)
@@ -160,16 +164,17 @@ def _softmax_between(
     finally:
         for h in hooks:
             h.remove()
-    seen = {name: False for name in blocks}
-    open_: dict[str, bool] = {}
+    seen = {name: NO_SOFTMAX for name in blocks}
+    open_: dict[str, int] = {}  # blocks between their query and output projection → what ran so far
     for e in events:
         if e == "softmax":
-            for name in open_:
-                open_[name] = True
+            open_ = {n: max(v, SOFTMAX_ONLY) for n, v in open_.items()}
+        elif e == "sigmoid":
+            open_ = {n: GATED if v else v for n, v in open_.items()}
         elif e[0] == "q":
-            open_[e[1]] = False
+            open_[e[1]] = NO_SOFTMAX
         elif e[1] in open_:
-            seen[e[1]] |= open_.pop(e[1])
+            seen[e[1]] = max(seen[e[1]], open_.pop(e[1]))
     return seen
 
 
@@ -235,14 +240,17 @@ def gate_attention_(
                 f"{missing[0]} is not an attention block of {type(model).__name__}: nothing gated"
             )
         found = {n: found[n] for n in blocks}
-    softmax = _softmax_between(model, found, example_inputs) if blocks is None and found else None
-    if softmax is not None:
-        for name in [n for n, ok in softmax.items() if not ok]:
+    between = _between(model, found, example_inputs) if blocks is None and found else None
+    if between is not None:
+        for name, what in between.items():
+            if what == SOFTMAX_ONLY:
+                continue
             q, o = found.pop(name)
-            report.ungated.append(
-                f"{name} ({type(model.get_submodule(name)).__name__}): no softmax between {q} and {o}, "
-                "not softmax attention"
-            )
+            cls = type(model.get_submodule(name)).__name__
+            if what == GATED:
+                report.kept.append(f"{name} ({cls}): a sigmoid gates its attention before {o}, nothing added")
+            else:
+                report.ungated.append(f"{name} ({cls}): no softmax between {q} and {o}, not softmax attention")
     elif blocks is None and found:
         report.notes.append("softmax not checked: no forward could be run (pass example_inputs)")
     if not found and not report.kept:
