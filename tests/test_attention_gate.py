@@ -277,8 +277,12 @@ def test_init_hf_adds_the_gate_and_its_folder_loads_gated(tmp_path):
     model = load_gated(out)
     gates = _gates(model)
     assert len(gates) == 2 and all(g.weight.shape == (4, 64) for g in gates.values())
-    assert main(["init-hf", str(tmp_path / "cfg"), "--out", str(tmp_path / "x"), "--set", "model.gate=g"]) == 2
-    assert main(["init-hf", str(tmp_path / "cfg"), "--out", str(tmp_path / "x"), "--set", "model.gat=none"]) == 2
+    assert (
+        main(["init-hf", str(tmp_path / "cfg"), "--out", str(tmp_path / "x"), "--set", "model.gate=g"]) == 2
+    )
+    assert (
+        main(["init-hf", str(tmp_path / "cfg"), "--out", str(tmp_path / "x"), "--set", "model.gat=none"]) == 2
+    )
     assert not (tmp_path / "x").exists()
 
 

@@ -8,7 +8,7 @@ forward pre-hooks apply it, one on the query projection (which keeps X) and one 
 (which gates its input), so the architecture's own forward is not edited. W_θ is drawn with σ = d_model^(−γ).
 
 An attention block is a module with a query projection and an output projection among its children (the names
-of Hugging Face's families, GPT-2's Conv1D, torchtitan and OLMo-core); one forward on example inputs checks
+Hugging Face's families and GPT-2's Conv1D use, and torchtitan's wq/wo and OLMo-core's w_q/w_out); one forward on example inputs checks
 that a softmax runs between the two, so linear attention and state-space mixers are left ungated, said, and
 that no sigmoid already gates it (Qwen3-Next's attention is kept as it is, said).
 """
@@ -27,8 +27,8 @@ from smallinit.init.draw import _check_gamma, gamma_normal_
 from smallinit.init.roles import _example_inputs, _is_hf_conv1d
 
 KINDS = ("elementwise", "headwise")
-QUERY = ("q_proj", "qkv_proj", "c_attn", "query_key_value", "Wqkv", "wqkv", "wq", "att_proj")
-OUTPUT = ("o_proj", "c_proj", "out_proj", "dense", "wo", "attn_out")
+QUERY = ("q_proj", "qkv_proj", "c_attn", "query_key_value", "Wqkv", "wqkv", "wq", "w_q", "att_proj")
+OUTPUT = ("o_proj", "c_proj", "out_proj", "dense", "wo", "w_out", "attn_out")
 HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head")
 SOFTMAX = ("softmax", "scaled_dot_product_attention", "flex_attention")
 GATE = "g_proj"
@@ -61,10 +61,9 @@ class AttentionGate(nn.Linear):
         g = torch.sigmoid(F.linear(x, self.weight).float()).to(y.dtype)
         if self.kind == "headwise":
             g = g.repeat_interleave(self.head_dim, dim=-1)
-        y = y * g
         if args:
-            return (y, *args[1:]), kwargs
-        return args, {next(iter(kwargs)): y, **dict(list(kwargs.items())[1:])}
+            return (y * g, *args[1:]), kwargs
+        return args, {**kwargs, next(iter(kwargs)): y * g}
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, kind={self.kind}"
@@ -250,7 +249,9 @@ def gate_attention_(
             if what == GATED:
                 report.kept.append(f"{name} ({cls}): a sigmoid gates its attention before {o}, nothing added")
             else:
-                report.ungated.append(f"{name} ({cls}): no softmax between {q} and {o}, not softmax attention")
+                report.ungated.append(
+                    f"{name} ({cls}): no softmax between {q} and {o}, not softmax attention"
+                )
     elif blocks is None and found:
         report.notes.append("softmax not checked: no forward could be run (pass example_inputs)")
     if not found and not report.kept:
