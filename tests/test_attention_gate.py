@@ -308,3 +308,14 @@ def test_an_architecture_with_its_own_gate_is_kept_said():
     report = add_attention_gate_(model)
     assert not report.gated and report.kept and "a sigmoid gates its attention" in report.kept[0]
     assert model.state_dict().keys() == state.keys()
+
+
+def test_a_gated_folder_is_refused_by_the_folder_reader_in_one_line(tmp_path):
+    from smallinit.adapters import load_hf_folder
+    from smallinit.errors import ModelError
+
+    model = build("llama")
+    add_attention_gate_(model)
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ModelError, match="smallinit's attention gate.*load_gated"):
+        load_hf_folder(tmp_path)

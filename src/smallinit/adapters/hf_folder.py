@@ -209,6 +209,11 @@ def load_hf_folder(path: str | os.PathLike, *, device: str = "cpu", tokenizer: A
         raise ModelError(
             f"{path} is not a Hugging Face model folder: {problem}; it must hold {WHAT_IT_HOLDS}"
         )
+    if "smallinit_gate" in (read_json(path / "config.json") or {}):
+        raise ModelError(
+            f"{path} holds a model with smallinit's attention gate, which this command does not load; load it "
+            "with smallinit.load_gated and measure it with smallinit.analysis (sink_scores, ...)"
+        )
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError:
