@@ -257,7 +257,7 @@ def test_trainer_trains_a_gated_model_built_by_model_init(tmp_path):
         dataloader_num_workers=0,
     )
     trainer = transformers.Trainer(model_init=init, args=args, train_dataset=Rows(ids))
-    watch(trainer, every=2, batch=ids[:4])
+    watch(trainer, every=4, batch=ids[:4])
     start = {n: m.weight.detach().clone() for n, m in _gates(trainer.model).items()}
     assert len(start) == 2 and all(abs(w.std().item() * 64 - 1) < 0.1 for w in start.values())
     trainer.train()
