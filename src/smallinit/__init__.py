@@ -13,6 +13,7 @@ from smallinit.init import (
     as_out_in,
     gamma_init_,
     gamma_normal_,
+    measure_gamma,
     param_roles,
     set_norm_eps_,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "generate",
     "load_model",
     "load_pretrained",
+    "measure_gamma",
     "param_roles",
     "set_norm_eps_",
 ]
