@@ -15,6 +15,7 @@ from smallinit.init import (
     as_out_in,
     gamma_init_,
     gamma_normal_,
+    measure_gamma,
     param_roles,
     set_norm_eps_,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "load_gated",
     "load_model",
     "load_pretrained",
+    "measure_gamma",
     "param_roles",
     "set_norm_eps_",
 ]

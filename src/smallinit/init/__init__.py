@@ -2,7 +2,7 @@
 
 γ = 0.5 is the usual LeCun/Xavier-like scale; γ = 1 is the paper's recommendation. d_in is the dimension
 the forward contracts with the input (``roles``); only weight matrices are drawn (``draw``); every norm's
-ε is set by ``eps``.
+ε is set by ``eps``; ``scale`` reads the γ back from drawn weights.
 """
 
 from smallinit.init.draw import (
@@ -17,8 +17,10 @@ from smallinit.init.draw import (
 from smallinit.init.eps import set_norm_eps_
 from smallinit.init.own import OwnInitError
 from smallinit.init.roles import ParamRole, as_out_in, is_norm, param_roles
+from smallinit.init.scale import GammaEstimate, measure_gamma
 
 __all__ = [
+    "GammaEstimate",
     "InitReport",
     "InitRow",
     "MetaDeviceError",
@@ -30,6 +32,7 @@ __all__ = [
     "gamma_std",
     "init_plan",
     "is_norm",
+    "measure_gamma",
     "param_roles",
     "set_norm_eps_",
 ]

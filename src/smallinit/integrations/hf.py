@@ -82,6 +82,7 @@ class SmallinitCallback(transformers.TrainerCallback):
             total_steps=state.max_steps,
             start_step=state.global_step,
             engine="transformers",
+            name=Path(args.output_dir).resolve().name,
             **kw,
         )
         if state.global_step == 0:

@@ -57,6 +57,7 @@ class SmallinitCallback(L.Callback):
             total_steps=total,
             start_step=trainer.global_step,
             engine="lightning",
+            name=Path(trainer.default_root_dir).resolve().name,
             **kw,
         )
         if trainer.global_step == 0:

@@ -19,7 +19,7 @@ import math
 import os
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from smallinit.measures.norm_factor import init_variance, relative_factor, rmsno
 from smallinit.measures.residual_flow import ResidualFlowSweep
 from smallinit.measures.sink import uniform_sink
 from smallinit.report import figures
+from smallinit.report.diagnosis import Diagnosis, diagnose
 from smallinit.study.judging.claims import (
     BASELINE,
     EMULATED,
@@ -46,6 +47,7 @@ from smallinit.study.judging.claims import (
     reference_lr,
 )
 from smallinit.study.judging.findings import FINDINGS_FILE
+from smallinit.study.judging.verdicts import AGREE, DISAGREE, INCONCLUSIVE
 from smallinit.study.running.runs import Run, find_runs
 from smallinit.train.distributed import LAYOUT_KEYS
 from smallinit.train.monitor import load_snapshots
@@ -370,6 +372,39 @@ def _section_findings(doc: _Doc, findings: list[tuple[str, dict]]) -> None:
             doc.raw(img(figures.gap_figure(gaps), "loss gaps along training"))
 
 
+def _section_diagnosis(doc: _Doc, diagnoses: list[Diagnosis]) -> None:
+    """Each run's own measurements and what they mean for it, for a folder that holds no study."""
+    for dg in diagnoses:
+        doc.h2(f"Your run: {dg.run}")
+        head = "".join(
+            f"<th>{h}</th>" for h in ("measured", "value", "against", "what it means for this run")
+        )
+        rows = "".join(
+            f"<tr><td>{esc(f.what)}</td><td>{esc(f.value)}</td><td>{esc(f.reference)}</td><td>{esc(f.meaning)}</td></tr>"
+            for f in dg.findings
+        )  # prose that wraps, as the claims table's: a reader sees every column at any width
+        doc.raw(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+    doc.p(
+        "No claim of the paper can be judged from "
+        + ("this run" if len(diagnoses) == 1 else "these runs")
+        + ": each compares arms paired by seed (γ = 0.5 against γ = 1, ε = 1e-5 against 1e-12, no gate against a "
+        "gate), at least 2 seeds an arm, trained alike. smallinit recipes lists studies that do; smallinit plan "
+        "prices one before it runs.",
+        "note",
+    )
+
+
+CLAIM_ARMS = ("model.gamma", "model.norm_eps", "model.gate")  # the settings the paper's claims compare
+
+
+def _a_study(runs: list[Run], judged: list[tuple[str, dict]]) -> bool:
+    """The runs make arms a claim compares (they differ in γ, ε or the gate), or some claim got a verdict."""
+    arms = any(len({json.dumps(r.config.get(k)) for r in runs}) > 1 for k in CLAIM_ARMS)
+    return arms or any(
+        c.get("verdict") in (AGREE, DISAGREE, INCONCLUSIVE) for _, f in judged for c in f.get("claims", [])
+    )
+
+
 def _primary_first(comparisons: list[dict]) -> list[dict]:
     """A claim's comparisons with its primary first, as the terminal's table lists them (the verdict is the
     primary's; a secondary read first would look like the reason for it)."""
@@ -437,9 +472,16 @@ def _or_dash(v: Any) -> Any:
     return "–" if v is None else v
 
 
+PAPER_WIDTH = 2048  # the paper's Fig. 1c
+
+
 def _section_norm_factor(doc: _Doc, runs: list[Run], analyses: list[tuple[str, AnalysisResult]]) -> None:
-    d = 2048
-    doc.h2("RMSNorm factor against γ (Fig. 1c)")
+    widths = {r.config.get("model.d_model") for r in runs}
+    d = widths.pop() if len(widths) == 1 and isinstance(next(iter(widths)), int) else PAPER_WIDTH
+    doc.h2(
+        "RMSNorm factor against γ (Fig. 1c)"
+        + (f", at this model's width d = {d}" if d != PAPER_WIDTH else "")
+    )
     doc.raw(img(figures.norm_factor_figure(d), "RMSNorm factor against gamma"))
     gs = (0.5, 0.6, 0.75, 1.0, 1.25)
     doc.raw(
@@ -1036,7 +1078,7 @@ def _find_runs(roots: Sequence[Path], base: Path) -> list[Run]:
     for root in roots:
         for r in find_runs(root):
             path = r.path.resolve()
-            runs.setdefault(path, replace(r, name=str(path.relative_to(base)) if path != base else path.name))
+            runs.setdefault(path, r.named(str(path.relative_to(base)) if path != base else path.name))
     return [runs[p] for p in sorted(runs)]
 
 
@@ -1083,9 +1125,14 @@ def build_report(
         f"{len(checks)} coordinate check and {len(sweeps)} sweep file(s).",
         "note",
     )
-    if not findings and (runs or sweeps or compares):  # a recipe's findings already judge its runs
-        findings = [(folders, _judge(runs, sweeps, compares))]
-    _section_findings(doc, findings)
+    if findings:  # a recipe's findings judge its runs
+        _section_findings(doc, findings)
+    elif runs or sweeps or compares:
+        judged = [(folders, _judge(runs, sweeps, compares))]
+        if not runs or _a_study(runs, judged):
+            _section_findings(doc, judged)
+        else:  # no study here: the runs' own diagnosis first
+            _section_diagnosis(doc, [diagnose(r) for r in runs])
     _section_runs(doc, runs, vary, pooled)
     _section_norm_factor(doc, runs, analyses)
     groups = Groups.of(pooled, pooled_vary)

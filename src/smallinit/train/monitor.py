@@ -41,7 +41,7 @@ from smallinit import io
 from smallinit.adapters import ModelAdapter, TransformerAdapter, as_adapter
 from smallinit.config import AnalysisConfig
 from smallinit.errors import ConfigError
-from smallinit.init import param_roles
+from smallinit.init import GammaEstimate, measure_gamma, param_roles
 from smallinit.measures.activations import measure_activations
 from smallinit.measures.condensation import named_matrices, row_cosine, sampled_mean_abs_cos, stable_rank
 from smallinit.measures.norm_factor import norm_factors_from_observed
@@ -83,7 +83,8 @@ class Monitor:
     ``out``: the folder the records and heatmaps go to, held by this monitor alone while it runs; with ``log``
     each record goes to that writer of the caller's instead (smallinit's Trainer: its metrics.jsonl), and the
     caller holds the folder. ``total_steps`` spreads the heatmap snapshots over the run; ``start_step``
-    continues the records of a resumed run (later ones are dropped); ``settings`` (e.g.
+    continues the records of a resumed run (later ones are dropped); ``name`` is what a report calls the run
+    (default: the folder's name; the integrations give their engine's folder); ``settings`` (e.g.
     ``{"model.gamma": 1.0}``) are what the report groups runs by; ``guard=False`` silences the saturation
     warning where saturation is asked for. Without ``cfg``, ``every`` is 100.
     """
@@ -101,6 +102,7 @@ class Monitor:
         start_step: int = 0,
         settings: Mapping[str, Any] | None = None,
         engine: str = "loop",
+        name: str | None = None,
         guard: bool = True,
         **fields: Any,
     ):
@@ -139,8 +141,11 @@ class Monitor:
         self._lock: int | None = None
         self._log = log or self._append
         self.own_folder = log is None  # else the caller writes the records and holds the folder
+        # the γ the weights were drawn with, read from them before the first step (every rank: a sharded
+        # matrix is gathered), so a report can say it when the caller did not
+        start = measure_gamma(self.module, self.roles) if self.own_folder and not start_step else None
         if self.own_folder and self.writes:
-            self._open(engine, dict(settings or {}))
+            self._open(engine, name or self.out.name, dict(settings or {}), start)
 
     # -- the held-out batch and what is measured ------------------------------------------------------------
 
@@ -176,7 +181,7 @@ class Monitor:
 
     # -- the folder ----------------------------------------------------------------------------------------
 
-    def _open(self, engine: str, settings: dict[str, Any]) -> None:
+    def _open(self, engine: str, name: str, settings: dict[str, Any], start: GammaEstimate | None) -> None:
         out = self.out
         if out.exists() and not out.is_dir():
             raise ConfigError(f"monitor folder {out} is a file, not a folder; choose another out")
@@ -193,10 +198,17 @@ class Monitor:
                     path.unlink()
         else:
             set_aside_metrics(out)  # a fresh start keeps an earlier attempt's records beside it
+        if start is None:  # a resumed run keeps what its fresh start measured
+            before = io.read_json(out / MONITOR_FILE)
+            start_gamma = before.get("gamma_at_start") if isinstance(before, dict) else None
+        else:
+            start_gamma = start.to_dict()
         io.write_json_atomic(
             out / MONITOR_FILE,
             {
                 "engine": engine,
+                "name": name,
+                "gamma_at_start": start_gamma,
                 "model": describe_model(self.adapter),
                 "settings": settings,
                 "every": self.cfg.every,

@@ -9,9 +9,9 @@ read as empty (a run still being written, or a line torn by a kill), never as an
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from smallinit.config import Config, flatten, set_dotted
@@ -41,6 +41,7 @@ class Run:
     summary: dict[str, Any] = field(default_factory=dict)  # empty until the run finished
     error: str = ""  # why the run failed, where its sweep recorded a failure
     monitored: bool = False  # a Monitor's folder beside another engine's training: its config is no Config
+    engine_folder: str = ""  # a monitored run's name for itself: the engine's folder it sits in, not its own
     planned = False  # a cell of a plan (smallinit.study.planning.plan.PlannedRun): its outcomes are unknown
 
     @staticmethod
@@ -67,9 +68,23 @@ class Run:
         else:
             return None
         summary = read_json(path / "summary.json")
-        return Run(
-            path, name or path.name, config, summary if isinstance(summary, dict) else {}, monitored=monitored
+        own = known.get("name") if monitored else None
+        run = Run(
+            path,
+            path.name,
+            config,
+            summary if isinstance(summary, dict) else {},
+            monitored=monitored,
+            engine_folder=own if isinstance(own, str) else "",
         )
+        return run.named(name or path.name)
+
+    def named(self, relative: str) -> Run:
+        """This run named by its path from a folder above it; a monitored run by its engine's folder in place
+        of the monitor's subfolder (a Trainer's output_dir, not ``smallinit``)."""
+        if self.engine_folder:
+            relative = str(PurePath(relative).parent / self.engine_folder)
+        return replace(self, name=relative)
 
     @cached_property
     def cfg(self) -> Config | None:

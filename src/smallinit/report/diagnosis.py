@@ -1,0 +1,192 @@
+"""What a report says of a run that no study judges: the γ and ε its model started with, whether its norms
+saturated (→ ε), whether a sink formed (→ the gate), its residual flow against d^(1−γ) at its own width, and
+how its matrices condensed — each measured from the run's own records, with one line on what it means for
+this run. Built here as data; ``smallinit.report.html`` renders it."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from smallinit.init.scale import ONE_GAMMA
+from smallinit.io import read_json
+from smallinit.measures.norm_factor import relative_factor
+from smallinit.study.judging.power import SATURATED, SINK_RATIO, sink_threshold, uniform_sink
+from smallinit.study.running.runs import Run
+from smallinit.train.monitor import MONITOR_FILE
+
+CONDENSED = 0.7  # stable rank fallen below this share of its start: the rows align along fewer directions
+BALANCED = 2.0  # a flow ratio within this factor of 1: branch and embedding balance (the γ = 1 regime)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One measurement of the run, what it is held against, and what it means for this run."""
+
+    what: str
+    value: str
+    reference: str
+    meaning: str
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    run: str
+    findings: tuple[Finding, ...]
+
+
+def _gamma(run: Run) -> tuple[float | None, Finding]:
+    """The γ the model started with: the caller's, and the one read from the weights at step 0."""
+    given = run.config.get("model.gamma")
+    known = read_json(run.path / MONITOR_FILE) if run.monitored else None
+    read = known.get("gamma_at_start") if isinstance(known, dict) else None
+    median = read.get("median") if isinstance(read, dict) else None
+    if isinstance(median, (int, float)):
+        low, high, n = read["low"], read["high"], read["matrices"]
+        value = f"{median:.2f} from the weights at step 0 ({low:.2f}–{high:.2f} over {n} matrices)"
+        if given is not None:
+            value += f"; given {given:g}"
+        if high - low >= ONE_GAMMA:
+            meaning = (
+                "the matrices follow no one γ: their stds do not scale as d_in^(−γ) (a fixed std, as most "
+                "libraries draw); smallinit.gamma_init_(model, gamma=1.0) draws every matrix by the rule"
+            )
+        else:
+            meaning = _gamma_meaning(median)
+        return (given if given is not None else median), Finding(
+            "γ at step 0", value, "σ = d_in^(−γ)", meaning
+        )
+    if given is not None:
+        return given, Finding(
+            "γ at step 0", f"{given:g} (as the run was configured)", "σ = d_in^(−γ)", _gamma_meaning(given)
+        )
+    return None, Finding(
+        "γ at step 0",
+        "unknown",
+        "σ = d_in^(−γ)",
+        "the run's first measurement was not at step 0, so the weights' γ was not read; the monitor reads it "
+        "when it starts with the run",
+    )
+
+
+def _gamma_meaning(gamma: float) -> str:
+    if abs(gamma - 1) < 0.1:
+        return "the paper's small init: it pays off with both fixes, a small ε and a gated attention"
+    if abs(gamma - 0.5) < 0.1:
+        return "the usual scale; the paper finds γ = 1 better once ε = 1e-12 and the attention is gated"
+    return f"γ = {gamma:.2f}: the paper's loss is best at γ = 1 and worse above it"
+
+
+def _norm(run: Run, gamma: float | None, d: int | None) -> Finding | None:
+    factors = next((a.norm_factor for a in run.analysis if a.step == 0 and a.norm_factor), None)
+    factors = factors or next(
+        (n.norm_factor for n in run.norm_records if n.step == 0 and n.norm_factor), None
+    )
+    if not factors:
+        return None
+    eps = run.config.get("model.norm_eps")
+    low, mean = min(factors.values()), statistics.fmean(factors.values())
+    saturated = sum(f < SATURATED for f in factors.values())
+    ref = f"< {SATURATED}: ε sets the scale"
+    if gamma is not None and d and isinstance(eps, (int, float)):
+        ref += f"; the formula at γ {gamma:.2f}, ε {eps:g}, d {d}: {relative_factor(gamma, eps, d):.2f}"
+    eps_words = f"ε = {eps:g}" if isinstance(eps, (int, float)) else "their ε"
+    meaning = (
+        f"{saturated} of {len(factors)} norms saturated: {eps_words}, not the input, sets their scale and undoes "
+        "the small init; smallinit.set_norm_eps_(model, 1e-12)"
+        if saturated
+        else f"every norm sees the init scale: {eps_words} is small enough for this γ and width"
+    )
+    return Finding(
+        "RMSNorm factor at step 0", f"min {low:.3f}, mean {mean:.3f} over {len(factors)} norms", ref, meaning
+    )
+
+
+def _sink(run: Run) -> Finding | None:
+    measured = [a for a in run.analysis if a.sink]
+    tokens = run.config.get("data.seq_len")
+    if not measured or not isinstance(tokens, int) or tokens < 2:
+        return None
+    first, last = measured[0], measured[-1]
+    top = max(last.sink)
+    threshold = sink_threshold(tokens)
+    gate = run.config.get("model.gate")
+    if top > threshold:
+        meaning = (
+            "a sink formed although the attention is gated"
+            if gate not in (None, "none")
+            else "a sink formed: queries park their attention on the first token; the paper's gate removes it "
+            "(smallinit.add_attention_gate_)"
+        )
+    else:
+        meaning = "no sink so far: attention on the first token stays near uniform"
+    return Finding(
+        "attention sink along training",
+        f"largest layer {top:.3f} at step {last.step} (mean over layers {first.sink_mean:.3f} at step "
+        f"{first.step} → {last.sink_mean:.3f})",
+        f"uniform attention {uniform_sink(tokens):.3f} on {tokens} tokens; formed above {SINK_RATIO:g}× = "
+        f"{threshold:.3f}",
+        meaning,
+    )
+
+
+def _flow(run: Run, gamma: float | None, d: int | None) -> Finding | None:
+    at_start = next((a for a in run.analysis if a.step == 0 and a.residual_flow is not None), None)
+    if at_start is None:
+        return None
+    ratio = at_start.residual_flow
+    ref = (
+        f"≍ d^(1−γ) = {d}^{1 - gamma:.2f} = {d ** (1 - gamma):.2f}"
+        if gamma is not None and d
+        else "≍ d^(1−γ)"
+    )
+    if ratio > BALANCED:
+        meaning = "the residual branch dominates the embedding at init (the γ < 1 regime)"
+    elif ratio < 1 / BALANCED:
+        meaning = (
+            "the network starts near the identity: the branch barely moves the embedding (the γ > 1 regime)"
+        )
+    else:
+        meaning = "branch and embedding balance at init, as the paper predicts at γ = 1"
+    return Finding("residual flow ‖h_L − e‖/‖e‖ at step 0", f"{ratio:.3f}", ref, meaning)
+
+
+def _condensation(run: Run) -> Finding | None:
+    ranked = [a for a in run.analysis if a.stable_rank]
+    if len(ranked) < 2:
+        return None
+    names = [n for n in ranked[0].stable_rank if all(n in a.stable_rank for a in ranked)]
+    if not names:
+        return None
+
+    def mean_rank(a) -> float:
+        return statistics.fmean(a.stable_rank[n] for n in names)
+
+    start, end = mean_rank(ranked[0]), mean_rank(ranked[-1])
+    low = min(ranked, key=mean_rank)
+    course = f"{start:.2f} at step {ranked[0].step} → {end:.2f} at step {ranked[-1].step}"
+    if low is not ranked[-1] and low is not ranked[0]:
+        course += f" (lowest {mean_rank(low):.2f} at step {low.step})"
+    if mean_rank(low) < CONDENSED * start:
+        meaning = (
+            "the matrices condensed (rows aligned along few directions)"
+            + (" and have since expanded" if end > 1.2 * mean_rank(low) else ", and are still condensed")
+            + ", as the paper finds early in training with γ = 1"
+        )
+    else:
+        meaning = "no condensation so far: the stable rank stays near its start"
+    return Finding(
+        "condensation: stable rank",
+        f"mean over {len(names)} matrices {course}",
+        f"condensed below {CONDENSED:g}× its start",
+        meaning,
+    )
+
+
+def diagnose(run: Run) -> Diagnosis:
+    """The run's own measurements, each with what it means; those its records lack are left out."""
+    d = run.config.get("model.d_model")
+    d = d if isinstance(d, int) and d > 1 else None
+    gamma, first = _gamma(run)
+    rest = (_norm(run, gamma, d), _sink(run), _flow(run, gamma, d), _condensation(run))
+    return Diagnosis(run.name, (first, *(f for f in rest if f is not None)))
