@@ -5,7 +5,8 @@
 #   scripts/screenshot-report.sh runs/demo-quick/report.html            # → runs/demo-quick/report.png
 #   scripts/screenshot-report.sh REPORT.html OUT.png 1000               # another width
 #
-# Needs Chromium (Debian: apt-get install chromium) and Pillow (installed with matplotlib).
+# Needs Chromium (Debian: apt-get install chromium) and a Python with Pillow (installed with smallinit's
+# matplotlib): $PYTHON, else the Python of the smallinit command on PATH, else python3.
 set -euo pipefail
 
 if [[ $# -lt 1 || $# -gt 3 || ! -f $1 ]]; then
@@ -22,9 +23,20 @@ if [[ -z $browser ]]; then
     exit 2
 fi
 
+py=${PYTHON:-}
+if [[ -z $py ]]; then
+    for candidate in "$(dirname "$(command -v smallinit || echo .)")/python" python3; do
+        if "$candidate" -c 'import PIL' 2>/dev/null; then py=$candidate; break; fi
+    done
+fi
+if [[ -z $py ]] || ! "$py" -c 'import PIL' 2>/dev/null; then
+    echo "$0: no Python with Pillow found; activate smallinit's environment or set PYTHON=/path/to/its/python" >&2
+    exit 2
+fi
+
 "$browser" --headless --no-sandbox --disable-gpu --force-device-scale-factor=1 \
     --window-size="$width,$height" --screenshot="$out" "file://$report" 2>/dev/null
-python3 - "$out" <<'PY'
+"$py" - "$out" <<'PY'
 import sys
 
 from PIL import Image, ImageChops

@@ -52,10 +52,26 @@ TOKENIZER_FILES = (
     "spiece.model",
     "tekken.json",
 )
-HOW_TO_GIVE = (
-    "pass the model's tokenizer with --tokenizer PATH_OR_FOLDER (a folder saved by save_pretrained, a "
-    "tokenizer.json, or 'default' for smallinit's builtin 8,192-token BPE)"
-)
+# smallinit's builtin tokenizers a Hugging Face folder may be measured with: name → (tokens, kind); the sizes are
+# data.tokenizer's (a layer above this one; tests/test_newcomer_trips.py holds them equal)
+SUGGESTED_BUILTINS = {"default": (8192, "BPE"), "bytes": (257, "byte-level")}
+
+
+def how_to_give(vocab_size: int | None = None, given: str = "") -> str:
+    """How to pass a tokenizer: a builtin one suggested only where it covers the model's ``vocab_size`` and is
+    not the one ``given`` already."""
+    builtins = []
+    for name, (size, kind) in SUGGESTED_BUILTINS.items():
+        covers = vocab_size is None or coverage_problem(size, vocab_size) is None
+        if covers and f"'{name}'" not in given and name != given:
+            builtins.append(f"'{name}' for smallinit's builtin {size:,}-token {kind} one")
+    return (
+        "pass the model's tokenizer with --tokenizer PATH_OR_FOLDER (a folder saved by save_pretrained, "
+        + ("a tokenizer.json, or " + " or ".join(builtins) if builtins else "or a tokenizer.json")
+        + ")"
+    )
+
+
 # A model's vocabulary is its tokenizer's, padded at most a little (Pythia 50,304 embeddings for 50,277 tokens);
 # a tokenizer under half the embeddings is not the model's and leaves most of them unread.
 COVER_SHARE = 0.5
@@ -237,7 +253,7 @@ def load_hf_folder(path: str | os.PathLike, *, device: str = "cpu", tokenizer: A
             if folder is None:
                 raise ModelError(
                     f"{path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES[:3])}, ...); "
-                    f"{HOW_TO_GIVE}"
+                    + how_to_give(model.config.get_text_config().vocab_size)
                 )
             tokenizer, source = AutoTokenizer.from_pretrained(folder, local_files_only=True), str(folder)
         else:
@@ -255,7 +271,9 @@ def load_hf_folder(path: str | os.PathLike, *, device: str = "cpu", tokenizer: A
     problem = coverage_problem(tok.vocab_size, config.vocab_size)
     if problem is not None:
         given = f" ({source})" if source != str(path) else ""
-        raise ModelError(f"the tokenizer of {path}{given} {problem}; {HOW_TO_GIVE}")
+        raise ModelError(
+            f"the tokenizer of {path}{given} {problem}; {how_to_give(config.vocab_size, source)}"
+        )
     return HFModel(
         model=model.to(device).eval(),
         tokenizer=tok,

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from smallinit.adapters import HFModel, HFTokenizer, as_adapter, hf_folder_problem, load_hf_folder
-from smallinit.adapters.hf_folder import HOW_TO_GIVE, encoding_fingerprint, trainer_output_choice
 from smallinit.adapters.hf_folder import WHAT_IT_HOLDS as HF_FOLDER
+from smallinit.adapters.hf_folder import encoding_fingerprint, how_to_give, trainer_output_choice
 from smallinit.analysis.result import AnalysisResult, SinkResult
 from smallinit.analysis.tokens import TokenGapResult, text_batches, token_gap, with_progress
 from smallinit.config import Config, DataConfig, flatten
@@ -220,7 +220,7 @@ def hf_batches(
     if problem is not None:
         raise DataError(
             f"the tokenizer {tokenizer.name} {problem}, so nothing measured on it would mean anything; "
-            f"{HOW_TO_GIVE}"
+            + how_to_give(given=tokenizer.name)
         )
     return itertools.chain([first] if first is not None else [], stream), seq_len, text
 

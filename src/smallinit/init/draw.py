@@ -31,8 +31,13 @@ def gamma_std(fan_in: int, gamma: float) -> float:
 
 
 def _check_gamma(gamma: float) -> None:
-    if gamma <= 0 or not math.isfinite(gamma):
-        raise ConfigError(f"gamma must be a positive number, got {gamma}")
+    if (
+        isinstance(gamma, bool)
+        or not isinstance(gamma, (int, float))
+        or gamma <= 0
+        or not math.isfinite(gamma)
+    ):
+        raise ConfigError(f"gamma must be a positive number such as 1.0, got {gamma!r}")
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:

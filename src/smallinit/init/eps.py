@@ -30,10 +30,16 @@ def set_norm_eps_(module: nn.Module, eps: float) -> list[str]:
 
     Raises NormEpsError, naming the modules, when a norm has no ε attribute (its forward hard-codes it):
     setting ε on the others only would give a model that silently runs with two ε."""
-    if not eps > 0:
-        raise ConfigError(f"norm eps must be positive, got {eps}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise ConfigError(f"norm eps must be a positive number such as 1e-12, got {eps!r}")
+    norms = norm_layers(module)
+    if not norms:  # an ε asked for and set nowhere would read as done
+        raise NormEpsError(
+            f"{type(module).__name__} has no norm layer (no module whose class name says norm), so ε = {eps:g} "
+            "has nowhere to go; leave ε unset for this model"
+        )
     touched, fixed = [], []
-    for name, mod in norm_layers(module).items():
+    for name, mod in norms.items():
         for attr in EPS_ATTRS:
             if isinstance(getattr(mod, attr, None), float):
                 setattr(mod, attr, float(eps))

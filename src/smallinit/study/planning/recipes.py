@@ -56,6 +56,7 @@ from smallinit.study.running import (
 )
 from smallinit.study.running.budget import budget_schedule, budget_steps
 from smallinit.study.running.runs import model_shape
+from smallinit.train.monitor import MONITOR_FILE
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 _RECIPE_SECTIONS = ("recipe", "base", "scales")
@@ -310,11 +311,17 @@ class RecipeResult:
 
 
 def check_out(out: Path) -> None:
-    """Refuse, before anything is written, an --out that is (or lies below) a file, as train does."""
+    """Refuse, before anything is written, an --out that is (or lies below) a file, as train does, or that is
+    one run's folder (a recipe's runs and report would mix with that run's files)."""
     existing = next((p for p in (out, *out.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         where = "" if existing == out else f" lies below {existing}, which"
         raise ConfigError(f"--out {out}{where} is a file, not a folder; choose another --out")
+    run_file = next((f for f in ("config.json", MONITOR_FILE) if (out / f).is_file()), None)
+    if run_file is not None:
+        raise ConfigError(
+            f"--out {out} is a training run's folder (it holds {run_file}), not a recipe's; choose another --out"
+        )
 
 
 def run_recipe(
