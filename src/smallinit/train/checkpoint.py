@@ -280,12 +280,14 @@ def _check_tensor(
 def load_optimizer_tensors(
     optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], names: dict[int, str]
 ) -> None:
-    """Restore AdamW state (see check_optimizer_tensors)."""
-    params = {id(p): p for g in optimizer.param_groups for p in g["params"]}
-    state = check_optimizer_tensors(tensors, {names[i]: (tuple(p.shape), p.dtype) for i, p in params.items()})
-    for i, p in params.items():
-        if names[i] in state:
-            optimizer.state[p] = {k: t if k == "step" else t.to(p.device) for k, t in state[names[i]].items()}
+    """Restore AdamW state (see check_optimizer_tensors) through PyTorch's own ``load_state_dict``, which
+    places each tensor as the optimizer needs it (the fused and capturable kernels read ``step`` on the
+    parameter's device)."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    state = check_optimizer_tensors(tensors, {names[id(p)]: (tuple(p.shape), p.dtype) for p in params})
+    saved = optimizer.state_dict()  # the param groups, with parameters numbered in this order
+    saved["state"] = {i: state[names[id(p)]] for i, p in enumerate(params) if names[id(p)] in state}
+    optimizer.load_state_dict(saved)
 
 
 def load_weights(model: torch.nn.Module, found: Checkpoint) -> None:
