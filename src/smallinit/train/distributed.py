@@ -10,8 +10,8 @@ the number of ranks (up to the order of floating-point reductions).
 Checkpoints are written and read by every rank, each its own shards (train/sharded.py), keyed by parameter
 name, so a run saved on N ranks resumes on M. Apart from the shards, only rank 0 touches the run folder;
 what it finds (a checkpoint, or a user error) is broadcast, so every rank continues or fails with the same
-one-line error. A crashed rank ends the job:
-torchrun stops the others when one exits, and collectives time out after ``train.dist_timeout`` seconds.
+one-line error. A crashed rank ends the job: torchrun stops the others when one exits, and collectives time
+out after ``train.dist_timeout`` seconds.
 """
 
 from __future__ import annotations
