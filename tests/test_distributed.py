@@ -191,8 +191,11 @@ def test_a_sharded_checkpoint_is_restored_bit_for_bit_on_any_number_of_ranks(run
     trainer.save()
     trainer.close()
     assert not ckpt.newest_checkpoint(one).sharded
+    written = (ckpt.checkpoint_dir(runs / "fsdp", 3) / "state.json").stat().st_mtime_ns  # copies keep it
     for run in (runs / "fsdp-resaved", runs / "fsdp-resaved@ddp", one):
-        assert ckpt.newest_checkpoint(run).step == 3
+        found = ckpt.newest_checkpoint(run)
+        assert found.step == 3 and found.sharded == (run != one)
+        assert (found.path / "state.json").stat().st_mtime_ns != written  # written again, not left as copied
         assert same(final(run), original), run.name
 
 
