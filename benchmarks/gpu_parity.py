@@ -27,7 +27,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file
 
 from smallinit import Config
 from smallinit.train import Trainer
@@ -59,8 +58,8 @@ def metrics(run: Path) -> list[dict]:
 
 
 def final_tensors(run: Path) -> dict[str, torch.Tensor]:
-    path = ckpt.newest_checkpoint(run).path
-    return {**load_file(path / "model.safetensors"), **load_file(path / "optim.safetensors")}
+    model, optim = ckpt.read_tensors(ckpt.newest_checkpoint(run))  # whole, or a distributed run's shards
+    return {**model, **optim}
 
 
 def compare(ref: Path, other: Path) -> dict:

@@ -5,12 +5,18 @@
 Jobs, run one after another in the same processes (JOB@LAYOUT sets train.parallel=LAYOUT for that job):
   init     new run; save a checkpoint at step 0 (the initial weights, gathered from every rank), then fit
   resume   continue the run in RUN (written by any number of ranks) to train.steps
+  resave   restore the newest checkpoint of RUN and write it again (over itself), without training
+  refuse   resume RUN expecting a CheckpointError; each rank writes its message to RUN/refused-RANK.txt
   crash    new run in which rank 1 raises at step 2
 """
 
 import sys
+from pathlib import Path
+
+import torch.distributed as dist
 
 from smallinit import Config
+from smallinit.errors import CheckpointError
 from smallinit.train import Callback, Trainer
 from smallinit.train.distributed import shutdown
 
@@ -33,6 +39,17 @@ def main(argv: list[str]) -> None:
             trainer.fit()
         elif job == "resume":
             Trainer(cfg, run, resume=True, callbacks=[]).fit()
+        elif job == "resave":
+            trainer = Trainer(cfg, run, resume=True, callbacks=[])
+            trainer.save()
+            trainer.close()
+        elif job == "refuse":
+            try:
+                Trainer(cfg, run, resume=True, callbacks=[]).fit()
+            except CheckpointError as e:
+                Path(run, f"refused-{dist.get_rank()}.txt").write_text(str(e))
+            else:
+                raise SystemExit(f"resuming {run} was not refused")
         elif job == "crash":
             Trainer(cfg, run, callbacks=[CrashOnRank1()]).fit()
         else:

@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from smallinit.train import checkpoint as ckpt
 
 
 def tensors_of(checkpoint: Path) -> dict[str, torch.Tensor]:
-    """Model and optimizer tensors of a checkpoint folder."""
-    return {**load_file(checkpoint / "model.safetensors"), **load_file(checkpoint / "optim.safetensors")}
+    """Model and optimizer tensors of a checkpoint folder (one process's files, or a distributed run's shards)."""
+    model, optim = ckpt.read_tensors(ckpt.read_checkpoint(checkpoint))
+    return {**model, **optim}
 
 
 def final_tensors(run: Path) -> dict[str, torch.Tensor]:

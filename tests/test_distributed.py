@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import smallinit
 from helpers import TINY_MODEL, tensors_of
 from smallinit import Config, Transformer
-from smallinit.errors import ConfigError
+from smallinit.errors import CheckpointError, ConfigError
 from smallinit.train import Trainer
 from smallinit.train import checkpoint as ckpt
 from smallinit.train.distributed import Runtime, check_layout, eval_pieces, parallelize, with_layout_of
@@ -48,14 +47,14 @@ def sets(*items: str) -> list[str]:
     return [a for s in items for a in ("--set", s)]
 
 
-def torchrun(*args, timeout: float = 240) -> subprocess.CompletedProcess:
+def torchrun(*args, timeout: float = 240, ranks: int = 2) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--nproc_per_node",
-        "2",
+        str(ranks),
         "--standalone",
         *map(str, args),
     ]
@@ -80,6 +79,11 @@ def cut_at(src: Path, dst: Path, step: int) -> Path:
     return dst
 
 
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    """Bit for bit: the same names, dtypes, shapes and bytes."""
+    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+
+
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
@@ -89,7 +93,9 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
 def runs(tmp_path_factory) -> Path:
     """Run folders: single (in this process); ddp (the CLI under torchrun); then one 2-rank job of the
     worker that writes fsdp (step-0 checkpoint, then fit), single-to-fsdp (the single run cut at step 3,
-    resumed with FSDP) and ddp-resumed (the ddp run cut at step 3, resumed with DDP)."""
+    resumed with FSDP) and ddp-resumed (the ddp run cut at step 3, resumed with DDP); then a second job on
+    the fsdp run's sharded checkpoint of step 3: fsdp-resumed (resumed with FSDP), fsdp-resaved and
+    fsdp-resaved@ddp (restored on 2 ranks and written again), fsdp-corrupt (a shard altered: refused)."""
     root = tmp_path_factory.mktemp("dist")
     Trainer(Config.load(overrides=TINY), root / "single", callbacks=[]).fit()
     r = torchrun("-m", "smallinit", "train", "--out", root / "ddp", *sets(*TINY, "train.parallel=ddp"))
@@ -110,7 +116,33 @@ def runs(tmp_path_factory) -> Path:
         "train.parallel=fsdp",
     )
     assert r.returncode == 0, r.stderr[-3000:]
+    for name in ("fsdp-resumed", "fsdp-resaved", "fsdp-resaved@ddp", "fsdp-corrupt"):
+        cut_at(root / "fsdp", root / name, 3)
+    corrupt(root / "fsdp-corrupt")
+    jobs = [
+        "resume",
+        "fsdp-resumed",
+        "resave",
+        "fsdp-resaved",
+        "resave@ddp",
+        "fsdp-resaved@ddp",
+        "refuse",
+        "fsdp-corrupt",
+    ]
+    r = torchrun(
+        WORKER, *[root / j if i % 2 else j for i, j in enumerate(jobs)], "--", *TINY, "train.parallel=fsdp"
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
     return root
+
+
+def corrupt(run: Path) -> Path:
+    """Flip one byte in the middle of rank 2's shard of the newest checkpoint; return that file."""
+    shard = next((ckpt.newest_checkpoint(run).path / ckpt.SHARDS).glob("shard-00002-*"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    return shard
 
 
 def test_initial_weights_do_not_depend_on_the_layout(runs):
@@ -118,7 +150,7 @@ def test_initial_weights_do_not_depend_on_the_layout(runs):
     cfg = Config.load(overrides=TINY)
     cfg.model.vocab_size = 257  # the byte tokenizer
     unique, _ = ckpt.split_aliases(Transformer(cfg.model, seed=cfg.train.seed).state_dict())
-    saved = load_file(runs / "fsdp" / "checkpoints" / "step_0000000" / "model.safetensors")
+    saved, _ = ckpt.read_tensors(ckpt.read_checkpoint(ckpt.checkpoint_dir(runs / "fsdp", 0)), optimizer=False)
     assert saved.keys() == unique.keys()
     assert all(torch.equal(saved[k], unique[k]) for k in unique)
 
@@ -135,12 +167,54 @@ def test_two_ranks_match_one_process(runs, layout):
     assert max_abs_diff(final(runs / "single"), final(runs / layout)) < ATOL
 
 
-def test_only_rank_zero_writes(runs):
+def test_only_rank_zero_writes_but_every_rank_its_shard(runs):
     def listing(run: Path) -> list[str]:
-        return sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+        return sorted(str(p.relative_to(run)) for p in run.rglob("*") if ckpt.CKPT_DIR not in p.parts)
 
     assert listing(runs / "ddp") == listing(runs / "single")
     assert json.loads((runs / "ddp" / "config.json").read_text())["train"]["parallel"] == "ddp"
+    for path in ckpt.list_checkpoints(runs / "fsdp"):
+        found = ckpt.read_checkpoint(path)
+        assert found.sharded and sorted(p.name for p in path.iterdir()) == [ckpt.SHARDS, "state.json"]
+        shards = sorted(p.name for p in (path / ckpt.SHARDS).iterdir())
+        assert [s[:12] for s in shards] == ["shard-00001-", "shard-00002-"]  # one file per rank
+        assert sorted(found.state["files"]) == [f"{ckpt.SHARDS}/{s}" for s in shards]
+
+
+def test_a_sharded_checkpoint_is_restored_bit_for_bit_on_any_number_of_ranks(runs, tmp_path):
+    """The 2-rank FSDP checkpoint of step 3, restored on 2 FSDP ranks, on 2 DDP ranks and in one process and
+    written again, holds the same tensors, bit for bit (the 2-rank ones as shards again)."""
+    original = tensors_of(ckpt.checkpoint_dir(runs / "fsdp", 3))
+    assert original.keys() == final(runs / "single").keys()  # every weight and every AdamW tensor
+    one = cut_at(runs / "fsdp", tmp_path / "one", 3)
+    trainer = Trainer(Config.from_json_file(one / "config.json"), one, resume=True, callbacks=[])
+    trainer.save()
+    trainer.close()
+    assert not ckpt.newest_checkpoint(one).sharded
+    written = (ckpt.checkpoint_dir(runs / "fsdp", 3) / "state.json").stat().st_mtime_ns  # copies keep it
+    for run in (runs / "fsdp-resaved", runs / "fsdp-resaved@ddp", one):
+        found = ckpt.newest_checkpoint(run)
+        assert found.step == 3 and found.sharded == (run != one)
+        assert (found.path / "state.json").stat().st_mtime_ns != written  # written again, not left as copied
+        assert same(final(run), original), run.name
+
+
+def test_sharded_resume_is_exact(runs):
+    """A 2-rank FSDP run cut after its sharded checkpoint and resumed on 2 ranks ends bit-identical."""
+    assert ckpt.newest_checkpoint(runs / "fsdp-resumed").sharded
+    assert same(final(runs / "fsdp-resumed"), final(runs / "fsdp"))
+    assert [r["step"] for r in records(runs / "fsdp-resumed")] == [r["step"] for r in records(runs / "fsdp")]
+
+
+def test_an_altered_shard_is_refused_on_every_rank_with_one_line(runs):
+    run = runs / "fsdp-corrupt"
+    messages = {(run / f"refused-{r}.txt").read_text() for r in range(2)}
+    assert len(messages) == 1  # the same line on both ranks
+    shard = next((ckpt.checkpoint_dir(run, 3) / ckpt.SHARDS).glob("shard-00002-*"))
+    assert f"{shard} does not match its checksum" in messages.pop()
+    assert ckpt.newest_checkpoint(run, verify=False).step == 3  # refused, not skipped: nothing was removed
+    with pytest.raises(CheckpointError, match="shard-00002-.* does not match its checksum"):
+        smallinit.load_model(run)  # one process too
 
 
 def test_resume_two_ranks_on_one(runs, tmp_path):
@@ -191,6 +265,27 @@ def test_bad_input_fails_on_every_rank_with_one_line(tmp_path):
         str(Path(smallinit.__file__).parent) not in r.stderr
     )  # no traceback from the ranks (torchrun prints its own)
     assert not run.exists()
+
+
+@pytest.mark.parametrize("damage", ["extra shard", "missing shard", "path outside"])
+def test_a_sharded_checkpoint_with_a_file_too_many_or_too_few_is_refused(runs, tmp_path, damage):
+    """DCP's reader takes every safetensors file in the shard folder: the folder must hold what state.json lists."""
+    run = cut_at(runs / "fsdp", tmp_path / "run", 3)
+    path = ckpt.checkpoint_dir(run, 3)
+    first = next((path / ckpt.SHARDS).glob("shard-00001-*"))
+    if damage == "extra shard":
+        shutil.copy(first, path / ckpt.SHARDS / "shard-00003-model-00001-of-00001.safetensors")
+        expected = "shard-00003-.* which its state.json does not list"
+    elif damage == "missing shard":
+        first.unlink()
+        expected = f"lacks {ckpt.SHARDS}/{first.name}; it is incomplete"
+    else:
+        state = json.loads((path / "state.json").read_text())
+        state["files"]["../x.safetensors"] = state["files"].pop(f"{ckpt.SHARDS}/{first.name}")
+        (path / "state.json").write_text(json.dumps(state))
+        expected = "lists files outside shards/"
+    with pytest.raises(CheckpointError, match=expected):
+        smallinit.load_model(run)
 
 
 # -- in-process checks of the pieces ------------------------------------------------------------------------
@@ -314,3 +409,34 @@ def test_compile_per_block_matches_eager(tmp_path):
 
     assert len(losses(tmp_path / "eager")) == 3
     assert losses(tmp_path / "compiled") == pytest.approx(losses(tmp_path / "eager"), rel=1e-4)
+
+
+@pytest.mark.slow
+def test_no_rank_holds_the_whole_state_while_saving(tmp_path):
+    """2 FSDP2 ranks save a 60 M-parameter model: no rank's resident memory grows by more than a quarter of
+    the whole state (fp32 weights and AdamW moments, 12 bytes per parameter) while it writes its shard."""
+    script = Path(__file__).parents[1] / "benchmarks" / "checkpoint_memory.py"
+    out = tmp_path / "memory.json"
+    widen = sets("model.d_model=768", "model.d_ff=2048")
+    r = torchrun(script, "--out", tmp_path / "run", *widen, "--json", out, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    whole_gib = 12 * result["params"] / 2**30
+    grown = [rank["peak_gib"] - rank["rss_before_gib"] for rank in result["ranks"]]
+    assert max(grown) < 0.25 * whole_gib, (grown, whole_gib)
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_resumes_on_one_rank_as_in_one_process(runs, tmp_path):
+    """The 2-rank FSDP2 checkpoint of step 3 continued by torchrun with one process ends bit-identical to the
+    same checkpoint continued in this process (one rank is one process), and near the 2-rank run."""
+    one_rank, here = (
+        cut_at(runs / "fsdp", tmp_path / "one-rank", 3),
+        cut_at(runs / "fsdp", tmp_path / "here", 3),
+    )
+    r = torchrun("-m", "smallinit", "train", "--out", one_rank, "--resume", ranks=1)
+    assert r.returncode == 0, r.stderr[-3000:]
+    Trainer(Config.from_json_file(here / "config.json"), here, resume=True, callbacks=[]).fit()
+    assert not ckpt.newest_checkpoint(one_rank).sharded
+    assert same(final(one_rank), final(here))
+    assert max_abs_diff(final(here), final(runs / "fsdp")) < ATOL

@@ -1,5 +1,6 @@
 """Training: loss falls, checkpoints are atomic and verified, kill-and-resume is bit-exact, NaN stops."""
 
+import contextlib
 import json
 import logging
 import os
@@ -264,3 +265,41 @@ def test_a_run_longer_than_its_corpus_says_so_once_at_the_start(tmp_path, caplog
         Trainer(Config.load(overrides=[*sets, "train.steps=40"]), tmp_path / "long")  # 10,240 tokens
     (line,) = [r.getMessage() for r in caplog.records if "repeats" in r.getMessage()]
     assert "10,240 training tokens" in line and "epochs" in line and "data.corpus=large" in line
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_resumed_optimizer_state_is_placed_as_pytorch_places_it(device, fused):
+    """AdamW state read from a checkpoint (CPU tensors) lands where ``Optimizer.load_state_dict`` puts it: the
+    fused kernel reads ``step`` on the parameter's device. Parameters on "cuda" are fake tensors, which carry
+    a device without a GPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    saved = {
+        "w.exp_avg": torch.randn(4, 3),
+        "w.exp_avg_sq": torch.rand(4, 3),
+        "w.step": torch.tensor(7.0),
+        "b.exp_avg": torch.randn(3),
+        "b.exp_avg_sq": torch.rand(3),
+        "b.step": torch.tensor(7.0),
+    }
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if device == "cuda" else contextlib.nullcontext()
+    with mode:
+        params = {
+            n: torch.nn.Parameter(torch.zeros(s, device=device)) for n, s in (("w", (4, 3)), ("b", (3,)))
+        }
+        names = {id(p): n for n, p in params.items()}
+        ours, reference = (torch.optim.AdamW(params.values(), fused=fused) for _ in range(2))
+        ckpt.load_optimizer_tensors(ours, saved, names)
+        reference.load_state_dict(
+            {
+                "state": {i: {k: saved[f"{n}.{k}"] for k in ckpt.ADAM_STATE} for i, n in enumerate(params)},
+                "param_groups": reference.state_dict()["param_groups"],
+            }
+        )
+        for n, p in params.items():
+            got = {k: (t.device, t.dtype) for k, t in ours.state[p].items()}
+            assert got == {k: (t.device, t.dtype) for k, t in reference.state[p].items()}, n
+            assert got["step"][0] == (p.device if fused else torch.device("cpu"))
+    if device == "cpu":
+        assert all(torch.equal(ours.state[params["w"]][k], saved[f"w.{k}"]) for k in ckpt.ADAM_STATE)

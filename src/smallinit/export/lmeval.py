@@ -22,7 +22,7 @@ from typing import Any
 from smallinit.errors import ConfigError, DataError
 from smallinit.export.hf import REMOTE_CLASS, REMOTE_DIR, REMOTE_FILES, ExportError, export_hf
 from smallinit.io import write_json_atomic
-from smallinit.train.checkpoint import CKPT_DIR, resolve_checkpoint
+from smallinit.train.checkpoint import CKPT_DIR, model_digest, resolve_checkpoint
 
 
 @dataclass
@@ -113,7 +113,7 @@ def run_eval(
         )
 
     eval_dir = run_dir_of(found.path) / "eval"
-    sha = found.state["files"]["model.safetensors"]["sha256"][:12]
+    sha = model_digest(found)[:12]
     export_dir = eval_dir / f"hf-step_{found.step:07d}-{sha}"
     if (export_dir / "config.json").is_file():  # exports are written whole or not at all
         architecture = _reusable_export(export_dir)

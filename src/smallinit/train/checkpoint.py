@@ -4,12 +4,14 @@ Layout of a run folder::
 
     RUN/config.json                      the resolved config
     RUN/metrics.jsonl                    one JSON record per logged step / evaluation
-    RUN/checkpoints/step_0000100/        model.safetensors, optim.safetensors, state.json
+    RUN/checkpoints/step_0000100/        model.safetensors, optim.safetensors, state.json (one process)
+    RUN/checkpoints/step_0000100/        shards/*.safetensors, state.json (a distributed run, train/sharded.py)
 
 A checkpoint folder is written under a temporary name and renamed when complete, and state.json (written
 last) records the size and sha256 of each tensor file, so a torn or altered checkpoint is detected and
-refused. Optimizer state is keyed by parameter name, so it does not depend on the parallel layout.
-Nothing is ever unpickled.
+refused. Tensors are keyed by parameter name (optimizer state as ``{name}.exp_avg``, ...), whole in one
+process's files, in pieces with their offsets in a distributed run's shards, so a checkpoint does not
+depend on the parallel layout: every reader here reads both. Nothing is ever unpickled.
 
 A crash (even SIGKILL) leaves at most a temporary folder, which is ignored and removed by the next save;
 a named checkpoint is always complete. So a damaged *newest* checkpoint means the disk or a person changed
@@ -20,8 +22,10 @@ A write that fails (disk full, read-only folder) raises StorageError and leaves 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,8 +40,10 @@ from smallinit.errors import CheckpointError
 from smallinit.model import Transformer
 
 FORMAT = "smallinit-checkpoint-1"
+SHARDED = "smallinit-checkpoint-sharded-1"  # the layout of a distributed run's checkpoint
 CKPT_DIR = "checkpoints"
 TENSOR_FILES = ("model.safetensors", "optim.safetensors")
+SHARDS = "shards"
 ADAM_STATE = ("exp_avg", "exp_avg_sq", "step")
 
 
@@ -46,6 +52,15 @@ class Checkpoint:
     path: Path
     step: int
     state: dict[str, Any]
+
+    @property
+    def sharded(self) -> bool:
+        return self.state["format"] == SHARDED
+
+    @property
+    def tensor_folder(self) -> Path:
+        """The folder of the checkpoint's safetensors files (a distributed run's shards are in their own)."""
+        return self.path / SHARDS if self.sharded else self.path
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -77,18 +92,34 @@ def save_checkpoint(
         files = {}
         for fname, tensors in zip(TENSOR_FILES, (model_tensors, optim_tensors)):
             save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp / fname)
-            files[fname] = {"bytes": (tmp / fname).stat().st_size, "sha256": io.sha256_file(tmp / fname)}
-        io.write_json_atomic(
-            tmp / "state.json", {**state, "format": FORMAT, "step": step, "files": files}, kept=kept(run_dir)
-        )
+            files[fname] = file_record(tmp / fname)
+        write_state(tmp, state, FORMAT, step, files, run_dir)
         for fname in TENSOR_FILES:
             with open(tmp / fname, "rb") as f:
                 os.fsync(f.fileno())
+    prune(run_dir, keep)
+    return final
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    """What state.json keeps of a tensor file, to verify it on load."""
+    return {"bytes": path.stat().st_size, "sha256": io.sha256_file(path)}
+
+
+def write_state(
+    folder: Path, state: dict[str, Any], fmt: str, step: int, files: dict[str, Any], run_dir: Path
+) -> None:
+    """state.json, written last into the checkpoint's temporary folder."""
+    record = {**state, "format": fmt, "step": step, "files": files}
+    io.write_json_atomic(folder / "state.json", record, kept=kept(run_dir))
+
+
+def prune(run_dir: Path, keep: int) -> None:
+    """Keep the newest ``keep`` complete checkpoints; remove the temporary folders of crashed writers."""
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-    for debris in final.parent.glob(".step_*.tmp*"):  # left by crashed writers (one writer per run folder)
+    for debris in (Path(run_dir) / CKPT_DIR).glob(".step_*.tmp*"):  # one writer per run folder
         shutil.rmtree(debris, ignore_errors=True)
-    return final
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -101,7 +132,8 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def read_checkpoint(path: Path, *, verify: bool = True) -> Checkpoint:
-    """Read and verify a checkpoint folder's state.json (sizes and checksums of its tensor files)."""
+    """Read and verify a checkpoint folder's state.json (sizes and, if ``verify``, checksums of its tensor
+    files: a distributed run verifies them on all ranks at once, ``verify_file``)."""
     path = Path(path)
     state_file = path / "state.json"
     if not state_file.is_file():
@@ -111,23 +143,48 @@ def read_checkpoint(path: Path, *, verify: bool = True) -> Checkpoint:
         raise CheckpointError(f"{state_file} is not valid JSON; the checkpoint is damaged")
     if (
         not isinstance(state, dict)
-        or state.get("format") != FORMAT
+        or state.get("format") not in (FORMAT, SHARDED)
         or not isinstance(state.get("files"), dict)
     ):
         raise CheckpointError(f"{state_file} is not a smallinit checkpoint state ({FORMAT})")
     _check_state(state, path)
-    for fname in TENSOR_FILES:
-        meta = state["files"].get(fname)
-        f = path / fname
+    found = Checkpoint(path=path, step=state["step"], state=state)
+    for fname in _tensor_files(found):
+        meta, f = state["files"].get(fname), path / fname
         if not isinstance(meta, dict) or not f.is_file():
             raise CheckpointError(f"checkpoint {path} lacks {fname}; it is incomplete")
         if f.stat().st_size != meta.get("bytes"):
             raise CheckpointError(
                 f"{f} has {f.stat().st_size} bytes, expected {meta.get('bytes')}: it is truncated"
             )
-        if verify and io.sha256_file(f) != meta.get("sha256"):
-            raise CheckpointError(f"{f} does not match its checksum: it was altered or damaged")
-    return Checkpoint(path=path, step=state["step"], state=state)
+        if verify:
+            verify_file(found, fname)
+    return found
+
+
+def _tensor_files(found: Checkpoint) -> list[str]:
+    """The tensor files a checkpoint must hold: its two files, or every shard state.json lists and no other
+    (DCP's reader reads every safetensors file in the shard folder)."""
+    if not found.sharded:
+        return list(TENSOR_FILES)
+    listed = sorted(found.state["files"])
+    if not listed or any(Path(f).parent != Path(SHARDS) or not f.endswith(".safetensors") for f in listed):
+        raise CheckpointError(
+            f"{found.path / 'state.json'} lists files outside {SHARDS}/; the checkpoint is damaged"
+        )
+    on_disk = sorted(f"{SHARDS}/{p.name}" for p in found.tensor_folder.glob("*.safetensors"))
+    extra = sorted(set(on_disk) - set(listed))
+    if extra:
+        raise CheckpointError(
+            f"checkpoint {found.path} holds {extra[0]}, which its state.json does not list: remove it"
+        )
+    return listed
+
+
+def verify_file(found: Checkpoint, fname: str) -> None:
+    """The file's sha256 is the one state.json records."""
+    if io.sha256_file(found.path / fname) != found.state["files"][fname].get("sha256"):
+        raise CheckpointError(f"{found.path / fname} does not match its checksum: it was altered or damaged")
 
 
 def _check_state(state: dict[str, Any], path: Path) -> None:
@@ -174,26 +231,30 @@ def _first_intact(paths) -> Checkpoint | None:
     return None
 
 
-def newest_checkpoint(run_dir: Path) -> Checkpoint | None:
+def newest_checkpoint(run_dir: Path, *, verify: bool = True) -> Checkpoint | None:
     """The newest checkpoint, verified; None if there is none. What resume and load_model use.
 
     A damaged newest checkpoint is refused, never skipped in silence (that would drop the steps since the
-    older one): the error names the newest intact checkpoint and how to continue from it.
+    older one): the error names the newest intact checkpoint and how to continue from it (``refused``).
     """
     done = list_checkpoints(run_dir)
     if not done:
         return None
     try:
-        return read_checkpoint(done[-1])
+        return read_checkpoint(done[-1], verify=verify)
     except CheckpointError as e:
-        older = _first_intact(reversed(done[:-1]))
-        fallback = (
-            f"to continue from {older.path.name}, the newest intact one, move {done[-1].name} out of "
-            f"{done[-1].parent}"
-            if older
-            else "no older intact checkpoint exists"
-        )
-        raise CheckpointError(f"{e}; {fallback}") from None
+        raise refused(done[-1], e) from None
+
+
+def refused(path: Path, e: CheckpointError) -> CheckpointError:
+    """The error for a damaged newest checkpoint ``path``, naming the newest intact one before it."""
+    older = _first_intact(p for p in reversed(list_checkpoints(path.parent.parent)) if p.name < path.name)
+    fallback = (
+        f"to continue from {older.path.name}, the newest intact one, move {path.name} out of {path.parent}"
+        if older
+        else "no older intact checkpoint exists"
+    )
+    return CheckpointError(f"{e}; {fallback}")
 
 
 def split_aliases(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -280,17 +341,75 @@ def _check_tensor(
 def load_optimizer_tensors(
     optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], names: dict[int, str]
 ) -> None:
-    """Restore AdamW state (see check_optimizer_tensors)."""
-    params = {id(p): p for g in optimizer.param_groups for p in g["params"]}
-    state = check_optimizer_tensors(tensors, {names[i]: (tuple(p.shape), p.dtype) for i, p in params.items()})
-    for i, p in params.items():
-        if names[i] in state:
-            optimizer.state[p] = {k: t if k == "step" else t.to(p.device) for k, t in state[names[i]].items()}
+    """Restore AdamW state (see check_optimizer_tensors) through PyTorch's own ``load_state_dict``, which
+    places each tensor as the optimizer needs it (the fused and capturable kernels read ``step`` on the
+    parameter's device)."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    state = check_optimizer_tensors(tensors, {names[id(p)]: (tuple(p.shape), p.dtype) for p in params})
+    saved = optimizer.state_dict()  # the param groups, with parameters numbered in this order
+    saved["state"] = {i: state[names[id(p)]] for i, p in enumerate(params) if names[id(p)] in state}
+    optimizer.load_state_dict(saved)
 
 
-def load_weights(model: torch.nn.Module, found: Checkpoint) -> None:
-    """The checkpoint's model tensors into ``model``, after check_model_tensors (tied weights from its aliases)."""
-    tensors = load_tensors(found.path / "model.safetensors")
+def read_tensors(
+    found: Checkpoint, *, optimizer: bool = True
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A checkpoint's whole tensors in this process, keyed as in its files: the model's (tied weights once)
+    and, if ``optimizer``, AdamW's. A distributed run's shards are joined by DCP's reader."""
+    if not found.sharded:
+        model = load_tensors(found.path / "model.safetensors")
+        return model, load_tensors(found.path / "optim.safetensors") if optimizer else {}
+    from torch.distributed.checkpoint import HuggingFaceStorageReader, load
+
+    reader = HuggingFaceStorageReader(str(found.tensor_folder))
+    spec = stored_spec(reader)
+    parts = model, optim = {}, {}
+    for k, v in spec.items():
+        if optimizer or not is_optimizer_key(k, spec):
+            parts[is_optimizer_key(k, spec)][k] = torch.empty(v.size, dtype=v.properties.dtype)
+    with warnings.catch_warnings():  # DCP warns that it reads in one process, which is what we ask
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        load({**model, **optim}, storage_reader=reader, no_dist=True)
+    return model, optim
+
+
+def stored_spec(reader) -> dict[str, Any]:
+    """Each tensor's global shape and dtype, from the safetensors headers a DCP reader reads (JSON)."""
+    try:
+        return reader.read_metadata().state_dict_metadata
+    except (SafetensorError, OSError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{reader.path} holds an unreadable safetensors file ({e})") from None
+
+
+def is_optimizer_key(key: str, keys) -> bool:
+    """Whether ``key`` names AdamW state (``{name}.exp_avg``, ...) of a parameter among ``keys``."""
+    name, _, k = key.rpartition(".")
+    return k in ADAM_STATE and name in keys
+
+
+def model_digest(found: Checkpoint) -> str:
+    """A sha256 that names the checkpoint's weights (of model.safetensors, or of the shards' checksums)."""
+    if not found.sharded:
+        return found.state["files"]["model.safetensors"]["sha256"]
+    sums = "".join(found.state["files"][f]["sha256"] for f in sorted(found.state["files"]))
+    return hashlib.sha256(sums.encode()).hexdigest()
+
+
+def load_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, names: dict[int, str], found: Checkpoint
+) -> None:
+    """Model and AdamW state from a checkpoint of any layout, in one process (a distributed run: sharded.py)."""
+    tensors, optim = read_tensors(found)
+    load_weights(model, found, tensors)
+    load_optimizer_tensors(optimizer, optim, names)
+
+
+def load_weights(
+    model: torch.nn.Module, found: Checkpoint, tensors: dict[str, torch.Tensor] | None = None
+) -> None:
+    """The checkpoint's model tensors (read unless given) into ``model``, after check_model_tensors (tied
+    weights from its aliases)."""
+    tensors = read_tensors(found, optimizer=False)[0] if tensors is None else tensors
     for alias, target in (found.state.get("aliases") or {}).items():
         if target in tensors:
             tensors[alias] = tensors[target]

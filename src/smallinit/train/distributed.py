@@ -7,11 +7,11 @@ FSDP2 ``fully_shard`` per block and then the root (``train.parallel=fsdp``). Eve
 batch of each step and keeps its own contiguous slice, so the data, schedule and results do not depend on
 the number of ranks (up to the order of floating-point reductions).
 
-Checkpoints hold full tensors keyed by parameter name, gathered to rank 0 through
-``torch.distributed.checkpoint.state_dict`` and broadcast back from rank 0 on resume, so a run saved on N
-ranks resumes on M. Only rank 0 touches the run folder; what it finds (a checkpoint, or a user error) is
-broadcast, so every rank continues or fails with the same one-line error. A crashed rank ends the job:
-torchrun stops the others when one exits, and collectives time out after ``train.dist_timeout`` seconds.
+Checkpoints are written and read by every rank, each its own shards (train/sharded.py), keyed by parameter
+name, so a run saved on N ranks resumes on M. Apart from the shards, only rank 0 touches the run folder;
+what it finds (a checkpoint, or a user error) is broadcast, so every rank continues or fails with the same
+one-line error. A crashed rank ends the job: torchrun stops the others when one exits, and collectives time
+out after ``train.dist_timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from torch import nn
 
 from smallinit.config import TrainConfig
 from smallinit.errors import ConfigError, SmallinitError
-from smallinit.train import checkpoint as ckpt
 
 T = TypeVar("T")
 
@@ -301,80 +300,6 @@ def tied_aliases(model: nn.Module) -> dict[str, str]:
         else:
             first[id(p)] = name
     return aliases
-
-
-def full_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer, names: dict[int, str], rt: Runtime
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Full model and AdamW tensors on rank 0 (empty elsewhere), keyed as in a single-process checkpoint.
-
-    Under FSDP every rank takes part in gathering the shards; DDP replicas are already whole.
-    Tied parameters appear once, under their first name; optimizer state is ``{name}.{exp_avg, ...}``.
-    """
-    if not is_fsdp(model):
-        if not rt.is_main:
-            return {}, {}
-        tensors, _ = ckpt.split_aliases(model.state_dict())
-        return tensors, ckpt.optimizer_tensors(optimizer, names)
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    aliases = tied_aliases(model)
-    tensors = {k: v for k, v in get_model_state_dict(model, options=options).items() if k not in aliases}
-    optim: dict[str, torch.Tensor] = {}
-    if optimizer.state:  # an untouched optimizer has nothing to save (and gathering would initialise it)
-        for name, state in (
-            get_optimizer_state_dict(model, optimizer, options=options).get("state", {}).items()
-        ):
-            for k, v in state.items():
-                optim[f"{name}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
-    return tensors, optim
-
-
-def load_full_state(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    names: dict[int, str],
-    rt: Runtime,
-    read: Callable[[], tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, str]]],
-) -> None:
-    """Restore model and AdamW state from full tensors that only rank 0 reads (``read`` → model, optim, aliases).
-
-    Rank 0 checks names, shapes and dtypes against the model's global shapes first, so a mismatched checkpoint
-    fails on every rank with the same error; then the tensors are broadcast and each rank keeps its part.
-    """
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    spec = ckpt.tensor_spec(model.state_dict())
-    held: list = []
-
-    def read_and_check() -> None:
-        tensors, optim, aliases = read()
-        tensors = {**tensors, **{a: tensors[t] for a, t in aliases.items() if t in tensors}}
-        ckpt.check_model_tensors(tensors, spec, "the checkpoint")
-        held.extend([tensors, ckpt.check_optimizer_tensors(optim, {n: spec[n] for n in names.values()})])
-
-    on_main(rt, read_and_check)
-    tensors, state = held if rt.is_main else ({}, {})
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, tensors, options=options)
-    if not on_main(rt, lambda: bool(state)):
-        return  # saved before the first step: the optimizer starts empty, as it did then
-    groups = [
-        {**{k: v for k, v in g.items() if k != "params"}, "params": [names[id(p)] for p in g["params"]]}
-        for g in optimizer.param_groups
-    ]
-    set_optimizer_state_dict(
-        model, optimizer, {"state": state, "param_groups": groups} if rt.is_main else {}, options=options
-    )
 
 
 # Train keys that say how a run is spread over devices, not what it computes: a run may resume under

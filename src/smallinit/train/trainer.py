@@ -1,7 +1,8 @@
 """The training loop: AdamW, schedules, accumulation, evaluation, checkpoints and exact resume.
 
 Exact resume rests on three facts: the batch of step s is a pure function of (seed, s) (data.batching), the
-model and optimizer are restored bit for bit from safetensors, and nothing else draws random numbers.
+model and optimizer are restored bit for bit from safetensors (whole, or a distributed run's shards, on any
+number of ranks), and nothing else draws random numbers.
 """
 
 from __future__ import annotations
@@ -31,9 +32,7 @@ from smallinit.train.distributed import (
     check_layout,
     clip_grad_norm_,
     eval_pieces,
-    full_state,
     gradient_sync,
-    load_full_state,
     mean_over_ranks,
     on_main,
     parallelize,
@@ -49,6 +48,7 @@ from smallinit.train.moe_log import RouterLog, has_moe
 from smallinit.train.monitor import AnalysisCallback
 from smallinit.train.optim import build_optimizer, lr_at, wsd_decay_start
 from smallinit.train.records import NONFINITE, EvalRecord, StepRecord, parse_record
+from smallinit.train.sharded import load_sharded, save_sharded
 
 log = logging.getLogger("smallinit")
 # How to continue a stopped run, when a sweep, recipe or demo started it (their runner sets it for each cell):
@@ -186,7 +186,8 @@ class Trainer:
             )
 
     def _restore(self) -> None:
-        found = on_main(self.runtime, lambda: ckpt.newest_checkpoint(self.run_dir))
+        rt = self.runtime  # ranks verify a checkpoint's files between them (load_sharded)
+        found = on_main(rt, lambda: ckpt.newest_checkpoint(self.run_dir, verify=not rt.is_distributed))
         if found is None:  # killed before the first checkpoint: start over, with a fresh log and the new plan
             if self.runtime.is_main:
                 earlier = set_aside_metrics(self.run_dir)
@@ -203,22 +204,10 @@ class Trainer:
         if planned.train.steps != self.cfg.train.steps:
             self._check_new_length(planned.train, found.step)
             self.steps_before = planned.train.steps
-        if self.runtime.is_distributed:  # rank 0 reads the full tensors, every rank takes its part
-            load_full_state(
-                self.model,
-                self.optimizer,
-                self.names,
-                self.runtime,
-                lambda: (
-                    ckpt.load_tensors(found.path / "model.safetensors"),
-                    ckpt.load_tensors(found.path / "optim.safetensors"),
-                    found.state.get("aliases") or {},
-                ),
-            )
+        if rt.is_distributed:  # every rank reads the slices it holds
+            load_sharded(self.model, self.optimizer, self.names, rt, found)
         else:
-            ckpt.load_weights(self.model, found)
-            optim = ckpt.load_tensors(found.path / "optim.safetensors")
-            ckpt.load_optimizer_tensors(self.optimizer, optim, self.names)
+            ckpt.load_state(self.model, self.optimizer, self.names, found)
         self.step, self.skipped = found.step, int(found.state.get("skipped", 0))
         self.restored = found
         if self.runtime.is_main:
@@ -285,14 +274,17 @@ class Trainer:
                 "shape (omit --config/--preset to take that run's model)"
             ) from None
 
-    def save(self) -> Path | None:
-        tensors, optim = full_state(self.model, self.optimizer, self.names, self.runtime)  # all ranks gather
-        if not self.runtime.is_main:
-            return None
+    def save(self) -> Path:
+        """Checkpoint this step: one process writes whole tensors, the ranks of a distributed run their shards."""
         state = {"config": self.cfg.to_dict(), "aliases": tied_aliases(self.model), "skipped": self.skipped}
-        return ckpt.save_checkpoint(
-            self.run_dir, self.step, tensors, optim, state, keep=self.cfg.train.keep_checkpoints
-        )
+        keep = self.cfg.train.keep_checkpoints
+        if self.runtime.is_distributed:
+            return save_sharded(
+                self.run_dir, self.step, self.model, self.optimizer, state, self.runtime, keep=keep
+            )
+        tensors, _ = ckpt.split_aliases(self.model.state_dict())
+        optim = ckpt.optimizer_tensors(self.optimizer, self.names)
+        return ckpt.save_checkpoint(self.run_dir, self.step, tensors, optim, state, keep=keep)
 
     def log(self, record: dict[str, Any]) -> None:
         """Append a record to metrics.jsonl and pass it to the callbacks' on_log (main process only)."""
