@@ -15,8 +15,8 @@ memory):
    step (and their maximum over the first 10 steps, before chaotic divergence grows).
 3. Resume on the GPU: a run stopped by SIGTERM after step 4 (the trainer's own preemption path) and resumed
    (``Trainer(..., resume=True)``) against the uninterrupted run: weights and AdamW state bit for bit.
-4. MoE compiled: the smallest MoE preset's step under torch.compile, its graphs, graph breaks and compiled
-   frames (Dynamo's counters), and its loss against eager.
+4. MoE compiled: the smallest MoE preset's step under torch.compile (in a fresh process): tokens/s, MFU, and
+   its graphs, graph breaks and compiled frames (Dynamo's counters; 1, 0 and 1 expected).
 5. A world of one: the Trainer under DDP and under FSDP2 over a real process group of one rank (NCCL; gloo on
    the CPU): the many-GPU code path on one GPU, losses against one process.
 6. With ≥ 2 GPUs: benchmarks/gpu_parity.py under torchrun (DDP and FSDP2 against one GPU). With fewer, the
@@ -411,7 +411,10 @@ def main(argv: list[str] | None = None) -> int:
     print("resume:", json.dumps(report["resume"]), flush=True)
     if not args.no_compile:
         flags = ["--row", MOE[device.type], "--row-compile", *(["--cpu"] if args.cpu else [])]
-        report["moe_compiled"] = in_fresh_process([*flags, "--warmup", "3", "--steps", "3"], out / "row.json")
+        moe = in_fresh_process([*flags, "--warmup", "3", "--steps", "3"], out / "row.json")
+        if "model_tflops" in moe:
+            moe["mfu"] = moe["model_tflops"] * 1e12 / peak
+        report["moe_compiled"] = moe
         print("MoE compiled:", json.dumps(report["moe_compiled"]), flush=True)
     report["world_of_one"] = world_of_one(out, device, small, 4 if args.cpu else 10)
     print("world of one:", json.dumps(report["world_of_one"]), flush=True)

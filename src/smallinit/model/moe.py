@@ -218,9 +218,8 @@ class MoE(nn.Module):
             raise ValueError(f"MoE dispatch must be one of {DISPATCHES}, got {self.dispatch!r}")
         if self.dispatch != "auto":
             return self.dispatch
-        if (
-            torch.compiler.is_compiling()
-        ):  # grouped_mm's tracing kernel takes bf16 only; the loop breaks graphs
+        # under torch.compile, grouped_mm's tracing kernel takes bf16 only and the loop breaks the graph
+        if torch.compiler.is_compiling():
             return "op"
         # eagerly on GPUs the grouped path is not verified yet: the loop
         dtype = matmul_dtype(x, self.gate_proj)
