@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> list[Row]:
 def measure(args: argparse.Namespace) -> list[Row]:
     cfg = ModelConfig.preset(args.size)
     eager, compiled = Transformer(cfg, seed=0), Transformer(cfg, seed=0)
-    parallelize(compiled, Runtime.local("cpu"), TrainConfig(compile=True), None)
+    parallelize(compiled, Runtime.local("cpu"), TrainConfig(compile=True))
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1), generator=gen)
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()

@@ -42,7 +42,7 @@ def with_checkpointing(model: torch.nn.Module) -> torch.nn.Module:
     from smallinit.config import TrainConfig
     from smallinit.train.distributed import Runtime, parallelize
 
-    return parallelize(model, Runtime.local("cpu"), TrainConfig(activation_checkpointing=True), None)
+    return parallelize(model, Runtime.local("cpu"), TrainConfig(activation_checkpointing=True))
 
 
 def make(preset: str, ckpt: bool, batch: int, seq: int):

@@ -92,7 +92,7 @@ def step_case(cfg: Config, compiled: bool | str):
     """``compiled``: False (eager), True (per block, as the trainer compiles) or "whole" (one graph)."""
     model = Transformer(cfg.model, seed=0)
     if compiled is True:
-        parallelize(model, Runtime.local("cpu"), TrainConfig(compile=True), None)
+        parallelize(model, Runtime.local("cpu"), TrainConfig(compile=True))
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, VOCAB_BYTES, (cfg.train.batch_size, cfg.data.seq_len + 1), generator=gen)
     runs = torch.compile(model) if compiled == "whole" else model

@@ -91,7 +91,7 @@ def trace_step(
         with torch.device("meta"):
             model = Transformer(cfg, init=False)
         # outside fake mode: the device mesh reads its rank map as real numbers
-        engine = parallelize(model, Runtime(torch.device("cpu"), 0, ranks, 0), tc, torch.bfloat16)
+        engine = parallelize(model, Runtime(torch.device("cpu"), 0, ranks, 0), tc)
         plan = sharding_plan(model, ranks)
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device="cpu")

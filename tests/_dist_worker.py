@@ -8,8 +8,10 @@ Jobs, run one after another in the same processes (JOB@LAYOUT sets train.paralle
   resave   restore the newest checkpoint of RUN and write it again (over itself), without training
   refuse   resume RUN expecting a CheckpointError; each rank writes its message to RUN/refused-RANK.txt
   crash    new run in which rank 1 raises at step 2
+  dtypes   new run; rank 0 writes RUN/dtypes.json: the dtypes each block received and returned
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -25,6 +27,20 @@ class CrashOnRank1(Callback):
     def on_step_end(self, trainer: Trainer, record: dict) -> None:
         if trainer.runtime.rank == 1 and trainer.step == 2:
             raise RuntimeError("rank 1 fails on purpose at step 2")
+
+
+def record_dtypes(trainer: Trainer) -> dict[str, set[str]]:
+    """Hooks on every block: the dtypes of the residual stream in and out, and of the RoPE tables."""
+    seen: dict[str, set[str]] = {"h_in": set(), "rope": set(), "h_out": set()}
+
+    def hook(_module, args, out) -> None:
+        seen["h_in"].add(str(args[0].dtype))
+        seen["rope"].update({str(args[1].dtype), str(args[2].dtype)})
+        seen["h_out"].add(str(out[0].dtype))
+
+    for block in trainer.model.blocks:
+        block.register_forward_hook(hook)
+    return seen
 
 
 def main(argv: list[str]) -> None:
@@ -50,6 +66,14 @@ def main(argv: list[str]) -> None:
                 Path(run, f"refused-{dist.get_rank()}.txt").write_text(str(e))
             else:
                 raise SystemExit(f"resuming {run} was not refused")
+        elif job == "dtypes":
+            trainer = Trainer(cfg, run, callbacks=[])
+            seen = record_dtypes(trainer)
+            trainer.fit()
+            if trainer.runtime.is_main:
+                (trainer.run_dir / "dtypes.json").write_text(
+                    json.dumps({k: sorted(v) for k, v in seen.items()})
+                )
         elif job == "crash":
             Trainer(cfg, run, callbacks=[CrashOnRank1()]).fit()
         else:

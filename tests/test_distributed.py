@@ -335,7 +335,7 @@ def test_activation_checkpointing_gives_the_same_gradients():
     for ac in (False, True):
         cfg.train.activation_checkpointing = ac
         model = Transformer(cfg.model, seed=0)
-        engine = parallelize(model, Runtime(torch.device("cpu")), cfg.train, None)
+        engine = parallelize(model, Runtime(torch.device("cpu")), cfg.train)
         x = torch.randint(0, 257, (2, 16), generator=torch.Generator().manual_seed(0))
         engine(x, x).loss.backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
@@ -440,3 +440,43 @@ def test_a_sharded_checkpoint_resumes_on_one_rank_as_in_one_process(runs, tmp_pa
     assert not ckpt.newest_checkpoint(one_rank).sharded
     assert same(final(one_rank), final(here))
     assert max_abs_diff(final(here), final(runs / "fsdp")) < ATOL
+
+
+def test_bf16_is_one_numerical_model_in_every_layout(tmp_path):
+    """Under bf16 autocast, FSDP2 on 2 ranks runs the model one process runs: the residual stream and the RoPE
+    tables stay fp32 in every block, and the losses differ by the reduction order, far less than fp32 against
+    bf16 in one process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dist_worker", WORKER)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    base = [*TINY, "train.steps=4", "train.eval_every=0", "train.checkpoint_every=0"]
+    bf16 = [*base, "train.precision=bf16"]
+    trainer = Trainer(Config.load(overrides=bf16), tmp_path / "single", callbacks=[])
+    seen = worker.record_dtypes(trainer)
+    trainer.fit()
+    Trainer(Config.load(overrides=[*base, "train.precision=fp32"]), tmp_path / "fp32", callbacks=[]).fit()
+    r = torchrun(WORKER, "dtypes", tmp_path / "fsdp", "--", *bf16, "train.parallel=fsdp")
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    def losses(run: Path) -> list[float]:
+        return [r["loss"] for r in records(run) if "loss" in r]
+
+    single, layouts = losses(tmp_path / "single"), losses(tmp_path / "fsdp")
+    precision_gap = max(abs(a - b) for a, b in zip(single, losses(tmp_path / "fp32")))
+    layout_gap = max(abs(a - b) for a, b in zip(single, layouts))
+    print(f"bf16 loss gap: FSDP2 × 2 vs one process {layout_gap:.2e}; fp32 vs bf16 {precision_gap:.2e}")
+    fsdp = json.loads((tmp_path / "fsdp" / "dtypes.json").read_text())
+    assert (
+        fsdp
+        == {k: sorted(v) for k, v in seen.items()}
+        == {
+            "h_in": ["torch.float32"],
+            "rope": ["torch.float32"],
+            "h_out": ["torch.float32"],
+        }
+    )
+
+    assert len(single) == len(layouts) == 4
+    assert layout_gap < precision_gap

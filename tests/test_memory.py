@@ -93,3 +93,40 @@ def test_describe_memory_checks_the_split():
     assert "fsdp × 2" in describe_memory(cfg, 2)
     with pytest.raises(ConfigError, match="does not divide"):
         describe_memory(cfg, 3)
+
+
+def saved_bytes_bf16(cfg: ModelConfig, batch: int, seq: int) -> tuple[int, int]:
+    """Bytes autograd keeps under bf16 autocast (CPU): (activations, bf16 copies of the weights).
+
+    A saved bf16 tensor shaped like a weight matrix is autocast's copy of it (the estimate's 2P, not an
+    activation); the sizes below keep every activation unlike any weight."""
+    model = Transformer(cfg, seed=0)
+    owned = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    weights = {tuple(p.shape) for p in model.parameters() if p.dim() >= 2}
+    acts, casts = {}, {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in owned:
+            copy = t.dtype == torch.bfloat16 and (
+                tuple(t.shape) in weights or tuple(t.shape[::-1]) in weights
+            )
+            (casts if copy else acts)[s.data_ptr()] = s.nbytes()
+        return t
+
+    x = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        torch.autocast("cpu", dtype=torch.bfloat16),
+    ):
+        model(x, x)
+    return sum(acts.values()), sum(casts.values())
+
+
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[3]], ids=["dense", "moe"])
+def test_activation_estimate_matches_saved_tensors_under_bf16_autocast(shape):
+    cfg = from_dict(ModelConfig, shape, "model")
+    measured, casts = saved_bytes_bf16(cfg, 4, 32)
+    assert activation_bytes_per_token(cfg, 2) * 4 * 32 == pytest.approx(measured, rel=0.05)
+    params = sum(p.numel() for p in Transformer(cfg, seed=0).parameters())
+    assert 0 < casts <= 2 * params  # autocast's weight copies: within the estimate's 2P

@@ -295,3 +295,57 @@ def test_dispatches_agree_under_bf16_autocast():
     assert outs["grouped"].dtype == outs["loop"].dtype == torch.bfloat16
     torch.testing.assert_close(outs["grouped"], outs["loop"])
     torch.testing.assert_close(outs["loop"].float(), layer(x)[0], atol=0.05, rtol=0.05)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("widths", [(32, 48), (20, 12)], ids=["grouped-inside", "loop-inside"])
+def test_compile_operator_equals_the_eager_dispatch(dtype, widths):
+    """expert_mm (what torch.compile runs) against the loop, forward and both gradients, empty groups included."""
+    from smallinit.model.moe import expert_matmul
+
+    d_in, d_out = widths
+    counts = torch.tensor([5, 0, 9, 2])
+    x, w, dy = randn(16, d_in, seed=1), randn(4, d_out, d_in, seed=2), randn(16, d_out, seed=3)
+    grads = {}
+    for how in ("loop", "op"):
+        xi, wi = x.to(dtype).requires_grad_(), w.to(dtype).requires_grad_()
+        y = expert_matmul(xi, wi, counts, how=how)
+        y.backward(dy.to(dtype))
+        grads[how] = (y, xi.grad, wi.grad)
+    for got, want in zip(grads["op"], grads["loop"]):
+        assert got.dtype == want.dtype == dtype
+        torch.testing.assert_close(got, want)
+    assert not grads["op"][2][1].any()  # the expert that received no row gets no gradient
+
+
+def test_compiled_moe_is_one_graph_without_breaks_or_recompiles():
+    """cpu-moe-1m's blocks compiled as the trainer compiles them: several training steps, the routing changing
+    between them, trace one graph (no break, no recompile), and give the eager model's loss and gradients."""
+    from torch._dynamo.utils import counters
+
+    cfg = ModelConfig.preset("cpu-moe-1m")
+    eager, compiled = Transformer(cfg, seed=0), Transformer(cfg, seed=0)
+    for block in compiled.blocks:  # aot_eager: Dynamo and AOTAutograd as under Inductor, without its codegen
+        block.forward = torch.compile(block.forward, backend="aot_eager")
+    torch._dynamo.reset()
+    counters.clear()
+    opts = [torch.optim.SGD(m.parameters(), lr=1.0) for m in (eager, compiled)]
+    routings = []
+    for step in range(3):
+        tokens = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(step))
+        losses = []
+        for model, opt in zip((eager, compiled), opts):
+            out = model(tokens, tokens)
+            (out.loss + out.aux_loss).backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(out.loss)
+        routings.append(compiled.blocks[0].mlp.pop_stats().load)
+        torch.testing.assert_close(losses[1], losses[0])
+        eager.blocks[0].mlp.pop_stats()
+    assert len({tuple(r) for r in routings}) == len(routings)  # the routing did change between steps
+    assert counters["stats"]["unique_graphs"] == 1
+    assert sum(counters["graph_break"].values()) == 0
+    assert counters["frames"]["total"] == 1  # one frame compiled once: nothing recompiled
+    for a, b in zip(eager.parameters(), compiled.parameters()):
+        torch.testing.assert_close(a, b)

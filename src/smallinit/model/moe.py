@@ -10,9 +10,13 @@ For a token x (after the block's norm):
 
 Dropless: every token reaches its k experts whatever the batch holds, so a token's output does not depend
 on the other tokens. Dispatch sorts the (token, slot) pairs by expert and runs each projection as one
-grouped matrix multiply over the E contiguous groups (``torch.nn.functional.grouped_mm``, eager CPU), or
-as one matmul per expert (a Python loop over experts, never over tokens: GPUs, torch.compile). Both give
-the same numbers; ``MoE.dispatch`` ("auto" | "grouped" | "loop") picks one.
+grouped matrix multiply over the E contiguous groups (``torch.nn.functional.grouped_mm``, where it runs:
+eager CPU, bf16 on Hopper GPUs), or as one matmul per expert (a Python loop over experts, never over
+tokens). All give the same numbers; ``MoE.dispatch`` ("auto" | "grouped" | "loop") picks one. Under
+torch.compile, "auto" hands each projection to one operator of ours, ``smallinit::expert_mm``, whose output
+shape is the input's whatever the routing: Dynamo traces the layer as one graph with no break, no recompile
+when the routing changes and no device→host sync in the graph (the group sizes are read inside the operator,
+on the host only where the loop runs).
 
 Expert weights are stored batched, (E, out, in) like PyTorch's Linear, so γ-init (fan_in = last dim,
 leading dims are a batch) draws each expert from its own d_in: d_model for gate/up, d_expert for down.
@@ -71,14 +75,71 @@ def matmul_dtype(x: torch.Tensor, w: torch.Tensor) -> torch.dtype | None:
     return x.dtype if x.dtype == w.dtype else None
 
 
-def expert_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, *, grouped: bool) -> torch.Tensor:
-    """Rows of ``x`` grouped by expert (group e has counts[e] rows) times w[e]ᵀ, w of shape (E, out, in)."""
-    if grouped:  # grouped_mm is not an autocast op: cast as autocast would for a matmul
-        dtype = matmul_dtype(x, w)
-        return F.grouped_mm(x.to(dtype), w.to(dtype).transpose(-2, -1), offs=counts.cumsum(0).to(torch.int32))
+def grouped_mm_runs(dtype: torch.dtype | None, device: torch.device, widths: tuple[int, ...]) -> bool:
+    """Whether ``F.grouped_mm`` runs eagerly here: on the CPU in fp32 and bf16 when every matrix width is a
+    whole multiple of 16 bytes; on CUDA in bf16 on Hopper or newer (what PyTorch documents)."""
+    if not hasattr(F, "grouped_mm") or dtype not in (torch.float32, torch.bfloat16):
+        return False
+    if device.type == "cuda" and (
+        dtype != torch.bfloat16 or torch.cuda.get_device_capability(device) < (9, 0)
+    ):
+        return False
+    return device.type in ("cpu", "cuda") and all(n * dtype.itemsize % 16 == 0 for n in widths)
+
+
+def expert_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, *, how: str) -> torch.Tensor:
+    """Rows of ``x`` grouped by expert (group e has counts[e] rows) times w[e]ᵀ, w of shape (E, out, in);
+    ``how`` is "grouped", "loop" or "op" (``expert_mm``, for torch.compile)."""
+    if how != "loop":  # neither grouped_mm nor our operator is an autocast op: cast as autocast would
+        dtype = matmul_dtype(x, w) or torch.promote_types(x.dtype, w.dtype)
+        x, w = x.to(dtype), w.to(dtype)
+        if how == "op":
+            return expert_mm(x, w, counts)
+        return F.grouped_mm(x, w.transpose(-2, -1), offs=counts.cumsum(0).to(torch.int32))
     # one matmul per expert; .tolist() waits for the counts (a host sync on GPUs). unbind, not w[e]: the
     # backward of each w[e] would write a full-size gradient of w, E times over
     return torch.cat([xe @ we.T for xe, we in zip(x.split(counts.tolist()), w.unbind(0))])
+
+
+@torch.library.custom_op("smallinit::expert_mm", mutates_args=())
+def expert_mm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """``expert_matmul`` as one operator, run eagerly inside: grouped_mm where it runs, else the loop."""
+    if grouped_mm_runs(x.dtype, x.device, w.shape[1:]) and x.dtype == w.dtype:
+        return expert_matmul(x, w, counts, how="grouped")
+    return expert_matmul(x, w, counts, how="loop")
+
+
+@expert_mm.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], w.shape[1])
+
+
+@torch.library.custom_op("smallinit::expert_mm_weight_grad", mutates_args=())
+def expert_mm_weight_grad(dy: torch.Tensor, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``expert_mm``'s w: dy_eᵀ x_e for every group e, shape (E, out, in)."""
+    if grouped_mm_runs(x.dtype, x.device, (dy.shape[1], x.shape[1])) and x.dtype == dy.dtype:
+        return F.grouped_mm(dy.t(), x, offs=counts.cumsum(0).to(torch.int32))
+    groups = counts.tolist()
+    return torch.stack([de.T @ xe for de, xe in zip(dy.split(groups), x.split(groups))])
+
+
+@expert_mm_weight_grad.register_fake
+def _(dy: torch.Tensor, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    return dy.new_empty(counts.shape[0], dy.shape[1], x.shape[1])
+
+
+def _expert_mm_context(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _expert_mm_backward(ctx, dy: torch.Tensor):
+    x, w, counts = ctx.saved_tensors
+    dx = expert_mm(dy, w.transpose(-2, -1), counts) if ctx.needs_input_grad[0] else None
+    dw = expert_mm_weight_grad(dy, x, counts) if ctx.needs_input_grad[1] else None
+    return dx, dw, None
+
+
+expert_mm.register_autograd(_expert_mm_backward, setup_context=_expert_mm_context)
 
 
 class MoE(nn.Module):
@@ -136,11 +197,11 @@ class MoE(nn.Module):
         counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device).scatter_add_(
             0, flat, torch.ones_like(flat)
         )
-        grouped = self._grouped(x)
+        how = self._how(x)
         xs = x[order // k]
-        hs = F.silu(expert_matmul(xs, self.gate_proj, counts, grouped=grouped))
-        hs = hs * expert_matmul(xs, self.up_proj, counts, grouped=grouped)
-        ys = expert_matmul(hs, self.down_proj, counts, grouped=grouped)
+        hs = F.silu(expert_matmul(xs, self.gate_proj, counts, how=how))
+        hs = hs * expert_matmul(xs, self.up_proj, counts, how=how)
+        ys = expert_matmul(hs, self.down_proj, counts, how=how)
         # combine: back to (token, slot) order, weighted sum over the k slots
         y = torch.zeros_like(ys).index_copy(0, order, ys).view(-1, k, shape[-1])
         y = (y * weights.unsqueeze(-1).to(y.dtype)).sum(1)
@@ -152,20 +213,18 @@ class MoE(nn.Module):
             self._accumulate(counts, balance, z)
         return y.view(shape), self.aux_loss_weight * balance + self.z_loss_weight * z
 
-    def _grouped(self, x: torch.Tensor) -> bool:
+    def _how(self, x: torch.Tensor) -> str:
         if self.dispatch not in DISPATCHES:
             raise ValueError(f"MoE dispatch must be one of {DISPATCHES}, got {self.dispatch!r}")
         if self.dispatch != "auto":
-            return self.dispatch == "grouped"
-        # PyTorch documents grouped_mm for bf16 on recent CUDA GPUs only; eagerly on the CPU it takes fp32 and
-        # bf16 when both matrix widths are whole multiples of 16 bytes. Under torch.compile its tracing kernel
-        # takes bf16 only, and on GPUs the grouped path is not verified yet: both use the loop.
+            return self.dispatch
+        # under torch.compile, grouped_mm's tracing kernel takes bf16 only and the loop breaks the graph
+        if torch.compiler.is_compiling():
+            return "op"
+        # eagerly on GPUs the grouped path is not verified yet: the loop
         dtype = matmul_dtype(x, self.gate_proj)
-        if not hasattr(F, "grouped_mm") or x.device.type != "cpu" or torch.compiler.is_compiling():
-            return False
-        return dtype in (torch.float32, torch.bfloat16) and all(
-            n * dtype.itemsize % 16 == 0 for n in (x.shape[-1], self.d_expert)
-        )
+        cpu = x.device.type == "cpu"
+        return "grouped" if cpu and grouped_mm_runs(dtype, x.device, (x.shape[-1], self.d_expert)) else "loop"
 
     @torch.no_grad()
     def _accumulate(self, counts: torch.Tensor, balance: torch.Tensor, z: torch.Tensor) -> None:

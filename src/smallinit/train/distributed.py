@@ -138,15 +138,13 @@ def shutdown() -> None:
 # -- wrapping ----------------------------------------------------------------------------------------------
 
 
-def parallelize(
-    model: nn.Module, rt: Runtime, train: TrainConfig, amp_dtype: torch.dtype | None
-) -> nn.Module:
+def parallelize(model: nn.Module, rt: Runtime, train: TrainConfig) -> nn.Module:
     """Apply activation checkpointing, ``torch.compile`` and DDP / FSDP2 to ``model``; return what to call.
 
     ``model`` must already hold its initial weights (drawn in full from the seed). Checkpointing and
     compilation work per block and in place, and FSDP2 shards in place, so ``model`` keeps its parameter
-    names; only DDP wraps it (the returned module). FSDP2 on GPU keeps fp32 master weights and computes
-    in ``amp_dtype`` (bf16) with fp32 gradient reduction.
+    names; only DDP wraps it (the returned module). Every layout runs the same numerical model: fp32
+    weights, and under bf16 the autocast of one process, with fp32 gradient reduction.
     """
     blocks = list(model.blocks)
     if train.activation_checkpointing:
@@ -174,11 +172,10 @@ def parallelize(
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(rt.device.type, (rt.world_size,))
-    mp = (
-        MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
-        if amp_dtype
-        else MixedPrecisionPolicy()
-    )
+    # no param_dtype: gathered weights stay fp32 and autocast casts what it casts in one process. FSDP2's bf16
+    # policy would also cast each block's inputs (the residual stream, the RoPE tables) and the norms' and
+    # router's weights to bf16: another numerical model than one process or DDP trains
+    mp = MixedPrecisionPolicy()
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)  # the root: embedding, final norm, LM head

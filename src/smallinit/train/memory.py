@@ -4,22 +4,27 @@ An estimate from the shapes, per GPU, in bytes (P = parameters, N = ranks, a = b
 element: 2 under bf16, 4 in fp32; per token of the micro-batch, per layer):
 
     DDP:    weights 4P + gradients 4P + AdamW 8P, and under bf16 autocast a 2P copy of the weights
-    FSDP:   (4P + 4P + 8P) / N, plus the gathered parameters in flight, a·(P_root + 2·P_block) (the root
-            stays gathered; one block computes while the next is fetched), plus one unsharded gradient
-            in compute precision and in fp32 for the reduce-scatter, (a + 4)·max(P_root, P_block)
+    FSDP:   (4P + 4P + 8P) / N, plus the gathered fp32 parameters in flight, 4·(P_root + 2·P_block) (the
+            root stays gathered; one block computes while the next is fetched), plus one unsharded gradient
+            in compute precision and in fp32 for the reduce-scatter, (a + 4)·max(P_root, P_block), and
+            under bf16 autocast the same 2P of bf16 weight copies as DDP (each matmul keeps its cast weight
+            for backward: the price of computing what one process computes, docs/distributed.md)
     saved activations, per token and layer:  24·d + a·(3d + 2·d_kv + [2·g + d] + 4·f)
         24·d: the fp32 input, normalised input and output of the two RMSNorms (4 bytes × 6d);
         3d + 2·d_kv: q, k, v after RoPE, the attention output and the output projection's input;
         2·g + d with a gate: its logits and sigmoid (g = d elementwise, n_heads headwise) and the gated
         output; 4·f: SwiGLU's gate, up, silu and product (MoE: k·(4·d_expert + 3·d) for the k routed
-        experts, plus 8·E for the router in fp32, plus a shared expert's 4·d_expert)
+        experts, and under autocast k·d more, the gathered tokens cast once for gate and once for up;
+        8·E + 4·k + 8 bytes for the router's fp32 scores, top-k weights and their sums, 24·k for the int64
+        top-k indices and the sort order; plus a shared expert's 4·d_expert)
     with activation checkpointing only each block's input is kept (4·d per layer), and the block being
     recomputed in backward holds its activations again (one layer's worth, counted as in flight);
     the head, per token: 12·d (final norm) + a·V (the logits, which the loss keeps instead of fp32
     log-probabilities), and in backward the loss's fp32 V-sized gradient, plus its cast to bf16 under
     autocast (4·V or 6·V, in flight).
 
-Checked against the tensors autograd really saves (fp32, CPU): within 6 % (tests/test_memory.py).
+Checked against the tensors autograd really saves (CPU, fp32 and under bf16 autocast): within 6 %
+(tests/test_memory.py).
 
 It ignores the CUDA context and allocator fragmentation (budget ~1-2 GiB per GPU more) and fused
 attention's per-row statistics. ``smallinit info --memory`` prints it for a config, and the trainer refuses,
@@ -90,9 +95,11 @@ def layer_bytes_per_token(cfg: ModelConfig, act_bytes: int) -> list[float]:
         m = cfg.moe
         if m is None or layer % m.every_n_layers != m.every_n_layers - 1:
             return 4 * cfg.d_ff * act_bytes
-        de = m.d_expert or cfg.d_ff
+        de, k = m.d_expert or cfg.d_ff, m.top_k
         shared = 4 * de * act_bytes if m.shared_expert else 0
-        return m.top_k * (4 * de + 3 * d) * act_bytes + 8 * m.num_experts + shared
+        casts = d if act_bytes < 4 else 0  # under autocast gate and up each cast the gathered tokens
+        routing = 8 * m.num_experts + 4 * k + 8 + 24 * k  # fp32 scores, top-k weights, sums; int64 indices
+        return k * (4 * de + 3 * d + casts) * act_bytes + routing + shared
 
     return [24 * d + act_bytes * (3 * d + 2 * kv + 2 * g + gated_out) + mlp(i) for i in range(_period(cfg))]
 
@@ -127,11 +134,11 @@ def estimate_memory(
     flight = tokens * (6 if a == 2 else 4) * cfg.vocab_size  # the loss's fp32 gradient (+ its bf16 cast)
     if activation_checkpointing:  # the block being recomputed holds its activations again
         flight += tokens * max(layer_bytes_per_token(cfg, a))
+    cast = 2 * P if a == 2 else 0
     if parallel == "fsdp" and world_size > 1:
         n = world_size
-        gathered = a * (p_root + 2 * p_block) + (a + 4) * max(p_root, p_block)
-        return MemoryEstimate(P, 4 * P / n, 4 * P / n, 8 * P / n, acts, gathered + flight)
-    cast = 2 * P if a == 2 else 0
+        gathered = 4 * (p_root + 2 * p_block) + (a + 4) * max(p_root, p_block)
+        return MemoryEstimate(P, 4 * P / n, 4 * P / n, 8 * P / n, acts, gathered + cast + flight)
     return MemoryEstimate(P, 4 * P, 4 * P, 8 * P, acts, cast + flight)
 
 

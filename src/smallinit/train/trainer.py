@@ -135,7 +135,7 @@ class Trainer:
         )  # config.json keeps the choice
         if tc.compile:
             self.callbacks.append(compiling.MarkWarm(self.cfg))
-        self.engine: torch.nn.Module = parallelize(self.model, self.runtime, tc, self.amp_dtype)
+        self.engine: torch.nn.Module = parallelize(self.model, self.runtime, tc)
         self.optimizer = build_optimizer(self.model, tc)
         self.names = {id(p): n for n, p in self.model.named_parameters()}
         if not resume and self.runtime.is_main:  # written only once the inputs and the model proved usable
