@@ -54,6 +54,7 @@ from smallinit.study.judging.verdicts import seeds_problem
 from smallinit.study.planning.recipes import Recipe, Scale, apply_budget, customise, load_recipe
 from smallinit.study.running import Sweep, resolve_config
 from smallinit.study.running.runs import Run, model_shape
+from smallinit.study.running.sbatch import SlurmOptions
 from smallinit.train.flops import train_flops_per_token
 from smallinit.train.memory import GIB, device_memory, estimate_memory
 from smallinit.train.records import AnalysisRecord, EvalRecord, NormFactorRecord
@@ -676,6 +677,46 @@ def format_plan(plan: Plan) -> str:
     }
     lines += [f"seed sd {s}" for s in sorted(sources)]
     lines += [f"note: {n}" for n in plan.notes]
+    return "\n".join(lines)
+
+
+def format_slurm(plan: Plan, opts: SlurmOptions) -> str:
+    """How the plan's cells run as SLURM jobs (``--scheduler slurm``): how many, of what size, for how long."""
+    hw, sweeps = plan.hardware, len({c.sweep for c in plan.cells})
+    devices = opts.gpus or opts.cpus_per_task  # one job's GPUs, or its CPU cores
+    if (hw.kind == "cpu") == (opts.gpus == 0):  # the plan's device, as many as one job holds
+        job_hw = dataclasses.replace(
+            hw, devices=devices, tokens_per_s=hw.tokens_per_s and hw.tokens_per_s * devices / hw.devices
+        )
+    else:
+        job_hw = Hardware.make("h100" if opts.gpus else "cpu", devices)
+    secs = sorted(job_hw.seconds(c.flops, c.tokens) for c in plan.cells)
+    usable = opts.limit_s - opts.signal_s
+    at_once = min(opts.max_running or len(secs), len(secs))
+    size = (
+        f"{opts.nodes} node(s) × {opts.gpus_per_node} GPUs ({job_hw.describe()}), {opts.cpus_per_task} CPUs per node"
+        if opts.gpus
+        else f"1 process on {opts.cpus_per_task} CPU core(s) ({job_hw.describe()})"
+    )
+    where = "".join(f", {k} {v}" for k, v in (("partition", opts.partition), ("account", opts.account)) if v)
+    lines = [
+        f"slurm: {len(secs)} jobs in {sweeps} job array(s) ({'at most ' + str(opts.max_running) if opts.max_running else 'as many as SLURM allows'} "
+        f"at a time), each {size}, time limit {opts.time}{where}",
+        f"  per job {_hours(secs[0])} to {_hours(secs[-1])} of training (median {_hours(secs[len(secs) // 2])})",
+    ]
+    longer = [s for s in secs if s > usable]
+    if longer:
+        parts = max(math.ceil(s / usable) for s in longer)
+        lines.append(
+            f"  {len(longer)} job(s) need more than the limit less signal_s ({_hours(usable)}): each stops "
+            f"with a checkpoint and is requeued, up to {parts} parts"
+        )
+    else:
+        lines.append(f"  every job fits its time limit ({_hours(usable)} before the stop signal)")
+    lines.append(
+        f"  all jobs: ≈ {_hours(max(secs[-1], sum(secs) / at_once))} wall with {at_once} running at a time, "
+        f"{sum(secs) * devices / 3600:,.1f} {'GPU' if opts.gpus else 'CPU-core'}-hours"
+    )
     return "\n".join(lines)
 
 

@@ -114,7 +114,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     ]
     counts = {
         s: sum(r["status"] == s for r in rows)
-        for s in ("done", "running", "interrupted", "pending", "failed")
+        for s in ("done", "running", "queued", "interrupted", "pending", "failed")
     }
     out.append(", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no cells")
     return "\n".join(line.rstrip() for line in out)
