@@ -479,15 +479,7 @@ def add_plan(sub) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from smallinit.study import Sweep
-    from smallinit.study.planning.plan import (
-        format_plan,
-        format_slurm,
-        parse_seed_sd,
-        plan_recipe,
-        plan_sweep,
-    )
-    from smallinit.study.running.sbatch import SlurmOptions
+    from smallinit.study.planning.plan import format_plan, parse_seed_sd, plan_recipe, plan_sweep
 
     if not args.target:  # the old `sweep --plan` without a file
         raise ExperimentError("pass a sweep file to plan: smallinit plan SWEEP.toml")
@@ -499,7 +491,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise ConfigError(
                 f"{given[0]} is for recipes; a sweep file has no scales: change its [base] or [grid]"
             )
-        plan = plan_sweep(args.target, _hardware(args), seed_sd=loss_sd, claim_sd=claim_sd)
+        plan = plan_sweep(
+            args.target, _hardware(args), seed_sd=loss_sd, claim_sd=claim_sd, slurm=_slurm(args)
+        )
     else:
         plan = plan_recipe(
             args.target,
@@ -509,11 +503,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             overrides=overrides,
             seed_sd=loss_sd,
             claim_sd=claim_sd,
+            slurm=_slurm(args),
         )
     print(json.dumps(plan.to_dict(), indent=1) if args.json else format_plan(plan))
-    if _slurm(args) is not None:
-        base = Sweep.load(args.target).slurm if _is_sweep_file(args.target) else SlurmOptions()
-        print(format_slurm(plan, base.merged(_slurm(args))))
     return 0
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,6 +45,7 @@ from smallinit.study.running.slurm import (
     check_same_cluster,
     queued_jobs,
     refresh_states,
+    require,
     submission_record,
     submit_cells,
 )
@@ -165,6 +167,8 @@ class SweepRunner:
         self.configs = {
             c.id: resolve_config(c, vocab_sizes) for c in self.cells
         }  # all checked before any runs
+        if slurm is not None:
+            require("sbatch")  # before anything is written
         if jobs is not None and jobs < 1:
             raise ExperimentError(f"--jobs {jobs} must be ≥ 1")
         self.jobs = jobs or default_jobs(list(self.configs.values()))
@@ -223,9 +227,12 @@ class SweepRunner:
         in_slurm = any(s.get("job") and s.get("status") in ACTIVE for s in self.states.values())
         if self.slurm is not None:
             self.cluster = check_same_cluster(self.dir, self.submissions, self.states)
-        if (
-            self.slurm is not None or in_slurm
-        ):  # SLURM ran cells here: ask it, and their files, how they stand
+        if in_slurm and self.slurm is None and shutil.which("squeue") is None:
+            raise ExperimentError(
+                f"cells of {self.dir} were submitted to SLURM and squeue is not on PATH to ask how they stand; "
+                f"run this where SLURM's commands are (smallinit status {self.dir} shows them as last recorded)"
+            )
+        if self.slurm is not None or in_slurm:  # SLURM ran cells here: ask it and their files how they stand
             refresh_states(self.dir, self.cells, self.states, queued_jobs(self.dir))
         for cell in self.cells:
             state, run = self.states[cell.id], cell_dir(self.dir, cell.id)

@@ -44,7 +44,7 @@ _ON_NODE = {"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED", "SIG
 ACTIVE = ("queued", "running")  # a cell in SLURM's hands
 
 
-def _command(name: str) -> str:
+def require(name: str) -> str:
     path = shutil.which(name)
     if path is None:
         raise ExperimentError(
@@ -58,7 +58,7 @@ def _slurm(argv: list[str]) -> str:
     """Run a SLURM command; its stdout, or one line with what it said."""
     try:
         done = subprocess.run(
-            [_command(argv[0]), *argv[1:]], capture_output=True, text=True, timeout=120, check=False
+            [require(argv[0]), *argv[1:]], capture_output=True, text=True, timeout=120, check=False
         )
     except subprocess.TimeoutExpired:
         raise ExperimentError(f"{argv[0]} did not answer in 120 s; is slurmctld up? (try: sinfo)") from None
@@ -142,7 +142,6 @@ def submit_cells(
     echo: TextIO | None = None,
 ) -> str:
     """Write the array's script and submit array tasks ``todo`` (indices into ``cells``); the array's job id."""
-    _command("sbatch")
     launcher = launcher_argv(sweep_launcher) if sweep_launcher else None
     compile_first = compile_choices(cells, configs, max(1, opts.max_running or len(todo)))
     script_cells = [
@@ -224,7 +223,7 @@ def sweep_status(sweep_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], st
     sweep_dir = Path(sweep_dir)
     cells, states = load_cells(sweep_dir), cell_states(sweep_dir)
     note = ""
-    if any(s.get("job") and s.get("status") in ACTIVE for s in states.values()):
+    if (sweep_dir / SCRIPT).is_file():  # submitted once: SLURM may know cells no submission recorded
         try:
             refresh_states(sweep_dir, cells, states, queued_jobs(sweep_dir))
         except ExperimentError as e:
