@@ -39,7 +39,7 @@ from smallinit.study.running.packing import (
 )
 from smallinit.study.running.progress import Progress, cell_work
 from smallinit.study.running.results import cell_row, error_line, write_results
-from smallinit.study.running.sbatch import SlurmOptions
+from smallinit.study.running.sbatch import SCRIPT, SlurmOptions
 from smallinit.study.running.slurm import (
     ACTIVE,
     check_same_cluster,
@@ -232,7 +232,8 @@ class SweepRunner:
                 f"cells of {self.dir} were submitted to SLURM and squeue is not on PATH to ask how they stand; "
                 f"run this where SLURM's commands are (smallinit status {self.dir} shows them as last recorded)"
             )
-        if self.slurm is not None or in_slurm:  # SLURM ran cells here: ask it and their files how they stand
+        # SLURM ran cells here (or may run some whose submission was never recorded): ask it and their files
+        if self.slurm is not None or in_slurm or ((self.dir / SCRIPT).is_file() and shutil.which("squeue")):
             refresh_states(self.dir, self.cells, self.states, queued_jobs(self.dir))
         for cell in self.cells:
             state, run = self.states[cell.id], cell_dir(self.dir, cell.id)

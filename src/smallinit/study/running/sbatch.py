@@ -16,8 +16,8 @@ A sweep file's ``[slurm]`` table (or the command line's flags, which win) sets::
 The script (one per sweep folder, ``slurm/cells.sbatch``) is ``examples/slurm.sbatch`` made for a job array:
 array task i runs cell i into ``cells/<cell-id>`` (``--resume`` once the cell has a config.json), under
 ``srun`` (one torchrun per node where the cell has GPUs), output appended to the cell's train.log. SLURM
-sends USR1 ``signal_s`` before the time limit: the script passes a SIGTERM on (every rank finishes its step,
-checkpoints and exits 75) and requeues the task, which resumes from that checkpoint. A ``scancel``, an
+sends USR1 ``signal_s`` before the time limit: the script sends the cell's processes SIGTERM (every rank
+finishes its step, checkpoints and exits 75) and requeues the task, which resumes from that checkpoint. A ``scancel``, an
 ``scontrol requeue`` or a preemption sends SIGTERM: the cell checkpoints the same way and SLURM requeues it
 or not. Each attempt appends ``{"job", "restart", "start", "end", "rc"}`` to the cell's ``slurm.jsonl``, from
 which smallinit tells a cell that failed (its error line) from one that was stopped.
@@ -209,11 +209,12 @@ if [[ -f $run/config.json ]]; then args=(--resume "${{args[@]}}"); else args+=($
 start=$(date +%s.%N)
 echo "=== attempt: job $job, restart ${{SLURM_RESTART_COUNT:-0}}: smallinit train ${{args[*]}}" >>"$run/train.log"
 
-# USR1 comes signal_s before the time limit: stop the cell (it checkpoints) and requeue it.
-# TERM (scancel, scontrol requeue, preemption): stop it the same way; SLURM decides whether it runs again.
+# USR1 comes signal_s before the time limit: SIGTERM to the cell's processes (not to srun, which would kill
+# them), so they checkpoint and exit 75; then requeue the task. TERM (scancel, scontrol requeue, preemption)
+# reaches the cell's processes from SLURM itself: wait for them to checkpoint, and record how they ended.
 requeue=0
-trap 'requeue=1; kill -TERM "$pid" 2>/dev/null' USR1
-trap 'kill -TERM "$pid" 2>/dev/null' TERM
+trap 'requeue=1; scancel --signal=TERM "$SLURM_JOB_ID"' USR1
+trap ':' TERM
 srun --kill-on-bad-exit=1 {" ".join(start)} -m smallinit train --out "$run" "${{args[@]}}" >>"$run/train.log" 2>&1 &
 pid=$!
 rc=0
