@@ -186,9 +186,9 @@ def test_a_sweep_as_a_job_array_survives_requeue_cancel_time_limit_and_a_killed_
     broken.write_text(
         SWEEP.format(corpus=tmp_path / "missing.txt").replace("[0.5, 1.0]", "[0.5]").replace("[0, 1]", "[0]")
     )
-    assert main(["sweep", str(broken), "--out", str(bad), "--scheduler", "slurm"]) == 0
+    assert main(["sweep", str(broken), "--out", str(tmp_path / "broken"), "--scheduler", "slurm"]) == 0
     wait_for("the broken cell to end", lambda: not squeue(), every=0.5)
-    assert main(["status", str(bad)]) == 0
+    assert main(["status", str(tmp_path / "broken")]) == 0
     assert re.search(r"gamma-0.5_seed-0\s+failed\s.*missing.txt", capsys.readouterr().out)
 
     # 6. Every cell equals the same cell run here, bit for bit: no step lost or done twice.
