@@ -27,7 +27,7 @@ name = "array"
 [base]
 model = {{preset = "cpu-1m", d_model = 16, n_layers = 1, n_heads = 2, n_kv_heads = 2, d_ff = 32, max_seq_len = 32}}
 data = {{corpus = "{corpus}", tokenizer = "bytes", seq_len = 16, val_fraction = 0.1}}
-train = {{steps = 1000, batch_size = 4, eval_every = 500, eval_batches = 1, log_every = 50, checkpoint_every = 50}}
+train = {{steps = 2000, batch_size = 4, eval_every = 500, eval_batches = 1, log_every = 50, checkpoint_every = 50}}
 [grid]
 "model.gamma" = [0.5, 1.0]
 "train.seed" = [0, 1]
@@ -107,7 +107,6 @@ def test_a_sweep_as_a_job_array_survives_requeue_cancel_time_limit_and_a_killed_
     real = subprocess.run(["which", "sbatch"], capture_output=True, text=True, check=True).stdout.strip()
     (bin_dir / "sbatch").write_text(f'#!/bin/bash\n{real} "$@"\nsleep 600\n')
     (bin_dir / "sbatch").chmod(0o755)
-    t0 = time.monotonic()
     submitter = subprocess.Popen(
         [sys.executable, "-m", "smallinit", "sweep", str(path), "--out", str(out), "--scheduler", "slurm"],
         env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
@@ -116,7 +115,6 @@ def test_a_sweep_as_a_job_array_survives_requeue_cancel_time_limit_and_a_killed_
         start_new_session=True,
     )
     jobs = wait_for("the array in squeue", lambda: len(squeue()) == 4 and squeue())
-    submit_s = time.monotonic() - t0
     os.killpg(submitter.pid, signal.SIGKILL)
     submitter.wait()
     array = next(iter(jobs)).split("_")[0]
@@ -140,25 +138,22 @@ def test_a_sweep_as_a_job_array_survives_requeue_cancel_time_limit_and_a_killed_
     recorded = json.loads((out / "status.json").read_text())["cells"]
     assert [recorded[c]["job"] for c in cells] == [f"{array}_{i}" for i in range(4)]
 
-    # 3. Mid-run: cell 0 requeued by the cluster, cell 1 cancelled, cell 2 sent the time limit's signal.
+    # 3. Mid-run: cell 0 sent the time limit's signal, cell 1 cancelled, cell 2 requeued by the cluster.
     def mid_run(i: int) -> bool:
         return checkpointed(run[cells[i]]) and squeue().get(f"{array}_{i}") == "RUNNING"
 
     wait_for("cell 0 mid-run", lambda: mid_run(0))
-    t_requeue = time.monotonic()
-    subprocess.run(["scontrol", "requeue", f"{array}_0"], check=True)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", f"{array}_0"], check=True)  # what --signal sends
     wait_for("cell 1 mid-run", lambda: mid_run(1))
     subprocess.run(["scancel", f"{array}_1"], check=True)
     wait_for("cell 2 mid-run", lambda: mid_run(2))
-    subprocess.run(["scancel", "--batch", "--signal=USR1", f"{array}_2"], check=True)  # what --signal sends
-    resumed = "restart 1: smallinit train --resume"
-    wait_for("cell 0 to resume", lambda: resumed in (run[cells[0]] / "train.log").read_text(), every=0.05)
-    resume_s = time.monotonic() - t_requeue  # its checkpoint, SLURM's requeue delay, a free slot, its start
+    subprocess.run(["scontrol", "requeue", f"{array}_2"], check=True)
     wait_for("the array to end", lambda: not squeue(), timeout=900, every=0.5)
     assert table(capsys, out) == dict(zip(cells, ["done", "interrupted", "done", "done"]))
-    ends = [json.loads(line)["rc"] for line in (run[cells[2]] / "slurm.jsonl").read_text().splitlines()]
+    ends = [json.loads(line)["rc"] for line in (run[cells[0]] / "slurm.jsonl").read_text().splitlines()]
     assert ends == [75, 0]  # stopped with a checkpoint, requeued by its own script, resumed to the end
-    assert "restart 1: smallinit train --resume" in (run[cells[2]] / "train.log").read_text()
+    for i in (0, 2):
+        assert "restart 1: smallinit train --resume" in (run[cells[i]] / "train.log").read_text()
 
     # 4. A second sweep call submits what is missing, and only that.
     assert main(["sweep", str(path), "--out", str(out), "--scheduler", "slurm"]) == 0
@@ -196,6 +191,5 @@ def test_a_sweep_as_a_job_array_survives_requeue_cancel_time_limit_and_a_killed_
     for c in cells:
         mine, here = losses(run[c]), losses(tmp_path / "local" / "cells" / c)
         steps = [s[0] for s in mine if s[1] is not None]
-        assert steps == sorted(set(steps)) and steps[-1] == 1000
+        assert steps == sorted(set(steps)) and steps[-1] == 2000
         assert mine == here, c
-    print(f"\n[slurm timings] submit {submit_s:.1f} s; scontrol requeue → resumed {resume_s:.1f} s")

@@ -213,7 +213,7 @@ echo "=== attempt: job $job, restart ${{SLURM_RESTART_COUNT:-0}}: smallinit trai
 # them), so they checkpoint and exit 75; then requeue the task. TERM (scancel, scontrol requeue, preemption)
 # reaches the cell's processes from SLURM itself: wait for them to checkpoint, and record how they ended.
 requeue=0
-trap 'requeue=1; scancel --signal=TERM "$SLURM_JOB_ID"' USR1
+trap 'requeue=1; scancel --signal=TERM "$job"' USR1  # ARRAY_TASK: a task's own job id may be the array's
 trap ':' TERM
 srun --kill-on-bad-exit=1 {" ".join(start)} -m smallinit train --out "$run" "${{args[@]}}" >>"$run/train.log" 2>&1 &
 pid=$!
