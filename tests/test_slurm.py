@@ -143,7 +143,11 @@ def test_a_sweep_as_a_job_array_survives_requeue_cancel_time_limit_and_a_killed_
         return checkpointed(run[cells[i]]) and squeue().get(f"{array}_{i}") == "RUNNING"
 
     wait_for("cell 0 mid-run", lambda: mid_run(0))
-    subprocess.run(["scancel", "--batch", "--signal=USR1", f"{array}_0"], check=True)  # what --signal sends
+    wait_for(  # what --signal sends; slurmctld may say "try again later" while the array's tasks change state
+        "the USR1 accepted",
+        lambda: subprocess.run(["scancel", "--batch", "--signal=USR1", f"{array}_0"]).returncode == 0,
+        every=1.0,
+    )
     wait_for("cell 1 mid-run", lambda: mid_run(1))
     subprocess.run(["scancel", f"{array}_1"], check=True)
     wait_for("cell 2 mid-run", lambda: mid_run(2))

@@ -212,8 +212,11 @@ echo "=== attempt: job $job, restart ${{SLURM_RESTART_COUNT:-0}}: smallinit trai
 # USR1 comes signal_s before the time limit: SIGTERM to the cell's processes (not to srun, which would kill
 # them), so they checkpoint and exit 75; then requeue the task. TERM (scancel, scontrol requeue, preemption)
 # reaches the cell's processes from SLURM itself: wait for them to checkpoint, and record how they ended.
+# "$job", ARRAY_TASK: a task's own SLURM_JOB_ID may name the whole array. slurmctld may answer "try again later"
+# while the array's other tasks change state.
+stop_cell() {{ for _ in $(seq 30); do scancel --signal=TERM "$job" && return; sleep 1; done; }}
 requeue=0
-trap 'requeue=1; scancel --signal=TERM "$job"' USR1  # ARRAY_TASK: a task's own job id may be the array's
+trap 'requeue=1; stop_cell' USR1
 trap ':' TERM
 srun --kill-on-bad-exit=1 {" ".join(start)} -m smallinit train --out "$run" "${{args[@]}}" >>"$run/train.log" 2>&1 &
 pid=$!
