@@ -138,18 +138,17 @@ def test_a_sweep_as_a_job_array_survives_requeue_cancel_time_limit_and_a_killed_
     recorded = json.loads((out / "status.json").read_text())["cells"]
     assert [recorded[c]["job"] for c in cells] == [f"{array}_{i}" for i in range(4)]
 
-    # 3. Mid-run: cell 0 sent the time limit's signal, cell 1 cancelled, cell 2 requeued by the cluster.
+    # 3. Mid-run: cell 1 cancelled, cell 0 sent the time limit's signal, cell 2 requeued by the cluster.
     def mid_run(i: int) -> bool:
         return checkpointed(run[cells[i]]) and squeue().get(f"{array}_{i}") == "RUNNING"
 
-    wait_for("cell 0 mid-run", lambda: mid_run(0))
+    wait_for("cells 0 and 1 mid-run", lambda: mid_run(0) and mid_run(1))
+    subprocess.run(["scancel", f"{array}_1"], check=True)
     wait_for(  # what --signal sends; slurmctld may say "try again later" while the array's tasks change state
         "the USR1 accepted",
         lambda: subprocess.run(["scancel", "--batch", "--signal=USR1", f"{array}_0"]).returncode == 0,
         every=1.0,
     )
-    wait_for("cell 1 mid-run", lambda: mid_run(1))
-    subprocess.run(["scancel", f"{array}_1"], check=True)
     wait_for("cell 2 mid-run", lambda: mid_run(2))
     subprocess.run(["scontrol", "requeue", f"{array}_2"], check=True)
     wait_for("the array to end", lambda: not squeue(), timeout=900, every=0.5)

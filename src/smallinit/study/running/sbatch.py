@@ -220,8 +220,9 @@ trap 'requeue=1; stop_cell' USR1
 trap ':' TERM
 srun --kill-on-bad-exit=1 {" ".join(start)} -m smallinit train --out "$run" "${{args[@]}}" >>"$run/train.log" 2>&1 &
 pid=$!
-rc=0
-while kill -0 "$pid" 2>/dev/null; do wait "$pid"; rc=$?; done
+while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done  # a trap interrupts wait (128 + its signal): again
+wait "$pid"
+rc=$?  # srun's own code, which bash kept
 printf '{{"job": "%s", "restart": %s, "start": %s, "end": %s, "rc": %s}}\\n' \\
     "$job" "${{SLURM_RESTART_COUNT:-0}}" "$start" "$(date +%s.%N)" "$rc" >>"$run/{ATTEMPTS_FILE}"
 if [[ $requeue == 1 && $rc == 75 && ! -f $run/summary.json ]]; then
