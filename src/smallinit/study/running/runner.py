@@ -8,7 +8,9 @@ holds ``sweep.json`` (the cells), ``status.json`` (pending / running / done / fa
 with the error line; rewritten atomically after every change), ``results.csv`` and ``results.json`` (one
 row per cell) and ``cells/<cell-id>/`` (a run folder plus ``train.log``). Running the sweep again skips
 cells that finished, resumes interrupted ones from their newest checkpoint (``--resume``) and leaves failed
-ones alone unless asked to retry them. A lock on the folder keeps two runners apart.
+ones alone unless asked to retry them. A lock on the folder keeps two runners apart. With SLURM options the
+runner submits the cells that need to run as one job array instead and returns (smallinit.study.running.slurm);
+a runner stopped by a signal records its cells interrupted, whatever launcher ran them.
 """
 
 from __future__ import annotations
@@ -180,6 +182,7 @@ class SweepRunner:
         self.stop: list[str] = []  # stop requests of the session that runs (smallinit.signals)
         self.slurm = slurm  # None: run the cells here; else submit them to SLURM as a job array
         self.submissions: dict[str, Any] = {}  # status.json's "slurm": the arrays submitted, where from
+        self.cluster = ""  # the SLURM cluster submitted to
 
     # -- bookkeeping --
 
