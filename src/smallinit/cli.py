@@ -223,6 +223,42 @@ LAUNCHER_HELP = (
 )
 
 
+def _slurm_args(p: argparse.ArgumentParser) -> None:
+    """--scheduler slurm and its options (over the sweep file's [slurm] table; docs/distributed.md)."""
+    p.add_argument(
+        "--scheduler",
+        choices=("local", "slurm"),
+        default="local",
+        help="local: run the cells here (default); slurm: submit them as one job array per sweep and return "
+        "(smallinit status DIR follows them; the same command again submits what is missing)",
+    )
+    for flag, kind, help in (
+        ("--partition", str, "SLURM partition"),
+        ("--account", str, "SLURM account"),
+        (
+            "--time",
+            str,
+            "each job's time limit, e.g. 24:00:00 (a longer cell is requeued from its checkpoint)",
+        ),
+        ("--nodes", int, "nodes per cell (one torchrun per node)"),
+        ("--gpus-per-node", int, "GPUs per node of a cell (0: one CPU process)"),
+        ("--cpus-per-task", int, "CPU cores per node of a cell"),
+        ("--max-running", int, "array tasks running at once (--array=...%%K)"),
+    ):
+        p.add_argument(flag, type=kind, help=help)
+    p.add_argument(
+        "--sbatch", action="append", metavar="--OPTION=VALUE", help="one more #SBATCH line; repeatable"
+    )
+
+
+def _slurm(args: argparse.Namespace) -> dict | None:
+    """The SLURM flags given (None: not given), or None to run here."""
+    if getattr(args, "scheduler", "local") != "slurm":
+        return None
+    keys = ("partition", "account", "time", "nodes", "gpus_per_node", "cpus_per_task", "max_running")
+    return {**{k: getattr(args, k) for k in keys}, "extra": args.sbatch}
+
+
 # -- training and configs ------------------------------------------------------------------------------------------
 
 
@@ -440,6 +476,7 @@ def add_plan(sub) -> None:
     p.add_argument("--presets", metavar="P1,P2", help="replace the recipe's sizes by these presets")
     _set_arg(p, "override a config key in every run of the recipe, as smallinit recipe does")
     _plan_args(p)
+    _slurm_args(p)
     p.set_defaults(func=cmd_plan)
 
 
@@ -456,7 +493,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise ConfigError(
                 f"{given[0]} is for recipes; a sweep file has no scales: change its [base] or [grid]"
             )
-        plan = plan_sweep(args.target, _hardware(args), seed_sd=loss_sd, claim_sd=claim_sd)
+        plan = plan_sweep(
+            args.target, _hardware(args), seed_sd=loss_sd, claim_sd=claim_sd, slurm=_slurm(args)
+        )
     else:
         plan = plan_recipe(
             args.target,
@@ -466,6 +505,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             overrides=overrides,
             seed_sd=loss_sd,
             claim_sd=claim_sd,
+            slurm=_slurm(args),
         )
     print(json.dumps(plan.to_dict(), indent=1) if args.json else format_plan(plan))
     return 0
@@ -507,6 +547,7 @@ def add_recipe(sub) -> None:
     )
     _set_arg(p, "override a config key in every run (not the keys the recipe sweeps)")
     p.add_argument("--launcher", metavar="CMD", help=LAUNCHER_HELP)
+    _slurm_args(p)
     _old(p, "--list", nargs=0, new="smallinit recipes", then=_verb(cmd_recipes))
     _old(p, "--plan", nargs=0, new="smallinit plan RECIPE", then=_verb(cmd_plan))
     _plan_args(p, hide=("--seed-sd", "--json"))  # the hardware of the [plan] line printed before a run
@@ -532,7 +573,12 @@ def cmd_recipe(args: argparse.Namespace) -> int:
         presets=presets,
         overrides=args.overrides,
         launcher=args.launcher,
+        slurm=_slurm(args),
     )
+    if result.analysis is None and any(o.in_slurm for o in result.sweeps.values()):
+        print(
+            "smallinit: cells on SLURM; run the same command again once they have finished (the analysis runs then)"
+        )
     if result.exit_code == Preempted.exit_code:
         print(
             f"smallinit: stopped by a signal; run the same command again to continue {result.out}",
@@ -564,6 +610,7 @@ def add_sweep(sub) -> None:
         "--retry-failed", action="store_true", help="run failed cells again (resuming where they can)"
     )
     p.add_argument("--launcher", metavar="CMD", help=LAUNCHER_HELP)
+    _slurm_args(p)
     _old(p, "--status", metavar="DIR", new="smallinit status {}", then=_verb(cmd_status, "folder"))
     _old(p, "--plan", nargs=0, new="smallinit plan SWEEP.toml", then=_verb(cmd_plan))
     _plan_args(p, hide=PLAN_FLAGS)  # for the old --plan
@@ -580,7 +627,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sweep = Sweep.load(args.target)
     out = args.out or str(Path("runs") / sweep.folder_name)
     outcome = run_sweep(
-        sweep, out, jobs=args.jobs, retry_failed=args.retry_failed, echo=sys.stderr, launcher=args.launcher
+        sweep,
+        out,
+        jobs=args.jobs,
+        retry_failed=args.retry_failed,
+        echo=sys.stderr,
+        launcher=args.launcher,
+        slurm=_slurm(args),
     )
     if outcome.interrupted:
         print(
@@ -599,9 +652,12 @@ def add_status(sub) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from smallinit.study import format_table, sweep_rows
+    from smallinit.study import format_table, sweep_status
 
-    print(format_table(sweep_rows(args.folder)))
+    rows, note = sweep_status(args.folder)
+    print(format_table(rows))
+    if note:
+        print(note)
     return 0
 
 
@@ -621,6 +677,7 @@ def add_demo(sub) -> None:
     )  # micro: for the tests
     _out(p, "demo folder (default runs/demo-full or runs/demo-quick)")
     p.add_argument("--jobs", type=int, metavar="N", help="runs side by side (default: one per core)")
+    _slurm_args(p)
     p.set_defaults(func=cmd_demo)
 
 
@@ -628,7 +685,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from smallinit.demo import run_demo
 
     scale = args.scale or ("quick" if args.quick else "full")
-    demo = run_demo(scale=scale, out=args.out, jobs=args.jobs)
+    demo = run_demo(scale=scale, out=args.out, jobs=args.jobs, slurm=_slurm(args))
+    if not demo.table and any(o.in_slurm for o in demo.result.sweeps.values()):
+        print("smallinit: demo cells on SLURM; run the same command again once they have finished")
+        return 0
     if not demo.table:
         print(
             f"smallinit: demo stopped by a signal; run the same command again to continue {demo.result.out}",

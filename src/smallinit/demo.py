@@ -7,7 +7,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from smallinit.io import write_json_atomic, write_text_atomic
 from smallinit.report import build_report
@@ -29,14 +29,16 @@ def run_demo(
     out: str | os.PathLike | None = None,
     jobs: int | None = None,
     echo: TextIO | None = sys.stderr,
+    slurm: dict[str, Any] | None = None,
 ) -> DemoResult:
-    """Run (or continue) the demo at ``scale`` ("full", "quick" or "micro"), report and judge it."""
+    """Run (or continue) the demo at ``scale`` ("full", "quick" or "micro"), report and judge it; ``slurm``: submit
+    its cells to SLURM instead (smallinit.study.planning.recipes.run_recipe), judged once they have finished."""
     t0 = time.monotonic()
     out = Path(out) if out is not None else Path("runs") / f"demo-{scale}"
     check_out(out)
     if echo is not None:  # what this scale tests and cannot test, before anything runs
         print(f"[demo] {scale}: {load_recipe('demo').scale(scale).description}", file=echo, flush=True)
-    result = run_recipe("demo", scale, out, jobs=jobs, echo=echo)
+    result = run_recipe("demo", scale, out, jobs=jobs, echo=echo, slurm=slurm)
     if result.analysis is None:
         return DemoResult(result, None, "", time.monotonic() - t0)
     table = verdict_table(result.analysis["claims"])

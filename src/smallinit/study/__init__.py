@@ -22,6 +22,7 @@ from smallinit.study.running import (
     format_table,
     run_sweep,
     sweep_rows,
+    sweep_status,
 )
 
 __all__ = [
@@ -43,5 +44,6 @@ __all__ = [
     "run_recipe",
     "run_sweep",
     "sweep_rows",
+    "sweep_status",
     "verdict_table",
 ]

@@ -54,6 +54,7 @@ from smallinit.study.judging.verdicts import seeds_problem
 from smallinit.study.planning.recipes import Recipe, Scale, apply_budget, customise, load_recipe
 from smallinit.study.running import Sweep, resolve_config
 from smallinit.study.running.runs import Run, model_shape
+from smallinit.study.running.sbatch import SlurmOptions
 from smallinit.train.flops import train_flops_per_token
 from smallinit.train.memory import GIB, device_memory, estimate_memory
 from smallinit.train.records import AnalysisRecord, EvalRecord, NormFactorRecord
@@ -204,6 +205,7 @@ class Plan:
     cells: list[CellPlan]
     claims: list[ClaimPlan]
     notes: list[str] = field(default_factory=list)
+    slurm: SlurmOptions | None = None  # run as SLURM jobs of these options; the hardware is one job's
 
     @property
     def flops(self) -> float:
@@ -257,6 +259,7 @@ class Plan:
                 {**asdict(c), "mde": _finite(c.mde), "mde_sds": _finite(c.mde_sds)} for c in self.claims
             ],
             "notes": self.notes,
+            "slurm": self.slurm and self.slurm.to_dict(),
         }
 
 
@@ -521,8 +524,10 @@ def plan_sweep(
     *,
     seed_sd: float | None = None,
     claim_sd: dict[str, float] | None = None,
+    slurm: dict[str, Any] | None = None,
 ) -> Plan:
-    """The plan of a sweep file: its cost, and which of C1–C7 its runs could decide (judged as the demo judges)."""
+    """The plan of a sweep file: its cost, and which of C1–C7 its runs could decide (judged as the demo judges);
+    ``slurm`` (the SLURM flags, see plan_recipe) over the file's [slurm] table."""
     sweep = Sweep.load(path)
     recipe = Recipe(
         Path(path).stem,
@@ -532,7 +537,8 @@ def plan_sweep(
         {"sweep": Scale("sweep", sweep.description, {"sweep": sweep})},
         Path(path),
     )
-    return plan_recipe(recipe, "sweep", hardware, seed_sd=seed_sd, claim_sd=claim_sd)
+    opts = None if slurm is None else sweep.slurm.merged(slurm)
+    return plan_recipe(recipe, "sweep", hardware, seed_sd=seed_sd, claim_sd=claim_sd, slurm=opts)
 
 
 def plan_recipe(
@@ -544,11 +550,20 @@ def plan_recipe(
     overrides: list[str] = (),
     seed_sd: float | None = None,
     claim_sd: dict[str, float] | None = None,
+    slurm: SlurmOptions | dict[str, Any] | None = None,
 ) -> Plan:
     """The cost and decidability of ``recipe --scale scale`` on ``hardware``; trains nothing. ``seed_sd``: the loss
-    gaps' seed sd (nats); ``claim_sd``: a claim's own (C6: a stable rank), over the CPU study's."""
+    gaps' seed sd (nats); ``claim_sd``: a claim's own (C6: a stable rank), over the CPU study's. ``slurm``: each
+    cell a SLURM job of these options (or flags over the defaults), on all of one job's devices (``hardware``:
+    one job's, by default its GPUs as H100s, or its CPU cores)."""
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     recipe.scale(scale)  # an unknown scale: one clear line
+    if isinstance(slurm, dict):
+        slurm = SlurmOptions().merged(slurm)
+    if slurm is not None and hardware is None:
+        hardware = (
+            Hardware.make("h100", slurm.gpus) if slurm.gpus else Hardware.make("cpu", slurm.cpus_per_task)
+        )
     hardware = hardware or default_hardware(recipe, scale)
     if seed_sd is not None and not seed_sd > 0:
         raise ExperimentError(f"--seed-sd must be > 0, got {seed_sd}")
@@ -556,7 +571,7 @@ def plan_recipe(
     sc = apply_budget(customise(recipe.scale(scale), presets=presets, overrides=list(overrides)), vocab)
     cells, runs, shapes = [], [], _Shapes()
     for name, sw in sc.sweeps.items():
-        ranks = _ranks(sw.launcher or "", hardware)
+        ranks = _ranks("torchrun" if slurm is not None and slurm.gpus else sw.launcher or "", hardware)
         for cell in sw.cells():
             cfg = resolve_config(cell, vocab)
             shape = model_shape(flatten(cfg.to_dict()))
@@ -594,7 +609,7 @@ def plan_recipe(
                 f"> {hardware.memory_gib:g} GiB: set train.parallel=fsdp, raise train.grad_accum or set "
                 "train.activation_checkpointing=true"
             )
-    return Plan(recipe.name, sc.name, hardware, sd, source, cells, claims, notes)
+    return Plan(recipe.name, sc.name, hardware, sd, source, cells, claims, notes, slurm)
 
 
 def scale_headline(recipe: Recipe, scale: str) -> str:
@@ -676,7 +691,42 @@ def format_plan(plan: Plan) -> str:
     }
     lines += [f"seed sd {s}" for s in sorted(sources)]
     lines += [f"note: {n}" for n in plan.notes]
+    lines += _slurm_lines(plan, plan.slurm) if plan.slurm is not None else []
     return "\n".join(lines)
+
+
+def _slurm_lines(plan: Plan, opts: SlurmOptions) -> list[str]:
+    """How the plan's cells run as SLURM jobs: how many, of what size, for how long."""
+    hw, sweeps = plan.hardware, len({c.sweep for c in plan.cells})
+    secs = sorted(hw.seconds(c.flops, c.tokens) for c in plan.cells)
+    usable = opts.limit_s - opts.signal_s
+    at_once = min(opts.max_running or len(secs), len(secs))
+    size = (
+        f"{opts.nodes} node(s) × {opts.gpus_per_node} GPUs, {opts.cpus_per_task} CPUs per node"
+        if opts.gpus
+        else f"one process on {opts.cpus_per_task} CPU core(s)"
+    )
+    where = "".join(f", {k} {v}" for k, v in (("partition", opts.partition), ("account", opts.account)) if v)
+    throttle = f"at most {opts.max_running}" if opts.max_running else "as many as SLURM allows"
+    lines = [
+        f"slurm: {len(secs)} jobs in {sweeps} job array(s), {throttle} at a time; each {size}, time limit "
+        f"{opts.time}{where}",
+        f"  training per job: {_hours(secs[0])} to {_hours(secs[-1])} (median {_hours(secs[len(secs) // 2])})",
+    ]
+    longer = [s for s in secs if s > usable]
+    if longer:
+        lines.append(
+            f"  {len(longer)} job(s) need more than the {_hours(usable)} before the stop signal: each checkpoints, "
+            f"is requeued and resumes, in up to {max(math.ceil(s / usable) for s in longer)} parts"
+        )
+    else:
+        lines.append(f"  every job fits its time limit ({_hours(usable)} before the stop signal)")
+    unit = "GPU" if opts.gpus else "CPU-core"
+    lines.append(
+        f"  all jobs: ≈ {_hours(max(secs[-1], sum(secs) / at_once))} wall with {at_once} running at a time, "
+        f"{sum(secs) * hw.devices / 3600:,.1f} {unit}-hours"
+    )
+    return lines
 
 
 def _distinct(failing: dict[str, str], limit: int = 6) -> list[str]:

@@ -334,10 +334,13 @@ def run_recipe(
     overrides: list[str] = (),
     echo: TextIO | None = sys.stderr,
     launcher: str | None = None,
+    slurm: dict[str, Any] | None = None,
 ) -> RecipeResult:
     """Run every sweep of ``scale`` (continuing earlier runs in ``out``), then the recipe's analysis.
 
     ``launcher`` (from the command line) replaces the launcher of every sweep, e.g. for a site's srun wrapper.
+    ``slurm`` (the SLURM flags, see run_sweep): submit every sweep's cells as job arrays instead; the analysis
+    runs when the same call finds them all finished.
     """
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     vocab: dict[str, int] = {}
@@ -384,9 +387,15 @@ def run_recipe(
     for name, sw in sc.sweeps.items():
         if echo is not None:
             print(f"[recipe] {recipe.name} ({sc.name}): sweep {name}", file=echo, flush=True)
-        outcomes[name] = run_sweep(sw, out / name, jobs=jobs, echo=echo, launcher=launcher, progress=progress)
+        outcomes[name] = run_sweep(
+            sw, out / name, jobs=jobs, echo=echo, launcher=launcher, progress=progress, slurm=slurm
+        )
         if outcomes[name].interrupted:
             return RecipeResult(recipe, sc, out, outcomes, None, time.monotonic() - t0)
+    if any(
+        o.in_slurm for o in outcomes.values()
+    ):  # every sweep submitted; the analysis waits for their cells
+        return RecipeResult(recipe, sc, out, outcomes, None, time.monotonic() - t0)
     if echo is not None:
         print(f"[recipe] {recipe.name}: analysis", file=echo, flush=True)
     train_wall = time.monotonic() - t0

@@ -18,16 +18,18 @@ from smallinit.train.records import EvalRecord, StepRecord, parse_record
 
 
 def error_line(log: Path) -> str:
-    """The line that says why a cell failed: smallinit's error line, else the last line of its log."""
+    """The line that says why a cell failed or stopped: smallinit's error line, else its last line of its own
+    (a stop; a launcher such as srun may print after it), else the last line of the log."""
     try:
         lines = [
             ln.strip() for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()
         ]
     except OSError:
         return "no log"
-    for ln in reversed(lines):
-        if ln.startswith("smallinit: error:"):
-            return ln[len("smallinit: error:") :].strip()
+    for prefix in ("smallinit: error:", "smallinit:"):  # its error, else its own last word (a stop)
+        for ln in reversed(lines):
+            if ln.startswith(prefix):
+                return ln[len(prefix) :].strip()
     return lines[-1] if lines else "exited without output"
 
 
@@ -114,7 +116,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     ]
     counts = {
         s: sum(r["status"] == s for r in rows)
-        for s in ("done", "running", "interrupted", "pending", "failed")
+        for s in ("done", "running", "queued", "interrupted", "pending", "failed")
     }
     out.append(", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no cells")
     return "\n".join(line.rstrip() for line in out)

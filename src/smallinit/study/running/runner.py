@@ -8,7 +8,9 @@ holds ``sweep.json`` (the cells), ``status.json`` (pending / running / done / fa
 with the error line; rewritten atomically after every change), ``results.csv`` and ``results.json`` (one
 row per cell) and ``cells/<cell-id>/`` (a run folder plus ``train.log``). Running the sweep again skips
 cells that finished, resumes interrupted ones from their newest checkpoint (``--resume``) and leaves failed
-ones alone unless asked to retry them. A lock on the folder keeps two runners apart.
+ones alone unless asked to retry them. A lock on the folder keeps two runners apart. With SLURM options the
+runner submits the cells that need to run as one job array instead and returns (smallinit.study.running.slurm);
+a runner stopped by a signal records its cells interrupted, whatever launcher ran them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +41,16 @@ from smallinit.study.running.packing import (
 )
 from smallinit.study.running.progress import Progress, cell_work
 from smallinit.study.running.results import cell_row, error_line, write_results
+from smallinit.study.running.sbatch import SCRIPT, SlurmOptions
+from smallinit.study.running.slurm import (
+    ACTIVE,
+    check_same_cluster,
+    queued_jobs,
+    refresh_states,
+    require,
+    submission_record,
+    submit_cells,
+)
 from smallinit.study.running.spec import Cell, Sweep, cell_dir, launcher_argv, resolve_config
 from smallinit.train.metrics import read_metrics
 from smallinit.train.trainer import CONTINUE_ENV
@@ -54,6 +67,11 @@ class SweepOutcome:
 
     def count(self, status: str) -> int:
         return sum(r["status"] == status for r in self.rows)
+
+    @property
+    def in_slurm(self) -> int:
+        """Cells queued or running on SLURM."""
+        return sum(self.count(s) for s in ACTIVE)
 
     @property
     def exit_code(self) -> int:
@@ -143,6 +161,7 @@ class SweepRunner:
         echo: TextIO | None = None,
         python: str = sys.executable,
         progress: Progress | None = None,
+        slurm: SlurmOptions | None = None,
     ):
         self.sweep, self.dir = sweep, Path(sweep_dir)
         self.cells = sweep.cells()
@@ -150,6 +169,8 @@ class SweepRunner:
         self.configs = {
             c.id: resolve_config(c, vocab_sizes) for c in self.cells
         }  # all checked before any runs
+        if slurm is not None:
+            require("sbatch")  # before anything is written
         if jobs is not None and jobs < 1:
             raise ExperimentError(f"--jobs {jobs} must be ≥ 1")
         self.jobs = jobs or default_jobs(list(self.configs.values()))
@@ -159,6 +180,9 @@ class SweepRunner:
         self.overall = progress  # a recipe's progress over all its sweeps, told of each cell that ends
         self.states: dict[str, dict[str, Any]] = {}
         self.stop: list[str] = []  # stop requests of the session that runs (smallinit.signals)
+        self.slurm = slurm  # None: run the cells here; else submit them to SLURM as a job array
+        self.submissions: dict[str, Any] = {}  # status.json's "slurm": the arrays submitted, where from
+        self.cluster = ""  # the SLURM cluster submitted to
 
     # -- bookkeeping --
 
@@ -174,6 +198,7 @@ class SweepRunner:
                 "updated": time.time(),
                 "jobs": self.jobs,
                 "cells": {c.id: self.states[c.id] for c in self.cells},
+                **({"slurm": self.submissions} if self.submissions else {}),
             },
         )
 
@@ -193,14 +218,30 @@ class SweepRunner:
                 )
 
     def _initial_states(self) -> None:
-        old = (read_json(self.dir / "status.json") or {}).get("cells", {})
+        status = read_json(self.dir / "status.json") or {}
+        old, self.submissions = status.get("cells", {}), status.get("slurm") or {}
         for cell in self.cells:
             state = dict(old.get(cell.id) or {})
-            run = cell_dir(self.dir, cell.id)
             total, nonembed = Transformer.count_params(self.configs[cell.id].model)
             state.update(params=total, params_nonembed=nonembed)
             state.setdefault("attempts", 0)
             state.setdefault("wall_s", 0.0)
+            self.states[cell.id] = state
+        in_slurm = any(s.get("job") and s.get("status") in ACTIVE for s in self.states.values())
+        if self.slurm is not None:
+            self.cluster = check_same_cluster(self.dir, self.submissions, self.states)
+        if in_slurm and self.slurm is None and shutil.which("squeue") is None:
+            raise ExperimentError(
+                f"cells of {self.dir} were submitted to SLURM and squeue is not on PATH to ask how they stand; "
+                f"run this where SLURM's commands are (smallinit status {self.dir} shows them as last recorded)"
+            )
+        # SLURM ran cells here (or may run some whose submission was never recorded): ask it and their files
+        if self.slurm is not None or in_slurm or ((self.dir / SCRIPT).is_file() and shutil.which("squeue")):
+            refresh_states(self.dir, self.cells, self.states, queued_jobs(self.dir))
+        for cell in self.cells:
+            state, run = self.states[cell.id], cell_dir(self.dir, cell.id)
+            if state.get("job") and state.get("status") in ACTIVE:
+                continue  # in SLURM's hands
             if state.get("status") == "running" and _alive_cell_process(state.get("pid"), run):
                 self._wait_orphan(cell, state["pid"])
             if (run / "summary.json").is_file():
@@ -208,7 +249,6 @@ class SweepRunner:
             elif state.get("status") not in ("failed",) or self.retry_failed:
                 was = state.get("status")
                 state["status"] = "interrupted" if was in ("running", "interrupted") else "pending"
-            self.states[cell.id] = state
 
     def _wait_orphan(self, cell: Cell, pid: int) -> None:
         """A cell process outlived a killed runner: let it checkpoint and exit before we resume the cell."""
@@ -298,7 +338,7 @@ class SweepRunner:
             run / "summary.json"
         ).is_file():  # written last, atomically: the run finished (a signal may follow)
             state.update(status="done", error=None)
-        elif rc == Preempted.exit_code or (rc < 0 and self.stop):
+        elif rc == Preempted.exit_code or self.stop:  # a launcher (srun) may end otherwise when stopped
             state.update(status="interrupted", error=error_line(r.log_path))
         else:
             why = error_line(r.log_path) if rc >= 0 else f"killed by {signal.Signals(-rc).name}"
@@ -327,6 +367,14 @@ class SweepRunner:
                 self.dir / "sweep.json", {**self.sweep.to_dict(), "cells": [c.to_dict() for c in self.cells]}
             )
             self._initial_states()
+            if self.slurm is not None:
+                return self._submit()
+            active = [s["job"] for s in self.states.values() if s.get("status") in ACTIVE]
+            if active:
+                raise ExperimentError(
+                    f"{len(active)} cell(s) of {self.dir} are queued or running on SLURM (job {active[0]}); "
+                    f"wait for them (smallinit status {self.dir}) or scancel them, or continue with --scheduler slurm"
+                )
             self._save_status()
             todo = [
                 (i, c)
@@ -348,6 +396,38 @@ class SweepRunner:
             rows = self.rows()
             write_results(self.dir, rows)
         return SweepOutcome(self.dir, rows, interrupted=bool(self.stop))
+
+    def _submit(self) -> SweepOutcome:
+        """Submit the cells that still need to run as one job array; the jobs run without this process."""
+        todo = [
+            i for i, c in enumerate(self.cells) if self.states[c.id]["status"] in ("pending", "interrupted")
+        ]
+        before = {
+            s: sum(st["status"] == s for st in self.states.values()) for s in ("done", "failed", *ACTIVE)
+        }
+        self._save_status()  # the states SLURM and the files gave, before sbatch may refuse
+        if todo:
+            array_id = submit_cells(
+                self.dir,
+                self.sweep.launcher,
+                self.cells,
+                self.configs,
+                self.states,
+                todo,
+                self.slurm,
+                python=self.python,
+                echo=self.echo,
+            )
+            self.submissions = submission_record(self.submissions, array_id, self.cluster)
+            self._save_status()
+        self._say(
+            f"[sweep] {self.sweep.name}: {len(self.cells)} cells on SLURM: {len(todo)} submitted now, "
+            + ", ".join(f"{n} {s}" for s, n in before.items())
+            + f"; folder {self.dir} (smallinit status {self.dir})"
+        )
+        rows = self.rows()
+        write_results(self.dir, rows)
+        return SweepOutcome(self.dir, rows)
 
     def _key(self, cell: Cell) -> str:
         return str(cell_dir(self.dir, cell.id))
@@ -412,17 +492,21 @@ def run_sweep(
     echo: TextIO | None = None,
     launcher: str | None = None,
     progress: Progress | None = None,
+    slurm: dict[str, Any] | None = None,
 ) -> SweepOutcome:
     """Run (or continue) a sweep into ``sweep_dir``; ``echo`` receives progress lines.
 
     ``launcher`` (from the command line, so any command) replaces the sweep file's [sweep] launcher.
     ``progress`` (a recipe's, over all its sweeps) is told of every cell that ends and printed after the sweep's.
+    ``slurm``: submit the cells to SLURM as one job array instead of running them here, with the file's [slurm]
+    options and these (SlurmOptions' keys; None: not given) over them; the rows are then the cells' states.
     """
     if not isinstance(sweep, Sweep):
         sweep = Sweep.load(sweep)
     if launcher is not None:
         launcher_argv(launcher)
         sweep = dataclasses.replace(sweep, launcher=launcher)
+    options = None if slurm is None else sweep.slurm.merged(slurm)
     return SweepRunner(
-        sweep, sweep_dir, jobs=jobs, retry_failed=retry_failed, echo=echo, progress=progress
+        sweep, sweep_dir, jobs=jobs, retry_failed=retry_failed, echo=echo, progress=progress, slurm=options
     ).run()

@@ -22,6 +22,9 @@ A sweep file (TOML)::
     [sizes.small]                           # optional: a second named axis, for model sizes
     "model.preset" = "cpu-1m"
 
+    [slurm]                                 # optional: how --scheduler slurm submits it (running.sbatch)
+    partition = "gpu"
+
 Later layers win: base, then size, then arm, then grid values. Cells are ordered sizes outermost, then
 arms, then the grid keys in file order.
 """
@@ -40,8 +43,9 @@ from smallinit.config import Config, flatten, read_toml
 from smallinit.config.files import toml_literal
 from smallinit.data import load_tokenizer
 from smallinit.errors import ExperimentError, SmallinitError
+from smallinit.study.running.sbatch import SlurmOptions
 
-_SECTIONS = ("sweep", "base", "grid", "arms", "sizes")
+_SECTIONS = ("sweep", "base", "grid", "arms", "sizes", "slurm")
 _SWEEP_KEYS = ("name", "description", "launcher")
 # A file may name torchrun with these launch options only: a sweep file is data, and data downloaded with a
 # recipe must not choose which program runs. Any other launcher comes from the command line (--launcher).
@@ -142,6 +146,7 @@ class Sweep:
     name: str = "sweep"
     description: str = ""
     launcher: str = ""  # command that starts ``-m smallinit train`` instead of this Python, e.g. torchrun
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)  # used with --scheduler slurm
 
     @staticmethod
     def from_dict(raw: dict[str, Any], where: str = "sweep") -> Sweep:
@@ -149,7 +154,7 @@ class Sweep:
         unknown = sorted(set(raw) - set(_SECTIONS))
         if unknown:
             raise ExperimentError(
-                f"{where}: unknown section [{unknown[0]}]; use [sweep], [base], [grid] and [arms.NAME]"
+                f"{where}: unknown section [{unknown[0]}]; use [sweep], [base], [grid], [arms.NAME] and [slurm]"
             )
         for section in _SECTIONS:
             if not isinstance(raw.get(section, {}), dict):
@@ -186,6 +191,7 @@ class Sweep:
             name=str(meta.get("name", "sweep")),
             description=str(meta.get("description", "")),
             launcher=str(meta.get("launcher", "")),
+            slurm=SlurmOptions.from_dict(raw.get("slurm", {}), f"{where}: [slurm]"),
         )
         sweep.cells()  # checks ids and literals
         return sweep
@@ -215,6 +221,7 @@ class Sweep:
             "grid": self.grid,
             "arms": self.arms,
             "sizes": self.sizes,
+            "slurm": self.slurm.to_dict(),
         }
 
     def cells(self) -> list[Cell]:
