@@ -18,6 +18,7 @@ from smallinit.config import ModelConfig
 from smallinit.errors import SmallinitError
 from smallinit.init.gate import GateError
 from smallinit.model import Transformer
+from test_integrations import Rows
 
 FAMILIES = ["llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "olmo2", "phi3", "gpt2"]
 
@@ -225,17 +226,6 @@ def test_saved_gated_model_reloads_with_its_gate(tmp_path):
     assert (
         json.loads((tmp_path / "again" / "config.json").read_text())["smallinit_gate"]["kind"] == "headwise"
     )
-
-
-class Rows(torch.utils.data.Dataset):
-    def __init__(self, ids: torch.Tensor):
-        self.ids = ids
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
 def test_trainer_trains_a_gated_model_built_by_model_init(tmp_path):
