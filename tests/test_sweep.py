@@ -13,7 +13,7 @@ import pytest
 from smallinit.cli import main
 from smallinit.config import parse_override
 from smallinit.errors import ExperimentError
-from smallinit.study import Sweep, run_sweep, sweep_rows
+from smallinit.study import Sweep, format_table, run_sweep, sweep_rows
 
 BASE = """
 [sweep]
@@ -257,3 +257,12 @@ def test_the_example_sweep_runs_into_a_folder_named_after_it(tmp_path, monkeypat
     rows = sweep_rows(tmp_path / "runs" / "gamma-eps")  # the sweep's name, not the file's
     assert len(rows) == 2 and all(r["status"] == "done" and r["step"] == 3 for r in rows)
     assert "results: runs/gamma-eps/results.csv" in capsys.readouterr().out
+
+
+def test_the_status_table_keeps_the_file_name_of_a_long_error():
+    """A failed cell's error line is cut for the table, but never so that the missing file's name is lost."""
+    deep = "/tmp/" + "/".join(f"level-{i}-of-a-deep-folder" for i in range(6)) + "/missing.txt"
+    error = f"corpus '{deep}' not found: not a builtin (tiny, fineweb) and no such file or folder; check the path"
+    line = format_table([{"cell": "gamma-0.5_seed-0", "status": "failed", "error": error}]).splitlines()[1]
+    assert "…/level-5-of-a-deep-folder/missing.txt'" in line and len(line.split("  ")[-1].strip()) <= 100
+    assert line.endswith("…")

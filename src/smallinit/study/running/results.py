@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,13 @@ def write_results(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
     write_text_atomic(sweep_dir / "results.csv", buf.getvalue())
 
 
+def _short(error: str, width: int = 100) -> str:
+    """The error for one table line: a long path keeps its last two parts (where the file name is), and a cut
+    is marked; status.json keeps the whole line."""
+    error = re.sub(r"/(?:[^/\s']+/){2,}([^/\s']+/[^/\s']+)", r"…/\1", error)
+    return error if len(error) <= width else error[: width - 1] + "…"
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     """cell, status, step, val loss, wall time, error — one line per cell, then the counts."""
     header = ("cell", "status", "step", "val loss", "wall", "error")
@@ -107,7 +115,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         val = f"{r['val_loss']:.4f}" if isinstance(r.get("val_loss"), (int, float)) else "-"
         wall = f"{r['wall_s']:.0f}s" if isinstance(r.get("wall_s"), (int, float)) else "-"
-        err = (r.get("error") or "")[:80] if r["status"] in ("failed", "interrupted") else ""
+        err = _short(r.get("error") or "") if r["status"] in ("failed", "interrupted") else ""
         lines.append((r["cell"], r["status"], str(r.get("step") or 0), val, wall, err))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
     out = [
