@@ -43,7 +43,7 @@ from smallinit.errors import ConfigError
 from smallinit.init import param_roles
 from smallinit.measures.activations import measure_activations
 from smallinit.measures.condensation import named_matrices, row_cosine, sampled_mean_abs_cos, stable_rank
-from smallinit.measures.norm_factor import norm_factors_from_observed
+from smallinit.measures.norm_factor import SATURATED, norm_factors_from_observed
 from smallinit.monitor.lock import RunLock
 from smallinit.monitor.metrics import append_record, set_aside_metrics, truncate_metrics
 from smallinit.monitor.records import AnalysisRecord, EvalRecord, NormFactorRecord, parse_record
@@ -53,7 +53,6 @@ log = logging.getLogger("smallinit")
 SNAPSHOT_DIR = "analysis"
 MONITOR_FILE = "monitor.json"  # what a folder written by a monitor outside smallinit's trainer holds
 COS_ROWS = 512  # rows sampled for the logged mean |cos| of large matrices
-SATURATED = 0.5  # a norm factor below this at init: ε, not the input, sets the norm's scale
 DEFAULT_EVERY = 100  # the monitor's cost at this interval is benchmarked in benchmarks/bench_callbacks.py
 
 
