@@ -7,9 +7,10 @@
     monitor.close()
 
 Each measurement takes one forward of the held-out batch through the model's adapter (smallinit.adapters:
-smallinit's Transformer, any Hugging Face causal LM, or an adapter of your own) and records the sink per
-layer and Sink_ε, the residual flow, every norm's factor, the loss, and the stable rank and mean |cos| of
-chosen matrices: one ``{"event": "analysis", "step": ...}`` record in metrics.jsonl (its type and schema:
+smallinit's Transformer, any Hugging Face causal LM, an adapter of your own, or for any other nn.Module
+the one found from its forward) and records the sink per layer and Sink_ε, the residual flow, every norm's
+factor, the loss, and the stable rank and mean |cos| of chosen matrices (on a model read from its forward,
+every matrix and each part of a fused one): one ``{"event": "analysis", "step": ...}`` record in metrics.jsonl (its type and schema:
 smallinit.monitor.records.AnalysisRecord), the format that ``smallinit report`` reads, and row-cosine
 heatmaps as analysis/rowcos_step_NNNNNNN.npz at a few steps.
 In a folder of its own it also writes the held-out loss as ``{"step", "val_loss"}``, the validation curve
@@ -106,10 +107,9 @@ class Monitor:
         self.module = self.adapter.module
         self.writes = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
         self.tokens, self.targets = self._held_out(batch, data)
-        if isinstance(
-            self.adapter, TracedAdapter
-        ):  # found from its forward: a forward that cannot run says so
-            with torch.no_grad(), _eval_mode(self.module):  # now, and the parts of fused matrices are known
+        if isinstance(self.adapter, TracedAdapter):
+            # a forward that cannot run says so now, and the parts of fused matrices become known
+            with torch.no_grad(), _eval_mode(self.module):
                 self.adapter.observe(self.tokens[:1], kinds=("attention",))
         example = getattr(self.adapter, "example_inputs", None)  # the forward γ-init's trace runs
         self.roles = param_roles(
