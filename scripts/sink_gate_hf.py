@@ -27,10 +27,10 @@ from smallinit.data import load_tokenizer
 from smallinit.data.sink import SinkData, SinkTask
 from smallinit.integrations.hf import model_init, watch
 from smallinit.measures.sink import uniform_sink
+from smallinit.monitor.metrics import read_metrics
+from smallinit.monitor.records import AnalysisRecord
 from smallinit.study.judging.claims.comparison import Comparison
 from smallinit.study.judging.power import SINK_RATIO, sink_threshold
-from smallinit.train.metrics import read_metrics
-from smallinit.train.records import AnalysisRecord
 
 SEQ, BATCH = 256, 16
 

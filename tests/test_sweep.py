@@ -262,7 +262,9 @@ def test_the_example_sweep_runs_into_a_folder_named_after_it(tmp_path, monkeypat
 def test_the_status_table_keeps_the_file_name_of_a_long_error():
     """A failed cell's error line is cut for the table, but never so that the missing file's name is lost."""
     deep = "/tmp/" + "/".join(f"level-{i}-of-a-deep-folder" for i in range(6)) + "/missing.txt"
-    error = f"corpus '{deep}' not found: not a builtin (tiny, fineweb) and no such file or folder; check the path"
+    error = (
+        f"corpus '{deep}' not found: not a builtin (tiny, fineweb) and no such file or folder; check the path"
+    )
     line = format_table([{"cell": "gamma-0.5_seed-0", "status": "failed", "error": error}]).splitlines()[1]
     assert "…/level-5-of-a-deep-folder/missing.txt'" in line and len(line.split("  ")[-1].strip()) <= 100
     assert line.endswith("…")

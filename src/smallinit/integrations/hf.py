@@ -24,7 +24,7 @@ from smallinit.export.gated import add_attention_gate_
 from smallinit.init import gamma_init_, set_norm_eps_
 from smallinit.init.gate import KINDS
 from smallinit.integrations._engine import engine
-from smallinit.train.monitor import Monitor, scalars
+from smallinit.monitor import Monitor, scalars
 
 transformers = engine("transformers", "hf", "smallinit.integrations.hf")
 

@@ -19,6 +19,9 @@ from smallinit.errors import ModelError
 
 # Warn when the expected σ²(h) at init is within this factor of ε: the factor then starts to saturate.
 SATURATION_MARGIN = 10.0
+# A norm whose measured factor is below this is saturated (σ² < ε/3): ε, not the input, sets its scale. The
+# monitor's warning, the share of a run spent saturated and the claims' preconditions all read this one.
+SATURATED = 0.5
 
 
 def init_variance(gamma: float | np.ndarray, d: int) -> float | np.ndarray:

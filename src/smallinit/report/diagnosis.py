@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 from smallinit.init.scale import ONE_GAMMA
 from smallinit.io import read_json
-from smallinit.measures.norm_factor import relative_factor
-from smallinit.study.judging.power import SATURATED, SINK_RATIO, sink_threshold, uniform_sink
+from smallinit.measures.norm_factor import SATURATED, relative_factor
+from smallinit.monitor.monitor import MONITOR_FILE
+from smallinit.study.judging.power import SINK_RATIO, sink_threshold, uniform_sink
 from smallinit.study.running.runs import Run
-from smallinit.train.monitor import MONITOR_FILE
 
 CONDENSED = 0.7  # stable rank fallen below this share of its start: the rows align along fewer directions
 BALANCED = 2.0  # a flow ratio within this factor of 1: branch and embedding balance (the γ = 1 regime)

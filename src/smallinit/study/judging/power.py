@@ -24,7 +24,6 @@ CLAIM_ALPHA = (
 MIN_TOKENS_PER_PARAM = 20.0  # every loss comparison: tokens seen per non-embedding parameter
 MIN_EVALS = 4  # evaluations along training, for the gap's trend
 MIN_SEEDS = 2  # paired seeds, for a spread to judge against
-SATURATED = 0.5  # C2: the γ = 1 baseline's RMSNorm factor at init must be below this for ε to matter
 SINK_RATIO = 3.0  # C3: a sink has formed when some layer exceeds this multiple of uniform attention
 SINK_SEQS, SINK_TOKENS = 16, 256  # C3: the sink is measured on at least this many sequences of this length
 MAX_SIZE_RATIO = 10.0  # C4: an N_eff/N outside [1/10, 10] is an artefact of the fit, not an estimate

@@ -40,6 +40,7 @@ learning-rate check (each γ at its own best rate).
 import importlib
 import pkgutil
 
+from smallinit.measures.norm_factor import SATURATED
 from smallinit.study.judging.claims.c1 import claim_c1
 from smallinit.study.judging.claims.c2 import claim_c2
 from smallinit.study.judging.claims.c3 import claim_c3
@@ -80,7 +81,6 @@ from smallinit.study.judging.power import (
     MAX_SIZE_RATIO,
     MIN_EVALS,
     MIN_TOKENS_PER_PARAM,
-    SATURATED,
     SINK_RATIO,
     SINK_SEQS,
     SINK_TOKENS,

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from smallinit.measures.norm_factor import SATURATED
 from smallinit.study.judging.claims.selection import Runs, sink_layers, sink_share
 from smallinit.study.judging.emulation import pooled, run_emulation
 from smallinit.study.judging.power import (
     MIN_EVALS,
-    SATURATED,
     SINK_RATIO,
     SINK_SEQS,
     SINK_TOKENS,
