@@ -33,7 +33,7 @@ pytestmark = pytest.mark.engines
 DOC = Path(__file__).resolve().parents[1] / "docs" / "integrations.md"
 WORKER = Path(__file__).with_name("_engines_worker.py")
 # what the report draws from a monitor's records: each measurement's section
-SECTIONS = ("Attention sink per layer", "Residual flow", "Condensation: stable rank")
+SECTIONS = ("RMSNorm factor", "Attention sink per layer", "Residual flow", "Condensation: stable rank")
 
 
 def doc_block(section: str) -> str:
