@@ -219,8 +219,8 @@ def check_against_references(model, taps: Taps, tokens, *, embedding, final_norm
     assert set(rec["norm_factor"]) == set(factors)
     assert rec["norm_factor"] == pytest.approx(factors, rel=1e-6)
     params = dict(model.named_parameters())
-    matrices = {n: p for n, p in params.items() if p.dim() == 2}
-    for name, W in matrices.items():  # every matrix, fused or not, under its own name
+    matrices = {f"{n}.weight": m.weight for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    for name, W in matrices.items():  # every projection, fused or not, under its own name
         assert rec["stable_rank"][name] == pytest.approx(stable_rank_by_hand(W.detach()), rel=1e-4), name
     for name, parts in fused.items():  # and each part of a fused one, as the forward splits it
         got = sorted(v for k, v in rec["stable_rank"].items() if k != name and k.startswith(name))
