@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from smallinit import Monitor, gamma_init_
+from smallinit import Monitor, gamma_init_, set_norm_eps_
 from smallinit.cli import main
 
 pytestmark = pytest.mark.engines
@@ -241,7 +241,8 @@ def test_torchtitan_measurements_equal_their_references(tmp_path):
     model = config.build()
     with torch.no_grad():
         model.init_weights()
-    gamma_init_(model, 0.5, generator=torch.Generator().manual_seed(0))
+    gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0))
+    set_norm_eps_(model, 1e-3)  # factors well below 1, so each norm's formula is tested where it bites
     taps = Taps()
     taps.output_of("tok_embeddings", model.tok_embeddings)
     norms = {n: m.eps for n, m in model.named_modules() if isinstance(m, torch.nn.RMSNorm)}
@@ -282,7 +283,8 @@ def test_olmo_measurements_equal_their_references(tmp_path):
 
     model = TransformerConfig.olmo2_1M(vocab_size=256).build(init_device="cpu")
     model.init_weights(device=torch.device("cpu"))
-    gamma_init_(model, 0.5, generator=torch.Generator().manual_seed(0))
+    gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0))
+    set_norm_eps_(model, 1e-3)  # factors well below 1, so each norm's formula is tested where it bites
     taps = Taps()
     taps.output_of("embeddings", model.embeddings)
     norms = {n: m.eps for n, m in model.named_modules() if type(m).__name__ == "RMSNorm"}
@@ -314,7 +316,8 @@ def test_litgpt_measurements_equal_their_references(tmp_path):
 
     config = litgpt_config()
     model = GPT(config)
-    gamma_init_(model, 0.5, generator=torch.Generator().manual_seed(0))
+    gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0))
+    set_norm_eps_(model, 1e-3)  # factors well below 1, so each norm's formula is tested where it bites
     taps = Taps()
     taps.output_of("transformer.wte", model.transformer.wte)
     norms = {n: m.eps for n, m in model.named_modules() if type(m).__name__ == "RMSNorm"}
