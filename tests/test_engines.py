@@ -2,7 +2,7 @@
 and litgpt, each training its own model with the Monitor and no adapter written here.
 
 * docs/integrations.md's example of each engine runs as written (torchtitan and OLMo-core under torchrun,
-  2 gloo ranks, FSDP2), trains 30 steps, and ``smallinit report`` draws the folder it wrote;
+  2 gloo ranks, FSDP2), trains 20 steps, and ``smallinit report`` draws the folder it wrote;
 * γ-init inside each engine (torchtitan's init_states, OLMo-core's Callback, litgpt's reset_parameters
   hook) gives every parameter, gathered from its shards, the value one process draws on the unsharded model;
 * the Monitor's measurements on each engine's model equal references computed here by hand from the
@@ -66,7 +66,7 @@ def analysis(folder: Path) -> list[dict]:
 
 def check_trained_and_reported(folder: Path, world_size: int) -> None:
     recs = analysis(folder)
-    assert [r["step"] for r in recs] == [0, 10, 20, 30]
+    assert [r["step"] for r in recs] == [0, 10, 20]
     for r in recs:  # every measurement taken, on the engine's model as it is
         assert r["sink"] and r["residual_flow"] > 0 and r["norm_factor"] and r["stable_rank"], r
     assert recs[-1]["loss"] < recs[0]["loss"]  # it trained
