@@ -1,11 +1,10 @@
 """Run by tests/test_engines.py under torchrun (gloo, 2 ranks) or alone: γ-init inside the pretraining
 engines on sharded parameters, checked against the draw of one process on the unsharded model.
 
-    python tests/_engines_worker.py titan-one OUT            # torchtitan, one process: OUT/titan.pt
-    torchrun --nproc_per_node 2 tests/_engines_worker.py titan-two OUT   # 2 ranks, fully_shard: compared
+    torchrun --nproc_per_node 2 tests/_engines_worker.py titan OUT   # torchtitan, fully_shard and not
     torchrun --nproc_per_node 2 tests/_engines_worker.py olmo OUT        # OLMo-core's Trainer + the callback
 
-Each writes OUT/ok.json on rank 0 when every parameter, gathered, equals the one-process draw."""
+Each writes OUT/ok.json on rank 0: the parameters that, gathered, differ from the unsharded draw."""
 
 import json
 import sys
@@ -55,27 +54,25 @@ def params(model) -> dict[str, torch.Tensor]:
     }
 
 
-def titan(out: Path, shard: bool) -> None:
-    """torchtitan's init_weights() through gamma_param_init, then gamma_init_ after it: both equal one
-    process's draws."""
-    if shard:
-        dist.init_process_group("gloo")
-    model = titan_model(shard)
-    by_param_init = params(model)
-    gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0))
-    by_gamma_init = params(model)
-    if not shard:
-        torch.save({"param_init": by_param_init, "gamma_init": by_gamma_init}, out / "titan.pt")
-        return
-    one = torch.load(out / "titan.pt")
+def titan(out: Path) -> None:
+    """torchtitan's init_weights() through gamma_param_init, then gamma_init_ after it, on 2 ranks: both
+    equal the draws of the unsharded model (built in the same process, on no mesh)."""
+    dist.init_process_group("gloo")
+    draws, sharded = {}, []
+    for shard in (True, False):
+        model = titan_model(shard)
+        draws[shard, "param_init"] = params(model)
+        gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0))
+        draws[shard, "gamma_init"] = params(model)
+        sharded += [n for n, p in model.named_parameters() if hasattr(p, "full_tensor")]
     differ = [
         f"{way}:{n}"
-        for way, got in (("param_init", by_param_init), ("gamma_init", by_gamma_init))
-        for n, p in got.items()
-        if not torch.equal(p, one[way][n])
+        for way in ("param_init", "gamma_init")
+        for n, p in draws[True, way].items()
+        if not torch.equal(p, draws[False, way][n])
     ]
-    sharded = [n for n, p in model.named_parameters() if hasattr(p, "full_tensor")]
     if dist.get_rank() == 0:
+        torch.save(draws[False, "param_init"], out / "titan.pt")
         (out / "ok.json").write_text(json.dumps({"differ": differ, "sharded": sharded}))
     dist.destroy_process_group()
 
@@ -145,4 +142,4 @@ if __name__ == "__main__":
     if what == "olmo":
         olmo(folder)
     else:
-        titan(folder, shard=what == "titan-two")
+        titan(folder)
