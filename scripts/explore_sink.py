@@ -17,10 +17,10 @@ from pathlib import Path
 
 from smallinit.config import Config, parse_override, set_dotted
 from smallinit.data.sink import SinkData, SinkTask
+from smallinit.monitor.metrics import read_metrics
 from smallinit.study.judging.claims import uniform_sink
 from smallinit.train import AnalysisCallback, Trainer
 from smallinit.train.callbacks import Progress
-from smallinit.train.metrics import read_metrics
 
 BASE = {
     "data.corpus": "builtin:sink",

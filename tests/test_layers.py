@@ -20,6 +20,7 @@ LAYERS = [
     {"adapters"},
     {"data"},
     {"measures"},
+    {"monitor"},
     {"train"},
     {"analysis", "generate", "export"},
     {"study.running"},  # the study's wing: three rooms, bottom first, and its door (study/__init__.py)
@@ -157,4 +158,6 @@ def test_the_checker_sees_imports():  # the tests above would pass on a graph th
         > _layer("study.judging.claims.c4")
         > _layer("study.running.runs")
         > _layer("train.trainer")
+        > _layer("monitor.monitor")
+        > _layer("measures.activations")
     )

@@ -120,7 +120,7 @@ def test_bad_input_is_one_line(tmp_path):
         Monitor(model, batch=tokens(2, T=80), out=tmp_path / "b")
     with pytest.raises(ConfigError, match="batch= .* or data="):
         Monitor(model, out=tmp_path / "c")
-    with pytest.raises(ModelError, match="cannot observe a Linear"):
+    with pytest.raises(ModelError, match=r"cannot run Linear\(tokens\) on token ids .*; pass call="):
         Monitor(torch.nn.Linear(4, 4), batch=tokens(2), out=tmp_path / "d")
     (tmp_path / "file").write_text("mine")
     with pytest.raises(ConfigError, match="is a file, not a folder"):
@@ -132,7 +132,9 @@ def test_bad_input_is_one_line(tmp_path):
     holder.start()
     try:
         assert ready.wait(60)
-        with pytest.raises(ConfigError, match="being written by another process"):
+        with pytest.raises(
+            ConfigError, match="being written by another training process; .*choose another out="
+        ):
             Monitor(model, batch=tokens(2), out=tmp_path / "held")
     finally:
         done.set()

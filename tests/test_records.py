@@ -11,8 +11,8 @@ import pytest
 from helpers import TINY_MODEL
 from smallinit.cli import main
 from smallinit.config import Config
+from smallinit.monitor.records import AnalysisRecord, EvalRecord, NormFactorRecord, StepRecord, parse_record
 from smallinit.study.running.runs import Run
-from smallinit.train.records import AnalysisRecord, EvalRecord, NormFactorRecord, StepRecord, parse_record
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+from smallinit import Monitor
 from smallinit.adapters import HFAdapter, TracedAdapter, as_adapter
-from smallinit.errors import ModelError
+from smallinit.errors import ConfigError, ModelError
 from smallinit.measures.activations import measure_activations
 
 VOCAB, D, HEADS, KV_HEADS, HD, T = 97, 48, 4, 2, 12, 12
@@ -256,3 +257,28 @@ def test_a_norm_that_returns_its_scale_is_measured_by_its_formula():
         reference = torch.sqrt(ms / (ms + m.eps)).mean().item()
         assert result["norm_factor"][name] == pytest.approx(reference, rel=1e-6), name
         assert reference < 0.95  # ε is felt, so reading the scale as a normed row would show
+
+
+def _exact_stable_rank(W: torch.Tensor) -> float:
+    s = torch.linalg.svdvals(W.double())
+    return (s.pow(2).sum() / s[0] ** 2).item()
+
+
+def test_the_monitor_watches_every_matrix_and_each_part_of_a_fused_one(tmp_path):
+    model, ids = Decoder().eval(), _ids(2)
+    with Monitor(model, every=1, batch=ids, out=tmp_path / "run") as monitor:
+        record = monitor(0)
+    ranks = record["stable_rank"]
+    weights = {n for n, p in model.named_parameters() if p.dim() == 2}  # every matrix, the table too
+    wqkv = model.stack[1].mix.wqkv.weight
+    q, k, v = wqkv[: HEADS * HD], wqkv[HEADS * HD : (HEADS + KV_HEADS) * HD], wqkv[(HEADS + KV_HEADS) * HD :]
+    assert weights <= set(ranks)
+    for name, W in {"": wqkv, "[q]": q, "[k]": k, "[v]": v}.items():
+        assert ranks[f"stack.1.mix.wqkv.weight{name}"] == pytest.approx(_exact_stable_rank(W), rel=1e-4)
+    assert len(ranks) == len(weights) + 3 * len(model.stack)
+    with pytest.raises(
+        ConfigError, match=r"^matrices pattern '\*\.q_proj\.weight' matches no weight matrix of Decoder"
+    ):
+        Monitor(
+            model, every=1, batch=ids, out=tmp_path / "other", matrices=["*.wo.weight", "*.q_proj.weight"]
+        )

@@ -17,7 +17,8 @@ from smallinit.init import (
     set_norm_eps_,
 )
 from smallinit.model import ModelOutput, Transformer
-from smallinit.train import Monitor, load_model
+from smallinit.monitor import Monitor
+from smallinit.train import load_model
 from smallinit.version import __version__
 
 __all__ = [

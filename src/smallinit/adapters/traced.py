@@ -52,6 +52,8 @@ class TracedAdapter:
         self.blocks, self.no_blocks = find_blocks(model)
         embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
         self._vocab = max((m.num_embeddings for m in embeddings), default=None)
+        # per fused matrix (by parameter name), the rows (out × in) that make each part: q, k, v
+        self.parts: dict[str, dict[str, torch.Tensor]] = {}
 
     @property
     def vocab_size(self) -> int:
@@ -75,8 +77,10 @@ class TracedAdapter:
         kinds = check_kinds(kinds)
         T = tokens.shape[-1]
 
+        sources = _Sources(self.module)
+
         def recording(attention: list[AttentionInputs], problems: list[str]):
-            return recording_attention_calls(self.module, T, attention, problems)
+            return recording_attention_calls(self.module, T, attention, problems, sources)
 
         out, problems = observe_by_hooks(
             self.module, self.blocks, self.no_blocks, kinds, lambda: self._logits(tokens), recording
@@ -84,6 +88,7 @@ class TracedAdapter:
         if targets is not None:
             out.loss = cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
         if "attention" in kinds:
+            self.parts = sources.parts
             name = type(self.module).__name__
             if problems:  # one call that cannot be rebuilt would make every layer's mean wrong
                 out.attention, out.missing["attention"] = [], problems[0]
@@ -142,7 +147,7 @@ def find_blocks(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], str | No
 
 @contextlib.contextmanager
 def recording_attention_calls(
-    model: nn.Module, T: int, records: list[AttentionInputs], problems: list[str]
+    model: nn.Module, T: int, records: list[AttentionInputs], problems: list[str], sources: _Sources
 ) -> Iterator[None]:
     """While inside, every softmax attention call the forward makes is recorded in ``records`` (named by the
     module that made it) and then computed unchanged; a call that cannot be rebuilt goes to ``problems``."""
@@ -165,7 +170,7 @@ def recording_attention_calls(
     def where() -> str:
         return calls[-1] if calls else type(model).__name__
 
-    mode = _AttentionMode(T, records, problems, where)
+    mode = _AttentionMode(T, records, problems, where, sources)
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(_flex_recorded(model, mode))
@@ -179,9 +184,16 @@ def recording_attention_calls(
 class _AttentionMode(TorchFunctionMode):
     SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.nn.functional.softmax}
 
-    def __init__(self, T: int, records: list[AttentionInputs], problems: list[str], where: Callable[[], str]):
+    def __init__(
+        self,
+        T: int,
+        records: list[AttentionInputs],
+        problems: list[str],
+        where: Callable[[], str],
+        sources: _Sources,
+    ):
         super().__init__()
-        self.T, self.records, self.problems, self.where = T, records, problems, where
+        self.T, self.records, self.problems, self.where, self.sources = T, records, problems, where, sources
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -190,9 +202,11 @@ class _AttentionMode(TorchFunctionMode):
             self.sdpa(*args, **kwargs)
         elif func in self.SOFTMAX:
             self.softmax(args, kwargs, out)
+        self.sources.follow(func, args, kwargs, out)
         return out
 
     def sdpa(self, q, k, v=None, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **_):
+        self.sources.attention_inputs(q, k, v)
         mask = attn_mask
         if mask is None and not is_causal:  # every query sees every key
             mask = torch.ones(1, 1, q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device)
@@ -233,9 +247,10 @@ def _flex_recorded(model: nn.Module, mode: _AttentionMode) -> Iterator[None]:
         return
 
     def recorded(query, key, value, score_mod=None, block_mask=None, scale=None, *args, **kwargs):
-        with torch._C.DisableTorchFunction():
+        with torch._C.DisableTorchFunction():  # flex compiles its kernel: no mode of ours inside it
             _record_flex(mode, query, key, score_mod, block_mask, scale)
-        return flex_attention(query, key, value, score_mod, block_mask, scale, *args, **kwargs)
+            mode.sources.attention_inputs(query, key, value)
+            return flex_attention(query, key, value, score_mod, block_mask, scale, *args, **kwargs)
 
     swapped: list[tuple[Any, str]] = []
     for cls in {type(m) for m in model.modules()}:
@@ -251,6 +266,84 @@ def _flex_recorded(model: nn.Module, mode: _AttentionMode) -> Iterator[None]:
     finally:
         for owner, attr in swapped:
             setattr(owner, attr, staticmethod(flex_attention) if isinstance(owner, type) else flex_attention)
+
+
+class _Sources:
+    """Which rows of which weight matrix (out × in) each tensor of the forward is made of, followed from the
+    matrix's product through views (rows read off the strides), splits and element-wise steps (position
+    encoding, per-head norms) for a few ops; at an attention call, a matrix whose rows make the queries, keys
+    and values alike is a fused one, and its parts are those rows (any layout: blocks or interleaved heads)."""
+
+    DEPTH = 24  # ops a source is followed through: enough for position encoding, not the whole network
+
+    def __init__(self, model: nn.Module):
+        self.names = {id(p): n for n, p in model.named_parameters()}
+        # storage → (matrix name, rows of a product's output (None: read them off the view's strides) or
+        # the rows a derived tensor is made of, the product's width, ops since the product)
+        self.seen: dict[int, tuple[str, torch.Tensor | None, int, int]] = {}
+        self.parts: dict[str, dict[str, torch.Tensor]] = {}
+        self.alive: list[torch.Tensor] = []  # what is followed stays alive, so no storage is reused meanwhile
+
+    def follow(self, func, args, kwargs, out) -> None:
+        weight = None
+        if func is F.linear and len(args) > 1:
+            weight = args[1]
+        elif func is torch.addmm and len(args) > 2:  # GPT-2's Conv1D: x @ W, W stored (in, out)
+            weight = args[2]
+        if (
+            isinstance(weight, nn.Parameter)
+            and id(weight) in self.names
+            and isinstance(out, torch.Tensor)
+            and _storage(out) is not None
+        ):
+            self.seen[_storage(out)] = (self.names[id(weight)], None, int(out.shape[-1]), 0)
+            self.alive.append(out)
+            return
+        found = [src for t in _tensors(args, kwargs) if (src := self.source(t)) is not None]
+        if not found or len({name for name, _, _ in found}) != 1 or min(d for *_, d in found) >= self.DEPTH:
+            return
+        name, depth = found[0][0], min(d for *_, d in found) + 1
+        rows = torch.unique(torch.cat([r for _, r, _ in found]))
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(o, torch.Tensor) and _storage(o) not in self.seen and _storage(o) is not None:
+                self.seen[_storage(o)] = (name, rows, 0, depth)
+                self.alive.append(o)
+
+    def source(self, t: torch.Tensor) -> tuple[str, torch.Tensor, int] | None:
+        """(matrix name, the rows of it ``t`` is made of, ops since its product)."""
+        key = _storage(t)
+        entry = None if key is None else self.seen.get(key)
+        if entry is None:
+            return None
+        name, rows, width, depth = entry
+        if rows is None:  # a view of the product: the rows its elements sit at
+            index = torch.tensor(t.storage_offset())
+            for size, stride in zip(t.shape, t.stride()):
+                if stride % width:
+                    index = (index[..., None] + torch.arange(size) * stride).flatten()
+            rows = torch.unique(index % width)
+        return name, rows, depth
+
+    def attention_inputs(self, q, k, v) -> None:
+        found = [self.source(t) if isinstance(t, torch.Tensor) else None for t in (q, k, v)]
+        if any(f is None for f in found) or len({f[0] for f in found}) != 1:
+            return
+        rows = [f[1] for f in found]
+        if sum(len(r) for r in rows) == len(torch.unique(torch.cat(rows))):  # disjoint: one fused matrix
+            self.parts[found[0][0]] = dict(zip("qkv", rows))
+
+
+def _storage(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage()._cdata
+    except (NotImplementedError, RuntimeError):  # a tensor without storage (vmap's, a fake or sparse one)
+        return None
+
+
+def _tensors(args, kwargs) -> list[torch.Tensor]:
+    flat = [*args, *kwargs.values()]
+    flat += [x for a in args if isinstance(a, (tuple, list)) for x in a]
+    return [t for t in flat if isinstance(t, torch.Tensor)]
 
 
 def _record_flex(mode: _AttentionMode, q, k, score_mod, block_mask, scale) -> None:

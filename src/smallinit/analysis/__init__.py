@@ -1,7 +1,7 @@
 """The paper's measurements on saved models and runs, and the public names of all of them.
 
 The per-model measurements live in smallinit.measures (norm_factor, sink, residual_flow, condensation) and
-are re-exported here; the monitor that takes them along any training is smallinit.train.monitor. Here:
+are re-exported here; the monitor that takes them along any training is smallinit.monitor. Here:
 tokens (Δ_sym by difficulty), coordcheck (activation / update scale over γ), saturation (the share of a run
 spent saturated), measure (``smallinit analyze`` / ``compare`` on a run, checkpoint or Hugging Face folder).
 """
@@ -27,7 +27,8 @@ from smallinit.measures.norm_factor import (
 )
 from smallinit.measures.residual_flow import ResidualFlowSweep, residual_flow_ratio, residual_flow_sweep
 from smallinit.measures.sink import SinkScores, sink_scores
-from smallinit.train.monitor import AnalysisCallback, load_snapshots
+from smallinit.monitor import load_snapshots
+from smallinit.train.callbacks import AnalysisCallback
 
 __all__ = [
     "AnalysisCallback",

@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from smallinit.config import Config
+from smallinit.monitor.records import AnalysisRecord, NormFactorRecord
 from smallinit.train.optim import lr_at
-from smallinit.train.records import AnalysisRecord, NormFactorRecord
 
 SATURATED = 0.5  # a norm factor below this (σ² < ε/3) counts as saturated
 MEAN = "mean"  # the series of the mean factor over all of a model's norms

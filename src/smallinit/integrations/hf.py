@@ -22,7 +22,7 @@ import torch
 from smallinit.errors import ConfigError
 from smallinit.init import gamma_init_, set_norm_eps_
 from smallinit.integrations._engine import engine
-from smallinit.train.monitor import Monitor, scalars
+from smallinit.monitor import Monitor, scalars
 
 transformers = engine("transformers", "hf", "smallinit.integrations.hf")
 

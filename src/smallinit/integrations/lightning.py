@@ -5,8 +5,9 @@
     trainer = L.Trainer(max_steps=1000, callbacks=[SmallinitCallback(every=50)])
     trainer.fit(module, train_loader, val_loader)   # records under default_root_dir/smallinit
 
-The measured model is the LightningModule itself when smallinit can read it (a smallinit Transformer or a
-Hugging Face causal LM), else its attribute ``model`` (or the one named by ``attr``). Steps are
+The measured model is the LightningModule itself when an adapter is made for it (a smallinit Transformer or a
+Hugging Face causal LM), else its attribute ``model`` (or the one named by ``attr``), read from its own
+forward when it has no adapter of its own. Steps are
 ``trainer.global_step`` (optimizer steps: accumulation adds none); scalars go to every logger of the trainer.
 """
 
@@ -16,10 +17,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from smallinit.adapters import as_adapter
-from smallinit.errors import ConfigError, ModelError
+from torch import nn
+
+from smallinit.adapters import has_own_adapter
+from smallinit.errors import ConfigError
 from smallinit.integrations._engine import engine
-from smallinit.train.monitor import Monitor, scalars
+from smallinit.monitor import Monitor, scalars
 
 L = engine("lightning.pytorch", "lightning", "smallinit.integrations.lightning")
 
@@ -79,13 +82,10 @@ class SmallinitCallback(L.Callback):
                 logger.log_metrics(scalars(record), step=step)
 
     def _model(self, pl_module):
-        for candidate in (pl_module, getattr(pl_module, self.attr, None)):
-            try:
-                as_adapter(candidate)
+        """The model the monitor reads: the LightningModule or its ``attr`` where one of them has an adapter
+        made for it, else the ``attr`` module (read from its own forward), else the LightningModule."""
+        held = getattr(pl_module, self.attr, None)
+        for candidate in (pl_module, held):
+            if candidate is not None and has_own_adapter(candidate):
                 return candidate
-            except ModelError:
-                continue
-        raise ModelError(
-            f"smallinit cannot observe {type(pl_module).__name__} nor its attribute {self.attr!r}: hold "
-            "a smallinit Transformer or a Hugging Face causal LM there, or name it with attr="
-        )
+        return held if isinstance(held, nn.Module) else pl_module

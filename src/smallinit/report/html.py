@@ -35,6 +35,8 @@ from smallinit.io import make_folder, read_json, write_text_atomic
 from smallinit.measures.norm_factor import init_variance, relative_factor, rmsnorm_factor, saturation_gamma
 from smallinit.measures.residual_flow import ResidualFlowSweep
 from smallinit.measures.sink import uniform_sink
+from smallinit.monitor import load_snapshots
+from smallinit.monitor.records import AnalysisRecord
 from smallinit.report import figures
 from smallinit.study.judging.claims import (
     BASELINE,
@@ -48,8 +50,6 @@ from smallinit.study.judging.claims import (
 from smallinit.study.judging.findings import FINDINGS_FILE
 from smallinit.study.running.runs import Run, find_runs
 from smallinit.train.distributed import LAYOUT_KEYS
-from smallinit.train.monitor import load_snapshots
-from smallinit.train.records import AnalysisRecord
 from smallinit.version import __version__
 
 REPORT_FILE = "report.html"

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
+
+from smallinit.config import AnalysisConfig
+from smallinit.errors import ConfigError
+from smallinit.monitor import Monitor
+from smallinit.train.checkpoint import kept
 
 if TYPE_CHECKING:
     from smallinit.train.trainer import Trainer
@@ -103,3 +109,37 @@ def format_hms(seconds: float) -> str:
     """H:MM:SS, for elapsed times and ETAs."""
     s = int(seconds)
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+class AnalysisCallback(Callback):
+    """smallinit's Trainer measured by a :class:`Monitor`; attached by the Trainer itself when
+    ``analysis.every`` or ``analysis.norm_every`` is set, so the CLI and the Python API cannot differ."""
+
+    def __init__(self, cfg: AnalysisConfig | None = None, **fields: Any):
+        self.cfg = dataclasses.replace(cfg or AnalysisConfig(), **fields)
+        self.cfg.validate()
+        if self.cfg.every < 1 and self.cfg.norm_every < 1:
+            raise ConfigError(
+                f"the analysis callback needs analysis.every or analysis.norm_every ≥ 1, got "
+                f"{self.cfg.every} and {self.cfg.norm_every}"
+            )
+        self.monitor: Monitor | None = None
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        batch = next(iter(trainer.data.eval_batches(self.cfg.batch_size, trainer.cfg.data.seq_len, 1)))
+        self.monitor = Monitor(
+            trainer.model,
+            self.cfg,
+            batch=batch,
+            out=trainer.run_dir,
+            log=trainer.log,
+            total_steps=trainer.cfg.train.steps,
+            start_step=trainer.step,
+            guard=not trainer.cfg.model.norm_eps_width,  # ε emulation saturates on purpose
+            kept=kept(trainer.run_dir),
+        )
+        if trainer.step == 0:
+            self.monitor(0)
+
+    def on_step_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        self.monitor(trainer.step)

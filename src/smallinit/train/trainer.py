@@ -21,10 +21,13 @@ from smallinit.config import Config, TrainConfig
 from smallinit.data import load_data, load_tokenizer
 from smallinit.errors import CheckpointError, ConfigError, Preempted, TrainingError
 from smallinit.model import Transformer
+from smallinit.monitor.lock import RunLock
+from smallinit.monitor.metrics import append_record, read_metrics, set_aside_metrics, truncate_metrics
+from smallinit.monitor.records import NONFINITE, EvalRecord, StepRecord, parse_record
 from smallinit.signals import stop_requests
 from smallinit.train import checkpoint as ckpt
 from smallinit.train import compiling
-from smallinit.train.callbacks import Callback, Progress
+from smallinit.train.callbacks import AnalysisCallback, Callback, Progress
 from smallinit.train.distributed import (
     Runtime,
     any_rank,
@@ -41,14 +44,10 @@ from smallinit.train.distributed import (
     tied_aliases,
     with_layout_of,
 )
-from smallinit.train.lock import RunLock
 from smallinit.train.loggers import metric_loggers
 from smallinit.train.memory import check_fits
-from smallinit.train.metrics import append_record, read_metrics, set_aside_metrics, truncate_metrics
 from smallinit.train.moe_log import RouterLog, has_moe
-from smallinit.train.monitor import AnalysisCallback
 from smallinit.train.optim import build_optimizer, lr_at, wsd_decay_start
-from smallinit.train.records import NONFINITE, EvalRecord, StepRecord, parse_record
 
 log = logging.getLogger("smallinit")
 # How to continue a stopped run, when a sweep, recipe or demo started it (their runner sets it for each cell):
@@ -189,7 +188,7 @@ class Trainer:
         found = on_main(self.runtime, lambda: ckpt.newest_checkpoint(self.run_dir))
         if found is None:  # killed before the first checkpoint: start over, with a fresh log and the new plan
             if self.runtime.is_main:
-                earlier = set_aside_metrics(self.run_dir)
+                earlier = set_aside_metrics(self.run_dir, ckpt.kept(self.run_dir))
                 log.warning(
                     f"--resume: {self.run_dir} has no checkpoint yet, so training starts again from step 0"
                     + (f"; the earlier attempt's log is kept as {earlier}" if earlier else "")
@@ -297,7 +296,7 @@ class Trainer:
     def log(self, record: dict[str, Any]) -> None:
         """Append a record to metrics.jsonl and pass it to the callbacks' on_log (main process only)."""
         if self.runtime.is_main:
-            append_record(self.run_dir, record)
+            append_record(self.run_dir, record, ckpt.kept(self.run_dir))
             for cb in self.callbacks:
                 cb.on_log(self, record)
 

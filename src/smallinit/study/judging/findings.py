@@ -29,6 +29,7 @@ from smallinit.errors import ConfigError
 from smallinit.measures.norm_factor import relative_factor
 from smallinit.measures.residual_flow import residual_flow_sweep
 from smallinit.measures.sink import attention_roles
+from smallinit.monitor.records import AnalysisRecord
 from smallinit.study.judging.anchor import anchor_scores
 from smallinit.study.judging.claims import (
     BASELINE,
@@ -46,7 +47,6 @@ from smallinit.study.judging.claims import (
 from smallinit.study.judging.emulation import Emulation, pooled, run_emulation
 from smallinit.study.judging.scaling import fit_power_law
 from smallinit.train import load_model
-from smallinit.train.records import AnalysisRecord
 
 FINDINGS_FILE = "findings.json"  # a recipe's claims with their verdicts and the numbers behind the figures
 Say = Callable[[str], None]  # receives one progress line per step of an analysis

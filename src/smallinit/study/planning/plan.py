@@ -38,6 +38,7 @@ import torch
 from smallinit.config import Config, flatten
 from smallinit.errors import ExperimentError, SmallinitError
 from smallinit.model import Transformer
+from smallinit.monitor.records import AnalysisRecord, EvalRecord, NormFactorRecord
 from smallinit.study.judging.claims import (
     CLAIMS,
     NOT_RUN,
@@ -56,7 +57,6 @@ from smallinit.study.running import Sweep, resolve_config
 from smallinit.study.running.runs import Run, model_shape
 from smallinit.train.flops import train_flops_per_token
 from smallinit.train.memory import GIB, device_memory, estimate_memory
-from smallinit.train.records import AnalysisRecord, EvalRecord, NormFactorRecord
 
 # Dense bf16 peak per GPU (FLOP/s, without sparsity) and memory (GiB), from the vendors' data sheets.
 GPUS: dict[str, tuple[float, float]] = {

@@ -12,9 +12,9 @@ from typing import Any
 
 from smallinit.errors import ExperimentError
 from smallinit.io import read_json, write_json_atomic, write_text_atomic
+from smallinit.monitor.metrics import read_metrics
+from smallinit.monitor.records import EvalRecord, StepRecord, parse_record
 from smallinit.study.running.spec import Cell, cell_dir
-from smallinit.train.metrics import read_metrics
-from smallinit.train.records import EvalRecord, StepRecord, parse_record
 
 
 def error_line(log: Path) -> str:

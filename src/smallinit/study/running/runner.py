@@ -29,6 +29,7 @@ from smallinit.config.files import toml_literal
 from smallinit.errors import ExperimentError, Preempted
 from smallinit.io import lock_exclusive, read_json, write_json_atomic
 from smallinit.model import Transformer
+from smallinit.monitor.metrics import read_metrics
 from smallinit.signals import stop_requests
 from smallinit.study.running.packing import (
     available_cores,
@@ -39,7 +40,6 @@ from smallinit.study.running.packing import (
 from smallinit.study.running.progress import Progress, cell_work
 from smallinit.study.running.results import cell_row, error_line, write_results
 from smallinit.study.running.spec import Cell, Sweep, cell_dir, launcher_argv, resolve_config
-from smallinit.train.metrics import read_metrics
 from smallinit.train.trainer import CONTINUE_ENV
 
 _POLL_S = 0.2

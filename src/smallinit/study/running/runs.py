@@ -17,9 +17,9 @@ from typing import Any
 from smallinit.config import Config, flatten, set_dotted
 from smallinit.io import read_json
 from smallinit.model import Transformer
-from smallinit.train.metrics import METRICS_FILE, read_metrics
-from smallinit.train.monitor import MONITOR_FILE
-from smallinit.train.records import (
+from smallinit.monitor.metrics import METRICS_FILE, read_metrics
+from smallinit.monitor.monitor import MONITOR_FILE
+from smallinit.monitor.records import (
     AnalysisRecord,
     EvalRecord,
     NormFactorRecord,
@@ -33,7 +33,7 @@ from smallinit.train.records import (
 class Run:
     """A run folder: ``config`` is flat ("model.gamma" → 1.0), the selections' keys, and ``cfg`` the same as a
     Config; metrics.jsonl is read when first asked for and parsed once into its records' types
-    (smallinit.train.records): ``evals``, ``train_log``, ``nonfinite``, ``analysis``, ``norm_records``."""
+    (smallinit.monitor.records): ``evals``, ``train_log``, ``nonfinite``, ``analysis``, ``norm_records``."""
 
     path: Path
     name: str

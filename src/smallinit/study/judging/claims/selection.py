@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from smallinit.config import emulated_eps
+from smallinit.monitor.records import AnalysisRecord
 from smallinit.study.running import cell_dir, cell_states, load_cells
 from smallinit.study.running.runs import Run
-from smallinit.train.records import AnalysisRecord
 
 EMULATED_WIDTH = 2048  # the paper's width at 1.5B, whose saturation the emulated baseline reproduces
 BASELINE = {"model.norm_eps": 1e-5, "model.gate": "none", "model.norm_eps_width": 0}

@@ -10,7 +10,7 @@ Each measurement takes one forward of the held-out batch through the model's ada
 smallinit's Transformer, any Hugging Face causal LM, or an adapter of your own) and records the sink per
 layer and Sink_ε, the residual flow, every norm's factor, the loss, and the stable rank and mean |cos| of
 chosen matrices: one ``{"event": "analysis", "step": ...}`` record in metrics.jsonl (its type and schema:
-smallinit.train.records.AnalysisRecord), the format that ``smallinit report`` reads, and row-cosine
+smallinit.monitor.records.AnalysisRecord), the format that ``smallinit report`` reads, and row-cosine
 heatmaps as analysis/rowcos_step_NNNNNNN.npz at a few steps.
 In a folder of its own it also writes the held-out loss as ``{"step", "val_loss"}``, the validation curve
 of the report. At its first measurement of a fresh run it warns, in one line, when a norm is saturated
@@ -27,31 +27,26 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import logging
-import os
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from smallinit import io
-from smallinit.adapters import ModelAdapter, TransformerAdapter, as_adapter
+from smallinit.adapters import ModelAdapter, TracedAdapter, TransformerAdapter, as_adapter
 from smallinit.config import AnalysisConfig
 from smallinit.errors import ConfigError
 from smallinit.init import param_roles
 from smallinit.measures.activations import measure_activations
 from smallinit.measures.condensation import named_matrices, row_cosine, sampled_mean_abs_cos, stable_rank
 from smallinit.measures.norm_factor import norm_factors_from_observed
-from smallinit.train.callbacks import Callback
-from smallinit.train.checkpoint import kept
-from smallinit.train.metrics import append_record, set_aside_metrics, truncate_metrics
-from smallinit.train.records import AnalysisRecord, EvalRecord, NormFactorRecord, parse_record
-
-if TYPE_CHECKING:
-    from smallinit.train.trainer import Trainer
+from smallinit.monitor.lock import RunLock
+from smallinit.monitor.metrics import append_record, set_aside_metrics, truncate_metrics
+from smallinit.monitor.records import AnalysisRecord, EvalRecord, NormFactorRecord, parse_record
 
 log = logging.getLogger("smallinit")
 
@@ -60,13 +55,6 @@ MONITOR_FILE = "monitor.json"  # what a folder written by a monitor outside smal
 COS_ROWS = 512  # rows sampled for the logged mean |cos| of large matrices
 SATURATED = 0.5  # a norm factor below this at init: ε, not the input, sets the norm's scale
 DEFAULT_EVERY = 100  # the monitor's cost at this interval is benchmarked in benchmarks/bench_callbacks.py
-# Matrices measured on models that are not smallinit's (whose names AnalysisConfig's defaults follow)
-OTHER_MATRICES = [
-    "*.self_attn.q_proj.weight",
-    "*.attn.c_attn.weight",
-    "*.mlp.up_proj.weight",
-    "*.mlp.c_fc.weight",
-]
 
 
 def snapshot_path(run_dir: str | Path, step: int) -> Path:
@@ -102,6 +90,7 @@ class Monitor:
         settings: Mapping[str, Any] | None = None,
         engine: str = "loop",
         guard: bool = True,
+        kept: io.Kept | None = None,
         **fields: Any,
     ):
         cfg_given = cfg is not None
@@ -113,22 +102,22 @@ class Monitor:
             raise ConfigError(
                 f"the monitor needs every or norm_every ≥ 1, got {cfg.every} and {cfg.norm_every}"
             )
-        self.cfg, self.total_steps, self.start_step = cfg, total_steps, start_step
+        self.cfg, self.total_steps, self.start_step, self.kept = cfg, total_steps, start_step, kept
         self.adapter = as_adapter(_unwrapped(model))
         self.module = self.adapter.module
         self.writes = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
         self.tokens, self.targets = self._held_out(batch, data)
-        self.roles = param_roles(self.module)  # traced once: roles do not change in training
-        chosen = (
-            self._ours or cfg_given
-        )  # else AnalysisConfig's defaults name smallinit's matrices, not these
-        patterns = fields.get("matrices", cfg.matrices if chosen else OTHER_MATRICES)
-        self.matrices = list(named_matrices(self.module, patterns, roles=self.roles))
-        self.heatmaps = set(
-            named_matrices(self.module, cfg.heatmaps, roles=self.roles)
-            if "heatmaps" in fields or chosen
-            else _first_of_each(self.matrices, OTHER_MATRICES)
-        )
+        if isinstance(
+            self.adapter, TracedAdapter
+        ):  # found from its forward: a forward that cannot run says so
+            with torch.no_grad(), _eval_mode(self.module):  # now, and the parts of fused matrices are known
+                self.adapter.observe(self.tokens[:1], kinds=("attention",))
+        example = getattr(self.adapter, "example_inputs", None)  # the forward γ-init's trace runs
+        self.roles = param_roles(
+            self.module, example(self.tokens[:1]) if example else None
+        )  # fixed in training
+        self.matrices = self._chosen("matrices", fields, cfg, cfg_given)
+        self.heatmaps = set(self._chosen("heatmaps", fields, cfg, cfg_given))
         self.snapshot_steps = self._snapshot_steps()
         self.warned = (
             start_step > 0 or not guard
@@ -136,7 +125,7 @@ class Monitor:
         self.last_step: int | None = None
         self.last_loss: float | None = None
         self.out = Path(out)
-        self._lock: int | None = None
+        self._lock: RunLock | None = None
         self._log = log or self._append
         self.own_folder = log is None  # else the caller writes the records and holds the folder
         if self.own_folder and self.writes:
@@ -164,6 +153,28 @@ class Monitor:
         device = next(self.module.parameters()).device
         return x.to(device), y.to(device)
 
+    def _chosen(self, key: str, fields: dict[str, Any], cfg: AnalysisConfig, cfg_given: bool) -> list[str]:
+        """The matrices (by name) ``key`` ("matrices", "heatmaps") names: on a model that is not smallinit's,
+        where no pattern is given, every weight matrix (heatmaps: those of the first block); a given pattern
+        that matches no matrix is an error (one line), never an empty record."""
+        patterns = fields.get(key, getattr(cfg, key))
+        given = key in fields or (cfg_given and patterns != getattr(AnalysisConfig(), key))
+        if not given and not self._ours:
+            every = list(named_matrices(self.module, roles=self.roles))
+            if key == "matrices":
+                return every
+            first = getattr(self.adapter, "blocks", None) or []
+            return [n for n in every if first and n.startswith(f"{first[0][0]}.")][:8] or every[:4]
+        names = list(named_matrices(self.module, patterns, roles=self.roles))
+        unmatched = [p for p in patterns if given and not any(fnmatch.fnmatchcase(n, p) for n in names)]
+        if unmatched:
+            shown = ", ".join(list(named_matrices(self.module, roles=self.roles))[:6])
+            raise ConfigError(
+                f"{key} pattern {unmatched[0]!r} matches no weight matrix of {type(self.module).__name__} "
+                f"(its matrices: {shown}, …); pass patterns of its parameter names"
+            )
+        return names
+
     def _snapshot_steps(self) -> set[int]:
         every, n = self.cfg.every, self.cfg.snapshots
         if not every or not n:
@@ -178,21 +189,16 @@ class Monitor:
 
     def _open(self, engine: str, settings: dict[str, Any]) -> None:
         out = self.out
-        if out.exists() and not out.is_dir():
-            raise ConfigError(f"monitor folder {out} is a file, not a folder; choose another out")
-        io.make_folder(out)
-        self._lock = io.lock_exclusive(out / ".lock")
-        if self._lock is None:
-            raise ConfigError(f"monitor folder {out} is being written by another process; choose another out")
+        self._lock = RunLock.take(out, "out=")
         # the folder is given up when the monitor goes, closed or not (a training that raised)
-        self._release = weakref.finalize(self, os.close, self._lock)
+        self._release = weakref.finalize(self, self._lock.release)
         if self.start_step:
             truncate_metrics(out, self.start_step)
             for path in (out / SNAPSHOT_DIR).glob("rowcos_step_*.npz"):
                 if int(path.stem.rsplit("_", 1)[1]) > self.start_step:
                     path.unlink()
         else:
-            set_aside_metrics(out)  # a fresh start keeps an earlier attempt's records beside it
+            set_aside_metrics(out, self.kept)  # a fresh start keeps an earlier attempt's records beside it
         io.write_json_atomic(
             out / MONITOR_FILE,
             {
@@ -209,7 +215,7 @@ class Monitor:
 
     def _append(self, record: dict[str, Any]) -> None:
         if self.writes:
-            append_record(self.out, record)
+            append_record(self.out, record, self.kept)
 
     def close(self) -> None:
         """The run's summary (the last step measured and its loss), and the folder given up."""
@@ -295,9 +301,17 @@ class Monitor:
         return rec
 
     def _gathered(self) -> dict[str, torch.Tensor]:
-        """The recorded matrices, whole (a sharded tensor is gathered: every rank takes part)."""
+        """The recorded matrices, whole (a sharded tensor is gathered: every rank takes part), and each part
+        of a fused one (NAME[q], NAME[k], NAME[v]: the rows the forward makes each attention input of)."""
         mats = named_matrices(self.module, self.matrices, roles=self.roles) if self.matrices else {}
-        return {n: W.full_tensor() if hasattr(W, "full_tensor") else W for n, W in mats.items()}
+        whole = {n: W.full_tensor() if hasattr(W, "full_tensor") else W for n, W in mats.items()}
+        parts = getattr(self.adapter, "parts", {})
+        for name, rows in parts.items():
+            if name in whole:
+                whole.update(
+                    {f"{name}[{part}]": whole[name][r.to(whole[name].device)] for part, r in rows.items()}
+                )
+        return whole
 
     def _guard(self, step: int, factors: dict[str, float]) -> None:
         if self.warned or not factors:
@@ -323,7 +337,7 @@ class Monitor:
             arrays[f"{name}/mean_abs_cos"] = np.float64(rc.mean_abs)
         path = snapshot_path(self.out, step)
         path.parent.mkdir(parents=True, exist_ok=True)
-        io.write_atomic(path, lambda f: np.savez(f, step=np.int64(step), **arrays), kept=kept(self.out))
+        io.write_atomic(path, lambda f: np.savez(f, step=np.int64(step), **arrays), kept=self.kept)
 
 
 def load_snapshots(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -348,39 +362,6 @@ def load_snapshots(run_dir: str | Path) -> list[dict[str, Any]]:
                     snap["matrices"][name] = z[key].astype(np.float32)
         out.append(snap)
     return out
-
-
-class AnalysisCallback(Callback):
-    """smallinit's Trainer measured by a :class:`Monitor`; attached by the Trainer itself when
-    ``analysis.every`` or ``analysis.norm_every`` is set, so the CLI and the Python API cannot differ."""
-
-    def __init__(self, cfg: AnalysisConfig | None = None, **fields: Any):
-        self.cfg = dataclasses.replace(cfg or AnalysisConfig(), **fields)
-        self.cfg.validate()
-        if self.cfg.every < 1 and self.cfg.norm_every < 1:
-            raise ConfigError(
-                f"the analysis callback needs analysis.every or analysis.norm_every ≥ 1, got "
-                f"{self.cfg.every} and {self.cfg.norm_every}"
-            )
-        self.monitor: Monitor | None = None
-
-    def on_train_start(self, trainer: Trainer) -> None:
-        batch = next(iter(trainer.data.eval_batches(self.cfg.batch_size, trainer.cfg.data.seq_len, 1)))
-        self.monitor = Monitor(
-            trainer.model,
-            self.cfg,
-            batch=batch,
-            out=trainer.run_dir,
-            log=trainer.log,
-            total_steps=trainer.cfg.train.steps,
-            start_step=trainer.step,
-            guard=not trainer.cfg.model.norm_eps_width,
-        )  # ε emulation saturates on purpose
-        if trainer.step == 0:
-            self.monitor(0)
-
-    def on_step_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        self.monitor(trainer.step)
 
 
 def scalars(record: dict[str, Any], prefix: str = "smallinit/") -> dict[str, float]:
@@ -493,14 +474,6 @@ def _first_rows(data: Iterable, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     if len({t.shape[1] for t in xs}) > 1:
         raise ConfigError("the held-out rows differ in length; pass batch= with sequences of one length")
     return torch.cat(xs)[:n], torch.cat(ys)[:n]
-
-
-def _first_of_each(names: list[str], patterns: list[str]) -> list[str]:
-    return [
-        next(n for n in names if fnmatch.fnmatchcase(n, p))
-        for p in patterns
-        if any(fnmatch.fnmatchcase(n, p) for n in names)
-    ]
 
 
 class _eval_mode:

@@ -1,5 +1,6 @@
-"""RUN/metrics.jsonl: one JSON record per logged step or evaluation, appended by the trainer and read back
-by whatever looks at a run. A line torn by a kill is skipped, never an error."""
+"""RUN/metrics.jsonl: one JSON record per logged step, evaluation or measurement, appended by the trainer
+or a Monitor and read back by whatever looks at a run. A line torn by a kill is skipped, never an error.
+``kept``: what a failed write's error line says is intact (the trainer: its last checkpoint)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from smallinit import io
-from smallinit.train.checkpoint import kept
 
 METRICS_FILE = "metrics.jsonl"
 
 
-def append_record(run_dir: Path, record: dict[str, Any]) -> None:
+def append_record(run_dir: Path, record: dict[str, Any], kept: io.Kept | None = None) -> None:
     path = Path(run_dir) / METRICS_FILE
     try:
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, sort_keys=True) + "\n")
     except OSError as e:
-        raise io.storage_error(path, e, kept(run_dir)) from None
+        raise io.storage_error(path, e, kept) from None
 
 
 def _records(run_dir: Path) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -52,7 +52,7 @@ def truncate_metrics(run_dir: Path, last_step: int) -> None:
         io.write_text_atomic(path, "".join(line + "\n" for line in keep))
 
 
-def set_aside_metrics(run_dir: Path) -> Path | None:
+def set_aside_metrics(run_dir: Path, kept: io.Kept | None = None) -> Path | None:
     """A run that starts over keeps the log of its earlier attempt beside the new one:
     RUN/metrics.jsonl → RUN/metrics.attempt-N.jsonl (the first free N); None if there was no log."""
     path = Path(run_dir) / METRICS_FILE
@@ -64,5 +64,5 @@ def set_aside_metrics(run_dir: Path) -> Path | None:
     try:
         os.replace(path, kept_as)
     except OSError as e:
-        raise io.storage_error(kept_as, e, kept(run_dir)) from None
+        raise io.storage_error(kept_as, e, kept) from None
     return kept_as

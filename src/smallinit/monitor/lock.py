@@ -1,7 +1,8 @@
-"""RUN/.lock: a run folder has one writer. A training process takes the lock before it reads or writes the
-folder and holds it until it is done (the OS drops it if the process dies), so a second ``smallinit train``
-into the same folder (a fresh run, ``--resume``, an extension or ``--init-from``) is refused before it
-touches anything, whether it comes before or after the first checkpoint."""
+"""RUN/.lock: a run folder has one writer. A training process (or a Monitor writing a folder of its own)
+takes the lock before it reads or writes the folder and holds it until it is done (the OS drops it if the
+process dies), so a second ``smallinit train`` into the same folder (a fresh run, ``--resume``, an
+extension or ``--init-from``) is refused before it touches anything, whether it comes before or after the
+first checkpoint."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ class RunLock:
         self._fd: int | None = fd
 
     @staticmethod
-    def take(run_dir: Path) -> RunLock:
-        """Lock ``run_dir`` (made if absent), or one line if another process holds it."""
+    def take(run_dir: Path, option: str = "--out") -> RunLock:
+        """Lock ``run_dir`` (made if absent), or one line if another process holds it; ``option`` is how the
+        user named the folder (the CLI's --out, the Monitor's out=)."""
         if run_dir.exists() and not run_dir.is_dir():
-            raise ConfigError(f"--out {run_dir} is a file, not a folder; choose another --out")
+            raise ConfigError(f"{option} {run_dir} is a file, not a folder; choose another {option}")
         made = [
             p for p in (run_dir / LOCK_FILE, run_dir, *run_dir.parents) if not p.exists()
         ]  # innermost first
@@ -35,7 +37,7 @@ class RunLock:
         if fd is None:
             raise ConfigError(
                 f"run folder {run_dir} is being written by another training process; wait for "
-                "it to finish or stop it, or choose another --out"
+                f"it to finish or stop it, or choose another {option}"
             )
         return RunLock(run_dir, fd, made)
 
