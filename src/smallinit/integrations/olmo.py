@@ -23,7 +23,7 @@ import torch
 
 from smallinit.init import gamma_init_, set_norm_eps_
 from smallinit.integrations._engine import engine
-from smallinit.train.monitor import Monitor, scalars
+from smallinit.monitor import Monitor, scalars
 
 callbacks = engine("olmo_core.train.callbacks", "olmo", "smallinit.integrations.olmo")
 
