@@ -258,7 +258,7 @@ def test_torchtitan_measurements_equal_their_references(tmp_path):
 
     def qkv_parts(W):  # rows are (kv group, [its query heads, its key, its value], head dim)
         W = W.view(-1, hpk + 2, hd, W.shape[-1])
-        return [W[:, :hpk].reshape(-1, W.shape[-1]), W[:, hpk], W[:, hpk + 1]]
+        return [W[:, part].reshape(-1, W.shape[-1]) for part in (slice(0, hpk), hpk, hpk + 1)]
 
     fused = {f"layers.{i}.attention.qkv_linear.wqkv.weight": qkv_parts for i in model.layers}
     tokens = torch.randint(0, 2048, (2, 16), generator=torch.Generator().manual_seed(1))
