@@ -94,6 +94,11 @@ def test_the_doc_example_trains_with_the_monitor_and_is_reported(tmp_path, secti
     script.write_text(doc_block(section), encoding="utf-8")
     run(torchrun(str(script)) if world == 2 else [sys.executable, str(script)], cwd=tmp_path)
     check_trained_and_reported(tmp_path / folder, world)
+    if section == "torchtitan":  # its fused wqkv, sharded: watched whole and per part, never silently missed
+        ranks = analysis(tmp_path / folder)[-1]["stable_rank"]
+        for i in (0, 1):
+            name = f"layers.{i}.attention.qkv_linear.wqkv.weight"
+            assert {f"{name}[{part}]" for part in "qkv"} | {name} <= set(ranks), sorted(ranks)
 
 
 # -- γ-init inside the engines: the sharded draw is the unsharded one ----------------------------------------
