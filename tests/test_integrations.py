@@ -140,11 +140,16 @@ def test_lightning_callback(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("module", "extra"),
-    [("smallinit.integrations.hf", "hf"), ("smallinit.integrations.lightning", "lightning")],
+    ("module", "engine", "extra"),
+    [
+        ("smallinit.integrations.hf", "transformers", "hf"),
+        ("smallinit.integrations.lightning", "lightning", "lightning"),
+        ("smallinit.integrations.titan", "torchtitan", "titan"),
+        ("smallinit.integrations.olmo", "olmo_core", "olmo"),
+        ("smallinit.integrations.litgpt", "litgpt", "litgpt"),
+    ],
 )
-def test_an_integration_without_its_engine_names_the_extra(module, extra):
-    engine = "transformers" if extra == "hf" else "lightning"
+def test_an_integration_without_its_engine_names_the_extra(module, engine, extra):
     code = (
         f"import sys; sys.modules[{engine!r}] = None\n"  # the engine is not installed
         f"try:\n    import {module}\nexcept ImportError as e:\n    print(e)"
@@ -153,6 +158,6 @@ def test_an_integration_without_its_engine_names_the_extra(module, extra):
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert line == (f"{module} needs {engine}, which is not installed: pip install 'smallinit[{extra}]'")
-    # and the core stays importable without either
+    # and the core stays importable without it
     code = f"import sys; sys.modules[{engine!r}] = None\nimport smallinit, smallinit.train; print('ok')"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "ok"

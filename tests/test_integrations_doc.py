@@ -1,5 +1,5 @@
 """docs/integrations.md runs as written: each Python block (one per engine) in a fresh namespace, then
-`smallinit report` on the folder it wrote."""
+`smallinit report` on the folder it wrote. The pretraining engines' blocks run in tests/test_engines.py."""
 
 from __future__ import annotations
 
@@ -13,12 +13,29 @@ from test_monitor import records
 
 pytest.importorskip("transformers")
 DOC = Path(__file__).resolve().parents[1] / "docs" / "integrations.md"
-BLOCKS = re.findall(r"^```python\n(.*?)^```$", DOC.read_text(encoding="utf-8"), re.S | re.M)
+SECTIONS = {
+    "plain": "A plain PyTorch loop",
+    "transformers": "transformers' Trainer",
+    "lightning": "Lightning",
+}
 FOLDERS = {"plain": "runs/loop", "transformers": "runs/hf/smallinit", "lightning": "runs/lightning/smallinit"}
 
 
+def blocks(doc: str = DOC.read_text(encoding="utf-8")) -> dict[str, list[str]]:
+    """Each section's Python blocks, by its heading."""
+    sections = re.split(r"^## ", doc, flags=re.M)[1:]
+    return {
+        head: re.findall(r"^```python\n(.*?)^```$", body, re.S | re.M)
+        for head, body in (s.split("\n", 1) for s in sections)
+    }
+
+
+BLOCKS = [blocks()[SECTIONS[engine]][0] for engine in FOLDERS]
+
+
 def test_one_example_per_engine():
-    assert len(BLOCKS) == len(FOLDERS)
+    found = {head: len(code) for head, code in blocks().items() if code}
+    assert found == dict.fromkeys([*SECTIONS.values(), "torchtitan", "OLMo-core", "litgpt"], 1)
 
 
 @pytest.mark.parametrize(("engine", "block"), zip(FOLDERS, BLOCKS), ids=list(FOLDERS))

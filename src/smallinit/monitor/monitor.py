@@ -408,9 +408,11 @@ def describe_model(adapter: ModelAdapter) -> dict[str, Any]:
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     if config is None and hasattr(module, "cfg"):  # smallinit's Transformer
         config = module.cfg
+    if config is None:  # a model that keeps its shape on itself (OLMo-core's Transformer: d_model, n_layers)
+        config = module
     desc: dict[str, Any] = {"class": type(module).__name__}
     for key, names in (
-        ("d_model", ("d_model", "hidden_size", "n_embd")),
+        ("d_model", ("d_model", "hidden_size", "n_embd", "dim")),  # dim: torchtitan's
         ("n_layers", ("n_layers", "num_hidden_layers", "n_layer")),
         ("n_heads", ("n_heads", "num_attention_heads", "n_head")),
         ("d_ff", ("d_ff", "intermediate_size", "n_inner")),

@@ -697,7 +697,10 @@ def _section_residual(
         (r, a)
         for r in runs
         for a in r.analysis[:1]  # against γ: runs that say their γ (a monitored run may not)
-        if a.step == 0 and a.residual_flow is not None and r.config.get("model.gamma") is not None
+        if a.step == 0
+        and a.residual_flow is not None
+        and r.config.get("model.gamma") is not None
+        and r.config.get("model.d_model") is not None  # the prediction d^(1−γ) needs the width
     ]
     if not at_init and not sweeps:
         return

@@ -1,0 +1,145 @@
+"""Run by tests/test_engines.py under torchrun (gloo, 2 ranks) or alone: γ-init inside the pretraining
+engines on sharded parameters, checked against the draw of one process on the unsharded model.
+
+    torchrun --nproc_per_node 2 tests/_engines_worker.py titan OUT   # torchtitan, fully_shard and not
+    torchrun --nproc_per_node 2 tests/_engines_worker.py olmo OUT        # OLMo-core's Trainer + the callback
+
+Each writes OUT/ok.json on rank 0: the parameters that, gathered, differ from the unsharded draw."""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from smallinit import gamma_init_
+
+
+def titan_model(shard: bool):
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.llama3 import model_registry
+
+    from smallinit.integrations.titan import gamma_param_init
+
+    config = model_registry("debugmodel").model
+    config.layers = config.layers[:2]
+    for layer in config.layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    gamma_param_init(config, gamma=1.0, seed=0)
+    with torch.device("meta"):
+        model = config.build()
+    if shard:
+        fully_shard_all(model, list(model.layers.values()))
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights()
+    return model
+
+
+def fully_shard_all(model, blocks) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for block in blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def params(model) -> dict[str, torch.Tensor]:
+    return {
+        n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        for n, p in model.named_parameters()
+    }
+
+
+def titan(out: Path) -> None:
+    """torchtitan's init_weights() through gamma_param_init, then gamma_init_ after it, on 2 ranks: both
+    equal the draws of the unsharded model (built in the same process, on no mesh)."""
+    dist.init_process_group("gloo")
+    draws, sharded = {}, []
+    for shard in (True, False):
+        model = titan_model(shard)
+        draws[shard, "param_init"] = params(model)
+        gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0))
+        draws[shard, "gamma_init"] = params(model)
+        sharded += [n for n, p in model.named_parameters() if hasattr(p, "full_tensor")]
+    differ = [
+        f"{way}:{n}"
+        for way in ("param_init", "gamma_init")
+        for n, p in draws[True, way].items()
+        if not torch.equal(p, draws[False, way][n])
+    ]
+    if dist.get_rank() == 0:
+        torch.save(draws[False, "param_init"], out / "titan.pt")
+        (out / "ok.json").write_text(json.dumps({"differ": differ, "sharded": sharded}))
+    dist.destroy_process_group()
+
+
+def olmo(out: Path) -> None:
+    """OLMo-core's Trainer, FSDP on 2 ranks, with SmallinitCallback: the weights at the start of the fresh
+    run (read by a callback that runs after it) equal gamma_init_ of the unsharded model in one process."""
+    import numpy as np
+    from olmo_core.data import NumpyDataLoaderConfig, NumpyFSLDatasetConfig, TokenizerConfig
+    from olmo_core.distributed.parallel import DataParallelType
+    from olmo_core.nn.transformer import TransformerConfig
+    from olmo_core.optim import AdamWConfig
+    from olmo_core.train import Duration, TrainerConfig
+    from olmo_core.train.callbacks import Callback
+    from olmo_core.train.train_module import TransformerDataParallelConfig, TransformerTrainModuleConfig
+
+    from smallinit.integrations.olmo import SmallinitCallback
+
+    dist.init_process_group("gloo")
+    data = np.random.default_rng(0).integers(2, 256, size=(40, 16)).astype(np.uint16)
+    if dist.get_rank() == 0:
+        data.tofile(out / "train.npy")
+    dist.barrier()
+    config = TransformerConfig.olmo2_1M(vocab_size=256)
+    tokenizer = TokenizerConfig(vocab_size=256, eos_token_id=0, pad_token_id=1)
+    dataset = NumpyFSLDatasetConfig(
+        paths=[str(out / "train.npy")], tokenizer=tokenizer, sequence_length=16, work_dir=str(out / "work")
+    ).build()
+    loader = NumpyDataLoaderConfig(global_batch_size=4 * 16, seed=0, work_dir=str(out / "work")).build(
+        dataset, dp_process_group=dist.group.WORLD
+    )
+    train_module = TransformerTrainModuleConfig(
+        rank_microbatch_size=2 * 16,
+        max_sequence_length=16,
+        optim=AdamWConfig(lr=3e-3),
+        dp_config=TransformerDataParallelConfig(name=DataParallelType.fsdp),
+    ).build(config.build(init_device="meta"), device=torch.device("cpu"))
+    seen = {}
+
+    class Weights(Callback):
+        priority = -1  # after SmallinitCallback's pre_train
+
+        def pre_train(self):
+            seen.update(params(self.trainer.train_module.model))
+
+    callback = SmallinitCallback(
+        gamma=1.0, seed=0, every=1, batch=torch.from_numpy(data[:2].astype(np.int64))
+    )
+    TrainerConfig(
+        save_folder=str(out / "run"),
+        save_overwrite=True,
+        no_checkpoints=True,
+        max_duration=Duration.steps(2),
+        callbacks={"smallinit": callback, "weights": Weights()},
+    ).build(train_module, loader).fit()
+    one = config.build(init_device="cpu")
+    gamma_init_(one, 1.0, generator=torch.Generator().manual_seed(0))
+    differ = [n for n, p in one.named_parameters() if not torch.equal(p.detach(), seen[n])]
+    sharded = [n for n, p in train_module.model.named_parameters() if hasattr(p, "full_tensor")]
+    if dist.get_rank() == 0:
+        (out / "ok.json").write_text(json.dumps({"differ": differ, "sharded": sharded}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    what, folder = sys.argv[1], Path(sys.argv[2])
+    if what == "olmo":
+        olmo(folder)
+    else:
+        titan(folder)
