@@ -42,6 +42,7 @@ from smallinit.adapters import ModelAdapter, TransformerAdapter, as_adapter
 from smallinit.config import AnalysisConfig
 from smallinit.errors import ConfigError
 from smallinit.init import param_roles
+from smallinit.init.partitioned import full_numel, gathered, is_partitioned
 from smallinit.measures.activations import measure_activations
 from smallinit.measures.condensation import named_matrices, row_cosine, sampled_mean_abs_cos, stable_rank
 from smallinit.measures.norm_factor import norm_factors_from_observed
@@ -123,12 +124,13 @@ class Monitor:
             self._ours or cfg_given
         )  # else AnalysisConfig's defaults name smallinit's matrices, not these
         patterns = fields.get("matrices", cfg.matrices if chosen else OTHER_MATRICES)
-        self.matrices = list(named_matrices(self.module, patterns, roles=self.roles))
-        self.heatmaps = set(
-            named_matrices(self.module, cfg.heatmaps, roles=self.roles)
-            if "heatmaps" in fields or chosen
-            else _first_of_each(self.matrices, OTHER_MATRICES)
-        )
+        with gathered(p for n, p in self.module.named_parameters() if self.roles[n].drawn):
+            self.matrices = list(named_matrices(self.module, patterns, roles=self.roles))
+            self.heatmaps = set(
+                named_matrices(self.module, cfg.heatmaps, roles=self.roles)
+                if "heatmaps" in fields or chosen
+                else _first_of_each(self.matrices, OTHER_MATRICES)
+            )
         self.snapshot_steps = self._snapshot_steps()
         self.warned = (
             start_step > 0 or not guard
@@ -220,7 +222,7 @@ class Monitor:
                     {
                         "step": self.last_step,
                         "val_loss": self.last_loss,
-                        "params": sum(p.numel() for p in self.module.parameters()),
+                        "params": sum(full_numel(p) for p in self.module.parameters()),
                         "params_nonembed": _params_nonembed(self.module),
                     },
                 )
@@ -295,9 +297,23 @@ class Monitor:
         return rec
 
     def _gathered(self) -> dict[str, torch.Tensor]:
-        """The recorded matrices, whole (a sharded tensor is gathered: every rank takes part)."""
-        mats = named_matrices(self.module, self.matrices, roles=self.roles) if self.matrices else {}
-        return {n: W.full_tensor() if hasattr(W, "full_tensor") else W for n, W in mats.items()}
+        """The recorded matrices, whole (a sharded or ZeRO-3 partitioned tensor is gathered: every rank takes
+        part)."""
+        if not self.matrices:
+            return {}
+        params = [
+            p
+            for n, p in self.module.named_parameters()
+            if any(m == n or m.startswith(n + ".") for m in self.matrices)
+        ]
+        with gathered(params):
+            mats = named_matrices(self.module, self.matrices, roles=self.roles)
+            # a partitioned parameter goes back to its slice when the block ends: its matrices are copied
+            copy = any(is_partitioned(p) for p in params)
+            return {
+                n: W.full_tensor() if hasattr(W, "full_tensor") else W.clone() if copy else W
+                for n, W in mats.items()
+            }
 
     def _guard(self, step: int, factors: dict[str, float]) -> None:
         if self.warned or not factors:
@@ -434,7 +450,7 @@ def describe_model(adapter: ModelAdapter) -> dict[str, Any]:
 
 def _params_nonembed(module: nn.Module) -> int:
     embedded = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
-    return sum(p.numel() for p in module.parameters() if id(p) not in embedded)
+    return sum(full_numel(p) for p in module.parameters() if id(p) not in embedded)
 
 
 def _unwrapped(model: Any) -> Any:
