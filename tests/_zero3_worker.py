@@ -1,7 +1,6 @@
 """Run by tests/test_zero3.py under torchrun (2 gloo ranks): transformers' Trainer with DeepSpeed ZeRO-3.
 
     _zero3_worker.py init OUT     model_init under ZeRO-3; rank 0 saves every parameter gathered whole
-    _zero3_worker.py train OUT    the Trainer for STEPS steps, watched by the Monitor
     _zero3_worker.py script FILE  a script (the docs' example) run as written
 """
 
@@ -14,14 +13,12 @@ from pathlib import Path
 
 import torch
 
-VOCAB, STEPS = 256, 20
-
 
 def config():
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=VOCAB,
+        vocab_size=256,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
@@ -32,21 +29,11 @@ def config():
     )
 
 
-def zero3(micro_batch: int = 4) -> dict:
-    # the optimizer is the Trainer's own (torch's AdamW): DeepSpeed's would compile its CPU kernel first
-    return {
-        "zero_optimization": {"stage": 3},
-        "train_micro_batch_size_per_gpu": micro_batch,
-        "gradient_accumulation_steps": 1,
-        "zero_allow_untested_optimizer": True,
-    }
-
-
-def rows(n: int, seed: int) -> list[dict[str, torch.Tensor]]:
-    """Sequences with structure to learn: each token the previous plus one, from a random start."""
-    start = torch.randint(0, VOCAB, (n, 1), generator=torch.Generator().manual_seed(seed))
-    ids = (start + torch.arange(33)) % VOCAB
-    return [{"input_ids": x, "labels": x} for x in ids]
+ZERO3 = {
+    "zero_optimization": {"stage": 3},
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 1,
+}
 
 
 def init(out: Path) -> None:
@@ -57,7 +44,7 @@ def init(out: Path) -> None:
     from smallinit.integrations.hf import model_init
 
     # the arguments turn ZeRO-3 on for what is built next (transformers builds it inside zero.Init)
-    args = TrainingArguments(output_dir=str(out), deepspeed=zero3(), report_to="none")  # noqa: F841
+    args = TrainingArguments(output_dir=str(out), deepspeed=ZERO3, report_to="none")  # noqa: F841
     model = model_init(config(), gamma=1.0, norm_eps=1e-12, seed=0)()
     params = dict(model.named_parameters())
     partitioned = [n for n, p in params.items() if is_partitioned(p) and p.numel() < p.ds_numel]
@@ -67,32 +54,6 @@ def init(out: Path) -> None:
             whole[name] = p.detach().clone()
     if torch.distributed.get_rank() == 0:
         torch.save({"partitioned": partitioned, "weights": whole}, out / "zero3.pt")
-
-
-def train(out: Path) -> None:
-    from transformers import Trainer, TrainingArguments
-
-    from smallinit.integrations.hf import model_init, watch
-
-    args = TrainingArguments(
-        output_dir=str(out),
-        max_steps=STEPS,
-        per_device_train_batch_size=4,
-        learning_rate=3e-3,
-        deepspeed=zero3(),
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
-    )
-    trainer = Trainer(
-        model_init=model_init(config(), gamma=1.0, norm_eps=1e-12),
-        args=args,
-        train_dataset=rows(400, seed=2),
-        eval_dataset=rows(4, seed=1),
-    )
-    watch(trainer, every=10)
-    trainer.train()
 
 
 def main() -> None:
@@ -105,7 +66,7 @@ def main() -> None:
         runpy.run_path(str(path), run_name="__main__")
         return
     deepspeed.init_distributed("gloo")
-    {"init": init, "train": train}[mode](path)
+    init(path)
 
 
 if __name__ == "__main__":
