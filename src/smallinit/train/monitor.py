@@ -124,6 +124,7 @@ class Monitor:
             self._ours or cfg_given
         )  # else AnalysisConfig's defaults name smallinit's matrices, not these
         patterns = fields.get("matrices", cfg.matrices if chosen else OTHER_MATRICES)
+        # a ZeRO-3 partitioned matrix is a (0,) slice on each rank: whole while its names are listed
         with gathered(p for n, p in self.module.named_parameters() if self.roles[n].drawn):
             self.matrices = list(named_matrices(self.module, patterns, roles=self.roles))
             self.heatmaps = set(
