@@ -1,13 +1,16 @@
 """Model adapters: what the measurements need from a model (smallinit.analysis), obtained from any model.
 
-``as_adapter(model)`` returns the adapter of smallinit's Transformer or of a Hugging Face causal LM, or the
-object itself when it already follows the protocol (protocol.py: ``module``, ``vocab_size``, ``norms()``,
-``observe(tokens, targets, kinds)``), which is how a model of your own is measured.
+``as_adapter(model)`` returns the object itself when it already follows the protocol (protocol.py:
+``module``, ``vocab_size``, ``norms()``, ``observe(tokens, targets, kinds)``), the adapter of smallinit's
+Transformer or of a Hugging Face causal LM, and for any other nn.Module the adapter found from its own
+forward (traced.py), which names what it cannot find.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from torch import nn
 
 from smallinit.adapters.hf import HFAdapter, is_hf_causal_lm, recording_attention
 from smallinit.adapters.hf_folder import HFModel, HFTokenizer, hf_folder_problem, load_hf_folder
@@ -20,6 +23,7 @@ from smallinit.adapters.protocol import (
     norm_modules,
     realised_factor,
 )
+from smallinit.adapters.traced import TracedAdapter
 from smallinit.adapters.transformer import TransformerAdapter
 from smallinit.errors import ModelError
 from smallinit.model import Transformer
@@ -33,10 +37,18 @@ def as_adapter(model: Any) -> ModelAdapter:
         return TransformerAdapter(model)
     if is_hf_causal_lm(model):
         return HFAdapter(model)
+    if isinstance(model, nn.Module):
+        return TracedAdapter(model)
     raise ModelError(
-        f"smallinit cannot observe a {type(model).__name__}: pass a smallinit Transformer, a Hugging "
-        "Face causal LM, or an adapter of your own (docs/analysis.md, 'Your own model')"
+        f"smallinit cannot observe a {type(model).__name__}: pass an nn.Module whose forward takes token "
+        "ids, or an adapter of your own (docs/analysis.md, 'Your own model')"
     )
+
+
+def has_own_adapter(model: Any) -> bool:
+    """Whether ``model`` is read by an adapter made for it (its own, smallinit's or Hugging Face's) rather
+    than one found from its forward."""
+    return isinstance(model, (ModelAdapter, Transformer)) or is_hf_causal_lm(model)
 
 
 __all__ = [
@@ -47,8 +59,10 @@ __all__ = [
     "ModelAdapter",
     "NormForm",
     "Observed",
+    "TracedAdapter",
     "TransformerAdapter",
     "as_adapter",
+    "has_own_adapter",
     "hf_folder_problem",
     "is_hf_causal_lm",
     "load_hf_folder",

@@ -28,15 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from smallinit.adapters.protocol import (
-    AttentionInputs,
-    NormForm,
-    Observed,
-    check_kinds,
-    norm_modules,
-    readable_norm_forms,
-    realised_factor,
-)
+from smallinit.adapters.hooks import observe_by_hooks
+from smallinit.adapters.protocol import AttentionInputs, NormForm, Observed, check_kinds, readable_norm_forms
 from smallinit.errors import ModelError
 from smallinit.model.loss import cross_entropy
 
@@ -68,103 +61,35 @@ class HFAdapter:
         self, tokens: torch.Tensor, targets: torch.Tensor | None = None, kinds: Collection[str] = ()
     ) -> Observed:
         kinds = check_kinds(kinds)
-        seen: list[tuple[str, tuple, dict]] = []  # (module name, its args, its kwargs) in call order
-        attention: list[AttentionInputs] = []
-        problems: list[str] = []  # attention calls that cannot be rebuilt from q and k
-        blocks = dict(self.blocks) if "residual" in kinds else {}
-        norms = norm_modules(self.module) if kinds & {"norms", "residual"} else {}
-        last: dict[str, torch.Tensor] = {}  # the last layer's output
-        out = Observed(logits=torch.empty(0))
-        with contextlib.ExitStack() as stack:
-            for name, module in {**blocks, **norms}.items():
-                hook = module.register_forward_pre_hook(_keep_call(name, seen), with_kwargs=True)
-                stack.callback(hook.remove)
-            if blocks:
-                hook = self.blocks[-1][1].register_forward_hook(_keep_output(last))
-                stack.callback(hook.remove)
-            if (
-                "norms" in kinds
-            ):  # each norm's factor, read inside the forward (a sharded model's weights are whole)
-                for name, module in norms.items():
-                    hook = module.register_forward_hook(_read_factor(name, out), with_kwargs=True)
-                    stack.callback(hook.remove)
-            if "attention" in kinds:
-                stack.enter_context(recording_attention(self.module, attention, problems))
-            out.logits = logits = self.module(input_ids=tokens, use_cache=False).logits
+
+        def recording(attention: list[AttentionInputs], problems: list[str]):
+            return recording_attention(self.module, attention, problems)
+
+        out, problems = observe_by_hooks(
+            self.module,
+            self.blocks,
+            self.no_blocks,
+            kinds,
+            lambda: self.module(input_ids=tokens, use_cache=False).logits,
+            recording,
+        )
         if targets is not None:
-            out.loss = cross_entropy(logits.flatten(0, 1), targets.flatten())
-        if "residual" in kinds:
-            self._residual(out, seen, set(norms), last.get("h"))
-        if "norms" in kinds:
-            for name, args, kwargs in seen:
-                if name in norms:  # a norm called more than once contributes all its rows
-                    h = _first(args, kwargs)
-                    prev = out.norm_inputs.get(name)
-                    out.norm_inputs[name] = (
-                        h if prev is None else torch.cat([prev.flatten(0, -2), h.flatten(0, -2)])
-                    )
-        if "attention" in kinds:
-            if (
-                problems or not attention
-            ):  # attention outside the interface, or not rebuildable: its probabilities
-                attention, why = (
-                    ([], self.no_attention)
-                    if self.no_attention
-                    else self._eager_probabilities(tokens, problems)
+            out.loss = cross_entropy(out.logits.flatten(0, 1), targets.flatten())
+        if "attention" in kinds and (problems or not out.attention):
+            # attention outside the interface, or not rebuildable: its probabilities
+            attention, why = (
+                ([], self.no_attention) if self.no_attention else self._eager_probabilities(tokens, problems)
+            )
+            if why:
+                out.missing["attention"] = why
+            else:
+                out.notes["attention"] = "read from eager attention probabilities (output_attentions): " + (
+                    problems[0]
+                    if problems
+                    else f"{type(self.module).__name__} makes no call to transformers' attention interface"
                 )
-                if why:
-                    out.missing["attention"] = why
-                else:
-                    out.notes["attention"] = (
-                        "read from eager attention probabilities (output_attentions): "
-                        + (
-                            problems[0]
-                            if problems
-                            else f"{type(self.module).__name__} makes "
-                            "no call to transformers' attention interface"
-                        )
-                    )
             out.attention = attention
         return out
-
-    def _residual(
-        self, out: Observed, seen: list[tuple[str, tuple, dict]], norms: set[str], last: torch.Tensor | None
-    ) -> None:
-        """e = the first layer's input, then each later layer's input, then h_L: the final norm's input (the
-        norm that takes the last layer's output), or where the model has none, the last layer's output."""
-        model = type(self.module).__name__
-        if self.no_blocks:
-            out.missing["residual"] = self.no_blocks
-            return
-        names = [name for name, _ in self.blocks]
-        inputs = [
-            (i, name, _first(args, kwargs)) for i, (name, args, kwargs) in enumerate(seen) if name in names
-        ]
-        if [name for _, name, _ in inputs] != names or last is None:
-            out.missing["residual"] = (
-                f"the decoder layers of {model} did not each run once in order (a recurrent "
-                "or looped architecture), so there is no single h_L"
-            )
-            return
-        after, inside = inputs[-1][0], tuple(f"{b}." for b in names)
-        final = [
-            _first(args, kwargs)
-            for i, (name, args, kwargs) in enumerate(seen)
-            if i > after and name in norms and not name.startswith(inside)
-        ]
-        final = [h for h in final if h.shape == last.shape and torch.equal(h, last)]
-        if not final:
-            out.notes["residual"] = (
-                f"h_L is the last layer's output: no norm of {model} takes it after the last layer"
-            )
-        residual = [h for _, _, h in inputs] + [final[0] if final else last]
-        if residual[0].shape != residual[-1].shape:
-            out.missing["residual"] = (
-                f"{model}'s first layer input {tuple(residual[0].shape)} and h_L "
-                f"{tuple(residual[-1].shape)} differ in shape, so ‖h_L − e‖/‖e‖ is undefined"
-            )
-            return
-        out.residual = residual
 
     def _eager_probabilities(
         self, tokens: torch.Tensor, problems: list[str]
@@ -226,52 +151,6 @@ def _layer_count(config) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return None
-
-
-def _first(args: tuple, kwargs: dict) -> torch.Tensor | None:
-    h = args[0] if args else kwargs.get("hidden_states")
-    return h if isinstance(h, torch.Tensor) else None
-
-
-def _keep_call(name: str, seen: list[tuple[str, tuple, dict]]):
-    def hook(_module, args, kwargs):
-        if isinstance(_first(args, kwargs), torch.Tensor):
-            detach = lambda v: v.detach() if isinstance(v, torch.Tensor) else v  # noqa: E731
-            seen.append((name, tuple(detach(a) for a in args), {k: detach(v) for k, v in kwargs.items()}))
-
-    return hook
-
-
-def _read_factor(name: str, out: Observed):
-    def hook(module, args, kwargs, output):
-        if f"norms:{name}" in out.missing or _first(args, kwargs) is None:
-            return
-        try:
-            f = realised_factor(module, args, kwargs, output)
-        except (ModelError, RuntimeError, TypeError, ValueError) as e:  # that norm alone is not measured
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            out.missing[f"norms:{name}"] = first
-            out.norm_factors.pop(name, None)
-            return
-        prev = out.norm_factors.get(name)
-        out.norm_factors[name] = f if prev is None else torch.cat([prev, f])
-
-    return hook
-
-
-def _keep_output(last: dict[str, torch.Tensor]):
-    def hook(_module, _args, output):
-        h = (
-            output
-            if isinstance(output, torch.Tensor)
-            else output[0]
-            if isinstance(output, (tuple, list))
-            else None
-        )
-        if isinstance(h, torch.Tensor):
-            last["h"] = h.detach()
-
-    return hook
 
 
 @contextlib.contextmanager

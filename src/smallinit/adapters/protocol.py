@@ -243,34 +243,50 @@ def realised_factor(norm: nn.Module, args: tuple, kwargs: dict, output) -> torch
     call, so this runs inside the forward (a forward hook), where a sharded model's parameters are whole.
     N(0) is the bias; the weight (w or 1 + w) and a gate multiply both sides alike, and ε, its form (RMS,
     LayerNorm, L2, grouped) and what it normalises (a gated norm's x·act(z)) are what the forward makes of
-    them, none read from attributes: for an RMSNorm of x this is σ(x)/√(σ²(x) + ε) exactly. A module whose
-    output keeps changing with the input's scale is not measured as a norm (ModelError)."""
-    x = args[0] if args else kwargs["hidden_states"]
+    them, none read from attributes: for an RMSNorm of x this is σ(x)/√(σ²(x) + ε) exactly.
+
+    A norm that returns its scale rather than the scaled row (one number per row, as HY-V4's hyper-connection
+    ``input_norm``: rsqrt(mean(x²) + ε)) is read as the scale it returns times σ(x), over the same at c·x:
+    σ(x)/√(σ²(x) + ε) again. A module whose output keeps changing with the input's scale is not measured as
+    a norm (ModelError)."""
+    key = None if args else next(k for k in ("hidden_states", "x", "h", "input") if k in kwargs)
+    x = args[0] if args else kwargs[key]
 
     def first(out) -> torch.Tensor:
         return (out[0] if isinstance(out, (tuple, list)) else out).double()
 
     def run(h: torch.Tensor) -> torch.Tensor:
-        return first(
-            norm.forward(h, *args[1:], **kwargs) if args else norm.forward(**{**kwargs, "hidden_states": h})
-        )
+        return first(norm.forward(h, *args[1:], **kwargs) if args else norm.forward(**{**kwargs, key: h}))
 
     rms = x.double().pow(2).mean(-1, keepdim=True).sqrt()
-    zero = run(torch.zeros_like(x))
-    zero = torch.where(zero.isfinite(), zero, 0.0)
+    tiny = torch.finfo(torch.float64).tiny
+    given = first(output)
+    if x.shape[-1] > 1 and given.shape[-1] == 1 and given.numel() == rms.numel():  # it returns its scale
+        zero = torch.zeros((), dtype=torch.float64)
+
+        def scaled(out: torch.Tensor, h_rms: torch.Tensor) -> torch.Tensor:
+            return out.reshape(h_rms.shape) * h_rms
+
+    else:
+        zero = run(torch.zeros_like(x))
+        zero = torch.where(zero.isfinite(), zero, 0.0)
+
+        def scaled(out: torch.Tensor, h_rms: torch.Tensor) -> torch.Tensor:
+            return out - zero
+
     tol = max(1e-5, 16 * torch.finfo(x.dtype).eps)
-    scale = 1e2 / rms.clamp_min(torch.finfo(torch.float64).tiny)
+    scale = 1e2 / rms.clamp_min(tiny)
     for _ in range(4):  # ×100 until the output stops moving (a gate can shrink what is normalised)
-        ideal, further = (run((x.double() * c * scale).to(x.dtype)) - zero for c in (1.0, 10.0))
+        ideal, further = (
+            scaled(run((x.double() * c * scale).to(x.dtype)), rms * c * scale) for c in (1.0, 10.0)
+        )
         if not (ideal.isfinite().all() and further.isfinite().all()):
             raise ModelError(
                 f"{type(norm).__name__} overflows its dtype before ε becomes negligible, so its "
                 "factor cannot be read from its forward"
             )
         if (further - ideal).abs().max() <= tol * ideal.abs().max():
-            f = (first(output) - zero).norm(dim=-1) / ideal.norm(dim=-1).clamp_min(
-                torch.finfo(torch.float64).tiny
-            )
+            f = scaled(given, rms).norm(dim=-1) / ideal.norm(dim=-1).clamp_min(tiny)
             return torch.where(rms.squeeze(-1) > 0, f, 0.0).flatten()
         scale = scale * 1e2
     raise ModelError(

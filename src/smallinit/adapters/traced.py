@@ -1,0 +1,291 @@
+"""The adapter of a model smallinit does not know by name, found from the model's own forward, as γ-init
+finds each matrix's d_in: nothing is declared, everything is read off one ordinary forward.
+
+* The blocks: the largest stack (ModuleList, ModuleDict or Sequential) of modules of one class. Each
+  block's input, in call order, is the residual stream; e is the first one's, h_L the input of the norm
+  that takes the last block's output (the final norm), or where none does, that output (with a note).
+* The norms: every module whose class says norm (smallinit.init.eps.norm_layers: RMSNorm, LayerNorm,
+  (1 + w) forms, nn.RMSNorm, hand-written ones), each factor read off its own forward
+  (protocol.realised_factor), so ε and the form are what the forward does, whatever the attributes say.
+* The attention: every softmax attention call, caught where it is computed: ``F.scaled_dot_product_attention``
+  (its queries and keys after position encoding, mask, causal flag and scale), ``flex_attention`` (its
+  ``block_mask`` evaluated on the positions; a ``score_mod`` cannot be rebuilt from q and k and is named),
+  and an eager softmax over the last axis of a (batch, heads, T, S ≥ T) tensor of scores, whose
+  probabilities are kept as they are. A call inside a ``torch.compile``d region is not seen.
+
+What is not found is named in ``Observed.missing`` in one line (the measurement is then not measured); a
+forward that cannot be run on token ids is one line saying what to pass (``call=``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from smallinit.adapters.hf import is_hf_causal_lm
+from smallinit.adapters.hooks import observe_by_hooks
+from smallinit.adapters.protocol import AttentionInputs, NormForm, Observed, check_kinds, readable_norm_forms
+from smallinit.errors import ModelError
+from smallinit.model.loss import cross_entropy
+
+WHAT_TO_PASS = (
+    "pass call=lambda model, tokens: <the logits (batch, T, vocabulary)> (smallinit.adapters.TracedAdapter), "
+    "or an adapter of your own (docs/analysis.md, 'Your own model')"
+)
+
+
+class TracedAdapter:
+    """``TracedAdapter(model, call=None)``: ``call(model, tokens)`` returns the logits where ``model(tokens)``
+    (``model(input_ids=tokens)`` for a Hugging Face model) does not."""
+
+    def __init__(self, model: nn.Module, call: Callable[[nn.Module, torch.Tensor], Any] | None = None):
+        if not isinstance(model, nn.Module):
+            raise ModelError(f"smallinit cannot observe a {type(model).__name__}: pass an nn.Module")
+        self.module, self.call = model, call
+        self.blocks, self.no_blocks = find_blocks(model)
+        embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+        self._vocab = max((m.num_embeddings for m in embeddings), default=None)
+
+    @property
+    def vocab_size(self) -> int:
+        if self._vocab is None:  # no embedding table: the width of the logits
+            self._vocab = int(
+                self._logits(torch.zeros(1, 2, dtype=torch.long, device=_device(self.module))).shape[-1]
+            )
+        return self._vocab
+
+    def norms(self) -> dict[str, NormForm]:
+        """The form of each norm whose ε and form can be read (observe() names the others when asked)."""
+        return readable_norm_forms(self.module)[0]
+
+    def example_inputs(self, tokens: torch.Tensor) -> tuple | dict:
+        """What one forward is called with, for tracing the parameters' roles (smallinit.init.param_roles)."""
+        return {"input_ids": tokens, "use_cache": False} if is_hf_causal_lm(self.module) else (tokens,)
+
+    def observe(
+        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, kinds: Collection[str] = ()
+    ) -> Observed:
+        kinds = check_kinds(kinds)
+        T = tokens.shape[-1]
+
+        def recording(attention: list[AttentionInputs], problems: list[str]):
+            return recording_attention_calls(self.module, T, attention, problems)
+
+        out, problems = observe_by_hooks(
+            self.module, self.blocks, self.no_blocks, kinds, lambda: self._logits(tokens), recording
+        )
+        if targets is not None:
+            out.loss = cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
+        if "attention" in kinds:
+            name = type(self.module).__name__
+            if problems:  # one call that cannot be rebuilt would make every layer's mean wrong
+                out.attention, out.missing["attention"] = [], problems[0]
+            elif not out.attention:
+                out.missing["attention"] = (
+                    f"no softmax attention: {name} made no scaled_dot_product_attention or flex_attention "
+                    "call and no softmax over (batch, heads, T, S) scores in its forward"
+                )
+        return out
+
+    def _logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        name = type(self.module).__name__
+        try:
+            if self.call is not None:
+                out = self.call(self.module, tokens)
+            elif is_hf_causal_lm(self.module):
+                out = self.module(input_ids=tokens, use_cache=False)
+            else:
+                out = self.module(tokens)
+        except (TypeError, ValueError, RuntimeError, IndexError, KeyError, AttributeError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            how = "call(model, tokens)" if self.call is not None else f"{name}(tokens)"
+            raise ModelError(
+                f"cannot run {how} on token ids ({type(e).__name__}: {first}); {WHAT_TO_PASS}"
+            ) from None
+        logits = _as_logits(out)
+        if logits is None or logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(tokens.shape):
+            got = tuple(logits.shape) if logits is not None else type(out).__name__
+            raise ModelError(
+                f"{name}'s forward on token ids of shape {tuple(tokens.shape)} gave {got}, not logits of shape "
+                f"(batch, T, vocabulary); {WHAT_TO_PASS}"
+            )
+        return logits
+
+
+def find_blocks(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], str | None]:
+    """The blocks: the stack (ModuleList, ModuleDict, Sequential) of modules of one class with the most
+    parameters, by name; or none, and why, in one line."""
+    best: tuple[int, list[tuple[str, nn.Module]]] = (0, [])
+    for name, m in model.named_modules():
+        if not isinstance(m, (nn.ModuleList, nn.ModuleDict, nn.Sequential)) or len(m) == 0:
+            continue
+        children = list(m.named_children())
+        if len({type(c) for _, c in children}) != 1:
+            continue
+        size = sum(p.numel() for p in m.parameters())
+        if size > best[0]:
+            best = (size, [(f"{name}.{n}" if name else n, c) for n, c in children])
+    if not best[1]:
+        return [], (
+            f"no stack of blocks in {type(model).__name__} (a ModuleList, ModuleDict or Sequential of modules "
+            "of one class), so the residual stream cannot be observed"
+        )
+    return best[1], None
+
+
+@contextlib.contextmanager
+def recording_attention_calls(
+    model: nn.Module, T: int, records: list[AttentionInputs], problems: list[str]
+) -> Iterator[None]:
+    """While inside, every softmax attention call the forward makes is recorded in ``records`` (named by the
+    module that made it) and then computed unchanged; a call that cannot be rebuilt goes to ``problems``."""
+    names = {id(m): n for n, m in model.named_modules()}
+    calls: list[str] = []  # the modules running, innermost last, for naming a call
+
+    def enter(module: nn.Module, _args) -> None:
+        calls.append(names.get(id(module), "?"))
+
+    def leave(_module: nn.Module, _args, _output) -> None:
+        if calls:
+            calls.pop()
+
+    hooks = [
+        h
+        for m in model.modules()
+        for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))
+    ]
+
+    def where() -> str:
+        return calls[-1] if calls else type(model).__name__
+
+    mode = _AttentionMode(T, records, problems, where)
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_flex_recorded(model, mode))
+            stack.enter_context(mode)
+            yield
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+class _AttentionMode(TorchFunctionMode):
+    SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.nn.functional.softmax}
+
+    def __init__(self, T: int, records: list[AttentionInputs], problems: list[str], where: Callable[[], str]):
+        super().__init__()
+        self.T, self.records, self.problems, self.where = T, records, problems, where
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func is F.scaled_dot_product_attention:
+            self.sdpa(*args, **kwargs)
+        elif func in self.SOFTMAX:
+            self.softmax(args, kwargs, out)
+        return out
+
+    def sdpa(self, q, k, v=None, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **_):
+        mask = attn_mask
+        if mask is None and not is_causal:  # every query sees every key
+            mask = torch.ones(1, 1, q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device)
+        elif mask is not None and is_causal:
+            causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril(
+                k.shape[-2] - q.shape[-2]
+            )
+            mask = causal & (mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2)
+        self.records.append(
+            AttentionInputs(
+                name=self.where(),
+                q=q.detach(),
+                k=k.detach(),
+                mask=None if mask is None else mask.detach(),
+                scale=scale,
+            )
+        )
+
+    def softmax(self, args, kwargs, out) -> None:
+        x = args[0] if args else kwargs.get("input")
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        if not isinstance(x, torch.Tensor) or x.dim() != 4 or dim not in (-1, 3):
+            return
+        if x.shape[-2] != self.T or x.shape[-1] < self.T:  # not (batch, heads, queries, keys) over the tokens
+            return
+        probs = out.detach()
+        self.records.append(AttentionInputs(name=self.where(), probs=probs, mask=probs > 0))
+
+
+@contextlib.contextmanager
+def _flex_recorded(model: nn.Module, mode: _AttentionMode) -> Iterator[None]:
+    """``flex_attention`` bound as a name in the modules that define the model's classes (or as a class
+    attribute) is swapped, while inside, for one that records the call first."""
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+    except ImportError:  # a torch without flex attention: nothing to catch
+        yield
+        return
+
+    def recorded(query, key, value, score_mod=None, block_mask=None, scale=None, *args, **kwargs):
+        with torch._C.DisableTorchFunction():
+            _record_flex(mode, query, key, score_mod, block_mask, scale)
+        return flex_attention(query, key, value, score_mod, block_mask, scale, *args, **kwargs)
+
+    swapped: list[tuple[Any, str]] = []
+    for cls in {type(m) for m in model.modules()}:
+        for owner in (sys.modules.get(cls.__module__), cls):
+            space = vars(owner) if owner is not None else {}
+            for attr, value in list(space.items()):
+                if value is flex_attention:
+                    swapped.append((owner, attr))
+    try:
+        for owner, attr in swapped:
+            setattr(owner, attr, staticmethod(recorded) if isinstance(owner, type) else recorded)
+        yield
+    finally:
+        for owner, attr in swapped:
+            setattr(owner, attr, staticmethod(flex_attention) if isinstance(owner, type) else flex_attention)
+
+
+def _record_flex(mode: _AttentionMode, q, k, score_mod, block_mask, scale) -> None:
+    name = mode.where()
+    if score_mod is not None:
+        mode.problems.append(f"{name}: flex_attention with a score_mod cannot be rebuilt from q and k")
+        return
+    B, H, T, S = q.shape[0], q.shape[1], q.shape[-2], k.shape[-2]
+    mask = torch.ones(1, 1, T, S, dtype=torch.bool, device=q.device)
+    if block_mask is not None:
+        b = torch.arange(B, device=q.device).view(B, 1, 1, 1)
+        h = torch.arange(H, device=q.device).view(1, H, 1, 1)
+        qi = torch.arange(T, device=q.device).view(1, 1, T, 1)
+        ki = torch.arange(S, device=q.device).view(1, 1, 1, S)
+        try:
+            mask = block_mask.mask_mod(b, h, qi, ki).expand(B, H, T, S).bool()
+        except (RuntimeError, TypeError, IndexError) as e:
+            mode.problems.append(
+                f"{name}: the flex_attention block_mask's mask_mod cannot be evaluated ({e})"
+            )
+            return
+    mode.records.append(AttentionInputs(name=name, q=q.detach(), k=k.detach(), mask=mask, scale=scale))
+
+
+def _as_logits(out: Any) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if logits is None and isinstance(out, Mapping):
+        logits = out.get("logits")
+    if logits is None and isinstance(out, (tuple, list)) and out:
+        logits = out[0]
+    return logits if isinstance(logits, torch.Tensor) else None
+
+
+def _device(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")

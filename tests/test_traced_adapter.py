@@ -1,0 +1,258 @@
+"""The adapter found from a model's own forward (smallinit.adapters.traced) against references computed by
+hand: on a decoder written here with no library (its own names, a fused qkv, nn.RMSNorm, RoPE, SDPA or an
+eager softmax) and on Hugging Face architectures read through it instead of their own adapter."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from smallinit.adapters import HFAdapter, TracedAdapter, as_adapter
+from smallinit.errors import ModelError
+from smallinit.measures.activations import measure_activations
+
+VOCAB, D, HEADS, KV_HEADS, HD, T = 97, 48, 4, 2, 12, 12
+
+
+def _rope(x: torch.Tensor) -> torch.Tensor:
+    t = torch.arange(x.shape[-2], dtype=torch.float32)
+    freq = 1.0 / 10000 ** (torch.arange(0, x.shape[-1], 2, dtype=torch.float32) / x.shape[-1])
+    angle = torch.outer(t, freq)
+    cos, sin = angle.cos(), angle.sin()
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+
+
+class Mixer(nn.Module):
+    def __init__(self, eager: bool):
+        super().__init__()
+        self.wqkv = nn.Linear(D, (HEADS + 2 * KV_HEADS) * HD, bias=False)
+        self.wo = nn.Linear(HEADS * HD, D, bias=False)
+        self.eager, self.probs = eager, None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, _ = x.shape
+        q, k, v = self.wqkv(x).split((HEADS * HD, KV_HEADS * HD, KV_HEADS * HD), dim=-1)
+        q = _rope(q.view(B, L, HEADS, HD).transpose(1, 2))
+        k = _rope(k.view(B, L, KV_HEADS, HD).transpose(1, 2))
+        v = v.view(B, L, KV_HEADS, HD).transpose(1, 2)
+        k, v = k.repeat_interleave(HEADS // KV_HEADS, 1), v.repeat_interleave(HEADS // KV_HEADS, 1)
+        if self.eager == "flex":
+            causal = create_block_mask(lambda b, h, i, j: j <= i, None, None, L, L, device="cpu")
+            y = flex_attention(q, k, v, block_mask=causal)
+        elif self.eager:
+            s = (q @ k.transpose(-2, -1)) / math.sqrt(HD)
+            s = s.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+            self.probs = torch.softmax(s, dim=-1)
+            y = self.probs @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(B, L, HEADS * HD))
+
+
+class Ffn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w_gate, self.w_up, self.w_down = nn.Linear(D, 96), nn.Linear(D, 96), nn.Linear(96, D)
+
+    def forward(self, x):
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, eager: bool, attention: bool = True, norm: bool = True):
+        super().__init__()
+        make = (lambda: nn.RMSNorm(D, eps=1e-3)) if norm else nn.Identity
+        self.pre_mix, self.pre_ffn = make(), make()
+        self.mix = Mixer(eager) if attention else nn.Linear(D, D)
+        self.ffn = Ffn()
+
+    def forward(self, x):
+        x = x + self.mix(self.pre_mix(x))
+        return x + self.ffn(self.pre_ffn(x))
+
+
+class Decoder(nn.Module):
+    """A decoder of no library: token table, a stack of layers, a final nn.RMSNorm, an untied readout."""
+
+    def __init__(self, eager: bool = False, attention: bool = True, norm: bool = True, n_layers: int = 3):
+        super().__init__()
+        torch.manual_seed(0)
+        self.table = nn.Embedding(VOCAB, D)
+        self.stack = nn.ModuleList(Layer(eager, attention, norm) for _ in range(n_layers))
+        self.last = nn.RMSNorm(D, eps=1e-3) if norm else nn.Identity()
+        self.readout = nn.Linear(D, VOCAB, bias=False)
+        with torch.no_grad():
+            self.table.weight.mul_(0.05)  # small inputs, so the norms' ε matters and a wrong form shows
+
+    def forward(self, ids):
+        h = self.table(ids)
+        for layer in self.stack:
+            h = layer(h)
+        return self.readout(self.last(h))
+
+
+def _ids(batch: int = 3, seq: int = T) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(1))
+
+
+def _by_hand(model: Decoder, ids: torch.Tensor) -> dict:
+    """Sink per layer from the eager probabilities the model itself kept, the flow from the first layer's
+    input and the final norm's input, each norm's factor σ/√(σ² + ε) from its input."""
+    inputs: dict[str, torch.Tensor] = {}
+    hooks = [
+        m.register_forward_pre_hook(lambda _m, a, n=n: inputs.__setitem__(n, a[0]))
+        for n, m in model.named_modules()
+        if isinstance(m, (nn.RMSNorm, Layer))
+    ]
+    for layer in model.stack:
+        layer.mix.eager = True
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    e, h_L = inputs["stack.0"].double(), inputs["last"].double()
+    factors = {}
+    for name, x in inputs.items():
+        if name.startswith("stack.") and name.count(".") == 1:
+            continue
+        var = x.double().pow(2).mean(-1)
+        factors[name] = torch.sqrt(var / (var + 1e-3)).mean().item()
+    sink = [layer.mix.probs[:, :, 1:, 0].double().mean().item() for layer in model.stack]
+    return {
+        "sink": sink,
+        "flow": ((h_L - e).norm(dim=-1) / e.norm(dim=-1)).mean().item(),
+        "norm_factor": factors,
+    }
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("eager", [False, True, "flex"], ids=["sdpa", "eager-softmax", "flex"])
+def test_a_decoder_of_no_library_is_measured_as_by_hand(eager):
+    model = Decoder(eager=eager).eval()
+    ids = _ids()
+    adapter = as_adapter(model)
+    assert isinstance(adapter, TracedAdapter) and adapter.vocab_size == VOCAB
+    result = measure_activations(model, ids, ids)
+    ref = _by_hand(model, ids)
+    assert result["not_measured"] == {}
+    assert result["sink"]["layers"] == ["stack.0.mix", "stack.1.mix", "stack.2.mix"]
+    np.testing.assert_allclose(result["sink"]["per_layer"], ref["sink"], rtol=1e-5)
+    assert result["residual_flow"] == pytest.approx(ref["flow"], rel=1e-6)
+    assert set(result["norm_factor"]) == set(ref["norm_factor"]) and len(ref["norm_factor"]) == 7
+    for name, f in ref["norm_factor"].items():
+        assert result["norm_factor"][name] == pytest.approx(f, rel=1e-6), name
+    assert min(ref["norm_factor"].values()) < 0.9  # ε matters here, so a wrong form would show
+    assert result["loss"] == pytest.approx(
+        F.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).item(), rel=1e-6
+    )
+
+
+def test_what_a_model_lacks_is_named_in_one_line_and_the_rest_measured():
+    ids = _ids()
+    no_attention = measure_activations(Decoder(attention=False).eval(), ids)
+    assert set(no_attention["not_measured"]) == {"sink"} and "sink" not in no_attention
+    assert no_attention["not_measured"]["sink"].startswith("no softmax attention: Decoder made no")
+    assert {"residual_flow", "norm_factor"} <= set(no_attention)
+
+    no_norm = measure_activations(Decoder(norm=False).eval(), ids)
+    assert no_norm["not_measured"] == {"norm_factor": "no norm layer ran in the forward"}
+    assert no_norm["notes"] == [
+        "residual_flow: h_L is the last layer's output: no norm of Decoder takes it after the last layer"
+    ]
+
+    class Flat(nn.Module):  # an embedding and a readout, no stack of blocks, no attention, no norm
+        def __init__(self):
+            super().__init__()
+            self.table, self.readout = nn.Embedding(VOCAB, D), nn.Linear(D, VOCAB)
+
+        def forward(self, ids):
+            return self.readout(self.table(ids))
+
+    flat = measure_activations(Flat(), ids)
+    assert set(flat["not_measured"]) == {"sink", "residual_flow", "norm_factor"}
+    assert flat["not_measured"]["residual_flow"].startswith("no stack of blocks in Flat")
+    assert all("\n" not in why for why in flat["not_measured"].values())
+
+
+def test_a_forward_that_cannot_be_run_on_token_ids_says_what_to_pass():
+    class TwoInputs(Decoder):
+        def forward(self, ids, positions):  # noqa: ARG002
+            return super().forward(ids)
+
+    model, ids = TwoInputs().eval(), _ids()
+    with pytest.raises(
+        ModelError, match=r"^cannot run TwoInputs\(tokens\) on token ids \(TypeError: .*pass call="
+    ) as e:
+        measure_activations(model, ids)
+    assert "\n" not in str(e.value)
+
+    class Features(Decoder):
+        def forward(self, ids):
+            return {"features": super().forward(ids)}
+
+    with pytest.raises(
+        ModelError, match=r"gave dict, not logits of shape \(batch, T, vocabulary\); pass call="
+    ):
+        measure_activations(Features().eval(), ids)
+    told = TracedAdapter(TwoInputs().eval(), call=lambda m, t: m(t, None))
+    assert measure_activations(told, ids)["not_measured"] == {}
+
+
+transformers = pytest.importorskip("transformers")
+test_adapters = pytest.importorskip("test_adapters")  # its architectures, built as its tests build them
+hf_tiny = pytest.importorskip("hf_tiny")
+
+
+@pytest.mark.parametrize(
+    "arch",
+    [
+        a
+        for a in test_adapters.ARCHS
+        if a.name in ("mistral-gqa-sliding", "gemma2-softcap", "gpt-oss-sinks", "gpt2")
+    ],
+    ids=lambda a: a.name,
+)
+def test_hf_architectures_read_from_their_forward_agree_with_their_own_adapter(arch):
+    """SDPA with GQA and windows, eager softmax with soft-capping or learned sinks, gated norms, (1 + w)
+    norms, GPT-2's Conv1D: found from the forward, the numbers are those of the Hugging Face adapter, whose
+    tests check them against eager probabilities and each norm's formula."""
+    model, ids = test_adapters._model(arch), test_adapters._ids()
+    own = measure_activations(HFAdapter(model), ids, ids)
+    found = measure_activations(TracedAdapter(model), ids, ids)
+    assert found["not_measured"] == own["not_measured"] == {}
+    np.testing.assert_allclose(found["sink"]["per_layer"], own["sink"]["per_layer"], atol=1e-7, rtol=0)
+    assert found["residual_flow"] == pytest.approx(own["residual_flow"], rel=1e-12)
+    assert found["norm_factor"] == pytest.approx(own["norm_factor"], rel=1e-12)
+    assert found["loss"] == pytest.approx(own["loss"], rel=1e-12)
+
+
+def test_a_norm_that_returns_its_scale_is_measured_by_its_formula():
+    """HY-V4's hyper-connection input_norm returns rsqrt(mean(x²) + ε), one number per row, not a normed
+    row: its factor over the ideal 1/σ is σ/√(σ² + ε), computed here from each call's input."""
+    cfg = hf_tiny.tiny_config("hy_v4")
+    cfg.num_key_value_heads = cfg.num_attention_heads  # HY-V4's attention repeats no key heads
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    ids = _ids(2, 16) % cfg.vocab_size
+    scale_norms = {n: m for n, m in model.named_modules() if type(m).__name__ == "HYV4UnweightedRMSNorm"}
+    assert len(scale_norms) == 5
+    inputs: dict[str, list[torch.Tensor]] = {}
+    hooks = [
+        m.register_forward_pre_hook(lambda _m, a, n=n: inputs.setdefault(n, []).append(a[0].double()))
+        for n, m in scale_norms.items()
+    ]
+    result = measure_activations(model, ids, ids)
+    for h in hooks:
+        h.remove()
+    for name, m in scale_norms.items():
+        ms = torch.cat([x.flatten(0, -2) for x in inputs[name]]).pow(2).mean(-1)
+        reference = torch.sqrt(ms / (ms + m.eps)).mean().item()
+        assert result["norm_factor"][name] == pytest.approx(reference, rel=1e-6), name
+        assert reference < 0.95  # ε is felt, so reading the scale as a normed row would show
