@@ -3,7 +3,8 @@
 Scope (ours: the paper does not say what d_in is for each kind of parameter): d_in is the dimension the
 forward contracts with the input (``roles``), the embedding dimension for embedding tables. Draws are in
 fp32 on the CPU from one seeded generator in ``named_modules`` order, so the weights do not depend on
-dtype, device or parallel layout; a sharded (DTensor) parameter gets its shard of the full draw.
+dtype, device or parallel layout; a sharded (DTensor) parameter gets its shard of the full draw, a ZeRO-3
+partitioned one is drawn whole and partitioned back (``partitioned``).
 """
 
 from __future__ import annotations
