@@ -35,7 +35,9 @@ BLOCKS = [blocks()[SECTIONS[engine]][0] for engine in FOLDERS]
 
 def test_one_example_per_engine():
     found = {head: len(code) for head, code in blocks().items() if code}
-    assert found == dict.fromkeys([*SECTIONS.values(), "torchtitan", "OLMo-core", "litgpt"], 1)
+    assert found == dict.fromkeys(
+        [*SECTIONS.values(), "torchtitan", "OLMo-core", "litgpt", "DeepSpeed ZeRO-3"], 1
+    )
 
 
 @pytest.mark.parametrize(("engine", "block"), zip(FOLDERS, BLOCKS), ids=list(FOLDERS))

@@ -3,7 +3,8 @@
 Scope (ours: the paper does not say what d_in is for each kind of parameter): d_in is the dimension the
 forward contracts with the input (``roles``), the embedding dimension for embedding tables. Draws are in
 fp32 on the CPU from one seeded generator in ``named_modules`` order, so the weights do not depend on
-dtype, device or parallel layout; a sharded (DTensor) parameter gets its shard of the full draw.
+dtype, device or parallel layout; a sharded (DTensor) parameter gets its shard of the full draw, a ZeRO-3
+partitioned one is drawn whole and partitioned back (``partitioned``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 from smallinit.errors import ConfigError
 from smallinit.init.branches import branch_note, renormalised_branches
 from smallinit.init.own import own_buffers_, own_init_, uninitialised
+from smallinit.init.partitioned import full_shape, gathered
 from smallinit.init.roles import ParamRole, named_parameters_once, resolve_roles
 
 
@@ -210,7 +212,7 @@ def init_plan(
     for name, _, _, p in named_parameters_once(module):
         role = roles.get(name) or ParamRole("unknown", reason="no role given")
         rule, fan, std = _rule(role, gamma)
-        rows.append(InitRow(name, tuple(p.shape), rule, fan, std, _describe(role), role.kind))
+        rows.append(InitRow(name, tuple(full_shape(p)), rule, fan, std, _describe(role), role.kind))
     unknown = [
         r for r in rows if r.rule == "kept" and roles.get(r.name, ParamRole("unknown")).kind == "unknown"
     ]
@@ -289,9 +291,14 @@ def gamma_init_(
     params = {name: p for name, _, _, p in named_parameters_once(module)}
     for row in report.rows:
         p = params[row.name]
-        if row.rule == "normal":
-            gamma_normal_(p, gamma, row.fan_in, generator=generator)
-        elif row.rule in ("ones", "zeros"):
-            _fill_(p, 1.0 if row.rule == "ones" else 0.0)
+        if row.rule == "kept":
+            continue
+        # a ZeRO-3 partitioned parameter is drawn whole, one at a time, and rank 0's draw partitioned back:
+        # every rank draws the same numbers, so the generators stay in step
+        with gathered([p], modifier_rank=0):
+            if row.rule == "normal":
+                gamma_normal_(p, gamma, row.fan_in, generator=generator)
+            else:
+                _fill_(p, 1.0 if row.rule == "ones" else 0.0)
     report.notes[:0] = ties
     return report

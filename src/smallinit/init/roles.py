@@ -23,6 +23,7 @@ from torch import nn
 from torch.func import functional_call
 
 from smallinit.init.arch import architecture_inits
+from smallinit.init.partitioned import full_shape
 from smallinit.init.trace import Contraction, TraceError, Use, trace_uses
 
 KINDS = ("matrix", "embedding", "norm", "bias", "own", "unknown")
@@ -63,8 +64,9 @@ class ParamRole:
 
 
 def matrix(p: torch.Tensor, in_dim: int, source: str, kernel_dims: tuple[int, ...] = ()) -> ParamRole:
-    in_dim = in_dim % p.dim()
-    fan_in = p.shape[in_dim] * math.prod(p.shape[d] for d in kernel_dims)
+    shape = full_shape(p)
+    in_dim = in_dim % len(shape)
+    fan_in = shape[in_dim] * math.prod(shape[d] for d in kernel_dims)
     return ParamRole("matrix", int(fan_in), in_dim, kernel_dims=kernel_dims, source=source)
 
 
@@ -106,14 +108,14 @@ def norm_role(module: nn.Module, wname: str, w: torch.Tensor) -> ParamRole:
     """The form of a norm's weight, probed on its own forward rather than guessed from the class name:
     with bias 0, x̂·w gives 0 at w = 0 and x̂·(1 + w) gives 0 at w = −1. Works on any weight shape (2-D
     per-head norms too) and on meta or sharded models (the probe runs on plain CPU copies)."""
-    x = torch.randn(4, *w.shape, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(4, *full_shape(w), generator=torch.Generator().manual_seed(0))
     # further required inputs (the gate of a gated norm) get ones: they scale the output, never zero it
     params = list(inspect.signature(module.forward).parameters.values())[1:]
     extra = [torch.ones_like(x) for q in params if q.default is q.empty and q.kind is q.POSITIONAL_OR_KEYWORD]
 
     def out(value: float) -> torch.Tensor:
-        state = {n: torch.zeros(p.shape) for n, p in module.named_parameters()}
-        state[wname] = torch.full(w.shape, value)
+        state = {n: torch.zeros(full_shape(p)) for n, p in module.named_parameters()}
+        state[wname] = torch.full(full_shape(w), value)
         y = _first_tensor(functional_call(module, state, (x, *extra), strict=False))
         if y is None:
             raise TypeError("its forward returns no tensor")
@@ -146,7 +148,7 @@ def _is_hf_conv1d(module: nn.Module) -> bool:
         type(module).__name__ == "Conv1D"
         and isinstance(w, torch.Tensor)
         and w.dim() == 2
-        and tuple(w.shape) == (getattr(module, "nx", None), getattr(module, "nf", None))
+        and tuple(full_shape(w)) == (getattr(module, "nx", None), getattr(module, "nf", None))
     )
 
 
@@ -163,7 +165,7 @@ def module_roles(module: nn.Module) -> dict[str, ParamRole]:
         elif isinstance(in_dims, dict) and name in in_dims:
             roles[name] = matrix(p, int(in_dims[name]), "declared")
         elif isinstance(fans, dict) and name in fans:
-            roles[name] = ParamRole("matrix", int(fans[name]), p.dim() - 1, source="declared")
+            roles[name] = ParamRole("matrix", int(fans[name]), len(full_shape(p)) - 1, source="declared")
     w, b = own.get("weight"), own.get("bias")
     if isinstance(module, nn.Linear) and w is not None:
         roles.setdefault("weight", matrix(w, 1, "module type"))
@@ -259,10 +261,11 @@ def _from_use(p: torch.Tensor, use: Use | None, why_not: str) -> ParamRole:
     if use.added:
         return ParamRole("bias", source="forward")
     if use.lookup and not use.ops:
-        if p.dim() == 2:
-            return ParamRole("embedding", int(p.shape[1]), 1, source="forward")
+        shape = full_shape(p)
+        if len(shape) == 2:
+            return ParamRole("embedding", int(shape[1]), 1, source="forward")
         return kept(
-            "unknown", f"a {p.dim()}-d lookup table: its embedding axis is not established", "forward"
+            "unknown", f"a {len(shape)}-d lookup table: its embedding axis is not established", "forward"
         )
     if use.ops:
         ops = ", ".join(sorted(use.ops)[:4])
@@ -274,7 +277,9 @@ def _checked(fast: ParamRole, p: torch.Tensor, use: Use | None) -> ParamRole:
     """A module-type role checked against the forward; where they differ the forward's d_in is the truth."""
     if use is None or fast.kind != "matrix" or not use.contracted:
         return fast
-    want = Contraction(tuple(a for a in (fast.in_dim, *fast.kernel_dims) if p.shape[a] > 1), fast.fan_in)
+    want = Contraction(
+        tuple(a for a in (fast.in_dim, *fast.kernel_dims) if full_shape(p)[a] > 1), fast.fan_in
+    )
     if use.contracted == {want}:
         return replace(fast, source=f"{fast.source}, checked by the forward")
     seen = _from_contractions(p, use.contracted)

@@ -26,6 +26,8 @@ from torch.func import functional_call
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from smallinit.init.partitioned import full_shape, is_partitioned
+
 aten = torch.ops.aten
 
 # one dimension of a tensor seen in a parameter: (parameter axis, size, stride within that axis) pieces,
@@ -369,9 +371,9 @@ def _to_cpu(x):
 
 
 def _stand_in(p: torch.Tensor) -> torch.Tensor:
-    """A meta tensor with the parameter's shape and strides (a sharded one's global shape)."""
-    if type(p).__name__ == "DTensor" or not _dense(p):
-        return torch.empty(p.shape, dtype=p.dtype, device="meta")
+    """A meta tensor with the parameter's shape and strides (a sharded or partitioned one's global shape)."""
+    if type(p).__name__ == "DTensor" or is_partitioned(p) or not _dense(p):
+        return torch.empty(full_shape(p), dtype=p.dtype, device="meta")
     return torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device="meta")
 
 

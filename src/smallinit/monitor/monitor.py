@@ -42,6 +42,7 @@ from smallinit.adapters import ModelAdapter, TracedAdapter, TransformerAdapter, 
 from smallinit.config import AnalysisConfig
 from smallinit.errors import ConfigError
 from smallinit.init import GammaEstimate, measure_gamma, param_roles
+from smallinit.init.partitioned import full_numel, gathered, is_partitioned
 from smallinit.measures.activations import measure_activations
 from smallinit.measures.condensation import named_matrices, row_cosine, sampled_mean_abs_cos, stable_rank
 from smallinit.measures.norm_factor import SATURATED, norm_factors_from_observed
@@ -117,8 +118,10 @@ class Monitor:
         self.roles = param_roles(
             self.module, example(self.tokens[:1]) if example else None
         )  # fixed in training
-        self.matrices = self._chosen("matrices", fields, cfg, cfg_given)
-        self.heatmaps = set(self._chosen("heatmaps", fields, cfg, cfg_given))
+        # a ZeRO-3 partitioned matrix is a (0,) slice on each rank: whole while its names are listed
+        with gathered(p for n, p in self.module.named_parameters() if self.roles[n].drawn):
+            self.matrices = self._chosen("matrices", fields, cfg, cfg_given)
+            self.heatmaps = set(self._chosen("heatmaps", fields, cfg, cfg_given))
         self.snapshot_steps = self._snapshot_steps()
         self.warned = (
             start_step > 0 or not guard
@@ -237,7 +240,7 @@ class Monitor:
                     {
                         "step": self.last_step,
                         "val_loss": self.last_loss,
-                        "params": sum(p.numel() for p in self.module.parameters()),
+                        "params": sum(full_numel(p) for p in self.module.parameters()),
                         "params_nonembed": _params_nonembed(self.module),
                     },
                 )
@@ -312,12 +315,25 @@ class Monitor:
         return rec
 
     def _gathered(self) -> dict[str, torch.Tensor]:
-        """The recorded matrices, whole (a sharded tensor is gathered: every rank takes part), and each part
-        of a fused one (NAME[q], NAME[k], NAME[v]: the rows the forward makes each attention input of)."""
-        mats = named_matrices(self.module, self.matrices, roles=self.roles) if self.matrices else {}
-        whole = {n: W.full_tensor() if hasattr(W, "full_tensor") else W for n, W in mats.items()}
-        parts = getattr(self.adapter, "parts", {})
-        for name, rows in parts.items():
+        """The recorded matrices, whole (a sharded or ZeRO-3 partitioned tensor is gathered: every rank takes
+        part), and each part of a fused one (NAME[q], NAME[k], NAME[v]: the rows the forward makes each
+        attention input of)."""
+        if not self.matrices:
+            return {}
+        params = [
+            p
+            for n, p in self.module.named_parameters()
+            if any(m == n or m.startswith(n + ".") for m in self.matrices)
+        ]
+        with gathered(params):
+            mats = named_matrices(self.module, self.matrices, roles=self.roles)
+            # a partitioned parameter goes back to its slice when the block ends: its matrices are copied
+            copy = any(is_partitioned(p) for p in params)
+            whole = {
+                n: W.full_tensor() if hasattr(W, "full_tensor") else W.clone() if copy else W
+                for n, W in mats.items()
+            }
+        for name, rows in getattr(self.adapter, "parts", {}).items():
             if name in whole:
                 whole.update(
                     {f"{name}[{part}]": whole[name][r.to(whole[name].device)] for part, r in rows.items()}
@@ -428,7 +444,7 @@ def describe_model(adapter: ModelAdapter) -> dict[str, Any]:
 
 def _params_nonembed(module: nn.Module) -> int:
     embedded = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
-    return sum(p.numel() for p in module.parameters() if id(p) not in embedded)
+    return sum(full_numel(p) for p in module.parameters() if id(p) not in embedded)
 
 
 def _unwrapped(model: Any) -> Any:
