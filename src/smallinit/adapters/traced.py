@@ -277,6 +277,7 @@ class _Sources:
     DEPTH = 24  # ops a source is followed through: enough for position encoding, not the whole network
 
     def __init__(self, model: nn.Module):
+        self.model = model
         self.names = {id(p): n for n, p in model.named_parameters()}
         # storage → (matrix name, rows of a product's output (None: read them off the view's strides) or
         # the rows a derived tensor is made of, the product's width, ops since the product)
@@ -290,6 +291,9 @@ class _Sources:
             weight = args[1]
         elif func is torch.addmm and len(args) > 2:  # GPT-2's Conv1D: x @ W, W stored (in, out)
             weight = args[2]
+        if isinstance(weight, nn.Parameter) and id(weight) not in self.names:
+            # FSDP2 swaps a block's unsharded parameters in for its forward: the names are those of now
+            self.names = {id(p): n for n, p in self.model.named_parameters()}
         if (
             isinstance(weight, nn.Parameter)
             and id(weight) in self.names
