@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from smallinit.config import TrainConfig
-from smallinit.study.judging.claims.loss import MOVING, second_half, trend_course
+from smallinit.study.judging.claims.loss import DIRECTION_WORDS, MOVING, second_half, trend_course
 from smallinit.study.running.budget import budget_schedule
 
 DRAWS = 20000
@@ -119,3 +119,25 @@ def test_a_late_flip_is_reported_as_a_sign_change(n):
         f"\nlate flip, n={n}: moving {moving.mean():.3f}; of those crossed {crossed:.4f}, widening {widening:.4f}"
     )
     assert crossed > 0.95 and widening < 0.01
+
+
+@pytest.mark.parametrize("n,sd_eval", [(3, 0.2), (8, 0.6), (16, 0.6)])
+def test_the_words_never_deny_the_crossing_of_a_gap_still_closing(n, sd_eval):
+    """A gap linear in log tokens that reaches 0 at 1.5× the budget: among the draws called moving, the words
+    said "no crossing predicted" whenever the end slope was not shown (40-93 % of them). The words now withhold
+    the crossing ("closing; crossing not extrapolated"), and say "closing" for every closing draw."""
+    tokens = schedule(142)
+    u = np.log(np.maximum(tokens, tokens[1]) / tokens[-1])
+    state, direction = trend_course(
+        draws(np.random.default_rng(7), 1 - u / math.log(1.5), n, sd_eval=sd_eval), tokens
+    )
+    moving = state == MOVING
+    words = np.array([DIRECTION_WORDS.get(d, "") for d in direction])
+    denies = np.mean(np.char.find(words[moving], "no crossing") >= 0)
+    withheld = np.mean(direction[moving] == "converging")
+    wrong = np.mean(np.char.find(words[moving], "closing") < 0)
+    print(
+        f"\nclosing gap, n={n}, sd_eval {sd_eval}: moving {moving.mean():.3f}; of those, crossing withheld "
+        f"{withheld:.3f}, words denying a crossing {denies:.3f}, words not saying closing {wrong:.3f}"
+    )
+    assert denies == 0 and wrong <= 0.025  # a noisy draw read as crossed or widening

@@ -181,7 +181,7 @@ the table's primaries at α = 0.05; inconclusive otherwise, with the smallest ef
 not testable here: a precondition failed (reason below the line). A loss gap's trend: its per-seed slope
 against log tokens over the second half of training, tested across seeds (settled / moving / undetermined);
 a moving gap crossed 0 there, is closing (a crossing extrapolated only while it is still moving at the end),
-converging (no crossing predicted) or widening."""
+closing with its crossing not extrapolated (not shown to be still moving at the end) or widening."""
 
 
 def verdict_table(claims: list[dict[str, Any]]) -> str:

@@ -413,7 +413,12 @@ def _planned_measurements(runs: Runs, claims: list[str], options: dict[str, Any]
         }
     gammas, widths, seeds = flow_design(options)
     if "flow" in needs and len(widths) >= 2:  # one fitted exponent per γ and seed
-        out["flow"] = {"gammas": gammas, "seed_slopes": [[UNKNOWN] * len(seeds) for _ in gammas]}
+        out["flow"] = {
+            "gammas": gammas,
+            "seeds": seeds,
+            "seed_slopes": [[UNKNOWN] * len(seeds) for _ in gammas],
+            "planned": True,
+        }
     if "gaps" in needs:  # one token comparison per seed pair; its profile unknown
         pairs, _ = token_gap_pairs(runs)
         out["gaps"] = dict.fromkeys(pairs) or None

@@ -27,48 +27,91 @@ from smallinit.study.judging.claims.selection import (
 )
 from smallinit.study.judging.power import ALPHA, MAX_SIZE_RATIO, MIN_SIZES, MIN_TOKENS_PER_PARAM
 from smallinit.study.judging.scaling import effective_size_gain
-from smallinit.study.running.runs import Run
 
 PAPER_EFFECTIVE_SIZE = 0.44  # γ = 1 with both fixes is worth a 44 % larger model
+
+
+GAMMAS = (0.5, 1.0)  # the two arms of the best-lr comparison, in the order of its loss arrays' γ axis
+MAX_FLIPS = (
+    4096  # sign patterns of the best-lr test: every one up to 12 seeds, else this many drawn at random
+)
+
+
+def loo_rates(losses: np.ndarray) -> np.ndarray:
+    """Per seed and γ, the index of the learning rate whose mean loss over the other seeds is lowest.
+
+    ``losses`` has (..., seeds, γ, lr) axes; the answer (..., seeds, γ)."""
+    losses = np.asarray(losses, dtype=float)
+    n = losses.shape[-3]
+    others = (losses.sum(-3, keepdims=True) - losses) / (n - 1)
+    return np.argmin(others, axis=-1)
+
+
+def loo_gaps(losses: np.ndarray) -> np.ndarray:
+    """Per seed, L(γ.5) − L(γ1), each γ at the rate the other seeds chose (:func:`loo_rates`): (..., seeds)."""
+    losses = np.asarray(losses, dtype=float)
+    at = np.take_along_axis(losses, loo_rates(losses)[..., None], axis=-1)[..., 0]
+    return at[..., 0] - at[..., 1]
+
+
+def flip_patterns(n: int, max_flips: int = MAX_FLIPS, seed: int = 0) -> np.ndarray:
+    """(flips, n) booleans: which seeds swap their γ labels; the first row swaps none. Every pattern when there
+    are at most ``max_flips``, else ``max_flips`` − 1 drawn at random beside it."""
+    if 2**n <= max_flips:
+        return ((np.arange(2**n)[:, None] >> np.arange(n)) & 1).astype(bool)
+    drawn = np.random.default_rng(seed).random((max_flips - 1, n)) < 0.5
+    return np.vstack([np.zeros((1, n), dtype=bool), drawn])
+
+
+def best_lr_test(losses: np.ndarray, flips: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mean gap, two-sided p) of the sign-flip test of the best-lr gap, the rates re-chosen in every flip.
+
+    ``losses`` (..., seeds, γ, lr). Under no effect of γ the two γ's losses of a seed (every rate) are exchangeable,
+    so swapping them in any set of seeds and choosing the rates again gives a gap as likely as the one observed; p
+    is the share of the ``flips`` (:func:`flip_patterns`, the identity first) whose mean gap is at least as far from
+    0. Choosing the rates inside the test is what keeps its level: the gaps of a seed depend on the others' losses
+    through the rates they chose, so a t-test over seeds would use too small a standard error."""
+    losses = np.asarray(losses, dtype=float)
+    swap = flips[:, :, None, None]  # (flips, seeds, 1, 1)
+    flipped = np.where(swap, losses[..., None, :, ::-1, :], losses[..., None, :, :, :])
+    stats_ = loo_gaps(flipped).mean(-1)  # (..., flips)
+    observed = stats_[..., 0]
+    p = np.mean(np.abs(stats_) >= np.abs(observed)[..., None] - 1e-12, axis=-1)
+    return observed, p
+
+
+def smallest_p(n: int, max_flips: int = MAX_FLIPS) -> float:
+    """The smallest p the sign-flip test over n seeds can give (the identity and the full swap tie)."""
+    return 2 / min(2**n, max_flips)
 
 
 def best_lr_comparison(runs: Runs, size: tuple, min_tpp: float) -> tuple[Comparison, str] | None:
     """L(γ.5) − L(γ1) with each γ at its best learning rate (fixed arm), and a note of the rates chosen.
 
-    Each seed's rates are chosen on the other seeds' mean loss, so the seed that is tested did not pick its own
-    rate: picking on the same losses that are then tested would favour whichever γ's best run was luckiest. A
-    diverged or failed run counts as an infinite loss at its rate, so a rate where a seed diverged is not chosen
-    for its survivors; where the chosen rate's run of the tested seed was lost, the comparison counts it.
+    Each seed is tested at the rate the other seeds' mean loss chose, so the seed that is tested did not pick its
+    own rate. That leaves the seeds' gaps dependent (a seed's losses chose the others' rates), so the verdict is a
+    sign-flip test over the seeds with the rates chosen again inside every flip (:func:`best_lr_test`), which holds
+    its level however sharp the optimum or lr-dependent the noise; the seeds it pairs are those run at every rate.
+    A diverged or failed run anywhere in the grid makes the comparison not testable, as everywhere.
     """
     at = runs.where(FIXED).where(size=size)
     lrs = at.values("train.lr")
     if len(lrs) < 2:
         return None
-    cells = {(g, lr): at.where({"model.gamma": g, "train.lr": lr}) for g in (0.5, 1.0) for lr in lrs}
-    loss = {
-        k: {**cell.by_seed(val_loss), **{r.seed: math.inf for r in cell.lost}} for k, cell in cells.items()
-    }
+    cells = {(g, lr): at.where({"model.gamma": g, "train.lr": lr}) for g in GAMMAS for lr in lrs}
     by_seed = {k: {**cell.run_by_seed(), **{r.seed: r for r in cell.lost}} for k, cell in cells.items()}
-    chosen: dict[float, dict[int, Run]] = {
-        0.5: {},
-        1.0: {},
-    }  # each seed's run at the rate the other seeds chose
-    if planned(
-        at
-    ):  # which rate is best is the runs': a plan pairs the seeds every rate has, at any one of them
-        every = set.intersection(*[set(by_seed[k]) for k in cells])
-        chosen = {g: {s: by_seed[g, lrs[0]][s] for s in sorted(every)} for g in (0.5, 1.0)}
-    else:
-        for g in (0.5, 1.0):
-            for seed in sorted({s for lr in lrs for s in loss[g, lr]}):
-                others = {lr: [v for t, v in loss[g, lr].items() if t != seed] for lr in lrs}
-                means = {lr: float(np.mean(v)) for lr, v in others.items() if v}
-                runs_at_best = by_seed[g, min(means, key=means.get)] if means else {}
-                if seed in runs_at_best:
-                    chosen[g][seed] = runs_at_best[seed]
-    seeds = sorted(chosen[0.5].keys() & chosen[1.0].keys())
+    seeds = sorted(set.intersection(*[set(v) for v in by_seed.values()]))  # the seeds run at every rate
     if not seeds:
         return None
+    lost = [r for k in cells for s, r in by_seed[k].items() if s in seeds and r.lost]
+    if planned(at) or lost or len(seeds) < 2:  # which rate is best is the runs': pair the seeds at one rate
+        chosen = {g: {s: by_seed[g, lrs[0]][s] for s in seeds} for g in GAMMAS}
+    else:
+        losses = np.asarray([[[by_seed[g, lr][s].val_loss for lr in lrs] for g in GAMMAS] for s in seeds])
+        rates = loo_rates(losses)
+        chosen = {
+            g: {s: by_seed[g, lrs[rates[i, j]]][s] for i, s in enumerate(seeds)} for j, g in enumerate(GAMMAS)
+        }
     lr = {g: {s: run.config["train.lr"] for s, run in chosen[g].items()} for g in chosen}
     note = f"@{size_label(size)}: best lr per seed, chosen on the other seeds (γ.5 / γ1): " + ", ".join(
         f"seed {s} {lr[0.5][s]:g} / {lr[1.0][s]:g}" for s in seeds
@@ -80,9 +123,24 @@ def best_lr_comparison(runs: Runs, size: tuple, min_tpp: float) -> tuple[Compari
         "> 0",
         min_tpp,
     )
-    c.untestable = (
-        "" if planned(at) else lr_bracket_problem(lr, lrs)
-    ) or c.untestable  # the best lr is an outcome
+    if lost and not c.lost:  # a run lost at another rate than the one tested
+        c.lost = lost_seeds(at.where({"model.gamma": 0.5}), at.where({"model.gamma": 1.0}))
+        c.untestable = lost_problem(c.lost)
+    if planned(at) or c.untestable:
+        return c, note
+    if smallest_p(len(seeds)) > ALPHA:
+        c.untestable = (
+            f"{len(seeds)} seeds at every rate: the sign-flip test over them cannot give p below "
+            f"{smallest_p(len(seeds)):.2g} > α = {ALPHA:g} (needs ≥ 6)"
+        )
+    c.untestable = c.untestable or lr_bracket_problem(lr, lrs)  # the best lr is an outcome
+    if not c.untestable:
+        _, p = best_lr_test(losses, flip_patterns(len(seeds)))
+        c.resampled_p = float(p)
+        c.resampled_why = (
+            f"sign-flip test over {len(seeds)} seeds, each γ's rates chosen again in each of "
+            f"{len(flip_patterns(len(seeds)))} flips"
+        )
     return c, note
 
 

@@ -29,17 +29,21 @@ def claim_c5(
     if flow:
         nearest = min(flow["gammas"], key=lambda g: abs(g - 1.0))
         for gamma, seed_slopes in zip(flow["gammas"], flow["seed_slopes"]):
-            res.comparisons.append(
-                Comparison(
-                    f"flow exponent − (1−γ) at γ{gamma:g}",
-                    [s - (1 - gamma) for s in seed_slopes],
-                    f"0 ± {FLOW_TOLERANCE}",
-                    expected="zero",
-                    tolerance=FLOW_TOLERANCE,
-                    paper_value=0.0,
-                    role=PRIMARY if gamma == nearest else SECONDARY,
-                )
+            c = Comparison(
+                f"flow exponent − (1−γ) at γ{gamma:g}",
+                [s - (1 - gamma) for s in seed_slopes],
+                f"0 ± {FLOW_TOLERANCE}",
+                seeds=flow.get("seeds"),
+                expected="zero",
+                tolerance=FLOW_TOLERANCE,
+                paper_value=0.0,
+                role=PRIMARY if gamma == nearest else SECONDARY,
             )
+            if not flow.get(
+                "planned"
+            ):  # a measured sweep: a seed without an exponent is counted, not dropped
+                c.count_no_value("flow exponent")
+            res.comparisons.append(c)
         res.extra["residual_flow"] = flow
     else:
         res.comparisons.append(

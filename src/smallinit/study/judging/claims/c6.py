@@ -4,8 +4,11 @@ Primary: γ = 1's rebound from its stable-rank minimum to the end of training, a
 paper gives no number. The seeds are split: the minimum is located on the mean trajectory of the first third
 of them (by seed, at least one), and the rebound from that point is tested on the others, so neither the
 point a rebound is measured from nor the precondition was chosen on the values tested (choosing the minimum
-on the same values would make a flat trajectory "rebound" from its lowest noise). Precondition: the minimum
-so located lies before the last third of training. Secondary: the early stable rank γ.5 − γ1 (the
+on the same values would make a flat trajectory "rebound" from its lowest noise). Preconditions: the minimum
+so located lies before the last third of training, and the locating seeds rise from it to the end beyond their
+noise (:func:`robust_minimum`), so that a dip of noise on a course still falling is not judged as a minimum. A
+seed whose course gave no stable rank (fewer than 3 analysis records, or an empty one) is counted per arm, and
+the comparisons are then not judged on the others. Secondary: the early stable rank γ.5 − γ1 (the
 condensed start) and the path length γ1 − γ.5 (γ = 0.5 changes slowly)."""
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy import stats
 
 from smallinit.study.judging.claims.comparison import PRIMARY, ClaimResult, Comparison, judged
 from smallinit.study.judging.claims.registry import Claim, planned, register
@@ -27,7 +31,29 @@ from smallinit.study.judging.claims.selection import (
     reference_lr,
     size_label,
 )
-from smallinit.study.judging.power import LATE_MINIMUM
+from smallinit.study.judging.power import ALPHA, LATE_MINIMUM
+
+
+def robust_minimum(
+    ranks: np.ndarray, lowest: np.ndarray, candidates: int, alpha: float = ALPHA
+) -> np.ndarray:
+    """Whether the locating seeds' (last-but-one axis) minimum at ``lowest`` is one they rise from: the one-sided
+    t-test of their rise to the last point (last axis) exceeds 0 at alpha/``candidates``, the points the minimum
+    could have been located at (Bonferroni: the point is the lowest of the seeds' own mean, so its rise is the
+    largest of ``candidates``). A dip of noise on a course still falling, or on a flat one, passes at most alpha
+    of the time; one locating seed cannot tell a rise from noise."""
+    rise = rebound(ranks, lowest)
+    k = rise.shape[-1]
+    if k < 2:
+        return np.zeros(rise.shape[:-1], dtype=bool)
+    crit = stats.t.ppf(1 - alpha / candidates, k - 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return rise.mean(-1) > crit * rise.std(-1, ddof=1) / math.sqrt(k)
+
+
+def candidate_points(steps: list[int]) -> int:
+    """How many of the measurement points a minimum before the last third of training can be located at."""
+    return sum(step <= LATE_MINIMUM * steps[-1] for step in steps)
 
 
 def selection_seeds(n: int) -> int:
@@ -44,6 +70,25 @@ def rebound(ranks: np.ndarray, lowest: np.ndarray) -> np.ndarray:
     """Each seed's stable rank at the end minus at the point ``lowest`` (one per leading index)."""
     ranks = np.asarray(ranks, dtype=float)
     return ranks[..., -1] - np.take_along_axis(ranks, np.asarray(lowest)[..., None, None], axis=-1)[..., 0]
+
+
+def has_course(*courses: list) -> bool:
+    """Each of a seed's analysis courses has ≥ 3 records with a stable rank (a minimum needs a point either side)."""
+    return all(len(recs) >= 3 and all(r.stable_rank for r in recs) for recs in courses)
+
+
+def no_course(traj: dict[float, dict[int, list]]) -> str:
+    """Per γ, the finished seeds whose course gave no stable rank: "γ=1: 1 of 6 seeds gave no stable-rank course
+    (…)"; "" when every seed has one."""
+    parts = []
+    for g, by_seed in traj.items():
+        bad = sorted(s for s, recs in by_seed.items() if not has_course(recs))
+        if bad:
+            parts.append(
+                f"γ={g:g}: {len(bad)} of {len(by_seed)} seeds gave no stable-rank course (fewer than 3 analysis "
+                f"records with a stable rank: seed{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))})"
+            )
+    return "; ".join(parts)
 
 
 @judged
@@ -65,17 +110,19 @@ def claim_c6(runs: Runs) -> ClaimResult:
                 for g in (0.5, 1.0)
             }
             seeds = sorted(
-                s
-                for s in set(traj[0.5]) & set(traj[1.0])
-                if len(traj[0.5][s]) >= 3 and len(traj[1.0][s]) >= 3
+                s for s in set(traj[0.5]) & set(traj[1.0]) if has_course(traj[0.5][s], traj[1.0][s])
             )
             lost = lost_seeds(at.where({"model.gamma": 0.5}), at.where({"model.gamma": 1.0}))
+            no_value = "" if planned(at) else no_course(traj)
             if not seeds:
-                if lost:  # no seed pair left to compare: the lost seeds are the result, never dropped
+                if (
+                    lost or no_value
+                ):  # no seed pair left to compare: the lost seeds are the result, never dropped
                     lone = Comparison.missing(
                         f"srank rebound γ1 @{size_label(n)}{' fixed' if arm is FIXED else ' baseline'}",
                         lost_problem(lost),
                         lost=lost,
+                        no_value=no_value,
                     )
                     if not res.comparisons:
                         lone.role = PRIMARY  # the smallest size of the arm
@@ -111,6 +158,19 @@ def claim_c6(runs: Runs) -> ClaimResult:
                     f"γ=1's stable rank is lowest at step {steps[lowest]} of {steps[k - 1]}, in "
                     "the last third of training: no minimum yet to rebound from"
                 )
+            elif not planned(at):
+                located = np.asarray([r1[s][:k] for s in chosen])
+                candidates = candidate_points(steps[:k])
+                if not robust_minimum(located, np.asarray(lowest), candidates):
+                    rise = rebound(located, lowest)
+                    expansion.untestable = (
+                        f"γ=1's stable rank on seed(s) {', '.join(map(str, chosen))} is lowest at step "
+                        f"{steps[lowest]}, but rises from it to the end by only {float(np.mean(rise)):+.3g}"
+                        + (f" ± {float(np.std(rise, ddof=1)):.3g}" if len(chosen) > 1 else "")
+                        + f": not above 0 at α = {ALPHA:g}/{candidates} (one-sided t over the locating seeds, "
+                        "Bonferroni over the points it could lie at): no minimum located robustly, "
+                        "so a dip of noise is not judged"
+                    )
             if not res.comparisons:
                 expansion.role = PRIMARY  # the smallest size of the arm
             compared = [
@@ -129,8 +189,8 @@ def claim_c6(runs: Runs) -> ClaimResult:
                     "> 0",
                 ),
             ]
-            for c in compared:  # a diverged or failed seed is counted, not dropped (selection.lost_problem)
-                c.lost, c.untestable = lost, lost_problem(lost) or c.untestable
+            for c in compared:  # a diverged, failed or valueless seed is counted, not dropped
+                c.lost, c.untestable, c.no_value = lost, lost_problem(lost) or c.untestable, no_value
             res.comparisons += compared
             res.extra[f"stable_rank{tag}"] = {
                 f"seed{s}": {"steps": steps[:k], "gamma1": r1[s][:k], "gamma0.5": r05[s][:k]} for s in seeds

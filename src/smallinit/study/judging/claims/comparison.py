@@ -61,6 +61,9 @@ class Comparison:
     magnitude: str = ""  # the primary's interval against the paper's number
     mde: float | None = None  # the primary's minimum detectable effect when it is inconclusive
     lost: str = ""  # per arm, the seeds that diverged or failed (selection.lost_seeds)
+    no_value: str = ""  # per arm, the finished seeds that gave no value (:func:`count_no_value`)
+    resampled_p: float | None = None  # a secondary judged by a resampling test instead of the t-test …
+    resampled_why: str = ""  # … and that test in words
     unknown: list[int] = field(
         default_factory=list
     )  # seeds (else positions) whose value is not a number: on a
@@ -127,8 +130,20 @@ class Comparison:
         """A part of a claim these runs cannot test, and why."""
         return Comparison(label, [], paper, untestable=why, **kw)
 
+    def count_no_value(self, what: str, arm: str = "") -> None:
+        """Count the seeds whose value is not a number (``unknown``) as a result: "γ=1: 1 of 5 seeds gave no flow
+        exponent". Only for finished runs: on a plan's runs every value is unknown by design."""
+        if self.unknown:
+            n = len(self.unknown) + len(self.samples)
+            self.no_value = (
+                f"{arm + ': ' if arm else ''}{len(self.unknown)} of {n} seeds gave no {what} "
+                f"(seed{'s' if len(self.unknown) > 1 else ''} {', '.join(map(str, self.unknown))})"
+            )
+
     def test(self) -> TTest | str:
         """The t-test of the samples, or why there is none."""
+        if self.no_value:
+            return no_value_problem(self.no_value)
         if self.untestable:
             return self.untestable
         return t_test(self.samples, self.expected, self.tolerance)
@@ -145,12 +160,12 @@ class Comparison:
         if self.estimate is not None:
             return f"{self.label}: {self.estimate:+.3f} [{self.lo:+.3f}, {self.hi:+.3f}]"
         if not self.samples:
-            return f"{self.label}: not measured" + (f"; {self.lost}" if self.lost else "")
+            return f"{self.label}: not measured" + "".join(f"; {x}" for x in (self.lost, self.no_value) if x)
         sd = f" ± {self.sd:.3f}" if len(self.samples) > 1 else ""
         text = f"{self.label}: {self.mean:+.3f}{sd} (n={len(self.samples)})"
         if self.trend:  # a loss gap: the verdict is at this budget (how it moves is its trend)
             text += f" at {self.trend['tokens_per_param']:.3g} tokens/param"
-        return text + (f"; {self.lost}" if self.lost else "")
+        return text + "".join(f"; {x}" for x in (self.lost, self.no_value) if x)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -175,8 +190,20 @@ class Comparison:
             "trajectory": self.trajectory,
             "trend": self.trend,
             "lost": self.lost,
+            "no_value": self.no_value,
+            "unknown": self.unknown,
+            "resampled_p": self.resampled_p,
             "text": self.text(),
         }
+
+
+def no_value_problem(no_value: str) -> str:
+    """The rule for a comparison some of whose finished seeds gave no value (``no_value`` from
+    :meth:`Comparison.count_no_value`): judged on the others, n would shrink on whatever made a value fail."""
+    return (
+        f"{no_value}: a seed without a value is a result, not missing data, so the other seeds are not judged "
+        "alone (find why it gave none)"
+    )
 
 
 def magnitude(lo: float, hi: float, paper_value: float | None) -> str:
@@ -229,10 +256,16 @@ class ClaimResult:
         for c in self.comparisons:
             if self.untestable:
                 c.verdict, c.reason = NOT_TESTABLE, self.untestable
+            elif c.no_value:
+                c.verdict, c.reason = NOT_TESTABLE, no_value_problem(c.no_value)
             elif c.untestable:
                 c.verdict, c.reason = NOT_TESTABLE, c.untestable
             elif c.interval_verdict:
                 c.verdict = c.interval_verdict
+            elif c.resampled_p is not None:
+                rejected = c.resampled_p <= ALPHA
+                c.verdict = (AGREE if c.mean > 0 else DISAGREE) if rejected else INCONCLUSIVE
+                c.reason = f"{c.resampled_why}: p = {c.resampled_p:.2g}, uncorrected"
             elif c.role == SECONDARY:
                 t = c.test()
                 if isinstance(t, str):

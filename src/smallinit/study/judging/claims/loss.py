@@ -21,9 +21,10 @@ A moving gap says where it heads:
   quadratic in log τ over the same evaluations gives the slope at the last one and the curvature; the end
   slope's interval excludes 0 in the closing direction and the curvature's does not say the gap
   decelerates. Then the mean line's zero, with Fieller's interval (unbounded when the slope's reaches 0);
-* **converging, no crossing predicted** when a closing gap is not shown to be still moving at the end (it
-  slows toward 0, or 3 evaluations cannot tell), since a straight line drawn through a gap that decays toward
-  0 reaches 0 at a confident, wrong point;
+* **closing; crossing not extrapolated** (direction "converging") when a closing gap is not shown to be still
+  moving at the end (it slows toward 0, or 3 evaluations cannot tell), since a straight line drawn through a gap
+  that decays toward 0 reaches 0 at a confident, wrong point. The words withhold the crossing, never deny it: a
+  gap still closing may cross later;
 * **widening** otherwise.
 """
 
@@ -37,11 +38,17 @@ from scipy import stats
 
 from smallinit.study.judging.claims.comparison import Comparison
 from smallinit.study.judging.claims.preconditions import regime_problem
-from smallinit.study.judging.claims.selection import Runs, lost_problem, lost_seeds, paired
+from smallinit.study.judging.claims.selection import Runs, arm_names, lost_problem, lost_seeds, paired
 
 TREND_ALPHA = 0.05
 SETTLED_FRACTION = 0.5  # of the seed sd at the budget: the most a settled gap moves per doubling of tokens
 MOVING, SETTLED, UNDETERMINED = "moving", "settled", "undetermined"
+DIRECTION_WORDS = {  # what the trend line says of a moving gap, by its direction: only what is known
+    "crossed": "crossed 0 at",
+    "widening": "widening",
+    "closing": "closing",  # followed by where the crossing is extrapolated
+    "converging": "closing; crossing not extrapolated: not shown to be still moving at the end",
+}
 
 
 def gap_trajectory(a: Runs, b: Runs) -> dict[str, Any] | None:
@@ -203,21 +210,39 @@ def gap_trend(traj: dict[str, Any] | None) -> dict[str, Any] | None:
         out["crossed_tokens_per_param"] = cross
     if direction == "closing":
         out["crossing_tokens_per_param"] = cross
+    words = (
+        DIRECTION_WORDS[direction] if direction else ("settled" if state == SETTLED else "trend undetermined")
+    )
     out["summary"] = {
-        "": f"{'settled' if state == SETTLED else 'trend undetermined'} {rate}",
-        "crossed": f"crossed 0 at ≈ {cross[0]:.3g} tokens/param {interval} {rate}",
-        "widening": f"widening {rate}",
-        "closing": f"closing {rate}, crossing extrapolated at ≈ {cross[0]:.3g} tokens/param {interval}",
-        "converging": f"converging, no crossing predicted {rate}",
-    }[direction]
+        "crossed": f"{words} ≈ {cross[0]:.3g} tokens/param {interval} {rate}",
+        "closing": f"{words} {rate}, crossing extrapolated at ≈ {cross[0]:.3g} tokens/param {interval}",
+    }.get(direction, f"{words} {rate}")
     return out
+
+
+def no_loss(a: Runs, b: Runs) -> str:
+    """Per arm, the finished (not lost) seeds with no final validation loss; "" when every one has it."""
+    parts = []
+    for name, sel in zip(arm_names(a, b), (a, b)):
+        bad = sorted(r.seed for r in sel if not r.planned and not math.isfinite(r.val_loss or math.nan))
+        if bad:
+            n = len({r.seed for r in (*sel.runs, *sel.lost)})
+            parts.append(f"{name}: {len(bad)} of {n} seeds gave no final validation loss (seed(s) {bad})")
+    return "; ".join(parts)
 
 
 def loss_comparison(label: str, a: Runs, b: Runs, paper: str, min_tpp: float, **kw: Any) -> Comparison:
     """L(a) − L(b) at the end of training, paired by seed, testable in the trained regime, with its trend."""
     traj = gap_trajectory(a, b)
     c = Comparison.by_seed(
-        label, paired(a, b), paper, trajectory=traj, trend=gap_trend(traj), lost=lost_seeds(a, b), **kw
+        label,
+        paired(a, b),
+        paper,
+        trajectory=traj,
+        trend=gap_trend(traj),
+        lost=lost_seeds(a, b),
+        no_value=no_loss(a, b),
+        **kw,
     )
     c.untestable = lost_problem(c.lost) or regime_problem([*a, *b], traj, min_tpp)  # lost seeds: not judged
     return c

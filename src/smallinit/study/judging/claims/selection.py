@@ -23,6 +23,11 @@ EMULATED_WIDTH = 2048  # the paper's width at 1.5B, whose saturation the emulate
 BASELINE = {"model.norm_eps": 1e-5, "model.gate": "none", "model.norm_eps_width": 0}
 EMULATED = {"model.norm_eps": 1e-5, "model.gate": "none", "model.norm_eps_width": EMULATED_WIDTH}
 FIXED = {"model.norm_eps": 1e-12, "model.gate": "elementwise"}
+INTERRUPTED = (
+    "running",
+    "interrupted",
+)  # a cell's status in its sweep when it was started and did not finish
+UNFINISHED = "did not finish (interrupted, or still running: run the sweep again to finish it)"
 
 
 class Runs:
@@ -36,19 +41,24 @@ class Runs:
 
     @staticmethod
     def load(*folders: str | os.PathLike) -> Runs:
-        """Every done or failed cell of the given sweep folders (folders with a sweep.json below them are
-        searched); a failed cell keeps its error line, a result about its arm like a diverged one."""
+        """Every started cell of the given sweep folders (folders with a sweep.json below them are searched): done,
+        failed (with its error line), or interrupted (killed before it finished, which a folder re-judged before
+        the sweep resumes still says "running"). A failed or interrupted cell is counted by its arm like a diverged
+        one, never left out; a pending cell was not started, so it is no result yet."""
         runs = []
         for folder in folders:
             for spec in sorted(Path(folder).rglob("sweep.json")):
                 states = cell_states(spec.parent)
                 for cell in load_cells(spec.parent):
-                    state = states.get(cell.id, {})
-                    if state.get("status") not in ("done", "failed"):
+                    status = states.get(cell.id, {}).get("status")
+                    if status not in ("done", "failed", *INTERRUPTED):
                         continue
                     run = Run.load(cell_dir(spec.parent, cell.id), cell.id)
                     if run is not None:
-                        run.error = (state.get("error") or "failed") if state["status"] == "failed" else ""
+                        run.error = {
+                            "done": "",
+                            "failed": states[cell.id].get("error") or "failed",
+                        }.get(status, UNFINISHED)
                         runs.append(run)
         return Runs(runs)
 
@@ -136,7 +146,8 @@ def lost_seeds(a: Runs, b: Runs) -> str:
             continue
         n = len({r.seed for r in (*sel.runs, *sel.lost)})
         steps = sorted(r.diverged_at for r in sel.lost if r.diverged_at is not None)
-        failed = [r.error for r in sel.lost if r.diverged_at is None]
+        failed = [r.error for r in sel.lost if r.diverged_at is None and r.error != UNFINISHED]
+        unfinished = sum(r.diverged_at is None and r.error == UNFINISHED for r in sel.lost)
         what = (
             [
                 f"{len(steps)} of {n} seeds diverged (step{'s' if len(steps) > 1 else ''} "
@@ -146,6 +157,7 @@ def lost_seeds(a: Runs, b: Runs) -> str:
             else []
         )
         what += [f"{len(failed)} of {n} seeds failed ({failed[0][:80]})"] if failed else []
+        what += [f"{unfinished} of {n} seeds {UNFINISHED}"] if unfinished else []
         parts.append(f"{name}: {', '.join(what)}")
     return "; ".join(parts)
 
