@@ -22,12 +22,8 @@ import numpy as np
 import pytest
 
 from smallinit.errors import ConfigError
-from smallinit.study.judging.scaling import (
-    EffectiveSizeGain,
-    PowerLawFit,
-    effective_size_gain,
-    fit_power_law,
-)
+from smallinit.study.judging.effective_size import EffectiveSizeGain, effective_size_gain
+from smallinit.study.judging.scaling import PowerLawFit, fit_power_law
 
 SIZES = np.array([1e7, 3e7, 1e8, 3e8, 1e9, 1.5e9])
 N_SEEDS = 3

@@ -25,8 +25,8 @@ from smallinit.study.judging.claims.selection import (
     size_label,
     val_loss,
 )
+from smallinit.study.judging.effective_size import effective_size_gain
 from smallinit.study.judging.power import ALPHA, MAX_SIZE_RATIO, MIN_SIZES, MIN_TOKENS_PER_PARAM
-from smallinit.study.judging.scaling import effective_size_gain
 
 PAPER_EFFECTIVE_SIZE = 0.44  # γ = 1 with both fixes is worth a 44 % larger model
 
