@@ -46,7 +46,7 @@ import torch
 from smallinit import Config, ModelConfig, Transformer
 from smallinit.config import PRESETS, TrainConfig
 from smallinit.errors import ConfigError, Preempted, SmallinitError
-from smallinit.study.planning.plan import CPU_CORE_FLOPS
+from smallinit.study.planning.cost import CPU_CORE_FLOPS
 from smallinit.train import Callback, Trainer
 from smallinit.train.distributed import Runtime, parallelize
 from smallinit.train.flops import train_flops_per_token
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             measured_peak(device, n=512, reps=5),
             CPU_CORE_FLOPS * torch.get_num_threads(),
         )
-        peak_source = "CPU: one core's fp32 matmul rate × threads (smallinit.study.planning.plan)"
+        peak_source = "CPU: one core's fp32 matmul rate × threads (smallinit.study.planning.cost)"
     else:
         name, measured = torch.cuda.get_device_name(), measured_peak(device)
         peak = table_peak(name) or measured

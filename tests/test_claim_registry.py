@@ -20,7 +20,9 @@ from smallinit.study.judging.claims import (
     val_loss,
 )
 from smallinit.study.judging.verdicts import verdict_table
-from smallinit.study.planning.plan import Hardware, format_plan, plan_recipe
+from smallinit.study.planning.cost import Hardware
+from smallinit.study.planning.plan import plan_recipe
+from smallinit.study.planning.printing import format_plan
 from smallinit.study.planning.recipes import load_recipe, run_recipe
 
 

@@ -11,7 +11,9 @@ import pytest
 from smallinit.errors import ExperimentError
 from smallinit.study.judging.claims import NOT_RUN, PRIMARY, ClaimResult, Comparison, judge_table, not_run
 from smallinit.study.judging.verdicts import NOT_TESTABLE, verdict_table
-from smallinit.study.planning.plan import Hardware, format_plan, plan_recipe
+from smallinit.study.planning.cost import Hardware
+from smallinit.study.planning.plan import plan_recipe
+from smallinit.study.planning.printing import format_plan
 from smallinit.study.planning.recipes import RECIPES_DIR, load_recipe
 
 DEMO = (RECIPES_DIR / "demo.toml").read_text()

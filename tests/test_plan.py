@@ -15,8 +15,9 @@ from smallinit.study.judging.claims import CLAIMS, ClaimResult, Comparison, prec
 from smallinit.study.judging.claims.comparison import PRIMARY, judge_table
 from smallinit.study.judging.findings import FINDINGS
 from smallinit.study.judging.power import ALPHA, minimum_detectable_effect, power_of_test
-from smallinit.study.planning import plan as plan_module
-from smallinit.study.planning.plan import CPU_STUDY_SEED_SD, Hardware, plan_recipe, plan_sweep
+from smallinit.study.planning.cost import CPU_CORE_FLOPS, Hardware
+from smallinit.study.planning.decidability import CPU_STUDY_SEED_SD
+from smallinit.study.planning.plan import plan_recipe, plan_sweep
 from smallinit.study.planning.recipes import load_recipe, recipe_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +78,7 @@ def test_tokens_flops_and_time_by_hand(tmp_path):
     per_token = 6 * matmuls + 6 * 1 * T * d  # 6·N_matmul + 12·L·T·d_attn·½ (causal)
     assert c.flops == pytest.approx(10 * 4 * T * per_token)
     assert plan.flops == pytest.approx(4 * 10 * 4 * T * per_token)
-    assert plan.wall_s == pytest.approx(plan.flops / (2 * plan_module.CPU_CORE_FLOPS * 0.5))
+    assert plan.wall_s == pytest.approx(plan.flops / (2 * CPU_CORE_FLOPS * 0.5))
     assert plan.device_hours == pytest.approx(plan.wall_s * 2 / 3600)
     by_rate = plan_recipe(tiny_recipe(tmp_path), "s", Hardware.make("h100", 4, tokens_per_s=640.0))
     assert by_rate.wall_s == pytest.approx(4 * 10 * 4 * T / 640)

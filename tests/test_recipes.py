@@ -10,7 +10,8 @@ from smallinit.cli import main
 from smallinit.errors import ExperimentError
 from smallinit.model import Transformer
 from smallinit.study.judging.power import ALPHA, seeds_for_power
-from smallinit.study.planning.plan import Hardware, plan_recipe
+from smallinit.study.planning.cost import Hardware
+from smallinit.study.planning.plan import plan_recipe
 from smallinit.study.planning.recipes import (
     RECIPES_DIR,
     apply_budget,

@@ -13,7 +13,9 @@ from helpers import TINY_MODEL
 from smallinit import Monitor
 from smallinit.config import AnalysisConfig, Config, TrainConfig
 from smallinit.model import Transformer
-from smallinit.study.planning.plan import Hardware, PlannedRun, plan_recipe
+from smallinit.study.planning.cost import Hardware
+from smallinit.study.planning.decidability import PlannedRun
+from smallinit.study.planning.plan import plan_recipe
 from smallinit.study.planning.recipes import apply_budget, customise, load_recipe
 from smallinit.study.running import resolve_config
 from smallinit.train import Callback, Trainer

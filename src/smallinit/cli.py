@@ -430,7 +430,7 @@ PLAN_FLAGS = ("--num-devices", "--accelerator", "--mfu", "--tokens-per-s", "--se
 
 
 def _hardware(args: argparse.Namespace):
-    from smallinit.study.planning.plan import Hardware
+    from smallinit.study.planning.cost import Hardware
 
     kind, devices = getattr(args, "accelerator", None), getattr(args, "num_devices", None)
     if kind is None and devices is None and args.mfu is None and args.tokens_per_s is None:
@@ -481,7 +481,8 @@ def add_plan(sub) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from smallinit.study.planning.plan import format_plan, parse_seed_sd, plan_recipe, plan_sweep
+    from smallinit.study.planning.plan import parse_seed_sd, plan_recipe, plan_sweep
+    from smallinit.study.planning.printing import format_plan
 
     if not args.target:  # the old `sweep --plan` without a file
         raise ExperimentError("pass a sweep file to plan: smallinit plan SWEEP.toml")

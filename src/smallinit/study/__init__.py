@@ -11,7 +11,9 @@ This module is the door: the names a user of the wing needs.
 
 from smallinit.study.judging.claims import CLAIMS, Claim, register
 from smallinit.study.judging.verdicts import verdict_table
-from smallinit.study.planning.plan import Hardware, format_plan, plan_recipe, plan_sweep
+from smallinit.study.planning.cost import Hardware
+from smallinit.study.planning.plan import plan_recipe, plan_sweep
+from smallinit.study.planning.printing import format_plan
 from smallinit.study.planning.recipes import load_recipe, recipe_names, run_recipe
 from smallinit.study.running import (
     Cell,

@@ -1,5 +1,5 @@
 """Model FLOPs of a training step: what MFU is measured against (benchmarks/) and what a plan costs
-(smallinit.study.planning.plan)."""
+(smallinit.study.planning.cost)."""
 
 from __future__ import annotations
 

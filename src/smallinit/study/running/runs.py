@@ -42,7 +42,9 @@ class Run:
     error: str = ""  # why the run failed, where its sweep recorded a failure
     monitored: bool = False  # a Monitor's folder beside another engine's training: its config is no Config
     engine_folder: str = ""  # a monitored run's name for itself: the engine's folder it sits in, not its own
-    planned = False  # a cell of a plan (smallinit.study.planning.plan.PlannedRun): its outcomes are unknown
+    planned = (
+        False  # a cell of a plan (smallinit.study.planning.decidability.PlannedRun): its outcomes are unknown
+    )
 
     @staticmethod
     def load(path: str | Path, name: str | None = None) -> Run | None:

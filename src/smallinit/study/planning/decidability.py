@@ -1,0 +1,209 @@
+"""Which claims a recipe scale's design decides, before anything runs, and with what power.
+
+The claims code itself decides: every planned cell becomes a run holding what the design fixes
+(its config, size, tokens per parameter, and the evaluation and analysis steps its config's schedule rules give)
+with every outcome unknown (``PlannedRun``). The recipe's claims, from the one registry
+(smallinit.study.judging.claims.registry), are judged on these runs: whatever is "not testable here" fails by
+design — seeds, tokens per parameter, evaluations, the sink sample, ε's saturation by the formula, sizes — and
+will fail whatever the runs show. The preconditions that depend on outcomes are skipped on planned runs and
+named, per claim, as decided by the runs. No outcome is invented.
+
+Power. For each claim, the minimum detectable effect at 80 % power of its paired t-test over the planned
+seeds (smallinit.study.judging.power), at the level its table judges it (Holm over the primaries the design decides:
+α/k for k of them, 0.05 for a recipe that decides one), in the claim's own unit (nats for a loss gap, the flow
+exponent, the stable rank, Δ_sym, an accuracy) from a seed sd of that quantity: ``--seed-sd CLAIM=X``, else for a
+loss gap ``--seed-sd X`` or the recipe's pilot (``recipe.seed_sd``), else the CPU study's measured sd of it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from smallinit.config import Config, flatten
+from smallinit.monitor.records import AnalysisRecord, EvalRecord, NormFactorRecord
+from smallinit.study.judging.claims import NOT_RUN, ClaimResult, Comparison, Runs, registered
+from smallinit.study.judging.findings import flow_design, token_gap_pairs
+from smallinit.study.judging.power import ALPHA, MIN_SEEDS, POWER, minimum_detectable_effect
+from smallinit.study.judging.verdicts import seeds_problem
+from smallinit.study.running.runs import Run
+
+# The seed sd of a paired final-loss gap, when neither --seed-sd nor the recipe gives one: the median sd over
+# 3 seeds of the 15 paired loss gaps of the CPU study's earlier run (docs/findings-cpu.md, its verdict table), in nats.
+CPU_STUDY_SEED_SD = 0.017
+
+
+@dataclass
+class ClaimPlan:
+    """What the design lets a claim's analysis judge. The verdict is its primary comparison's, so the claim is
+    decided when the primary passes every design-level precondition."""
+
+    claim: str
+    statement: str
+    primary: str  # the primary comparison's label
+    decides: bool  # the primary passes the design-level preconditions
+    seeds: int  # the primary's paired seeds …
+    mde: float  # … and its minimum detectable effect at 80 % power, in ``unit`` (inf: none, or no seed sd)
+    unit: str = "nats"
+    alpha: float = (
+        ALPHA  # the level its table judges its primary at (Holm's first step over the decided primaries)
+    )
+    mde_sds: float = math.inf  # the MDE in seed sds, which needs no seed sd
+    seed_sd: float | None = None  # in ``unit``; None where nothing measured it
+    seed_sd_source: str = ""
+    fewest_seeds: int = 0  # over every testable comparison, primary and secondary
+    most_seeds: int = 0
+    failing: dict[str, str] = field(default_factory=dict)  # comparison → why it cannot be judged, by design
+    testable: list[str] = field(default_factory=list)
+    not_run: str = ""  # why the design does not run the claim at all (the recipe scale's options.dropped)
+
+    @property
+    def partly(self) -> bool:
+        """Some comparisons can be judged, not all."""
+        return bool(self.testable) and bool(self.failing)
+
+
+UNKNOWN = math.nan  # an outcome the plan cannot know
+
+
+class PlannedRun(Run):
+    """A cell as its design fixes it, read like a finished run: its config, size, tokens per parameter and schedule
+    (the evaluations and analysis steps the config's own rules give), with every outcome unknown (NaN). The claims
+    check their design preconditions on it and skip their outcome preconditions (``Run.planned``)."""
+
+    planned = True
+
+    def __init__(self, sweep: str, cell_id: str, cfg: Config, nonembed: int):
+        flat = flatten(cfg.to_dict())
+        flat.setdefault("model.norm_eps_width", 0)
+        super().__init__(
+            Path(sweep) / cell_id, cell_id, flat, {"step": cfg.train.steps, "params_nonembed": nonembed}
+        )
+        self.planned_cfg = cfg
+
+    @property
+    def cfg(self) -> Config:
+        return self.planned_cfg
+
+    @property
+    def evals(self) -> list[EvalRecord]:
+        return [EvalRecord(s, UNKNOWN) for s in self.planned_cfg.train.eval_steps()]
+
+    @property
+    def val_curve(self) -> list[tuple[int, float]]:
+        return [(e.step, e.val_loss) for e in self.evals]
+
+    @property
+    def analysis(self) -> list[AnalysisRecord]:  # every measurement unknown (one stable rank stands for all)
+        cfg = self.planned_cfg
+        return [
+            AnalysisRecord(
+                s, sink=(UNKNOWN,) * cfg.model.n_layers, sink_mean=UNKNOWN, stable_rank={"unknown": UNKNOWN}
+            )
+            for s in cfg.analysis.steps(cfg.train.steps)
+        ]
+
+    @property
+    def norm_records(self) -> list[NormFactorRecord]:
+        cfg = self.planned_cfg
+        return [NormFactorRecord(s, {}) for s in cfg.analysis.norm_steps(cfg.train.steps)]
+
+    @property
+    def lost(self) -> bool:
+        return False
+
+    @property
+    def val_loss(self) -> float:
+        return UNKNOWN
+
+
+def planned_measurements(runs: Runs, claims: list[str], options: dict[str, Any]) -> dict[str, Any]:
+    """What the analysis will measure beside the runs for these claims, as the findings would choose it (which γ,
+    widths and seeds; which model pairs), every value unknown."""
+    needs = {need for key in claims for need in registered(key).needs}
+    out: dict[str, Any] = {}
+    if "anchor" in needs:
+        out["anchor"] = {
+            r.path: {"heldout_reasoning": UNKNOWN, "heldout_memorising": UNKNOWN}
+            for r in runs
+            if str(r.config.get("data.corpus", "")).startswith("builtin:anchor")
+        }
+    gammas, widths, seeds = flow_design(options)
+    if "flow" in needs and len(widths) >= 2:  # one fitted exponent per γ and seed
+        out["flow"] = {
+            "gammas": gammas,
+            "seeds": seeds,
+            "seed_slopes": [[UNKNOWN] * len(seeds) for _ in gammas],
+            "planned": True,
+        }
+    if "gaps" in needs:  # one token comparison per seed pair; its profile unknown
+        pairs, _ = token_gap_pairs(runs)
+        out["gaps"] = dict.fromkeys(pairs) or None
+    return out
+
+
+def claim_plans(
+    results: list[ClaimResult], loss_sd: tuple[float, str], claim_sd: dict[str, float]
+) -> list[ClaimPlan]:
+    """Each claim's plan at the level its table judges it: Holm over the k primaries the design decides gives the
+    first of them α/k (a recipe that decides one claim judges it at α), in the claim's unit from its seed sd."""
+    plans = []
+    for res in results:
+        problems = {c.label: _design_problem(res, c) for c in res.comparisons}
+        failing = {label: why for label, why in problems.items() if why}
+        testable = [c for c in res.comparisons if not problems[c.label]]
+        counts = [_seeds(c) for c in testable if _seeds(c)] or [0]
+        primary = res.primary
+        n = 0 if problems[primary.label] else _seeds(primary)
+        key = res.claim.split()[0]
+        claim = registered(key)
+        unit = claim.unit
+        sd, source = (
+            (claim_sd[key], f"--seed-sd {key}={claim_sd[key]:g}")
+            if key in claim_sd
+            else loss_sd
+            if unit == "nats"
+            else claim.seed_sd or (None, "")
+        )
+        dropped = res.untestable.removeprefix(f"{NOT_RUN}: ") if res.untestable.startswith(NOT_RUN) else ""
+        plans.append(
+            ClaimPlan(
+                res.claim,
+                res.statement,
+                primary.label,
+                not problems[primary.label],
+                n,
+                math.inf,
+                unit=unit,
+                seed_sd=sd,
+                seed_sd_source=source,
+                fewest_seeds=min(counts),
+                most_seeds=max(counts),
+                failing={} if dropped else failing,
+                testable=[c.label for c in testable],
+                not_run=dropped,
+            )
+        )
+    alpha = ALPHA / max(1, sum(c.decides for c in plans))
+    for c in plans:
+        c.alpha = alpha
+        c.mde_sds = _mde(1.0, c.seeds, alpha)
+        c.mde = c.mde_sds * c.seed_sd if c.seed_sd is not None else math.inf
+    return plans
+
+
+def _design_problem(res: ClaimResult, c: Comparison) -> str:
+    """Why the design cannot judge ``c`` ("" if it can): a failed precondition, or too few paired seeds for a
+    t-test (its planned values are unknown, so counted, not tested)."""
+    return res.untestable or c.untestable or ("" if c.estimate is not None else seeds_problem(_seeds(c)))
+
+
+def _seeds(c: Comparison) -> int:
+    """The seeds a comparison of planned runs pairs (their values are all unknown)."""
+    return len(c.samples) + len(c.unknown)
+
+
+def _mde(seed_sd: float, seeds: int, alpha: float) -> float:
+    return minimum_detectable_effect(seed_sd, seeds, alpha, POWER) if seeds >= MIN_SEEDS else math.inf
