@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "smallinit"
 
 # Bottom first; a module of layer i may import layers ≤ i. The package root (the public names) is the top.
 LAYERS = [
-    {"errors", "io", "signals", "version"},
+    {"errors", "fields", "io", "signals", "version"},
     {"config"},
     {"init"},
     {"model"},

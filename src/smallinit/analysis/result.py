@@ -14,44 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from smallinit.config import Config
+from smallinit.fields import Fields, to_json
 from smallinit.measures.condensation import MatrixStat
 
 MEASURED = ("sink", "residual_flow", "norm_factor")  # an analysis has matrices and at least one of these
-
-
-def _number(v: Any, what: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TypeError(f"{what} is {v!r}, not a number")
-    return v
-
-
-def _optional(v: Any, what: str) -> float | None:
-    return None if v is None else _number(v, what)
-
-
-def _int(v: Any, what: str) -> int | None:
-    if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-        raise TypeError(f"{what} is {v!r}, not an integer")
-    return v
-
-
-def _numbers(v: Any, what: str) -> tuple[float, ...]:
-    if v is None:
-        return ()
-    if not isinstance(v, Sequence) or isinstance(v, str):
-        raise TypeError(f"{what} is {v!r}, not a list")
-    return tuple(_number(x, what) for x in v)
-
-
-def _table(v: Any, what: str, kind: type = float) -> dict[str, Any]:
-    """A name → value table in the file's order (empty where the file has none)."""
-    if v is None:
-        return {}
-    if not isinstance(v, Mapping):
-        raise TypeError(f"{what} is {v!r}, not a table")
-    if kind is str:
-        return {str(k): str(x) for k, x in v.items()}
-    return {str(k): _number(x, f"{what}[{k}]") for k, x in v.items()}
 
 
 @dataclass(frozen=True)
@@ -69,46 +35,29 @@ class SinkResult:
     )  # Sink_ε: ε → share of (layer, head) pairs above ε
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "per_layer": list(self.per_layer),
-            "per_head": [list(h) for h in self.per_head],
-            "mean": self.mean,
-            "layers": list(self.layers),
-            "uniform": self.uniform,
-            "uniform_per_layer": list(self.uniform_per_layer),
-            "share_above": {str(eps): v for eps, v in self.share_above.items()},
-        }
+        return to_json(self)
 
     @staticmethod
     def from_dict(raw: Mapping[str, Any]) -> SinkResult:
-        if not isinstance(raw, Mapping):
-            raise TypeError(f"sink is {raw!r}, not a table")
-        heads = raw.get("per_head") or ()
-        if not isinstance(heads, Sequence):
-            raise TypeError(f"sink.per_head is {heads!r}, not a list")
-        layers = raw.get("layers") or ()
+        f = Fields(raw, strict=True, where="sink.")
         return SinkResult(
-            per_layer=_numbers(raw.get("per_layer"), "sink.per_layer"),
-            per_head=tuple(_numbers(h, "sink.per_head") for h in heads),
-            mean=_optional(raw.get("mean"), "sink.mean"),
-            layers=tuple(str(n) for n in layers),
-            uniform=_optional(raw.get("uniform"), "sink.uniform"),
-            uniform_per_layer=_numbers(raw.get("uniform_per_layer"), "sink.uniform_per_layer"),
-            share_above={
-                float(eps): v for eps, v in _table(raw.get("share_above"), "sink.share_above").items()
-            },
+            per_layer=f.numbers("per_layer"),
+            per_head=f.rows("per_head"),
+            mean=f.number("mean"),
+            layers=tuple(str(n) for n in raw.get("layers") or ()),
+            uniform=f.number("uniform"),
+            uniform_per_layer=f.numbers("uniform_per_layer"),
+            share_above={float(eps): v for eps, v in f.table("share_above").items()},
         )
 
 
 def _matrix(raw: Any) -> MatrixStat:
     if not isinstance(raw, Mapping):
         raise TypeError(f"a matrix is {raw!r}, not a table")
+    f = Fields(raw, strict=True)
     shape = tuple(int(n) for n in raw["shape"])
     return MatrixStat(
-        str(raw["name"]),
-        shape,
-        _number(raw["stable_rank"], "stable_rank"),
-        _optional(raw.get("mean_abs_cos"), "mean_abs_cos"),
+        str(raw["name"]), shape, f.number("stable_rank", required=True), f.number("mean_abs_cos")
     )
 
 
@@ -182,22 +131,23 @@ class AnalysisResult:
         for key in ("config", "hf_config"):
             if raw.get(key) is not None and not isinstance(raw[key], Mapping):
                 raise TypeError(f"{key} is {raw[key]!r}, not a table")
+        f = Fields(raw, strict=True)
         return AnalysisResult(
             sink=SinkResult.from_dict(raw["sink"]) if raw.get("sink") else None,  # an empty one is none
-            residual_flow=_optional(raw.get("residual_flow"), "residual_flow"),
-            norm_factor=_table(raw.get("norm_factor"), "norm_factor"),
-            loss=_optional(raw.get("loss"), "loss"),
-            not_measured=_table(raw.get("not_measured"), "not_measured", str),
+            residual_flow=f.number("residual_flow"),
+            norm_factor=f.table("norm_factor"),
+            loss=f.number("loss"),
+            not_measured=f.table("not_measured", str),
             notes=tuple(str(n) for n in notes),
-            tokens=_int(raw.get("tokens"), "tokens"),
-            seq_len=_int(raw.get("seq_len"), "seq_len"),
+            tokens=f.integer("tokens"),
+            seq_len=f.integer("seq_len"),
             matrices=tuple(_matrix(m) for m in mats),
-            matrices_left_out=_table(raw.get("matrices_left_out"), "matrices_left_out", str),
-            checkpoint=None if raw.get("checkpoint") is None else str(raw["checkpoint"]),
-            step=_int(raw.get("step"), "step"),
+            matrices_left_out=f.table("matrices_left_out", str),
+            checkpoint=f.text("checkpoint"),
+            step=f.integer("step"),
             config=raw.get("config"),
             hf_config=raw.get("hf_config"),
-            data=None if raw.get("data") is None else str(raw["data"]),
+            data=f.text("data"),
             note=None if raw.get("note") is None else str(raw["note"]),
-            norm_factor_analytic=_optional(raw.get("norm_factor_analytic"), "norm_factor_analytic"),
+            norm_factor_analytic=f.number("norm_factor_analytic"),
         )

@@ -19,24 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from smallinit.fields import Fields, to_json
+
 ANALYSIS = "analysis"
 NORM_FACTOR = "norm_factor"
 NONFINITE = "nonfinite"
-
-
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _float(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def _floats(v: Any) -> dict[str, float]:
-    """A table of numbers (name → value), in the file's order; an entry that is not a number is left out."""
-    if not isinstance(v, Mapping):
-        return {}
-    return {str(k): float(x) for k, x in v.items() if _float(x) is not None}
 
 
 @dataclass(frozen=True)
@@ -66,15 +53,16 @@ class StepRecord:
 
     @staticmethod
     def from_dict(raw: Mapping[str, Any]) -> StepRecord | None:
-        step, loss = _int(raw.get("step")), _float(raw.get("loss"))
+        f = Fields(raw, strict=False)
+        step, loss = f.integer("step"), f.number("loss")
         if step is None or loss is None:
             return None
         return StepRecord(
             step,
             loss,
-            _float(raw.get("lr")),
-            _float(raw.get("grad_norm")),
-            _float(raw.get("tokens_per_s")),
+            f.number("lr"),
+            f.number("grad_norm"),
+            f.number("tokens_per_s"),
             raw.get("event") == NONFINITE,
         )
 
@@ -91,11 +79,12 @@ class EvalRecord:
         return math.isfinite(self.val_loss)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "val_loss": self.val_loss}
+        return to_json(self)
 
     @staticmethod
     def from_dict(raw: Mapping[str, Any]) -> EvalRecord | None:
-        step, val = _int(raw.get("step")), _float(raw.get("val_loss"))
+        f = Fields(raw, strict=False)
+        step, val = f.integer("step"), f.number("val_loss")
         return None if step is None or val is None else EvalRecord(step, val)
 
 
@@ -141,24 +130,23 @@ class AnalysisRecord:
 
     @staticmethod
     def from_dict(raw: Mapping[str, Any]) -> AnalysisRecord | None:
-        step = _int(raw.get("step"))
+        f = Fields(raw, strict=False)
+        step = f.integer("step")
         if step is None or raw.get("event") != ANALYSIS:
             return None
-        sink = _floats(raw.get("sink"))
+        sink = f.table("sink")
         layers = sorted(sink, key=int) if all(k.isdigit() for k in sink) else []  # per layer, "0", "1", …
-        shares = {float(eps): v for eps, v in _floats(raw.get("sink_share")).items()}
-        why = raw.get("not_measured")
         return AnalysisRecord(
             step,
             tuple(sink[k] for k in layers),
-            _float(raw.get("sink_mean")),
-            shares,
-            _float(raw.get("residual_flow")),
-            _floats(raw.get("norm_factor")),
-            _float(raw.get("loss")),
-            _floats(raw.get("stable_rank")),
-            _floats(raw.get("mean_abs_cos")),
-            {str(k): str(v) for k, v in why.items()} if isinstance(why, Mapping) else {},
+            f.number("sink_mean"),
+            {float(eps): v for eps, v in f.table("sink_share").items()},
+            f.number("residual_flow"),
+            f.table("norm_factor"),
+            f.number("loss"),
+            f.table("stable_rank"),
+            f.table("mean_abs_cos"),
+            f.table("not_measured", str),
         )
 
 
@@ -171,14 +159,15 @@ class NormFactorRecord:
     norm_factor: dict[str, float]  # norm → measured factor / ideal 1/σ, module order
 
     def to_dict(self) -> dict[str, Any]:
-        return {"event": NORM_FACTOR, "step": self.step, "norm_factor": self.norm_factor}
+        return {"event": NORM_FACTOR, **to_json(self)}
 
     @staticmethod
     def from_dict(raw: Mapping[str, Any]) -> NormFactorRecord | None:
-        step = _int(raw.get("step"))
+        f = Fields(raw, strict=False)
+        step = f.integer("step")
         if step is None or raw.get("event") != NORM_FACTOR:
             return None
-        return NormFactorRecord(step, _floats(raw.get("norm_factor")))
+        return NormFactorRecord(step, f.table("norm_factor"))
 
 
 Record = StepRecord | EvalRecord | AnalysisRecord | NormFactorRecord
