@@ -17,6 +17,7 @@ import numpy as np
 from scipy.special import ndtri, stdtrit
 
 from smallinit.errors import ConfigError
+from smallinit.fields import to_json
 from smallinit.study.judging.scaling import (
     N_PARAMS,
     PowerLawFit,
@@ -58,7 +59,7 @@ class SizeGain:
     extrapolated: bool  # N_eff lies outside the range of baseline sizes
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in self.__dict__.items()}
+        return to_json(self)
 
 
 @dataclass(frozen=True)
@@ -91,23 +92,7 @@ class EffectiveSizeGain:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "gain": float(self.gain),
-            "lo": float(self.lo),
-            "hi": float(self.hi),
-            "ci": float(self.ci),
-            "pct_lo": float(self.pct_lo),
-            "pct_hi": float(self.pct_hi),
-            "dof": float(self.dof),
-            "widen": float(self.widen),
-            "per_size": [s.to_dict() for s in self.per_size],
-            "base_fit": self.base_fit.to_dict(),
-            "n_boot": int(self.n_boot),
-            "n_boot_ok": int(self.n_boot_ok),
-            "bootstrap": self.bootstrap,
-            "unbounded": bool(self.unbounded),
-            "notes": list(self.notes),
-        }
+        return to_json(self)
 
 
 def _effective_dof(

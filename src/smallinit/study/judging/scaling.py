@@ -16,6 +16,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from smallinit.errors import ConfigError
+from smallinit.fields import to_json
 
 __all__ = ["PowerLawFit", "fit_power_law"]
 
@@ -138,20 +139,7 @@ class PowerLawFit:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python view (floats, ints, strings, lists) for JSON output."""
-        return {
-            "a": float(self.a),
-            "b": float(self.b),
-            "c": float(self.c),
-            "a_err": float(self.a_err),
-            "b_err": float(self.b_err),
-            "c_err": float(self.c_err),
-            "n_points": int(self.n_points),
-            "n_sizes": int(self.n_sizes),
-            "residual_rms": float(self.residual_rms),
-            "f_scale": float(self.f_scale),
-            "method": self.method,
-            "notes": list(self.notes),
-        }
+        return to_json(self)
 
 
 @dataclass
