@@ -161,6 +161,6 @@ def read_json(path: str | os.PathLike) -> Any:
         OSError,
         json.JSONDecodeError,
         UnicodeDecodeError,
-        RecursionError,
-    ):  # RecursionError: nested too deep
+        RecursionError,  # nested too deep
+    ):
         return None

@@ -151,9 +151,8 @@ class HFTokenizer:
         self.eos_id = int(tokenizer.eos_token_id)
         self.unk_id = tokenizer.unk_token_id
         self.vocab_size = len(tokenizer)
-        self.backend = getattr(
-            tokenizer, "backend_tokenizer", None
-        )  # fast tokenizers: encode without length checks
+        # fast tokenizers: encode without length checks
+        self.backend = getattr(tokenizer, "backend_tokenizer", None)
         self.fingerprint = (
             encoding_fingerprint(self.backend)
             if self.backend is not None

@@ -42,9 +42,8 @@ def observe_by_hooks(
         if watched:
             hook = blocks[-1][1].register_forward_hook(_keep_output(last))
             stack.callback(hook.remove)
-        if (
-            "norms" in kinds
-        ):  # each norm's factor, read inside the forward (a sharded model's weights are whole)
+        # each norm's factor, read inside the forward (a sharded model's weights are whole)
+        if "norms" in kinds:
             for name, m in norms.items():
                 hook = m.register_forward_hook(_read_factor(name, out), with_kwargs=True)
                 stack.callback(hook.remove)

@@ -202,9 +202,8 @@ def probe_eps(m: nn.Module) -> float | None:
             a = eps**0.5
         if eps is None:
             return 0.0 if a < 1e-12 else None
-        if (
-            eps > 1e-4 * big * big
-        ):  # the reference at scale A assumes ε ≪ A²: a module that only scales has no ε
+        # the reference at scale A assumes ε ≪ A²: a module that only scales has no ε
+        if eps > 1e-4 * big * big:
             return None
         f = (
             m(3 * a * u).double() - zero

@@ -30,9 +30,8 @@ class SinkResult:
     layers: tuple[str, ...] = ()  # the attention modules, in order
     uniform: float | None = None  # the score uniform attention would give, averaged over layers
     uniform_per_layer: tuple[float, ...] = ()  # the same per layer, from each layer's own mask
-    share_above: dict[float, float] = field(
-        default_factory=dict
-    )  # Sink_ε: ε → share of (layer, head) pairs above ε
+    # Sink_ε: ε → share of (layer, head) pairs above ε
+    share_above: dict[float, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)
@@ -70,9 +69,8 @@ class AnalysisResult:
 
     sink: SinkResult | None = None
     residual_flow: float | None = None  # ‖h_L − e‖/‖e‖
-    norm_factor: dict[str, float] = field(
-        default_factory=dict
-    )  # norm → measured factor / ideal 1/σ, module order
+    # norm → measured factor / ideal 1/σ, module order
+    norm_factor: dict[str, float] = field(default_factory=dict)
     loss: float | None = None  # nats/token
     not_measured: dict[str, str] = field(default_factory=dict)  # measurement → why not
     notes: tuple[str, ...] = ()  # how a measurement was obtained where it is not the usual way

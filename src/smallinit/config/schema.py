@@ -453,13 +453,11 @@ def config_keys() -> list[KeyDoc]:
                 walk(MoEConfig(), f"{prefix}moe.")
             else:
                 tp = hints[f.name]
-                if (
-                    typing.get_origin(tp) is Literal
-                ):  # documented as the choices' type; the meaning lists them
+                # documented as the choices' type; the meaning lists them
+                if typing.get_origin(tp) is Literal:
                     tp = type(typing.get_args(tp)[0])
-                type_name = (
-                    str(tp) if typing.get_origin(tp) else tp.__name__
-                )  # list[str] has no __name__ of its own
+                # list[str] has no __name__ of its own
+                type_name = str(tp) if typing.get_origin(tp) else tp.__name__
                 type_name = type_name.replace(" | ", " or ")  # bool | str: a Markdown table cell holds no "|"
                 keys.append(
                     KeyDoc(prefix + f.name, type_name, getattr(obj, f.name), f.metadata.get("doc", ""))

@@ -60,9 +60,8 @@ class SinkTask:
     val: int = 512
     seed: int = 0
     trigger_set: tuple[int, ...] = field(init=False, default=())
-    cdf: np.ndarray = field(
-        init=False, repr=False, compare=False, default=None
-    )  # (symbols, symbols) cumulative
+    # (symbols, symbols) cumulative
+    cdf: np.ndarray = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         if not 4 <= self.symbols <= MAX_NUMBERS:

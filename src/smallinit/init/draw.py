@@ -235,9 +235,8 @@ def _own_init(module: nn.Module, report: InitReport, generator: torch.Generator 
     if not fresh:
         return
     kept = [r.name for r in report.rows if r.rule == "kept" and r.name in fresh]
-    if not kept and any(
-        _is_dtensor(p) for p in module.parameters()
-    ):  # sharded: every parameter is the rule's
+    # sharded: every parameter is the rule's
+    if not kept and any(_is_dtensor(p) for p in module.parameters()):
         buffers = own_buffers_(module)
         if buffers:
             report.notes.append(

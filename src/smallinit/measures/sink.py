@@ -118,9 +118,8 @@ def _allowed(att: AttentionInputs, lo: int, hi: int, S: int, device: torch.devic
     """Which keys queries lo…hi−1 may attend to, broadcastable to (B, H, hi−lo, S)."""
     if att.mask is None:
         T = att.q.shape[-2] if att.q is not None else att.probs.shape[-2]
-        queries = torch.arange(S - T + lo, S - T + hi, device=device)[
-            :, None
-        ]  # positions after any cached keys
+        # positions after any cached keys
+        queries = torch.arange(S - T + lo, S - T + hi, device=device)[:, None]
         keys = torch.arange(S, device=device)[None, :]
         allowed = keys <= queries
         if att.window is not None:

@@ -154,11 +154,8 @@ class MoE(nn.Module):
         self.gate_proj = nn.Parameter(torch.empty(E, d_expert, d_model))
         self.up_proj = nn.Parameter(torch.empty(E, d_expert, d_model))
         self.down_proj = nn.Parameter(torch.empty(E, d_model, d_expert))
-        self.gamma_in_dim = {
-            "gate_proj": 2,
-            "up_proj": 2,
-            "down_proj": 2,
-        }  # (E, out, in), applied as x @ w[e]ᵀ
+        # (E, out, in), applied as x @ w[e]ᵀ
+        self.gamma_in_dim = {"gate_proj": 2, "up_proj": 2, "down_proj": 2}
         self.shared_expert = SwiGLU(d_model, d_expert) if cfg.shared_expert else None
         # integer counts stay exact when the model is cast to bf16
         self.register_buffer("expert_counts", torch.zeros(E, dtype=torch.int64), persistent=False)

@@ -29,9 +29,8 @@ class RunLock:
         user named the folder (the CLI's --out, the Monitor's out=)."""
         if run_dir.exists() and not run_dir.is_dir():
             raise ConfigError(f"{option} {run_dir} is a file, not a folder; choose another {option}")
-        made = [
-            p for p in (run_dir / LOCK_FILE, run_dir, *run_dir.parents) if not p.exists()
-        ]  # innermost first
+        # innermost first
+        made = [p for p in (run_dir / LOCK_FILE, run_dir, *run_dir.parents) if not p.exists()]
         io.make_folder(run_dir)
         fd = io.lock_exclusive(run_dir / LOCK_FILE)
         if fd is None:

@@ -115,17 +115,15 @@ class Monitor:
             with torch.no_grad(), _eval_mode(self.module):
                 self.adapter.observe(self.tokens[:1], kinds=("attention",))
         example = getattr(self.adapter, "example_inputs", None)  # the forward γ-init's trace runs
-        self.roles = param_roles(
-            self.module, example(self.tokens[:1]) if example else None
-        )  # fixed in training
+        # fixed in training
+        self.roles = param_roles(self.module, example(self.tokens[:1]) if example else None)
         # a ZeRO-3 partitioned matrix is a (0,) slice on each rank: whole while its names are listed
         with gathered(p for n, p in self.module.named_parameters() if self.roles[n].drawn):
             self.matrices = self._chosen("matrices", fields, cfg, cfg_given)
             self.heatmaps = set(self._chosen("heatmaps", fields, cfg, cfg_given))
         self.snapshot_steps = self._snapshot_steps()
-        self.warned = (
-            start_step > 0 or not guard
-        )  # the saturation guard speaks at the start of a fresh run only
+        # the saturation guard speaks at the start of a fresh run only
+        self.warned = start_step > 0 or not guard
         self.last_step: int | None = None
         self.last_loss: float | None = None
         self.out = Path(out)
@@ -306,9 +304,8 @@ class Monitor:
         if factors is None:
             with _eval_mode(self.module):
                 observed = self.adapter.observe(self.tokens, kinds=("norms",))
-            factors = norm_factors_from_observed(self.adapter, observed)[
-                0
-            ]  # as measure's: read off each norm's forward
+            # as measure's: read off each norm's forward
+            factors = norm_factors_from_observed(self.adapter, observed)[0]
         self._guard(step, factors)
         rec = NormFactorRecord(step, factors).to_dict()
         self._log(rec)

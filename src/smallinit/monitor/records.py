@@ -96,13 +96,11 @@ class AnalysisRecord:
     step: int
     sink: tuple[float, ...] = ()  # the sink score per layer, first layer first
     sink_mean: float | None = None  # their mean
-    sink_share: dict[float, float] = field(
-        default_factory=dict
-    )  # Sink_ε: ε → share of (layer, head) pairs above ε
+    # Sink_ε: ε → share of (layer, head) pairs above ε
+    sink_share: dict[float, float] = field(default_factory=dict)
     residual_flow: float | None = None
-    norm_factor: dict[str, float] = field(
-        default_factory=dict
-    )  # norm → measured factor / ideal 1/σ, module order
+    # norm → measured factor / ideal 1/σ, module order
+    norm_factor: dict[str, float] = field(default_factory=dict)
     loss: float | None = None  # the loss on the monitor's held-out batch
     stable_rank: dict[str, float] = field(default_factory=dict)  # matrix → stable rank
     mean_abs_cos: dict[str, float] = field(default_factory=dict)  # matrix → mean |cos| between rows

@@ -224,9 +224,8 @@ def grid_figure(
             for j in range(values.shape[1]):
                 if math.isfinite(values[i, j]):
                     r, g, b, _ = im.cmap(norm(values[i, j]))
-                    ink = (
-                        "k" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "w"
-                    )  # readable on light and dark cells
+                    # readable on light and dark cells
+                    ink = "k" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "w"
                     ax.text(j, i, f"{values[i, j]:.4f}", ha="center", va="center", color=ink)
         ax.set_title(textwrap.fill(panel, 32) if panel else title)  # a long setting must not widen its panel
     if any(panels):
@@ -256,9 +255,8 @@ def sink_figure(
             _plot_seeds(
                 ax, [list(enumerate(s, start=1)) for s in seeds], colors[label], label, marker="o", ms=4
             )
-        for i, (label, ref) in enumerate(
-            (uniform or {}).get(title, {}).items()
-        ):  # after the data: last in the legend
+        # after the data: last in the legend
+        for i, (label, ref) in enumerate((uniform or {}).get(title, {}).items()):
             style = {"color": "0.3", "lw": 1.2, "ls": ("--", "-.", ":")[i % 3], "label": label}
             if isinstance(ref, (int, float)):
                 ax.axhline(ref, **style)
@@ -543,9 +541,8 @@ def norms_matrices_figure(result: AnalysisResult) -> Figure:
     median = float(np.median([m.stable_rank for m in mats])) if mats else float("nan")
     ax_m.set_title(f"matrices: stable rank ‖W‖_F²/‖W‖_2² (median {median:.1f})")
     handles = [h for ax in (ax_n, ax_m) for h in ax.get_legend_handles_labels()[0]]
-    fig.legend(
-        handles=handles, loc="outside lower center", ncols=len(handles), fontsize=SMALL
-    )  # off the rows
+    # off the rows
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=SMALL)
     return fig
 
 

@@ -162,12 +162,13 @@ def parallelize(model: nn.Module, rt: Runtime, train: TrainConfig) -> nn.Module:
 
         # buffers (RoPE tables, MoE counters) need no sync before each forward: equal, or rank-local counts
         new_api = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        # every parameter gets a gradient each step (MoE experts are batched tensors): no unused-param search
         return DistributedDataParallel(
             model,
             device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
             gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no second copy
             **({"forward_sync_buffers": False} if new_api else {"broadcast_buffers": False}),
-        )  # every parameter gets a gradient each step (MoE experts are batched tensors): no unused-param search
+        )
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

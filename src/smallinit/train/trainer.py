@@ -129,9 +129,8 @@ class Trainer:
         ):
             self.callbacks.append(AnalysisCallback(cfg.analysis))  # the measurements the config asks for
         recorded = on_main(self.runtime, lambda: compiling.recorded_choice(self.run_dir)) if resume else None
-        tc.compile = compiling.resolve(
-            self.cfg, self.runtime.world_size, recorded
-        )  # config.json keeps the choice
+        # config.json keeps the choice
+        tc.compile = compiling.resolve(self.cfg, self.runtime.world_size, recorded)
         if tc.compile:
             self.callbacks.append(compiling.MarkWarm(self.cfg))
         self.engine: torch.nn.Module = parallelize(self.model, self.runtime, tc)
@@ -377,9 +376,8 @@ class Trainer:
         tokens_per_step = tc.batch_size * self.cfg.data.seq_len
         for cb in self.callbacks:
             cb.on_train_start(self)
-        if self.step == 0 and tc.evaluates(
-            0
-        ):  # a resumed run measured its checkpoint's step before it stopped
+        # a resumed run measured its checkpoint's step before it stopped
+        if self.step == 0 and tc.evaluates(0):
             self._eval_and_log()
         t_last, step_last = time.perf_counter(), self.step
         # the newest measured value, so a resumed run's summary keeps it (read_metrics skips torn lines)

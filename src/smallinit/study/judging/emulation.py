@@ -58,9 +58,8 @@ def paper_scale_config(gamma: float = 1.0, eps: float = 1e-5) -> Config:
     return cfg
 
 
-@functools.lru_cache(
-    maxsize=64
-)  # a pure function of its arguments and the shipped recipe; asked once per run
+# a pure function of its arguments and the shipped recipe; asked once per run
+@functools.lru_cache(maxsize=64)
 def paper_scale_share(rate: float = 1.0, gamma: float = 1.0, eps: float = 1e-5) -> float:
     """The share of the paper-scale run its embedding's norm spends saturated, by the formula at ``rate``."""
     cfg = paper_scale_config(gamma, eps)
@@ -149,9 +148,8 @@ def emulation(config: Config, records: Sequence[AnalysisRecord | NormFactorRecor
     shares = run_saturation(records, config.train.steps)
     if MEAN not in shares:
         return None
-    name = next(
-        k for k in shares if k != MEAN
-    )  # module order: the first block's input norm reads the embedding
+    # module order: the first block's input norm reads the embedding
+    name = next(k for k in shares if k != MEAN)
     first = shares[name]
     left = norm_series(records)[name][-1][1] >= SATURATED  # it left saturation within the measured steps
     rate = growth_rate(config, first.mid * config.train.steps) if left and first.mid > 0 else None

@@ -17,9 +17,8 @@ ALPHA = 0.05  # the table-level error rate: Holm over the claims' primary estima
 POWER = 0.8
 SD_BOUND = 0.8  # one-sided confidence of the seed sd's upper bound, for the MDE a study could be sure of
 N_CLAIMS = 7  # C1–C7: the size of the table's family
-CLAIM_ALPHA = (
-    ALPHA / N_CLAIMS
-)  # the level each primary is guaranteed under Holm over the table (its first step)
+# the level each primary is guaranteed under Holm over the table (its first step)
+CLAIM_ALPHA = ALPHA / N_CLAIMS
 
 MIN_TOKENS_PER_PARAM = 20.0  # every loss comparison: tokens seen per non-embedding parameter
 MIN_EVALS = 4  # evaluations along training, for the gap's trend

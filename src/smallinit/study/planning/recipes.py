@@ -392,9 +392,8 @@ def run_recipe(
         )
         if outcomes[name].interrupted:
             return RecipeResult(recipe, sc, out, outcomes, None, time.monotonic() - t0)
-    if any(
-        o.in_slurm for o in outcomes.values()
-    ):  # every sweep submitted; the analysis waits for their cells
+    # every sweep submitted; the analysis waits for their cells
+    if any(o.in_slurm for o in outcomes.values()):
         return RecipeResult(recipe, sc, out, outcomes, None, time.monotonic() - t0)
     if echo is not None:
         print(f"[recipe] {recipe.name}: analysis", file=echo, flush=True)

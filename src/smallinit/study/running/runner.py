@@ -166,9 +166,8 @@ class SweepRunner:
         self.sweep, self.dir = sweep, Path(sweep_dir)
         self.cells = sweep.cells()
         vocab_sizes: dict[str, int] = {}
-        self.configs = {
-            c.id: resolve_config(c, vocab_sizes) for c in self.cells
-        }  # all checked before any runs
+        # all checked before any runs
+        self.configs = {c.id: resolve_config(c, vocab_sizes) for c in self.cells}
         if slurm is not None:
             require("sbatch")  # before anything is written
         if jobs is not None and jobs < 1:

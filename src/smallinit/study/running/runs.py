@@ -133,9 +133,8 @@ class Run:
         final validation loss is not finite, or training stopped there (``train.nonfinite = stop``, or more
         skipped batches than ``train.max_skips``) before writing a summary. None for a run that did not diverge."""
         final = self.summary.get("val_loss")
-        if self.summary and not (
-            _number(final) and not math.isfinite(final)
-        ):  # a loss, or no evaluation at all
+        # a loss, or no evaluation at all
+        if self.summary and not (_number(final) and not math.isfinite(final)):
             return None
         bad = [r.step for r in self.nonfinite] + [e.step for e in self.evals if not e.finite]
         if self.summary:

@@ -58,10 +58,9 @@ def claim_c2(
         analytic = float(np.mean([relative_factor(1.0, effective_eps(r), n[0]) for r in b1]))
         measured = [m for m in (measured_factor_at_init(r) for r in b1) if m is not None]
         m = float(np.mean(measured)) if measured else math.nan
-        if planned(
-            b1
-        ):  # the design measures the factor at init if the analysis runs at step 0; its value is the
-            # runs', so a plan checks the formula's factor only (the measured one stands in for nothing here)
+        # the design measures the factor at init if the analysis runs at step 0; its value is the runs', so a
+        # plan checks the formula's factor only (the measured one stands in for nothing here)
+        if planned(b1):
             m = (
                 analytic
                 if all(any(rec.step == 0 for rec in (*r.analysis, *r.norm_records)) for r in b1)

@@ -39,9 +39,8 @@ def claim_c5(
                 paper_value=0.0,
                 role=PRIMARY if gamma == nearest else SECONDARY,
             )
-            if not flow.get(
-                "planned"
-            ):  # a measured sweep: a seed without an exponent is counted, not dropped
+            # a measured sweep: a seed without an exponent is counted, not dropped
+            if not flow.get("planned"):
                 c.count_no_value("flow exponent")
             res.comparisons.append(c)
         res.extra["residual_flow"] = flow

@@ -101,9 +101,8 @@ def claim_c6(runs: Runs) -> ClaimResult:
     )
     for arm in (FIXED, EMULATED, BASELINE):  # the paper's setting; a baseline only when there is no fixed run
         sel = runs.where(arm)
-        for n in sorted(
-            {*sel.values("size"), *(r.size for r in sel.lost)}
-        ):  # a size whose runs were all lost too
+        # a size whose runs were all lost too
+        for n in sorted({*sel.values("size"), *(r.size for r in sel.lost)}):
             at = sel.where(size=n)
             traj = {
                 g: {seed: r.analysis for seed, r in at.where({"model.gamma": g}).run_by_seed().items()}
@@ -115,9 +114,8 @@ def claim_c6(runs: Runs) -> ClaimResult:
             lost = lost_seeds(at.where({"model.gamma": 0.5}), at.where({"model.gamma": 1.0}))
             no_value = "" if planned(at) else no_course(traj)
             if not seeds:
-                if (
-                    lost or no_value
-                ):  # no seed pair left to compare: the lost seeds are the result, never dropped
+                # no seed pair left to compare: the lost seeds are the result, never dropped
+                if lost or no_value:
                     lone = Comparison.missing(
                         f"srank rebound γ1 @{size_label(n)}{' fixed' if arm is FIXED else ' baseline'}",
                         lost_problem(lost),

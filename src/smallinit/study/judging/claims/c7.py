@@ -64,9 +64,8 @@ def claim_c7(gaps: dict[int, dict[str, Any]] | None) -> ClaimResult:
             )
         )
         return res
-    if all(
-        gap is None for gap in gaps.values()
-    ):  # a plan's: which seeds are compared, nothing of what they show
+    # a plan's: which seeds are compared, nothing of what they show
+    if all(gap is None for gap in gaps.values()):
         res.comparisons += [
             Comparison.by_seed(label, dict.fromkeys(gaps, math.nan), "> 0", role=role)
             for label, role in (

@@ -64,10 +64,9 @@ class Comparison:
     no_value: str = ""  # per arm, the finished seeds that gave no value (:func:`count_no_value`)
     resampled_p: float | None = None  # a secondary judged by a resampling test instead of the t-test …
     resampled_why: str = ""  # … and that test in words
-    unknown: list[int] = field(
-        default_factory=list
-    )  # seeds (else positions) whose value is not a number: on a
-    # plan's runs every value is unknown, so these are the seeds the design pairs; nothing judges them
+    # seeds (else positions) whose value is not a number: on a plan's runs every value is unknown, so these are
+    # the seeds the design pairs; nothing judges them
+    unknown: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         kept = [i for i, x in enumerate(self.samples) if x is not None and math.isfinite(x)]

@@ -113,9 +113,8 @@ def sink_formed(runs: Runs) -> tuple[str, str]:
             f"sink measured on {seqs} sequences of {tokens} tokens, needs ≥ {SINK_SEQS} of ≥ {SINK_TOKENS}",
             note,
         )
-    if not any(r.planned for r in runs) and per_layer.max() <= sink_threshold(
-        tokens
-    ):  # a plan's sink is unknown
+    # a plan's sink is unknown
+    if not any(r.planned for r in runs) and per_layer.max() <= sink_threshold(tokens):
         return (
             f"no sink has formed: largest layer sink {per_layer.max():.3f} ≤ {SINK_RATIO:g} × {uniform:.3f} "
             "(uniform attention)"

@@ -37,8 +37,8 @@ def reasoning_claim(runs: Runs, scores: dict[Path, dict[str, Any]]) -> ClaimResu
             Comparison.by_seed(
                 f"reasoning γ{gammas[-1]:g}−γ{gammas[0]:g}{tag}",
                 paired(small, large, metric("heldout_reasoning")),
-                role=SECONDARY if claim.comparisons else PRIMARY,
-            ),  # primary: the smallest size
+                role=SECONDARY if claim.comparisons else PRIMARY,  # primary: the smallest size
+            ),
             Comparison.by_seed(
                 f"memorising γ{gammas[0]:g}−γ{gammas[-1]:g}{tag}",
                 paired(large, small, metric("heldout_memorising")),

@@ -20,9 +20,8 @@ from smallinit.errors import ExperimentError
 from smallinit.study.judging.claims.comparison import ClaimResult, not_run
 from smallinit.study.judging.claims.selection import Run, Runs
 
-Measured = dict[
-    str, Any
-]  # beside the runs: "flow" (the residual-flow sweep), "gaps" (token comparisons), "anchor"
+# beside the runs: "flow" (the residual-flow sweep), "gaps" (token comparisons), "anchor"
+Measured = dict[str, Any]
 Judge = Callable[[Runs, Measured, dict[str, Any]], ClaimResult]
 
 

@@ -23,10 +23,8 @@ EMULATED_WIDTH = 2048  # the paper's width at 1.5B, whose saturation the emulate
 BASELINE = {"model.norm_eps": 1e-5, "model.gate": "none", "model.norm_eps_width": 0}
 EMULATED = {"model.norm_eps": 1e-5, "model.gate": "none", "model.norm_eps_width": EMULATED_WIDTH}
 FIXED = {"model.norm_eps": 1e-12, "model.gate": "elementwise"}
-INTERRUPTED = (
-    "running",
-    "interrupted",
-)  # a cell's status in its sweep when it was started and did not finish
+# a cell's status in its sweep when it was started and did not finish
+INTERRUPTED = ("running", "interrupted")
 UNFINISHED = "did not finish (interrupted, or still running: run the sweep again to finish it)"
 
 
@@ -80,9 +78,8 @@ class Runs:
         acc: dict[int, list[float]] = {}
         for r in self.runs:
             v = metric(r)
-            if v is not None and (
-                math.isfinite(v) or r.planned
-            ):  # a plan's value is unknown (NaN), not missing
+            # a plan's value is unknown (NaN), not missing
+            if v is not None and (math.isfinite(v) or r.planned):
                 acc.setdefault(r.seed, []).append(v)
         return {s: float(np.mean(v)) for s, v in acc.items()}
 
