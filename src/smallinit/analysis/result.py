@@ -14,90 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from smallinit.config import Config
+from smallinit.measures.activations import Activations, number, optional, table
 from smallinit.measures.condensation import MatrixStat
 
 MEASURED = ("sink", "residual_flow", "norm_factor")  # an analysis has matrices and at least one of these
-
-
-def _number(v: Any, what: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TypeError(f"{what} is {v!r}, not a number")
-    return v
-
-
-def _optional(v: Any, what: str) -> float | None:
-    return None if v is None else _number(v, what)
 
 
 def _int(v: Any, what: str) -> int | None:
     if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
         raise TypeError(f"{what} is {v!r}, not an integer")
     return v
-
-
-def _numbers(v: Any, what: str) -> tuple[float, ...]:
-    if v is None:
-        return ()
-    if not isinstance(v, Sequence) or isinstance(v, str):
-        raise TypeError(f"{what} is {v!r}, not a list")
-    return tuple(_number(x, what) for x in v)
-
-
-def _table(v: Any, what: str, kind: type = float) -> dict[str, Any]:
-    """A name → value table in the file's order (empty where the file has none)."""
-    if v is None:
-        return {}
-    if not isinstance(v, Mapping):
-        raise TypeError(f"{what} is {v!r}, not a table")
-    if kind is str:
-        return {str(k): str(x) for k, x in v.items()}
-    return {str(k): _number(x, f"{what}[{k}]") for k, x in v.items()}
-
-
-@dataclass(frozen=True)
-class SinkResult:
-    """Attention on the first token (smallinit.measures.sink), averaged over the analysed batches."""
-
-    per_layer: tuple[float, ...]  # the sink score per layer, first layer first
-    per_head: tuple[tuple[float, ...], ...] = ()  # per layer, that layer's heads
-    mean: float | None = None  # over layers
-    layers: tuple[str, ...] = ()  # the attention modules, in order
-    uniform: float | None = None  # the score uniform attention would give, averaged over layers
-    uniform_per_layer: tuple[float, ...] = ()  # the same per layer, from each layer's own mask
-    share_above: dict[float, float] = field(
-        default_factory=dict
-    )  # Sink_ε: ε → share of (layer, head) pairs above ε
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "per_layer": list(self.per_layer),
-            "per_head": [list(h) for h in self.per_head],
-            "mean": self.mean,
-            "layers": list(self.layers),
-            "uniform": self.uniform,
-            "uniform_per_layer": list(self.uniform_per_layer),
-            "share_above": {str(eps): v for eps, v in self.share_above.items()},
-        }
-
-    @staticmethod
-    def from_dict(raw: Mapping[str, Any]) -> SinkResult:
-        if not isinstance(raw, Mapping):
-            raise TypeError(f"sink is {raw!r}, not a table")
-        heads = raw.get("per_head") or ()
-        if not isinstance(heads, Sequence):
-            raise TypeError(f"sink.per_head is {heads!r}, not a list")
-        layers = raw.get("layers") or ()
-        return SinkResult(
-            per_layer=_numbers(raw.get("per_layer"), "sink.per_layer"),
-            per_head=tuple(_numbers(h, "sink.per_head") for h in heads),
-            mean=_optional(raw.get("mean"), "sink.mean"),
-            layers=tuple(str(n) for n in layers),
-            uniform=_optional(raw.get("uniform"), "sink.uniform"),
-            uniform_per_layer=_numbers(raw.get("uniform_per_layer"), "sink.uniform_per_layer"),
-            share_above={
-                float(eps): v for eps, v in _table(raw.get("share_above"), "sink.share_above").items()
-            },
-        )
 
 
 def _matrix(raw: Any) -> MatrixStat:
@@ -107,26 +33,18 @@ def _matrix(raw: Any) -> MatrixStat:
     return MatrixStat(
         str(raw["name"]),
         shape,
-        _number(raw["stable_rank"], "stable_rank"),
-        _optional(raw.get("mean_abs_cos"), "mean_abs_cos"),
+        number(raw["stable_rank"], "stable_rank"),
+        optional(raw.get("mean_abs_cos"), "mean_abs_cos"),
     )
 
 
 @dataclass(frozen=True)
-class AnalysisResult:
-    """One model measured on held-out text. A measurement that does not apply to the model is None (or empty)
-    and named in ``not_measured`` with why. A smallinit run's result has ``step``, ``config`` and
+class AnalysisResult(Activations):
+    """One model measured on held-out text: the measurements of one forward (:class:`Activations`, averaged
+    over the batches) and the matrices. A smallinit run's result has ``step``, ``config`` and
     ``norm_factor_analytic``; a Hugging Face model's has ``hf_config`` (and ``note``: which folder of a Trainer
     output_dir); ``analyze_model`` alone fills neither, nor ``checkpoint`` and ``data``."""
 
-    sink: SinkResult | None = None
-    residual_flow: float | None = None  # ‖h_L − e‖/‖e‖
-    norm_factor: dict[str, float] = field(
-        default_factory=dict
-    )  # norm → measured factor / ideal 1/σ, module order
-    loss: float | None = None  # nats/token
-    not_measured: dict[str, str] = field(default_factory=dict)  # measurement → why not
-    notes: tuple[str, ...] = ()  # how a measurement was obtained where it is not the usual way
     tokens: int | None = None  # how many were measured
     seq_len: int | None = None  # the sink's uniform reference depends on it
     matrices: tuple[MatrixStat, ...] = ()  # stable rank and mean |cos| of rows per weight matrix
@@ -150,17 +68,7 @@ class AnalysisResult:
         for key in ("checkpoint", "step", "config", "hf_config", "data", "note"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
-        if self.sink is not None:
-            out["sink"] = self.sink.to_dict()
-        if self.residual_flow is not None:
-            out["residual_flow"] = self.residual_flow
-        if self.norm_factor:
-            out["norm_factor"] = self.norm_factor
-        if self.loss is not None:
-            out["loss"] = self.loss
-        out["not_measured"] = self.not_measured
-        if self.notes:
-            out["notes"] = list(self.notes)
+        out.update(self.measurements())
         out.update(
             tokens=self.tokens,
             seq_len=self.seq_len,
@@ -178,26 +86,20 @@ class AnalysisResult:
         mats = raw["matrices"]
         if not isinstance(mats, Sequence):
             raise TypeError(f"matrices is {mats!r}, not a list")
-        notes = raw.get("notes") or ()
         for key in ("config", "hf_config"):
             if raw.get(key) is not None and not isinstance(raw[key], Mapping):
                 raise TypeError(f"{key} is {raw[key]!r}, not a table")
         return AnalysisResult(
-            sink=SinkResult.from_dict(raw["sink"]) if raw.get("sink") else None,  # an empty one is none
-            residual_flow=_optional(raw.get("residual_flow"), "residual_flow"),
-            norm_factor=_table(raw.get("norm_factor"), "norm_factor"),
-            loss=_optional(raw.get("loss"), "loss"),
-            not_measured=_table(raw.get("not_measured"), "not_measured", str),
-            notes=tuple(str(n) for n in notes),
+            **Activations.fields_from(raw),
             tokens=_int(raw.get("tokens"), "tokens"),
             seq_len=_int(raw.get("seq_len"), "seq_len"),
             matrices=tuple(_matrix(m) for m in mats),
-            matrices_left_out=_table(raw.get("matrices_left_out"), "matrices_left_out", str),
+            matrices_left_out=table(raw.get("matrices_left_out"), "matrices_left_out", str),
             checkpoint=None if raw.get("checkpoint") is None else str(raw["checkpoint"]),
             step=_int(raw.get("step"), "step"),
             config=raw.get("config"),
             hf_config=raw.get("hf_config"),
             data=None if raw.get("data") is None else str(raw["data"]),
             note=None if raw.get("note") is None else str(raw["note"]),
-            norm_factor_analytic=_optional(raw.get("norm_factor_analytic"), "norm_factor_analytic"),
+            norm_factor_analytic=optional(raw.get("norm_factor_analytic"), "norm_factor_analytic"),
         )
