@@ -238,7 +238,8 @@ register(
         "C6",
         lambda runs, measured, options: claim_c6(reference_lr(runs)),
         unit="stable rank",
-        decided_by_the_runs="γ = 1's stable-rank minimum before the last third of training",
+        decided_by_the_runs="γ = 1's stable-rank minimum before the last third of training, its locating seeds "
+        "rising from it beyond their noise",
         seed_sd=(
             0.061,
             "the CPU study's sd over 10 seeds of the srank rebound at d16 (docs/findings-cpu.md)",
