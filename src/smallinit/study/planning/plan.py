@@ -195,7 +195,7 @@ class ClaimPlan:
     failing: dict[str, str] = field(default_factory=dict)  # comparison → why it cannot be judged, by design
     testable: list[str] = field(default_factory=list)
     not_run: str = ""  # why the design does not run the claim at all (the recipe scale's options.dropped)
-    rule: str = ""  # the primary's rule where it is more than the paired t-test over its seeds (its MDE is that rule's)
+    rule: str = ""  # the primary's rule where it is more than a paired t-test (its MDE is then that rule's)
     # secondaries judged by a rule of their own (a resampling test): label → seeds, alpha, mde_sds, mde, rule
     secondaries: dict[str, dict[str, Any]] = field(default_factory=dict)
 

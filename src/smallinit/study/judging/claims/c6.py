@@ -6,7 +6,8 @@ of them (by seed, at least one), and the rebound from that point is tested on th
 point a rebound is measured from nor the precondition was chosen on the values tested (choosing the minimum
 on the same values would make a flat trajectory "rebound" from its lowest noise). Preconditions: the minimum
 so located lies before the last third of training, and the locating seeds rise from it to the end beyond their
-noise (:func:`robust_minimum`), so that a dip of noise on a course still falling is not judged as a minimum. A
+noise (:func:`robust_minimum`, which needs ≥ 2 locating seeds, so ≥ 4 seeds), so that a dip of noise on a
+course still falling is not judged as a minimum; a plan's MDE is that of this rule (:func:`rule_power`). A
 seed whose course gave no stable rank (fewer than 3 analysis records, or an empty one) is counted per arm, and
 the comparisons are then not judged on the others. Secondary: the early stable rank γ.5 − γ1 (the
 condensed start) and the path length γ1 − γ.5 (γ = 0.5 changes slowly)."""
