@@ -27,6 +27,7 @@ loss gap ``--seed-sd X`` or the recipe's pilot (``recipe.seed_sd``), else the CP
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import asdict, dataclass, field
@@ -50,7 +51,13 @@ from smallinit.study.judging.claims import (
     registered,
 )
 from smallinit.study.judging.findings import flow_design, token_gap_pairs
-from smallinit.study.judging.power import ALPHA, MIN_SEEDS, POWER, minimum_detectable_effect
+from smallinit.study.judging.power import (
+    ALPHA,
+    MIN_SEEDS,
+    POWER,
+    minimum_detectable_by,
+    minimum_detectable_effect,
+)
 from smallinit.study.judging.verdicts import seeds_problem
 from smallinit.study.planning.recipes import Recipe, Scale, apply_budget, customise, load_recipe
 from smallinit.study.running import Sweep, resolve_config
@@ -188,6 +195,9 @@ class ClaimPlan:
     failing: dict[str, str] = field(default_factory=dict)  # comparison → why it cannot be judged, by design
     testable: list[str] = field(default_factory=list)
     not_run: str = ""  # why the design does not run the claim at all (the recipe scale's options.dropped)
+    rule: str = ""  # the primary's rule where it is more than a paired t-test (its MDE is then that rule's)
+    # secondaries judged by a rule of their own (a resampling test): label → seeds, alpha, mde_sds, mde, rule
+    secondaries: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def partly(self) -> bool:
@@ -430,7 +440,7 @@ def _claim_plans(
 ) -> list[ClaimPlan]:
     """Each claim's plan at the level its table judges it: Holm over the k primaries the design decides gives the
     first of them α/k (a recipe that decides one claim judges it at α), in the claim's unit from its seed sd."""
-    plans = []
+    plans, powers = [], []
     for res in results:
         problems = {c.label: _design_problem(res, c) for c in res.comparisons}
         failing = {label: why for label, why in problems.items() if why}
@@ -465,12 +475,28 @@ def _claim_plans(
                 failing={} if dropped else failing,
                 testable=[c.label for c in testable],
                 not_run=dropped,
+                rule=primary.power_why,
             )
         )
+        powers.append(primary.power)
+        for c in testable:
+            if c.power is not None and c is not primary:  # a secondary: judged at α, uncorrected
+                mde_sds = minimum_detectable_by(functools.partial(c.power, alpha=ALPHA))
+                plans[-1].secondaries[c.label] = {
+                    "seeds": _seeds(c),
+                    "alpha": ALPHA,
+                    "mde_sds": _finite(mde_sds),
+                    "mde": _finite(mde_sds * sd) if sd is not None else None,
+                    "rule": c.power_why,
+                }
     alpha = ALPHA / max(1, sum(c.decides for c in plans))
-    for c in plans:
+    for c, power in zip(plans, powers):
         c.alpha = alpha
-        c.mde_sds = _mde(1.0, c.seeds, alpha)
+        c.mde_sds = (
+            _mde(1.0, c.seeds, alpha)
+            if power is None or not c.decides
+            else minimum_detectable_by(functools.partial(power, alpha=alpha))
+        )
         c.mde = c.mde_sds * c.seed_sd if c.seed_sd is not None else math.inf
     return plans
 
@@ -669,9 +695,15 @@ def format_plan(plan: Plan) -> str:
             )
             lines.append(
                 f"  {c.claim:<12} decides: primary {c.primary} on {c.seeds} seeds, MDE {c.mde_sds:.2f} seed sds "
-                f"({at}); {len(c.testable)} of {len(c.testable) + len(c.failing)} comparisons testable, "
-                f"{c.fewest_seeds}–{c.most_seeds} seeds"
+                f"({at}{'; ' + c.rule if c.rule else ''}); {len(c.testable)} of "
+                f"{len(c.testable) + len(c.failing)} comparisons testable, {c.fewest_seeds}–{c.most_seeds} seeds"
             )
+            for label, s in c.secondaries.items():
+                at = f" = {s['mde']:.3g} {c.unit}" if s["mde"] is not None else ""
+                lines.append(
+                    f"      · {label}: {s['seeds']} seeds, MDE {s['mde_sds'] or math.inf:.2f} seed sds{at} at "
+                    f"α = {s['alpha']:g} ({s['rule']})"
+                )
         elif c.not_run:
             lines.append(f"  {c.claim:<12} {NOT_RUN}: {c.not_run}")
         else:
