@@ -3,6 +3,7 @@ engines on sharded parameters, checked against the draw of one process on the un
 
     torchrun --nproc_per_node 2 tests/_engines_worker.py titan OUT   # torchtitan, fully_shard and not
     torchrun --nproc_per_node 2 tests/_engines_worker.py olmo OUT        # OLMo-core's Trainer + the callback
+    torchrun --nproc_per_node 2 tests/_engines_worker.py titan_gate OUT  # torchtitan gated, trained sharded
 
 Each writes OUT/ok.json on rank 0: the parameters that, gathered, differ from the unsharded draw."""
 
@@ -12,11 +13,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
-from smallinit import gamma_init_
+from smallinit import add_attention_gate_, gamma_init_
 
 
-def titan_model(shard: bool):
+def titan_model(shard: bool, gate: bool = False):
     from torchtitan.models.common.attention import ScaledDotProductAttention
     from torchtitan.models.llama3 import model_registry
 
@@ -29,6 +31,8 @@ def titan_model(shard: bool):
     gamma_param_init(config, gamma=1.0, seed=0)
     with torch.device("meta"):
         model = config.build()
+    if gate:  # before sharding: W_θ is one more weight of each block, sharded with it
+        add_attention_gate_(model, "elementwise", 1.0)
     if shard:
         fully_shard_all(model, list(model.layers.values()))
     model.to_empty(device="cpu")
@@ -137,9 +141,30 @@ def olmo(out: Path) -> None:
     dist.destroy_process_group()
 
 
+def titan_gate(out: Path) -> None:
+    """torchtitan's model with the paper's gate, built on meta, fully_shard on 2 ranks, γ-initialised, 20
+    AdamW steps on the same batches on every rank: the losses, and W_θ gathered, are those of the unsharded
+    gated model trained in one process."""
+    dist.init_process_group("gloo")
+    losses, gates = {}, {}
+    for shard in (True, False):
+        model = titan_model(shard, gate=True)
+        gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0))
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        x = torch.randint(0, 2048, (2, 17), generator=torch.Generator().manual_seed(1))  # one batch, learnt
+        losses[shard] = []
+        for _ in range(20):
+            loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1).float(), x[:, 1:].flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses[shard].append(loss.item())
+        gates[shard] = {n: p for n, p in params(model).items() if ".g_proj." in n}
+    if dist.get_rank() == 0:
+        torch.save({"losses": losses, "gates": gates}, out / "titan_gate.pt")
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     what, folder = sys.argv[1], Path(sys.argv[2])
-    if what == "olmo":
-        olmo(folder)
-    else:
-        titan(folder)
+    {"olmo": olmo, "titan": titan, "titan_gate": titan_gate}[what](folder)

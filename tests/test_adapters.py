@@ -270,13 +270,13 @@ def test_sink_flow_and_norm_factor_match_independent_references(arch):
 def test_one_measurement_forward_on_hf_equals_the_separate_ones():
     model, ids = _model(ARCHS[1]), _ids()
     both = measure_activations(model, ids, ids)
-    assert both["sink"]["per_layer"] == pytest.approx(sink_scores(model, ids).per_layer, abs=1e-12)
-    assert both["residual_flow"] == pytest.approx(residual_flow_ratio(model, ids), abs=1e-12)
-    assert both["sink"]["layers"] == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
-    assert set(both["sink"]["share_above"]) == {"0.3", "0.8"}
+    assert both.sink.per_layer == pytest.approx(sink_scores(model, ids).per_layer, abs=1e-12)
+    assert both.residual_flow == pytest.approx(residual_flow_ratio(model, ids), abs=1e-12)
+    assert both.sink.layers == ("model.layers.0.self_attn", "model.layers.1.self_attn")
+    assert set(both.sink.share_above) == {0.3, 0.8}
     with torch.no_grad():
         logits = model(ids).logits
-    assert both["loss"] == pytest.approx(
+    assert both.loss == pytest.approx(
         torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten()).item()
     )
 
@@ -349,9 +349,9 @@ def test_what_cannot_be_observed_is_said_and_the_rest_measured():
     model.model.norm = _ScaleNorm(32)  # that norm alone is named, everything else is measured
     assert "model.norm" not in as_adapter(model).norms()  # no ε is read off a forward that is no norm's
     result = measure_activations(model, ids)
-    assert set(result["not_measured"]) == {"norm_factor:model.norm"}
-    assert "changing with its input's scale" in result["not_measured"]["norm_factor:model.norm"]
-    assert {"sink", "residual_flow"} <= set(result) and "model.norm" not in result["norm_factor"]
+    assert set(result.not_measured) == {"norm_factor:model.norm"}
+    assert "changing with its input's scale" in result.not_measured["norm_factor:model.norm"]
+    assert result.sink and result.residual_flow is not None and "model.norm" not in result.norm_factor
     with pytest.raises(ModelError, match="norm model.norm: the output of _ScaleNorm keeps changing"):
         measured_norm_factors(model, ids)
 
@@ -360,13 +360,13 @@ def test_what_cannot_be_observed_is_said_and_the_rest_measured():
         hidden = model(ids, output_hidden_states=True).hidden_states
     result = measure_activations(model, ids)
     e, h = hidden[0].double(), hidden[-1].double()
-    assert result["residual_flow"] == pytest.approx(
+    assert result.residual_flow == pytest.approx(
         ((h - e).norm(dim=-1) / e.norm(dim=-1)).mean().item(), rel=1e-9
     )
-    assert result["notes"] == [
+    assert result.notes == (
         "residual_flow: h_L is the last layer's output: no norm of LlamaForCausalLM takes it "
-        "after the last layer"
-    ]
+        "after the last layer",
+    )
 
 
 def test_coord_check_on_a_model_the_user_brings():

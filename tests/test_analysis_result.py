@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from helpers import TINY_MODEL
-from smallinit.analysis.result import AnalysisResult, SinkResult
+from smallinit.analysis.result import AnalysisResult
 from smallinit.cli import main
+from smallinit.measures.activations import SinkResult
 from smallinit.report import build_report
 from smallinit.report.html import num
 

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from smallinit.study.judging.claims.c4 import best_lr_test, flip_patterns, loo_gaps, smallest_p
-from smallinit.study.judging.power import ALPHA, power_of_test
+from smallinit.study.judging.power import ALPHA, power_of_test, seeds_for_power
 from smallinit.study.judging.verdicts import paired_t, region_p
+from smallinit.study.planning.plan import Hardware, plan_recipe
 
 DRAWS = 4000
 CHUNK = 250
@@ -102,3 +103,18 @@ def test_too_few_seeds_cannot_decide():
     assert smallest_p(3) == 0.25 and smallest_p(6) < ALPHA
     assert flip_patterns(3).shape == (8, 3) and not flip_patterns(3)[0].any()
     assert flip_patterns(20, max_flips=100).shape == (100, 20)
+
+
+def test_the_full_demos_best_lr_design_has_the_power_its_plan_states():
+    """The full demo runs each γ at every rate on the seeds power asks for (design +0.05 at α = 0.05 with the pilot
+    sd 0.048, as the recipe says), and its plan prints that comparison's MDE: simulated with the claim's own test
+    (sharp optimum, the pilot's noise), a gap of the stated MDE is detected 80 % of the time."""
+    (c4,) = (c for c in plan_recipe("demo", "full", Hardware.make("cpu", 2)).claims if c.claim == "C4")
+    ((label, best),) = c4.secondaries.items()
+    assert "each γ at its best lr" in label and c4.seed_sd == pytest.approx(RUN_SD * math.sqrt(2), abs=1e-3)
+    assert best["seeds"] == seeds_for_power(0.05, 0.048, ALPHA) and best["alpha"] == ALPHA
+    assert best["mde"] <= 0.05 and best["mde"] == pytest.approx(best["mde_sds"] * c4.seed_sd)
+    losses = _studies(np.random.default_rng(7), best["seeds"], SHARP, c4.seed_sd / math.sqrt(2), best["mde"])
+    rates = _rates(losses, max_flips=256)
+    print(f"\nbest lr, {best['seeds']} seeds, the planned MDE {best['mde']:.4f}: power {rates['agree']:.3f}")
+    assert abs(rates["agree"] - 0.8) <= 0.05

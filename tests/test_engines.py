@@ -142,6 +142,96 @@ def test_litgpt_initialize_weights_hook_draws_what_gamma_init_draws():
 # -- the measurements against references computed from each engine's own modules ---------------------------
 
 
+# -- the paper's gate on the engines' models -------------------------------------------------------------
+
+
+def gate_model(engine: str):
+    """(model γ-initialised, its first attention block, the block's query and output projection, tokens)."""
+    if engine == "torchtitan":
+        pytest.importorskip("torchtitan")
+        from _engines_worker import titan_model
+
+        model, first, projections, vocab = (
+            titan_model(shard=False),
+            "layers.0.attention",
+            ("qkv_linear", "wo"),
+            2048,
+        )
+    else:
+        pytest.importorskip("olmo_core")
+        from olmo_core.nn.transformer import TransformerConfig
+
+        model = TransformerConfig.olmo2_1M(vocab_size=256).build(init_device="cpu")
+        model.init_weights(device=torch.device("cpu"))
+        gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0))
+        first, projections, vocab = "blocks.0.attention", ("w_q", "w_out"), 256
+    return (
+        model,
+        first,
+        projections,
+        torch.randint(0, vocab, (2, 17), generator=torch.Generator().manual_seed(1)),
+    )
+
+
+@pytest.mark.parametrize("engine", ["torchtitan", "OLMo-core"])
+def test_the_gate_on_an_engines_model_is_the_papers_and_trains(engine):
+    """add_attention_gate_ on the engine's own model: the output projection of the first block reads
+    Y ⊙ σ(X W_θ), Y and X taken from the ungated model (its query projection's input, its output projection's
+    input); W_θ has σ = d_model^(−1); 20 AdamW steps lower the loss and move W_θ."""
+    import copy
+
+    from smallinit import add_attention_gate_
+
+    model, first, (q, o), tokens = gate_model(engine)
+    ungated = copy.deepcopy(model)
+    report = add_attention_gate_(model, "elementwise", 1.0, generator=torch.Generator().manual_seed(2))
+    blocks = [n for n, m in model.named_modules() if n.endswith("attention") and hasattr(m, o)]
+    assert report.blocks == blocks and len(blocks) >= 2 and not report.ungated and not report.kept
+    seen = {}
+
+    def keep(key):  # the first call's input; the hook returns None, so it changes nothing
+        def hook(module, args, *output):
+            seen.setdefault(key, args[0])
+
+        return hook
+
+    getattr(ungated.get_submodule(first), q).register_forward_pre_hook(keep("X"))
+    getattr(ungated.get_submodule(first), o).register_forward_pre_hook(keep("Y"))
+    gated = model.get_submodule(first)
+    handle = getattr(gated, o).register_forward_hook(keep("gated"))  # its input after the gate's pre-hook
+    x = tokens[:, :-1]
+    with torch.no_grad():
+        ungated(x), model(x)
+    handle.remove()
+    W = gated.g_proj.weight.detach().clone()
+    assert W.shape == (getattr(gated, o).in_features, seen["X"].shape[-1])
+    assert W.std().item() == pytest.approx(1 / W.shape[1], rel=0.1)
+    torch.testing.assert_close(
+        seen["gated"], seen["Y"] * torch.sigmoid(seen["X"] @ W.T), rtol=1e-5, atol=1e-6
+    )
+
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(20):
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1).float(), tokens[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.5 and not torch.equal(gated.g_proj.weight, W)
+
+
+def test_a_gated_torchtitan_model_trains_under_fully_shard_as_in_one_process(tmp_path):
+    pytest.importorskip("torchtitan")
+    run(torchrun(str(WORKER), "titan_gate", str(tmp_path)), cwd=tmp_path)
+    got = torch.load(tmp_path / "titan_gate.pt")
+    sharded, one = got["losses"][True], got["losses"][False]
+    assert sharded == pytest.approx(one, rel=1e-4) and one[-1] < one[0] - 0.5
+    assert sorted(got["gates"][True]) == [f"layers.{i}.attention.g_proj.weight" for i in (0, 1)]
+    for name, W in got["gates"][False].items():
+        torch.testing.assert_close(got["gates"][True][name], W, rtol=1e-4, atol=1e-6)
+
+
 def litgpt_config():
     from litgpt import Config
 

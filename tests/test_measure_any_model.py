@@ -54,10 +54,10 @@ def test_no_softmax_attention_leaves_the_sink_out_and_measures_the_rest():
     model = hf_tiny.build("mamba").eval()
     ids = _ids(model)
     result = measure_activations(model, ids, ids)
-    assert "sink" not in result
-    why = result["not_measured"]["sink"]
+    assert result.sink is None
+    why = result.not_measured["sink"]
     assert why.startswith("no softmax attention") and "\n" not in why
-    assert set(result["not_measured"]) == {"sink"}
+    assert set(result.not_measured) == {"sink"}
     with pytest.raises(ModelError, match="no softmax attention"):
         sink_scores(model, ids)
 
@@ -70,15 +70,15 @@ def test_no_softmax_attention_leaves_the_sink_out_and_measures_the_rest():
         model(input_ids=ids, use_cache=False)
     for h in hooks:
         h.remove()
-    assert result["residual_flow"] == pytest.approx(_flow(seen["e"], seen["h"]), rel=1e-9)
-    assert set(result["norm_factor"]) == {
+    assert result.residual_flow == pytest.approx(_flow(seen["e"], seen["h"]), rel=1e-9)
+    assert set(result.norm_factor) == {
         "backbone.layers.0.norm",
         "backbone.layers.1.norm",
         "backbone.norm_f",
     }
 
     analysed = analyze_model(model, [(ids, ids)])  # analyze: the matrices too, and one line on the sink
-    assert analysed.matrices and analysed.sink is None and analysed.not_measured == result["not_measured"]
+    assert analysed.matrices and analysed.sink is None and analysed.not_measured == result.not_measured
     lines = analysis_lines(dataclasses.replace(analysed, checkpoint="mamba"), T)
     assert f"not measured, sink: {why}" in lines and any(line.startswith("residual flow") for line in lines)
 
@@ -89,12 +89,10 @@ def test_attention_outside_the_interface_is_read_from_eager_probabilities(arch):
     ids = _ids(model)
     result = measure_activations(model, ids)
     by_hand, even = _eager_sink(model, ids)
-    np.testing.assert_allclose(result["sink"]["per_head"], by_hand, atol=1e-6, rtol=0)
-    assert result["sink"]["uniform"] == pytest.approx(
-        even
-    )  # causal here, bidirectional in RoFormer's default
-    assert any(n.startswith("sink: read from eager attention probabilities") for n in result["notes"])
-    assert "sink" not in result["not_measured"]
+    np.testing.assert_allclose(result.sink.per_head, by_hand, atol=1e-6, rtol=0)
+    assert result.sink.uniform == pytest.approx(even)  # causal here, bidirectional in RoFormer's default
+    assert any(n.startswith("sink: read from eager attention probabilities") for n in result.notes)
+    assert "sink" not in result.not_measured
 
 
 @pytest.mark.parametrize("arch", ["openai-gpt", "marian", "plbart"])
@@ -107,10 +105,10 @@ def test_without_a_final_norm_h_L_is_the_last_layers_output(arch):
     with torch.no_grad():
         hidden = model(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
     result = measure_activations(model, ids)
-    assert result["residual_flow"] == pytest.approx(_flow(hidden[0], hidden[-1]), rel=1e-9)
-    assert residual_flow_ratio(model, ids) == result["residual_flow"]
-    assert any(n.startswith("residual_flow: h_L is the last layer's output") for n in result["notes"])
-    assert not result["not_measured"]
+    assert result.residual_flow == pytest.approx(_flow(hidden[0], hidden[-1]), rel=1e-9)
+    assert residual_flow_ratio(model, ids) == result.residual_flow
+    assert any(n.startswith("residual_flow: h_L is the last layer's output") for n in result.notes)
+    assert not result.not_measured
 
 
 def _small_inputs(model, scale: float = 1e-3):
@@ -144,18 +142,18 @@ def test_norms_without_an_eps_attribute_or_of_another_shape_are_measured(arch, e
     for h in hooks:
         h.remove()
     result = measure_activations(model, ids)
-    assert not [k for k in result["not_measured"] if k.startswith("norm_factor")]
+    assert not [k for k in result.not_measured if k.startswith("norm_factor")]
     assert inputs
     for name, calls in inputs.items():  # the formula of the modeling source, with its ε
         x = torch.cat(calls).double()
         var = x.var(-1, unbiased=False) if centered else x.pow(2).mean(-1)
-        assert result["norm_factor"][name] == pytest.approx(
+        assert result.norm_factor[name] == pytest.approx(
             torch.sqrt(var / (var + eps)).mean().item(), abs=1e-5
         )
         assert norm_forms(model)[name].eps == pytest.approx(
             eps, rel=1e-3
         )  # read from the forward where hard-coded
-    assert min(result["norm_factor"].values()) < 0.9  # ε is felt: a wrong one could not pass
+    assert min(result.norm_factor.values()) < 0.9  # ε is felt: a wrong one could not pass
 
 
 def _rms_factor(h: torch.Tensor, eps: float) -> float:
@@ -193,7 +191,7 @@ def test_a_gated_norm_is_measured_on_what_it_normalises():
         model(input_ids=ids, use_cache=False)
     for h in hooks:
         h.remove()
-    factors = measure_activations(model, ids)["norm_factor"]
+    factors = measure_activations(model, ids).norm_factor
     for i, (args, kwargs) in calls.items():
         norm = model.get_submodule(f"backbone.layers.{i}.mixer.norm")
         x, z = args[0].double(), (args[1] if len(args) > 1 else kwargs["gate"]).double()
@@ -226,9 +224,9 @@ def test_the_uniform_reference_follows_a_sliding_window():
     )
     torch.manual_seed(0)
     model = transformers.MistralForCausalLM(config).eval()
-    sink = measure_activations(model, _ids(model))["sink"]
-    assert sink["uniform_per_layer"] == pytest.approx([uniform_sink(T, 6)] * 2)
-    assert sink["uniform"] == pytest.approx(uniform_sink(T, 6)) and uniform_sink(T, 6) != pytest.approx(
+    sink = measure_activations(model, _ids(model)).sink
+    assert sink.uniform_per_layer == pytest.approx([uniform_sink(T, 6)] * 2)
+    assert sink.uniform == pytest.approx(uniform_sink(T, 6)) and uniform_sink(T, 6) != pytest.approx(
         uniform_sink(T)
     )
 

@@ -74,10 +74,8 @@ def test_a_plain_loop_is_measured_and_reported(tmp_path):
     assert [r["step"] for r in recs] == [0, 25, 50, 75, 100]
     # each record is the measurement of the model as it was at that step: the last one is today's model
     again = measure_activations(model, held_out[:, :-1], held_out[:, 1:])
-    assert recs[-1]["residual_flow"] == pytest.approx(again["residual_flow"], rel=1e-6)
-    assert (
-        recs[-1]["loss"] == pytest.approx(again["loss"], rel=1e-6) and recs[-1]["loss"] < recs[0]["loss"] - 1
-    )
+    assert recs[-1]["residual_flow"] == pytest.approx(again.residual_flow, rel=1e-6)
+    assert recs[-1]["loss"] == pytest.approx(again.loss, rel=1e-6) and recs[-1]["loss"] < recs[0]["loss"] - 1
     assert set(recs[0]["sink"]) == {"0", "1"} and recs[0]["stable_rank"] and recs[0]["norm_factor"]
     val = [
         r for r in records(out, None) if "val_loss" in r
@@ -212,8 +210,16 @@ def test_a_step_due_for_both_returns_the_full_record_and_a_dropped_monitor_frees
 
 
 def test_analyze_averages_ragged_heads_and_norms_some_batches_missed():
-    from smallinit.analysis.measure import _mean_dicts
+    from smallinit.measures.activations import Activations, SinkResult
 
-    a = {"per_head": [[0.1, 0.3], [0.5]], "norm_factor": {"n1": 1.0, "n2": 0.5}}
-    b = {"per_head": [[0.3, 0.5], [0.7]], "norm_factor": {"n1": 0.0}}
-    assert _mean_dicts([a, b]) == {"per_head": [[0.2, 0.4], [0.6]], "norm_factor": {"n1": 0.5, "n2": 0.5}}
+    a = Activations(
+        SinkResult((0.2, 0.5), ((0.1, 0.3), (0.5,))), norm_factor={"n1": 1.0, "n2": 0.5}, notes=("x",)
+    )
+    b = Activations(
+        SinkResult((0.4, 0.7), ((0.3, 0.5), (0.7,))), norm_factor={"n1": 0.0}, not_measured={"n2": "why"}
+    )
+    mean = Activations.mean([a, b])
+    assert [list(h) for h in mean.sink.per_head] == [pytest.approx([0.2, 0.4]), pytest.approx([0.6])]
+    assert mean.sink.per_layer == pytest.approx((0.3, 0.6))
+    assert mean.norm_factor == {"n1": 0.5, "n2": 0.5} and mean.not_measured == {"n2": "why"}
+    assert mean.notes == ("x",)

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from smallinit.report.html import build_report
 from smallinit.study.judging.claims import Runs, claim_c4, claim_c5, claim_c6
 from smallinit.study.judging.verdicts import AGREE, NOT_TESTABLE, paired_t, region_p, verdict_table
 from test_verdicts import FIXED, PARAMS, _srank_records, make_run
@@ -110,3 +111,11 @@ def test_an_interrupted_cell_is_counted_when_a_folder_is_re_judged(tmp_path):
     assert len(loaded.runs) == 7 and len(loaded.lost) == 1
     c = claim_c4(loaded, n_boot=10).primary
     assert c.verdict == NOT_TESTABLE and c.lost.startswith("γ=1: 1 of 4 seeds did not finish"), c.lost
+
+
+def test_the_report_shows_a_seed_without_a_value(tmp_path):
+    """The report of a recipe folder prints the count as the table does, from findings.json."""
+    res = claim_c5(Runs([]), _flow(math.nan))
+    (tmp_path / "findings.json").write_text(json.dumps({"title": "t", "claims": [res.to_dict()]}))
+    html = build_report(tmp_path).read_text(encoding="utf-8")
+    assert "1 of 5 seeds gave no flow exponent (seed 2)" in html and "not testable here" in html

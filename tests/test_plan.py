@@ -207,8 +207,13 @@ def test_each_claim_is_planned_in_its_own_unit_from_a_seed_sd_of_that_quantity(c
         CLAIMS["C7"].seed_sd[0],
     ]
     for c in claims.values():
-        if c.decides:
+        if c.decides and not c.rule:  # C6's split rule has its own power (test_verdict_rates.py simulates it)
             assert c.mde == pytest.approx(minimum_detectable_effect(c.seed_sd, c.seeds, c.alpha))
+    assert claims["C6"].rule.startswith("the split rule") and claims[
+        "C6"
+    ].mde > 2 * minimum_detectable_effect(
+        0.1, claims["C6"].seeds, claims["C6"].alpha
+    )  # 3 locating seeds rise from a minimum beyond noise only for a large rebound
     assert main(["plan", "reasoning", "--scale", "cpu", "--seed-sd", "C6=0.1"]) == 2
     assert "recipe reasoning --scale cpu does not judge C6" in capsys.readouterr().err
     assert main(["plan", "reasoning", "--scale", "cpu"]) == 0

@@ -70,14 +70,14 @@ def planted_model() -> Transformer:
 def test_sink_and_sink_eps_are_exact_on_planted_attention():
     tokens = torch.ones(3, T, dtype=torch.long)
     tokens[:, 0] = 0
-    sink = measure_activations(planted_model(), tokens)["sink"]
+    sink = measure_activations(planted_model(), tokens).sink
     want = {layer: [expected_head(s) for s in strengths] for layer, strengths in STRENGTH.items()}
-    assert np.allclose(sink["per_head"], [want[0], want[1]], atol=1e-6)
-    assert sink["per_layer"] == pytest.approx([np.mean(want[0]), np.mean(want[1])], abs=1e-6)
+    assert np.allclose(sink.per_head, [want[0], want[1]], atol=1e-6)
+    assert sink.per_layer == pytest.approx([np.mean(want[0]), np.mean(want[1])], abs=1e-6)
     heads = np.array([want[0], want[1]])
-    for eps in ("0.3", "0.8"):
-        assert sink["share_above"][eps] == pytest.approx(float(np.mean(heads > float(eps))))
-    assert 0 < sink["share_above"]["0.8"] < sink["share_above"]["0.3"] < 1  # the thresholds split the heads
+    for eps in (0.3, 0.8):
+        assert sink.share_above[eps] == pytest.approx(float(np.mean(heads > eps)))
+    assert 0 < sink.share_above[0.8] < sink.share_above[0.3] < 1  # the thresholds split the heads
 
 
 def test_attention_roles_are_exact_on_planted_attention():

@@ -142,15 +142,15 @@ def test_a_decoder_of_no_library_is_measured_as_by_hand(eager):
     assert isinstance(adapter, TracedAdapter) and adapter.vocab_size == VOCAB
     result = measure_activations(model, ids, ids)
     ref = _by_hand(model, ids)
-    assert result["not_measured"] == {}
-    assert result["sink"]["layers"] == ["stack.0.mix", "stack.1.mix", "stack.2.mix"]
-    np.testing.assert_allclose(result["sink"]["per_layer"], ref["sink"], rtol=1e-5)
-    assert result["residual_flow"] == pytest.approx(ref["flow"], rel=1e-6)
-    assert set(result["norm_factor"]) == set(ref["norm_factor"]) and len(ref["norm_factor"]) == 7
+    assert result.not_measured == {}
+    assert result.sink.layers == ("stack.0.mix", "stack.1.mix", "stack.2.mix")
+    np.testing.assert_allclose(result.sink.per_layer, ref["sink"], rtol=1e-5)
+    assert result.residual_flow == pytest.approx(ref["flow"], rel=1e-6)
+    assert set(result.norm_factor) == set(ref["norm_factor"]) and len(ref["norm_factor"]) == 7
     for name, f in ref["norm_factor"].items():
-        assert result["norm_factor"][name] == pytest.approx(f, rel=1e-6), name
+        assert result.norm_factor[name] == pytest.approx(f, rel=1e-6), name
     assert min(ref["norm_factor"].values()) < 0.9  # ε matters here, so a wrong form would show
-    assert result["loss"] == pytest.approx(
+    assert result.loss == pytest.approx(
         F.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).item(), rel=1e-6
     )
 
@@ -158,15 +158,15 @@ def test_a_decoder_of_no_library_is_measured_as_by_hand(eager):
 def test_what_a_model_lacks_is_named_in_one_line_and_the_rest_measured():
     ids = _ids()
     no_attention = measure_activations(Decoder(attention=False).eval(), ids)
-    assert set(no_attention["not_measured"]) == {"sink"} and "sink" not in no_attention
-    assert no_attention["not_measured"]["sink"].startswith("no softmax attention: Decoder made no")
-    assert {"residual_flow", "norm_factor"} <= set(no_attention)
+    assert set(no_attention.not_measured) == {"sink"} and no_attention.sink is None
+    assert no_attention.not_measured["sink"].startswith("no softmax attention: Decoder made no")
+    assert no_attention.residual_flow is not None and no_attention.norm_factor
 
     no_norm = measure_activations(Decoder(norm=False).eval(), ids)
-    assert no_norm["not_measured"] == {"norm_factor": "no norm layer ran in the forward"}
-    assert no_norm["notes"] == [
-        "residual_flow: h_L is the last layer's output: no norm of Decoder takes it after the last layer"
-    ]
+    assert no_norm.not_measured == {"norm_factor": "no norm layer ran in the forward"}
+    assert no_norm.notes == (
+        "residual_flow: h_L is the last layer's output: no norm of Decoder takes it after the last layer",
+    )
 
     class Flat(nn.Module):  # an embedding and a readout, no stack of blocks, no attention, no norm
         def __init__(self):
@@ -177,9 +177,9 @@ def test_what_a_model_lacks_is_named_in_one_line_and_the_rest_measured():
             return self.readout(self.table(ids))
 
     flat = measure_activations(Flat(), ids)
-    assert set(flat["not_measured"]) == {"sink", "residual_flow", "norm_factor"}
-    assert flat["not_measured"]["residual_flow"].startswith("no stack of blocks in Flat")
-    assert all("\n" not in why for why in flat["not_measured"].values())
+    assert set(flat.not_measured) == {"sink", "residual_flow", "norm_factor"}
+    assert flat.not_measured["residual_flow"].startswith("no stack of blocks in Flat")
+    assert all("\n" not in why for why in flat.not_measured.values())
 
 
 def test_a_forward_that_cannot_be_run_on_token_ids_says_what_to_pass():
@@ -203,7 +203,7 @@ def test_a_forward_that_cannot_be_run_on_token_ids_says_what_to_pass():
     ):
         measure_activations(Features().eval(), ids)
     told = TracedAdapter(TwoInputs().eval(), call=lambda m, t: m(t, None))
-    assert measure_activations(told, ids)["not_measured"] == {}
+    assert measure_activations(told, ids).not_measured == {}
 
 
 transformers = pytest.importorskip("transformers")
@@ -227,11 +227,11 @@ def test_hf_architectures_read_from_their_forward_agree_with_their_own_adapter(a
     model, ids = test_adapters._model(arch), test_adapters._ids()
     own = measure_activations(HFAdapter(model), ids, ids)
     found = measure_activations(TracedAdapter(model), ids, ids)
-    assert found["not_measured"] == own["not_measured"] == {}
-    np.testing.assert_allclose(found["sink"]["per_layer"], own["sink"]["per_layer"], atol=1e-7, rtol=0)
-    assert found["residual_flow"] == pytest.approx(own["residual_flow"], rel=1e-12)
-    assert found["norm_factor"] == pytest.approx(own["norm_factor"], rel=1e-12)
-    assert found["loss"] == pytest.approx(own["loss"], rel=1e-12)
+    assert found.not_measured == own.not_measured == {}
+    np.testing.assert_allclose(found.sink.per_layer, own.sink.per_layer, atol=1e-7, rtol=0)
+    assert found.residual_flow == pytest.approx(own.residual_flow, rel=1e-12)
+    assert found.norm_factor == pytest.approx(own.norm_factor, rel=1e-12)
+    assert found.loss == pytest.approx(own.loss, rel=1e-12)
 
 
 def test_a_norm_that_returns_its_scale_is_measured_by_its_formula():
@@ -255,7 +255,7 @@ def test_a_norm_that_returns_its_scale_is_measured_by_its_formula():
     for name, m in scale_norms.items():
         ms = torch.cat([x.flatten(0, -2) for x in inputs[name]]).pow(2).mean(-1)
         reference = torch.sqrt(ms / (ms + m.eps)).mean().item()
-        assert result["norm_factor"][name] == pytest.approx(reference, rel=1e-6), name
+        assert result.norm_factor[name] == pytest.approx(reference, rel=1e-6), name
         assert reference < 0.95  # ε is felt, so reading the scale as a normed row would show
 
 

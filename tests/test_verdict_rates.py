@@ -12,11 +12,18 @@ import math
 import numpy as np
 import pytest
 
-from smallinit.study.judging.claims.c6 import located_minimum, rebound, robust_minimum, selection_seeds
+from smallinit.study.judging.claims.c6 import (
+    candidate_points,
+    located_minimum,
+    rebound,
+    robust_minimum,
+    selection_seeds,
+)
 from smallinit.study.judging.claims.c7 import better_on_average, mid_contrasts
 from smallinit.study.judging.claims.loss import MOVING, SETTLED, second_half, seed_lines, trend_state
 from smallinit.study.judging.power import ALPHA, LATE_MINIMUM
 from smallinit.study.judging.verdicts import holm_reject, paired_t, region_p
+from smallinit.study.planning.plan import Hardware, plan_recipe
 
 DRAWS = 20000
 
@@ -191,3 +198,36 @@ def test_c6_a_real_rebound_passes_the_robust_minimum():
     rate = np.mean(passes & (p <= ALPHA / 2) & agree)
     print(f"\nC6 real rebound of 0.4, 16 seeds: judged {passes.mean():.4f}, agree {rate:.4f}")
     assert rate >= 0.95
+
+
+def test_c6_planned_mde_has_its_power_under_the_split_rule():
+    """The full demo's plan states C6's MDE for the rule it is judged by: its first third of the seeds locate γ = 1's
+    minimum and must rise from it beyond noise, the others test the rebound. Simulated with that rule on a course
+    whose minimum (step 69 of 138) is clear, a rebound of the stated MDE is judged and agrees 80 % of the time; the
+    MDE of a t-test over the tested seeds alone (0.0746 at 10 seeds, the plan before) had far less. At d = 32 (3
+    seeds) one seed locates the minimum, which the robust-minimum test never passes: not testable, by design."""
+    c6 = next(c for c in plan_recipe("demo", "full", Hardware.make("cpu", 2)).claims if c.claim == "C6")
+    n = c6.most_seeds  # the seeds of the arm: every one pairs in the early stable rank
+    k = selection_seeds(n)
+    assert (n, n - k) == (16, c6.seeds) and c6.decides and c6.rule.startswith("the split rule")
+    (d32,) = (
+        why for label, why in c6.failing.items() if "rebound" in label
+    )  # 3 seeds: 1 locates, never robust
+    assert "a robust minimum needs ≥ 2 locating seeds" in d32
+    steps = np.arange(7) * 23  # the full demo's analysis steps (analysis_points = 6)
+    late = steps > LATE_MINIMUM * steps[-1]
+    point_sd = c6.seed_sd / math.sqrt(2)  # a rebound is one point minus another: its seed sd is c6.seed_sd
+    rng = np.random.default_rng(6)
+
+    def decided(effect: float) -> float:
+        course = np.array([8.0, 6.5, 5.5, 5.0, 5.0 + effect, 5.0 + effect, 5.0 + effect])
+        ranks = course + rng.normal(0, 1, (DRAWS, n, 1)) + rng.normal(0, point_sd, (DRAWS, n, 7))
+        lowest = located_minimum(ranks[:, :k])
+        judged = ~late[lowest] & robust_minimum(ranks[:, :k], lowest, candidate_points(steps.tolist()))
+        p, agree = _verdicts(rebound(ranks[:, k:], lowest))
+        return float(np.mean(judged & (p <= c6.alpha) & agree))
+
+    power = decided(c6.mde)
+    before = decided(0.0746)
+    print(f"\nC6 full demo: MDE {c6.mde:.4f} has power {power:.4f}; the t-test's MDE 0.0746 has {before:.4f}")
+    assert abs(power - 0.8) <= _margin(0.8) and before < 0.7

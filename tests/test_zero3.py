@@ -62,10 +62,11 @@ def test_the_docs_trainer_under_zero3_is_measured_and_reported(tmp_path):
     recs = records(folder)
     assert [r["step"] for r in recs] == [0, 10, 20]
     first = recs[0]
-    matrices = {f"model.layers.{i}.{m}.weight" for i in (0, 1) for m in ("self_attn.q_proj", "mlp.up_proj")}
-    assert set(first["stable_rank"]) == set(first["mean_abs_cos"]) == matrices
-    # step 0 is the drawn model: its statistics are those of one process's draw, measured whole
+    # step 0 is the drawn model: its statistics are those of one process's draw, measured whole; every weight
+    # matrix is watched (none of them a skipped (0,) slice)
     model = dict(unsharded().named_parameters())
+    matrices = {name for name, p in model.items() if p.ndim == 2}
+    assert set(first["stable_rank"]) == set(first["mean_abs_cos"]) == matrices and len(matrices) == 16
     for name in matrices:
         assert first["stable_rank"][name] == pytest.approx(stable_rank(model[name]), rel=1e-5)
         assert first["mean_abs_cos"][name] == pytest.approx(sampled_mean_abs_cos(model[name]), rel=1e-5)

@@ -15,14 +15,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-import numpy as np
 import torch
 from torch import nn
 
 from smallinit.adapters import HFModel, HFTokenizer, as_adapter, hf_folder_problem, load_hf_folder
 from smallinit.adapters.hf_folder import WHAT_IT_HOLDS as HF_FOLDER
 from smallinit.adapters.hf_folder import encoding_fingerprint, how_to_give, trainer_output_choice
-from smallinit.analysis.result import AnalysisResult, SinkResult
+from smallinit.analysis.result import AnalysisResult
 from smallinit.analysis.tokens import TokenGapResult, text_batches, token_gap, with_progress
 from smallinit.config import Config, DataConfig, flatten
 from smallinit.data import Tokenizer, load_data, load_tokenizer
@@ -30,7 +29,7 @@ from smallinit.data.tokenizer import BUILTIN_TOKENIZERS
 from smallinit.errors import CheckpointError, ConfigError, DataError
 from smallinit.export.hf import hf_tokenizer
 from smallinit.io import read_json
-from smallinit.measures.activations import measure_activations
+from smallinit.measures.activations import Activations, measure_activations
 from smallinit.measures.condensation import matrix_stats, unoriented_matrices
 from smallinit.measures.norm_factor import relative_factor
 from smallinit.train.checkpoint import load_model as _load_model
@@ -128,22 +127,6 @@ def _check_seq_len(seq_len: int, max_seq_len: int) -> int:
     return seq_len
 
 
-def _mean_dicts(items: list[dict]) -> dict:
-    """Element-wise mean of nested dicts / lists of numbers; a key missing from some batches (a norm one batch
-    did not reach) is the mean over those that have it, and ragged rows (heads per layer) are averaged row by row."""
-    first = items[0]
-    if isinstance(first, dict):
-        return {
-            k: _mean_dicts([it[k] for it in items if k in it])
-            for k in dict.fromkeys(k for it in items for k in it)
-        }
-    if isinstance(first, list) and first and isinstance(first[0], str):
-        return first  # names, the same in every batch
-    if isinstance(first, list) and first and isinstance(first[0], list):
-        return [_mean_dicts([it[i] for it in items]) for i in range(len(first))]
-    return np.mean(np.asarray(items, dtype=float), axis=0).tolist()
-
-
 @torch.no_grad()
 def analyze_model(
     model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *, cosine_rows: int = 1024
@@ -154,26 +137,17 @@ def analyze_model(
     adapter = as_adapter(model)
     module = adapter.module
     device = next(module.parameters()).device
-    per_batch, n_tokens, not_measured, notes = [], 0, {}, {}
+    per_batch, n_tokens = [], 0
     for x, y in batches:
-        acts = measure_activations(adapter, x.to(device), y.to(device))
-        not_measured.update(acts.pop("not_measured"))  # what does not apply, the same in every batch
-        notes.update(dict.fromkeys(acts.pop("notes", ())))
-        per_batch.append(acts)
+        per_batch.append(measure_activations(adapter, x.to(device), y.to(device)))
         n_tokens += y.numel()
     if not per_batch:
         raise DataError(
             "no complete sequence to analyse; pass more text with --data or a smaller data.seq_len "
             "(--set data.seq_len=N)"
         )
-    mean = _mean_dicts(per_batch)
     return AnalysisResult(
-        sink=SinkResult.from_dict(mean["sink"]) if "sink" in mean else None,
-        residual_flow=mean.get("residual_flow"),
-        norm_factor=mean.get("norm_factor", {}),
-        loss=mean.get("loss"),
-        not_measured=not_measured,
-        notes=tuple(notes),
+        **vars(Activations.mean(per_batch)),
         tokens=n_tokens,
         seq_len=int(x.shape[1]),  # the sink's reference (uniform attention) depends on it
         matrices=tuple(matrix_stats(module, max_rows=cosine_rows)),

@@ -14,40 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from smallinit.config import Config
-from smallinit.fields import Fields, to_json
+from smallinit.fields import Fields
+from smallinit.measures.activations import Activations
 from smallinit.measures.condensation import MatrixStat
 
 MEASURED = ("sink", "residual_flow", "norm_factor")  # an analysis has matrices and at least one of these
-
-
-@dataclass(frozen=True)
-class SinkResult:
-    """Attention on the first token (smallinit.measures.sink), averaged over the analysed batches."""
-
-    per_layer: tuple[float, ...]  # the sink score per layer, first layer first
-    per_head: tuple[tuple[float, ...], ...] = ()  # per layer, that layer's heads
-    mean: float | None = None  # over layers
-    layers: tuple[str, ...] = ()  # the attention modules, in order
-    uniform: float | None = None  # the score uniform attention would give, averaged over layers
-    uniform_per_layer: tuple[float, ...] = ()  # the same per layer, from each layer's own mask
-    # Sink_ε: ε → share of (layer, head) pairs above ε
-    share_above: dict[float, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return to_json(self)
-
-    @staticmethod
-    def from_dict(raw: Mapping[str, Any]) -> SinkResult:
-        f = Fields(raw, strict=True, where="sink.")
-        return SinkResult(
-            per_layer=f.numbers("per_layer"),
-            per_head=f.rows("per_head"),
-            mean=f.number("mean"),
-            layers=tuple(str(n) for n in raw.get("layers") or ()),
-            uniform=f.number("uniform"),
-            uniform_per_layer=f.numbers("uniform_per_layer"),
-            share_above={float(eps): v for eps, v in f.table("share_above").items()},
-        )
 
 
 def _matrix(raw: Any) -> MatrixStat:
@@ -61,19 +32,12 @@ def _matrix(raw: Any) -> MatrixStat:
 
 
 @dataclass(frozen=True)
-class AnalysisResult:
-    """One model measured on held-out text. A measurement that does not apply to the model is None (or empty)
-    and named in ``not_measured`` with why. A smallinit run's result has ``step``, ``config`` and
+class AnalysisResult(Activations):
+    """One model measured on held-out text: the measurements of one forward (:class:`Activations`, averaged
+    over the batches) and the matrices. A smallinit run's result has ``step``, ``config`` and
     ``norm_factor_analytic``; a Hugging Face model's has ``hf_config`` (and ``note``: which folder of a Trainer
     output_dir); ``analyze_model`` alone fills neither, nor ``checkpoint`` and ``data``."""
 
-    sink: SinkResult | None = None
-    residual_flow: float | None = None  # ‖h_L − e‖/‖e‖
-    # norm → measured factor / ideal 1/σ, module order
-    norm_factor: dict[str, float] = field(default_factory=dict)
-    loss: float | None = None  # nats/token
-    not_measured: dict[str, str] = field(default_factory=dict)  # measurement → why not
-    notes: tuple[str, ...] = ()  # how a measurement was obtained where it is not the usual way
     tokens: int | None = None  # how many were measured
     seq_len: int | None = None  # the sink's uniform reference depends on it
     matrices: tuple[MatrixStat, ...] = ()  # stable rank and mean |cos| of rows per weight matrix
@@ -97,17 +61,7 @@ class AnalysisResult:
         for key in ("checkpoint", "step", "config", "hf_config", "data", "note"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
-        if self.sink is not None:
-            out["sink"] = self.sink.to_dict()
-        if self.residual_flow is not None:
-            out["residual_flow"] = self.residual_flow
-        if self.norm_factor:
-            out["norm_factor"] = self.norm_factor
-        if self.loss is not None:
-            out["loss"] = self.loss
-        out["not_measured"] = self.not_measured
-        if self.notes:
-            out["notes"] = list(self.notes)
+        out.update(self.measurements())
         out.update(
             tokens=self.tokens,
             seq_len=self.seq_len,
@@ -125,18 +79,12 @@ class AnalysisResult:
         mats = raw["matrices"]
         if not isinstance(mats, Sequence):
             raise TypeError(f"matrices is {mats!r}, not a list")
-        notes = raw.get("notes") or ()
         for key in ("config", "hf_config"):
             if raw.get(key) is not None and not isinstance(raw[key], Mapping):
                 raise TypeError(f"{key} is {raw[key]!r}, not a table")
         f = Fields(raw, strict=True)
         return AnalysisResult(
-            sink=SinkResult.from_dict(raw["sink"]) if raw.get("sink") else None,  # an empty one is none
-            residual_flow=f.number("residual_flow"),
-            norm_factor=f.table("norm_factor"),
-            loss=f.number("loss"),
-            not_measured=f.table("not_measured", str),
-            notes=tuple(str(n) for n in notes),
+            **Activations.fields_from(raw),
             tokens=f.integer("tokens"),
             seq_len=f.integer("seq_len"),
             matrices=tuple(_matrix(m) for m in mats),
@@ -146,6 +94,6 @@ class AnalysisResult:
             config=raw.get("config"),
             hf_config=raw.get("hf_config"),
             data=f.text("data"),
-            note=None if raw.get("note") is None else str(raw["note"]),
+            note=f.text("note"),
             norm_factor_analytic=f.number("norm_factor_analytic"),
         )

@@ -8,9 +8,10 @@ forward pre-hooks apply it, one on the query projection (which keeps X) and one 
 (which gates its input), so the architecture's own forward is not edited. W_θ is drawn with σ = d_model^(−γ).
 
 An attention block is a module with a query projection and an output projection among its children (the names
-Hugging Face's families and GPT-2's Conv1D use, and torchtitan's wq/wo and OLMo-core's w_q/w_out); one forward on example inputs checks
-that a softmax runs between the two, so linear attention and state-space mixers are left ungated, said, and
-that no sigmoid already gates it (Qwen3-Next's attention is kept as it is, said).
+Hugging Face's families and GPT-2's Conv1D use, torchtitan's qkv_linear/wo and OLMo-core's w_q/w_out); one
+forward on example inputs checks that a softmax runs between the two, so linear attention and state-space
+mixers are left ungated, said, and that no sigmoid already gates it (Qwen3-Next's attention is kept as it
+is, said).
 """
 
 from __future__ import annotations
@@ -27,7 +28,18 @@ from smallinit.init.draw import _check_gamma, gamma_normal_
 from smallinit.init.roles import _example_inputs, _is_hf_conv1d
 
 KINDS = ("elementwise", "headwise")
-QUERY = ("q_proj", "qkv_proj", "c_attn", "query_key_value", "Wqkv", "wqkv", "wq", "w_q", "att_proj")
+QUERY = (
+    "q_proj",
+    "qkv_proj",
+    "c_attn",
+    "query_key_value",
+    "Wqkv",
+    "wqkv",
+    "qkv_linear",
+    "wq",
+    "w_q",
+    "att_proj",
+)
 OUTPUT = ("o_proj", "c_proj", "out_proj", "dense", "wo", "w_out", "attn_out")
 HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head")
 SOFTMAX = ("softmax", "scaled_dot_product_attention", "flex_attention")
@@ -99,7 +111,9 @@ def _size_in(module: nn.Module) -> int | None:
         return module.in_features
     if _is_hf_conv1d(module):
         return int(module.weight.shape[0])
-    return None
+    # a container of projections that all read X (torchtitan's qkv_linear holding wqkv): their common width
+    widths = {m.in_features for m in module.modules() if isinstance(m, nn.Linear)}
+    return widths.pop() if len(widths) == 1 else None
 
 
 def _child(module: nn.Module, names: tuple[str, ...]) -> str | None:

@@ -275,18 +275,11 @@ class Monitor:
         with _eval_mode(self.module):
             acts = measure_activations(self.adapter, self.tokens, self.targets)
             mats = self._gathered()
-        sink = acts.get("sink") or {}
-        rec = AnalysisRecord(
+        rec = AnalysisRecord.of(
             step,
-            sink=tuple(sink.get("per_layer", ())),
-            sink_mean=sink.get("mean"),
-            sink_share={float(eps): v for eps, v in sink.get("share_above", {}).items()},
-            residual_flow=acts.get("residual_flow"),
-            norm_factor=acts.get("norm_factor", {}),
-            loss=acts.get("loss"),
+            acts,
             stable_rank={n: stable_rank(W) for n, W in mats.items()},
             mean_abs_cos={n: sampled_mean_abs_cos(W, max_rows=COS_ROWS) for n, W in mats.items()},
-            not_measured=acts["not_measured"],
         )
         self.last_loss = rec.loss
         self._guard(step, rec.norm_factor)

@@ -17,9 +17,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from smallinit.fields import Fields, to_json
+
+if TYPE_CHECKING:
+    from smallinit.measures.activations import Activations
 
 ANALYSIS = "analysis"
 NORM_FACTOR = "norm_factor"
@@ -105,6 +108,26 @@ class AnalysisRecord:
     stable_rank: dict[str, float] = field(default_factory=dict)  # matrix → stable rank
     mean_abs_cos: dict[str, float] = field(default_factory=dict)  # matrix → mean |cos| between rows
     not_measured: dict[str, str] = field(default_factory=dict)  # measurement → why not
+
+    @staticmethod
+    def of(
+        step: int, acts: Activations, stable_rank: dict[str, float], mean_abs_cos: dict[str, float]
+    ) -> AnalysisRecord:
+        """The record of the measurements at ``step``: one forward's (the sink per layer, as this file has
+        always held it) and the matrices'."""
+        sink = acts.sink
+        return AnalysisRecord(
+            step,
+            sink=sink.per_layer if sink else (),
+            sink_mean=sink.mean if sink else None,
+            sink_share=sink.share_above if sink else {},
+            residual_flow=acts.residual_flow,
+            norm_factor=acts.norm_factor,
+            loss=acts.loss,
+            stable_rank=stable_rank,
+            mean_abs_cos=mean_abs_cos,
+            not_measured=acts.not_measured,
+        )
 
     @property
     def mean_norm_factor(self) -> float | None:

@@ -10,6 +10,7 @@ noncentrality δ√n/sd; the minimum detectable effect is the δ at which the te
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from scipy import optimize, stats
 
@@ -61,6 +62,18 @@ def minimum_detectable_effect(sd: float, n: int, alpha: float = CLAIM_ALPHA, pow
     while power_of_test(hi, sd, n, alpha) < power:
         hi *= 2
     return float(optimize.brentq(lambda d: power_of_test(d, sd, n, alpha) - power, 0.0, hi, xtol=sd * 1e-6))
+
+
+def minimum_detectable_by(power_of: Callable[[float], float], power: float = POWER) -> float:
+    """The smallest effect, in seed sds, that a rule more than the paired t-test (a split of the seeds, a
+    resampling test) detects with probability ``power``: ``power_of`` gives that probability at a true effect in
+    seed sds. Infinite where no effect does (the rule cannot decide)."""
+    hi = 1.0
+    while power_of(hi) < power:
+        if hi > 1e3:
+            return math.inf
+        hi *= 2
+    return float(optimize.brentq(lambda d: power_of(d) - power, 0.0, hi, xtol=1e-6))
 
 
 def seeds_for_power(

@@ -17,6 +17,7 @@ loss gap ``--seed-sd X`` or the recipe's pilot (``recipe.seed_sd``), else the CP
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,13 @@ from smallinit.config import Config, flatten
 from smallinit.monitor.records import AnalysisRecord, EvalRecord, NormFactorRecord
 from smallinit.study.judging.claims import NOT_RUN, ClaimResult, Comparison, Runs, registered
 from smallinit.study.judging.findings import flow_design, token_gap_pairs
-from smallinit.study.judging.power import ALPHA, MIN_SEEDS, POWER, minimum_detectable_effect
+from smallinit.study.judging.power import (
+    ALPHA,
+    MIN_SEEDS,
+    POWER,
+    minimum_detectable_by,
+    minimum_detectable_effect,
+)
 from smallinit.study.judging.verdicts import seeds_problem
 from smallinit.study.running.runs import Run
 
@@ -58,6 +65,9 @@ class ClaimPlan:
     failing: dict[str, str] = field(default_factory=dict)  # comparison → why it cannot be judged, by design
     testable: list[str] = field(default_factory=list)
     not_run: str = ""  # why the design does not run the claim at all (the recipe scale's options.dropped)
+    rule: str = ""  # the primary's rule where it is more than a paired t-test (its MDE is then that rule's)
+    # secondaries judged by a rule of their own (a resampling test): label → seeds, alpha, mde_sds, mde, rule
+    secondaries: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def partly(self) -> bool:
@@ -149,7 +159,7 @@ def claim_plans(
 ) -> list[ClaimPlan]:
     """Each claim's plan at the level its table judges it: Holm over the k primaries the design decides gives the
     first of them α/k (a recipe that decides one claim judges it at α), in the claim's unit from its seed sd."""
-    plans = []
+    plans, powers = [], []
     for res in results:
         problems = {c.label: _design_problem(res, c) for c in res.comparisons}
         failing = {label: why for label, why in problems.items() if why}
@@ -184,14 +194,35 @@ def claim_plans(
                 failing={} if dropped else failing,
                 testable=[c.label for c in testable],
                 not_run=dropped,
+                rule=primary.power_why,
             )
         )
+        powers.append(primary.power)
+        for c in testable:
+            if c.power is not None and c is not primary:  # a secondary: judged at α, uncorrected
+                mde_sds = minimum_detectable_by(functools.partial(c.power, alpha=ALPHA))
+                plans[-1].secondaries[c.label] = {
+                    "seeds": _seeds(c),
+                    "alpha": ALPHA,
+                    "mde_sds": finite(mde_sds),
+                    "mde": finite(mde_sds * sd) if sd is not None else None,
+                    "rule": c.power_why,
+                }
     alpha = ALPHA / max(1, sum(c.decides for c in plans))
-    for c in plans:
+    for c, power in zip(plans, powers):
         c.alpha = alpha
-        c.mde_sds = _mde(1.0, c.seeds, alpha)
+        c.mde_sds = (
+            _mde(1.0, c.seeds, alpha)
+            if power is None or not c.decides
+            else minimum_detectable_by(functools.partial(power, alpha=alpha))
+        )
         c.mde = c.mde_sds * c.seed_sd if c.seed_sd is not None else math.inf
     return plans
+
+
+def finite(x: float) -> float | None:
+    """A number JSON can hold: inf (no MDE) as None."""
+    return x if math.isfinite(x) else None
 
 
 def _design_problem(res: ClaimResult, c: Comparison) -> str:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from smallinit.study.planning.decidability import (
     ClaimPlan,
     PlannedRun,
     claim_plans,
+    finite,
     planned_measurements,
 )
 from smallinit.study.planning.recipes import Recipe, Scale, apply_budget, customise, load_recipe
@@ -87,15 +87,11 @@ class Plan:
             "device_hours": self.device_hours,
             "cells": [asdict(c) for c in self.cells],
             "claims": [
-                {**asdict(c), "mde": _finite(c.mde), "mde_sds": _finite(c.mde_sds)} for c in self.claims
+                {**asdict(c), "mde": finite(c.mde), "mde_sds": finite(c.mde_sds)} for c in self.claims
             ],
             "notes": self.notes,
             "slurm": self.slurm and self.slurm.to_dict(),
         }
-
-
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
 
 
 def parse_seed_sd(values: list[str] | None) -> tuple[float | None, dict[str, float]]:

@@ -51,9 +51,15 @@ def format_plan(plan: Plan) -> str:
             )
             lines.append(
                 f"  {c.claim:<12} decides: primary {c.primary} on {c.seeds} seeds, MDE {c.mde_sds:.2f} seed sds "
-                f"({at}); {len(c.testable)} of {len(c.testable) + len(c.failing)} comparisons testable, "
-                f"{c.fewest_seeds}–{c.most_seeds} seeds"
+                f"({at}{'; ' + c.rule if c.rule else ''}); {len(c.testable)} of "
+                f"{len(c.testable) + len(c.failing)} comparisons testable, {c.fewest_seeds}–{c.most_seeds} seeds"
             )
+            for label, s in c.secondaries.items():
+                at = f" = {s['mde']:.3g} {c.unit}" if s["mde"] is not None else ""
+                lines.append(
+                    f"      · {label}: {s['seeds']} seeds, MDE {s['mde_sds'] or math.inf:.2f} seed sds{at} at "
+                    f"α = {s['alpha']:g} ({s['rule']})"
+                )
         elif c.not_run:
             lines.append(f"  {c.claim:<12} {NOT_RUN}: {c.not_run}")
         else:

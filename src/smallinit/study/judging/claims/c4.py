@@ -6,6 +6,7 @@ rate, and the effective size gain against the paper's +44 %."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -26,7 +27,13 @@ from smallinit.study.judging.claims.selection import (
     val_loss,
 )
 from smallinit.study.judging.effective_size import effective_size_gain
-from smallinit.study.judging.power import ALPHA, MAX_SIZE_RATIO, MIN_SIZES, MIN_TOKENS_PER_PARAM
+from smallinit.study.judging.power import (
+    ALPHA,
+    MAX_SIZE_RATIO,
+    MIN_SIZES,
+    MIN_TOKENS_PER_PARAM,
+    power_of_test,
+)
 
 PAPER_EFFECTIVE_SIZE = 0.44  # γ = 1 with both fixes is worth a 44 % larger model
 
@@ -85,6 +92,13 @@ def smallest_p(n: int, max_flips: int = MAX_FLIPS) -> float:
     return 2 / min(2**n, max_flips)
 
 
+def best_lr_power(effect_sds: float, alpha: float, *, seeds: int) -> float:
+    """The power of the best-lr sign-flip test over ``seeds`` at a true gap of ``effect_sds`` seed sds: the paired
+    t-test's at the same seeds (tests/test_best_lr.py measures the two alike by simulation), and none where the
+    test cannot give p ≤ ``alpha`` (:func:`smallest_p`)."""
+    return power_of_test(effect_sds, 1.0, seeds, alpha) if smallest_p(seeds) <= alpha else 0.0
+
+
 def best_lr_comparison(runs: Runs, size: tuple, min_tpp: float) -> tuple[Comparison, str] | None:
     """L(γ.5) − L(γ1) with each γ at its best learning rate (fixed arm), and a note of the rates chosen.
 
@@ -126,13 +140,17 @@ def best_lr_comparison(runs: Runs, size: tuple, min_tpp: float) -> tuple[Compari
     if lost and not c.lost:  # a run lost at another rate than the one tested
         c.lost = lost_seeds(at.where({"model.gamma": 0.5}), at.where({"model.gamma": 1.0}))
         c.untestable = lost_problem(c.lost)
-    if planned(at) or c.untestable:
+    if c.untestable:
         return c, note
-    if smallest_p(len(seeds)) > ALPHA:
+    if smallest_p(len(seeds)) > ALPHA:  # known from the design
         c.untestable = (
             f"{len(seeds)} seeds at every rate: the sign-flip test over them cannot give p below "
             f"{smallest_p(len(seeds)):.2g} > α = {ALPHA:g} (needs ≥ 6)"
         )
+    if planned(at):
+        c.power = functools.partial(best_lr_power, seeds=len(seeds))
+        c.power_why = f"sign-flip test over the {len(seeds)} seeds run at every rate, uncorrected"
+        return c, note
     c.untestable = c.untestable or lr_bracket_problem(lr, lrs)  # the best lr is an outcome
     if not c.untestable:
         _, p = best_lr_test(losses, flip_patterns(len(seeds)))

@@ -6,13 +6,15 @@ of them (by seed, at least one), and the rebound from that point is tested on th
 point a rebound is measured from nor the precondition was chosen on the values tested (choosing the minimum
 on the same values would make a flat trajectory "rebound" from its lowest noise). Preconditions: the minimum
 so located lies before the last third of training, and the locating seeds rise from it to the end beyond their
-noise (:func:`robust_minimum`), so that a dip of noise on a course still falling is not judged as a minimum. A
+noise (:func:`robust_minimum`, which needs ≥ 2 locating seeds, so ≥ 4 seeds), so that a dip of noise on a
+course still falling is not judged as a minimum; a plan's MDE is that of this rule (:func:`rule_power`). A
 seed whose course gave no stable rank (fewer than 3 analysis records, or an empty one) is counted per arm, and
 the comparisons are then not judged on the others. Secondary: the early stable rank γ.5 − γ1 (the
 condensed start) and the path length γ1 − γ.5 (γ = 0.5 changes slowly)."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -59,6 +61,21 @@ def candidate_points(steps: list[int]) -> int:
 def selection_seeds(n: int) -> int:
     """How many of n seeds locate the minimum (the rest test the rebound)."""
     return max(1, math.ceil(n / 3))
+
+
+def rule_power(effect_sds: float, alpha: float, *, seeds: int, candidates: int) -> float:
+    """The probability that the rule judges a rebound of ``effect_sds`` seed sds (each seed's end minus its value at
+    the minimum) and agrees, at ``alpha`` for the test: the locating seeds' rise passes :func:`robust_minimum` and,
+    independently (other seeds), the tested seeds' two-sided t-test rejects above 0. It assumes the minimum is
+    located where it is; located elsewhere, the rebound tested from it is smaller, so this is the most the rule
+    can have."""
+    k = selection_seeds(seeds)
+    m = seeds - k
+    if k < 2 or m < 2:
+        return 0.0
+    located = stats.nct.sf(stats.t.ppf(1 - ALPHA / candidates, k - 1), k - 1, effect_sds * math.sqrt(k))
+    tested = stats.nct.sf(stats.t.ppf(1 - alpha / 2, m - 1), m - 1, effect_sds * math.sqrt(m))
+    return float(located * tested)
 
 
 def located_minimum(ranks: np.ndarray) -> np.ndarray:
@@ -151,14 +168,26 @@ def claim_c6(runs: Runs) -> ClaimResult:
                     dict(zip(tested, rebound(np.asarray([r1[s][:k] for s in tested]), lowest).tolist())),
                     "> 0",
                 )
-            if not planned(at) and steps[lowest] > LATE_MINIMUM * steps[k - 1]:
+            candidates = candidate_points(steps[:k])
+            if tested and len(chosen) < 2:  # known from the design: robust_minimum never passes
+                expansion.untestable = (
+                    f"{len(seeds)} seeds: one locates the minimum, and one seed cannot tell a rise from it from "
+                    "noise (a robust minimum needs ≥ 2 locating seeds: ≥ 4 seeds)"
+                )
+            elif planned(at):  # where the minimum lies, and whether it is robust, are the runs'
+                if tested:
+                    expansion.power = functools.partial(rule_power, seeds=len(seeds), candidates=candidates)
+                    expansion.power_why = (
+                        f"the split rule: {len(chosen)} seeds locate the minimum and must rise from it at "
+                        f"α = {ALPHA:g}/{candidates} (one-sided), {len(tested)} test the rebound"
+                    )
+            elif steps[lowest] > LATE_MINIMUM * steps[k - 1]:
                 expansion.untestable = (
                     f"γ=1's stable rank is lowest at step {steps[lowest]} of {steps[k - 1]}, in "
                     "the last third of training: no minimum yet to rebound from"
                 )
-            elif not planned(at):
+            else:
                 located = np.asarray([r1[s][:k] for s in chosen])
-                candidates = candidate_points(steps[:k])
                 if not robust_minimum(located, np.asarray(lowest), candidates):
                     rise = rebound(located, lowest)
                     expansion.untestable = (
@@ -208,7 +237,8 @@ register(
         "C6",
         lambda runs, measured, options: claim_c6(reference_lr(runs)),
         unit="stable rank",
-        decided_by_the_runs="γ = 1's stable-rank minimum before the last third of training",
+        decided_by_the_runs="γ = 1's stable-rank minimum before the last third of training, its locating seeds "
+        "rising from it beyond their noise",
         seed_sd=(
             0.061,
             "the CPU study's sd over 10 seeds of the srank rebound at d16 (docs/findings-cpu.md)",

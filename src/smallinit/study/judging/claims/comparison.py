@@ -64,6 +64,10 @@ class Comparison:
     no_value: str = ""  # per arm, the finished seeds that gave no value (:func:`count_no_value`)
     resampled_p: float | None = None  # a secondary judged by a resampling test instead of the t-test …
     resampled_why: str = ""  # … and that test in words
+    # on a plan's runs, where the rule is more than the paired t-test over the seeds it pairs: (true effect in seed
+    # sds, level) → the probability that the rule decides in the paper's direction (a plan's MDE solves it) …
+    power: Callable[[float, float], float] | None = None
+    power_why: str = ""  # … and that rule in words
     # seeds (else positions) whose value is not a number: on a plan's runs every value is unknown, so these are
     # the seeds the design pairs; nothing judges them
     unknown: list[int] = field(default_factory=list)
