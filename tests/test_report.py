@@ -25,16 +25,9 @@ from smallinit.analysis.result import AnalysisResult
 from smallinit.cli import main
 from smallinit.data import load_tokenizer
 from smallinit.report import figures
-from smallinit.report.html import (
-    HEATMAPS_SHOWN,
-    PAGE_WIDTH_PX,
-    Groups,
-    arm_keys,
-    grids,
-    num,
-    token_text,
-    varying_keys,
-)
+from smallinit.report.arrange import Groups, arm_keys, grids, varying_keys
+from smallinit.report.condensation import HEATMAPS_SHOWN
+from smallinit.report.markup import PAGE_WIDTH_PX, num, token_text
 from smallinit.study.running.runs import Run, find_runs
 
 # -- the report --------------------------------------------------------------------------------------------------
@@ -442,7 +435,7 @@ def test_whitespace_tokens_are_visible(report_dir):
 
 
 def test_a_verdict_label_of_any_wording_gets_a_badge():
-    from smallinit.report.html import verdict_badge
+    from smallinit.report.markup import verdict_badge
 
     assert (
         verdict_badge("not testable here") == '<span class="v v-not-testable-here">not testable here</span>'
@@ -529,7 +522,8 @@ def test_report_of_several_folders_needs_out(report_dir, tmp_path, capsys):
 
 def test_loss_gaps_along_training_are_drawn_from_the_findings(tmp_path):
     """A findings.json whose loss comparisons carry their trajectory gets the gap figure, laid out cleanly."""
-    from smallinit.report.html import _gap_panels
+    from smallinit.report.claims import claims_section
+    from smallinit.study.judging.findings_file import Findings
 
     traj = {
         "steps": [0, 10, 20, 30, 40],
@@ -545,7 +539,7 @@ def test_loss_gaps_along_training_are_drawn_from_the_findings(tmp_path):
             ],
         }
     ]
-    panels = _gap_panels(claims)
+    panels = claims_section("findings.json", Findings.from_dict({"claims": claims})).gaps
     assert list(panels) == ["C1"] and list(panels["C1"]) == ["L(γ.5)−L(γ1) @d16×4"]
     assert [x for x, _ in panels["C1"]["L(γ.5)−L(γ1) @d16×4"][0]] == [5, 10, 15, 20]  # step 0 left out
     fig = figures.gap_figure(panels)
@@ -671,7 +665,7 @@ def test_every_sink_figure_has_the_uniform_reference(drawn, report_dir):
 def test_the_flow_legend_names_every_setting_that_separates_the_arms(tmp_path):
     """The demo's arms differ in the gate, ε and the emulated saturation at once: naming the gate alone would
     credit it with the whole difference."""
-    from smallinit.report.html import _Doc, _section_residual
+    from smallinit.report.measures import residual_section
 
     arms = {
         "fixed": ["model.gate=elementwise", "model.norm_eps=1e-12"],
@@ -697,19 +691,16 @@ def test_the_flow_legend_names_every_setting_that_separates_the_arms(tmp_path):
                     + "\n"
                 )
     runs = find_runs(tmp_path)
-    made = []
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(figures, "residual_flow_figure", lambda series: made.append(series) or Figure())
-        _section_residual(_Doc("t"), runs, arm_keys(runs), [])
-    assert sorted(made[0]) == [
+    series = residual_section(runs, arm_keys(runs), []).series
+    assert sorted(series) == [
         "gate=elementwise, ε=1e-12, norm_eps_width=0",
         "gate=none, ε=1e-05, norm_eps_width=2048",
-    ], list(made[0])
+    ], list(series)
 
 
 def test_heatmaps_of_the_judged_arm_come_first_with_a_colour_bar(tmp_path):
     """C6 judges γ 0.5 and 1 of the fixed arm: their heatmaps are the ones its verdict is read against."""
-    from smallinit.report.html import _c6_judged
+    from smallinit.report.condensation import c6_judged
 
     arms = {
         "baseline": ["model.gate=none", "model.norm_eps=1e-05"],
@@ -720,7 +711,7 @@ def test_heatmaps_of_the_judged_arm_come_first_with_a_colour_bar(tmp_path):
         for gamma in (0.5, 1.0):
             _fake_run(tmp_path / f"{arm}-{gamma}", 3.0, f"model.gamma={gamma}", *sets)
             groups.append(find_runs(tmp_path / f"{arm}-{gamma}"))
-    judged = _c6_judged(groups)
+    judged = c6_judged(groups)
     assert sorted(judged.values()) == [0, 1] and {id(groups[2]), id(groups[3])} == set(judged)
     assert judged[id(groups[3])] == 0  # γ = 1 first: the setting whose rebound C6 tests
     snap = {"step": 0, "matrices": {"blocks.0.attn.q_proj.weight": np.eye(4)}, "mean_abs_cos": {}}
@@ -732,7 +723,7 @@ def test_heatmaps_of_the_judged_arm_come_first_with_a_colour_bar(tmp_path):
 
 def test_the_judged_heatmaps_are_at_the_reference_learning_rate(tmp_path):
     """An lr sweep beside the fixed arm (the full demo's) does not put its rates among the settings C6 judges."""
-    from smallinit.report.html import _c6_judged
+    from smallinit.report.condensation import c6_judged
 
     fixed = ["model.gate=elementwise", "model.norm_eps=1e-12"]
     groups = {}
@@ -751,7 +742,7 @@ def test_the_judged_heatmaps_are_at_the_reference_learning_rate(tmp_path):
             groups[lr, gamma] = [
                 r for seed in seeds for r in find_runs(tmp_path / f"lr{lr}-g{gamma}-s{seed}")
             ]
-    judged = _c6_judged(list(groups.values()))
+    judged = c6_judged(list(groups.values()))
     assert set(judged) == {id(groups[0.003, 0.5]), id(groups[0.003, 1.0])}
 
 
