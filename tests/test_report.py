@@ -365,9 +365,9 @@ def test_figure_labels_name_only_what_differs(report_dir):
     groups = Groups.of(runs, varying_keys(runs))
     # d_ff, the head counts and the corpus are shared; d_model tells the panels apart, γ the curves at d = 32
     assert {(p, c, len(g)) for p, c, g in groups.items()} == {
-        ("d_model=16", "γ=1", 1),
-        ("d_model=32", "γ=0.5", 1),
-        ("d_model=32", "γ=1", 2),
+        ("d = 16", "γ = 1", 1),
+        ("d = 32", "γ = 0.5", 1),
+        ("d = 32", "γ = 1", 2),
     }
     assert groups.legend_title == "γ; 1/2 seeds each"
 
@@ -414,13 +414,15 @@ def test_seeds_are_a_mean_and_a_band():
 # -- the page ------------------------------------------------------------------------------------------------------
 
 
-def test_page_folds_heatmaps_and_scrolls_wide_tables(drawn):
+def test_page_folds_heatmaps_and_boxes_no_table(drawn):
+    """Every row and column of a table is on the page, at 1400 px and in print: no box that scrolls (a box cut
+    the runs' table to 15 rows and its last column in a screenshot); a long cell wraps instead."""
     page = drawn.page
     shown, _, folded = page.partition('<details class="heatmaps">')
     assert shown.count('alt="row cosine heatmaps') == HEATMAPS_SHOWN
     assert folded.count('alt="row cosine heatmaps') == 3 - HEATMAPS_SHOWN  # three settings (seeds pooled)
-    assert page.count("<table") == page.count('<div class="wide"><table') > 5
-    assert "overflow-x:auto" in page
+    assert page.count("<table") > 5 and not re.search(r"overflow-[xy]|max-height|nowrap}", page)
+    assert "td{overflow-wrap:anywhere}" in page
     for run in RUNS:  # both folders in one report
         assert f"<td>runs/{run}</td>" in page
     assert "Coordinate check over γ" in page
@@ -692,10 +694,9 @@ def test_the_flow_legend_names_every_setting_that_separates_the_arms(tmp_path):
                 )
     runs = find_runs(tmp_path)
     series = residual_section(runs, arm_keys(runs), []).series
-    assert sorted(series) == [
-        "gate=elementwise, ε=1e-12, norm_eps_width=0",
-        "gate=none, ε=1e-05, norm_eps_width=2048",
-    ], list(series)
+    assert sorted(series) == ["elementwise gate, ε = 1e-12", "no gate, emulated ε = 1e-5 (d = 2048)"], list(
+        series
+    )
 
 
 def test_heatmaps_of_the_judged_arm_come_first_with_a_colour_bar(tmp_path):
@@ -790,7 +791,9 @@ def test_token_comparisons_of_several_seeds_are_pooled_with_the_seeds_folded(tmp
         assert main(["report", str(tmp_path)]) == 0
     page = (tmp_path / "report.html").read_text(encoding="utf-8")
     shown, _, folded = page.partition("<details><summary>each seed on its own: 3 comparisons")
-    assert "<h2>Token level: γ=1 vs γ=0.5 (3 seeds pooled)</h2>" in shown and "<h2>Token level" not in folded
+    assert (
+        "<h2>Token level: γ = 1 vs γ = 0.5 (3 seeds pooled)</h2>" in shown and "<h2>Token level" not in folded
+    )
     assert shown.count('alt="token gap by difficulty, seeds pooled"') == 1
     assert (
         folded.count('alt="token gap by difficulty"') == 3 and folded.count("<h3>Token level: γ=1 (seed") == 3

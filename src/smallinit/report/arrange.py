@@ -4,6 +4,7 @@ seeds pooled), loss grids over two settings, and the words that name a setting."
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -49,11 +50,54 @@ def short_key(key: str) -> str:
 
 
 def value(v: Any) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
+    """A setting's value as a reader writes it: 1e-5, not 1e-05."""
+    return (
+        re.sub(r"e([+-])0*(\d)", lambda m: f"e{m[1].replace('+', '')}{m[2]}", f"{v:g}")
+        if isinstance(v, float)
+        else str(v)
+    )
+
+
+# A setting in the words a legend uses: "γ = 0.5", "no gate", "4 layers"; a key not named here as "name = value".
+WORDS = {
+    "model.gamma": lambda v: f"γ = {value(v)}",
+    "model.norm_eps": lambda v: f"ε = {value(v)}",
+    "model.gate": lambda v: "no gate" if v in (None, "none") else f"{v} gate",
+    "model.d_model": lambda v: f"d = {v}",
+    "model.n_layers": lambda v: f"{v} layers",
+    "model.n_heads": lambda v: f"{v} heads",
+    "model.n_kv_heads": lambda v: f"{v} kv heads",
+    "model.moe.num_experts": lambda v: f"{v} experts",
+    "model.moe.top_k": lambda v: f"top-{v}",
+    "train.lr": lambda v: f"lr = {value(v)}",
+    "train.seed": lambda v: f"seed {v}",
+}
+EMULATED = "model.norm_eps_width"  # ε scaled so a model this wide saturates as one of that width would
+
+
+def describe(config: dict[str, Any], keys: Sequence[str]) -> str:
+    """The settings ``keys`` of ``config`` in words, for a legend or a title. An unset value says so ("steps
+    unset"), and ε emulating a wider model's saturation is named as such ("emulated ε = 1e-5 (d = 2048)")."""
+    words = []
+    for k in keys:
+        v = config.get(k)
+        if k == EMULATED:
+            if v:
+                eps = config.get("model.norm_eps") if "model.norm_eps" in keys else None
+                words.append(f"emulated ε{f' = {value(eps)}' if eps is not None else ''} (d = {v})")
+            elif "model.norm_eps" not in keys:
+                words.append("ε not emulated")
+        elif k == "model.norm_eps" and config.get(EMULATED) and EMULATED in keys:
+            continue  # named with its emulation
+        elif v is None:
+            words.append(f"{short_key(k)} unset")
+        else:
+            words.append(WORDS[k](v) if k in WORDS else f"{short_key(k)} = {value(v)}")
+    return ", ".join(words)
 
 
 def setting(run: Run, keys: Sequence[str]) -> str:
-    return ", ".join(f"{short_key(k)}={value(run.config.get(k))}" for k in keys)
+    return describe(run.config, keys)
 
 
 @dataclass

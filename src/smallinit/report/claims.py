@@ -10,10 +10,10 @@ from smallinit.analysis.tokens import TokenGapResult
 from smallinit.measures.residual_flow import ResidualFlowSweep
 from smallinit.report import figures
 from smallinit.report.diagnosis import Diagnosis
-from smallinit.report.markup import esc, h2, img, note, prose_table, verdict_badge, wide
+from smallinit.report.markup import details, esc, h2, img, note, prose_table, verdict_badge
 from smallinit.study.judging.claims import Runs, gaps_from_compares, judge_all
 from smallinit.study.judging.findings_file import Findings, JudgedClaim, JudgedComparison
-from smallinit.study.judging.verdicts import AGREE, DISAGREE, INCONCLUSIVE
+from smallinit.study.judging.verdicts import AGREE, DISAGREE, INCONCLUSIVE, NOT_TESTABLE
 from smallinit.study.running.runs import Run
 
 JUDGED_HERE = "the paper's claims, judged from the runs in this folder"
@@ -88,27 +88,69 @@ RULE = (
 )
 
 
-def _comparison_item(x: JudgedComparison) -> str:
+def reason(c: JudgedClaim) -> str:
+    """Why a claim got its verdict, in full: its primary's reason (the verdict is the primary's), else the
+    precondition of the whole claim that failed."""
+    first = c.primary_first()
+    return (first[0].reason if first else "") or c.untestable
+
+
+def one_line(c: JudgedClaim) -> str:
+    """The reason in one line: the primary's label and its reason up to the first parenthesis (a failed
+    precondition up to its first clause too); the rest is folded beneath it."""
+    first = c.primary_first()
+    why = reason(c).split(" (", 1)[0]
+    if c.verdict == NOT_TESTABLE:
+        why = why.split("; ", 1)[0]
+    label = first[0].label if first else ""
+    return f"{label}: {why}" if label and why else label or why or "no comparison"
+
+
+def _comparison_item(x: JudgedComparison, told: str) -> str:
+    """One comparison; its reason only where it is not the claim's own (``told``), which is already shown."""
     return (
         f"<li>{'primary: ' if x.primary else ''}{esc(x.text)}: {esc(x.verdict)}"
         + (f"; {esc(x.magnitude)}" if x.magnitude else "")
-        + (f" ({esc(x.reason)})" if x.reason and x.reason not in x.text else "")
+        + (f" ({esc(x.reason)})" if x.reason and x.reason not in x.text and x.reason != told else "")
         + "</li>"
     )
 
 
+def _claim_row(c: JudgedClaim) -> list[str]:
+    told = reason(c)
+    items = "".join(_comparison_item(x, told) for x in c.primary_first())
+    notes = [n for n in c.notes if n != told]
+    detail = (
+        (f"<p>{esc(told)}</p>" if told else "")
+        + f"<ul>{items}</ul>"
+        + (f"<p>{esc('; '.join(notes))}</p>" if notes else "")
+    )
+    n = len(c.comparisons)
+    return [
+        esc(c.claim),
+        esc(c.statement),
+        esc(c.paper),
+        verdict_badge(c.verdict),
+        f"{esc(one_line(c))}"
+        + details(
+            f"{n} comparison{'s' if n != 1 else ''}, the full reason{' and notes' if notes else ''}", detail
+        ),
+    ]
+
+
+def caveat(text: str, claim: JudgedClaim | None = None) -> str:
+    """A figure's caveat, beside it: how the figure stands to the claim that judges what it shows, and that
+    claim's verdict and one-line reason when it was judged here."""
+    judged = f" {esc(claim.key)}: {verdict_badge(claim.verdict)} {esc(one_line(claim))}." if claim else ""
+    return f'<p class="caveat">{esc(text)}{judged}</p>'
+
+
 def render_claims(s: ClaimsSection) -> list[str]:
-    parts = [h2(s.heading), note(f"{s.origin} {RULE}")]
-    rows = []
-    for c in s.claims:
-        why = "".join(_comparison_item(x) for x in c.primary_first())
-        rows.append(
-            f"<tr><td>{esc(c.claim)}</td><td>{esc(c.statement)}</td>"
-            f"<td>{esc(c.paper)}</td><td><ul>{why}</ul>{esc('; '.join(c.notes))}</td>"
-            f"<td>{verdict_badge(c.verdict)}</td></tr>"
-        )
-    head = "".join(f"<th>{h}</th>" for h in ("claim", "statement", "the paper", "measured", "verdict"))
-    parts.append(wide(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"))
+    parts = [
+        h2(s.heading),
+        note(f"{s.origin} {RULE}"),
+        prose_table(("claim", "statement", "the paper", "verdict", "why"), [_claim_row(c) for c in s.claims]),
+    ]
     if s.gaps:
         parts.append(
             note(

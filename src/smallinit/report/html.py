@@ -47,9 +47,9 @@ from smallinit.report.outputs import (
     render_evals,
 )
 from smallinit.report.runs import loss_section, render_losses, render_runs, runs_section
-from smallinit.report.tokens import render_tokens, token_pools
+from smallinit.report.tokens import render_tokens, token_section
 from smallinit.study.judging.findings import FINDINGS_FILE
-from smallinit.study.judging.findings_file import Findings
+from smallinit.study.judging.findings_file import Findings, JudgedClaim
 from smallinit.study.running.runs import Run, find_runs
 from smallinit.version import __version__
 
@@ -146,15 +146,22 @@ def _sections(
     """Every section, in the order a reader meets them: the claims (or the runs' own diagnosis), the runs, then
     what was measured."""
     parts: list[str] = []
+    shown: list[Findings] = []  # the claims the report shows, whose verdicts its figures name
     if findings:  # a recipe's findings judge its runs
         for name, f in findings:
             parts += render_claims(claims_section(name, f))
+        shown = [f for _, f in findings]
     elif runs or sweeps or compares:
         judged = judge_folder(runs, sweeps, compares)
         if not runs or a_study(runs, judged):
             parts += render_claims(claims_section(folders, judged))
+            shown = [judged]
         else:  # no study here: the runs' own diagnosis first
             parts += render_diagnoses([diagnose(r) for r in runs])
+    claims: dict[str, JudgedClaim] = {}
+    for f in shown:
+        for c in f.claims:
+            claims.setdefault(c.key, c)
     vary = varying_keys(runs)
     pooled = runs if include_unfinished else [r for r in runs if r.summary]
     pooled_vary = arm_keys(pooled)
@@ -164,9 +171,9 @@ def _sections(
     sections = (
         (loss_section(pooled, pooled_vary, groups), render_losses),
         (sink_section(groups, analyses), render_sink),
-        (residual_section(runs, arm_keys(runs), sweeps), render_residual),
+        (residual_section(runs, arm_keys(runs), sweeps, claims.get("C5")), render_residual),
         (condensation_section(groups), render_condensation),
-        (token_pools(compares), render_tokens),
+        (token_section(compares, claims.get("C7")), render_tokens),
         (checks, render_coordchecks),
         (analyses_section(analyses), render_analyses),
         (eval_rows(evals) if evals else None, render_evals),

@@ -34,25 +34,22 @@ def or_dash(v: Any) -> Any:
     return "–" if v is None else v
 
 
+ZOOM = 1.5  # figures are drawn at this many times figures.DPI: a one-panel figure ≈ 680 px, not ≈ 450
+
+
 def img(fig: Figure, alt: str) -> str:
-    data = base64.b64encode(figures.png(fig)).decode("ascii")
+    """A figure at a width a person reads: drawn at ZOOM × figures.DPI and shown at its own pixel size, or
+    shrunk to the text column when wider."""
+    data = base64.b64encode(figures.png(fig, dpi=round(figures.DPI * ZOOM))).decode("ascii")
     return f'<img alt="{esc(alt)}" src="data:image/png;base64,{data}">'
 
 
-def wide(table_html: str) -> str:
-    """A table that scrolls sideways inside the page when it is wider than the page."""
-    return f'<div class="wide">{table_html}</div>'
-
-
-TALL_ROWS = 15  # a data table longer than this scrolls inside a box, so one sweep's table does not fill pages
-
-
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    rows = list(rows)
+    """A table of numbers and names, every row shown: no box that scrolls hides a row or a column, on screen
+    or in print (a cell wraps rather than widen the table past the page)."""
     head = "".join(f"<th>{esc(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{num(c)}</td>" for c in row) + "</tr>" for row in rows)
-    markup = wide(f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
-    return f'<div class="tall">{markup}</div>' if len(rows) > TALL_ROWS else markup
+    return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
 def prose_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -102,14 +99,16 @@ CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:PAGE_WIDTHpx;margin:24px auto;
 padding:0 16px;color:#222;line-height:1.4}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:2em}
-table{border-collapse:collapse;margin:8px 0;font-size:.88em}td,th{border:1px solid #ddd;padding:3px 7px;
-text-align:left;vertical-align:top}th{background:#f3f3f3}img{max-width:100%;display:block;margin:8px 0}
-.wide{overflow-x:auto;max-width:100%}.tall{max-height:28em;overflow-y:auto}table.data td,table.data th{white-space:nowrap}
+table{border-collapse:collapse;margin:8px 0;font-size:.88em;max-width:100%}td,th{border:1px solid #ddd;
+padding:3px 7px;text-align:left;vertical-align:top}td{overflow-wrap:anywhere}th{background:#f3f3f3}
+img{max-width:100%;height:auto;display:block;margin:8px 0}
 .v{padding:1px 7px;border-radius:8px;font-weight:600;white-space:nowrap;background:#eee}
 .v-agree{background:#d4f4d2}.v-disagree{background:#f9d0d0}.v-not-testable-here{background:#e3e9f3}
-pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:.8em}details{margin:8px 0}
+pre{background:#f7f7f7;padding:8px;white-space:pre-wrap;font-size:.8em}details{margin:8px 0}
 summary{cursor:pointer;color:#245}.note{color:#555;font-size:.9em}
+.caveat{background:#fff8e1;border-left:3px solid #d9a400;padding:4px 8px;font-size:.9em}
 code.tok{background:#fff3c4;padding:0 2px;white-space:pre-wrap}
+@media print{body{max-width:none}h2{break-after:avoid}img,tr{break-inside:avoid}}
 """.replace("PAGE_WIDTH", str(PAGE_WIDTH_PX))
 
 

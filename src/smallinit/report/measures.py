@@ -17,7 +17,9 @@ from smallinit.measures.sink import uniform_sink
 from smallinit.monitor.records import AnalysisRecord
 from smallinit.report import figures
 from smallinit.report.arrange import SIZE_KEYS, Groups, distinct, distinguishing, setting
+from smallinit.report.claims import caveat
 from smallinit.report.markup import h2, img, note, or_dash, p, table
+from smallinit.study.judging.findings_file import JudgedClaim
 from smallinit.study.running.runs import Run
 
 PAPER_WIDTH = 2048  # the paper's Fig. 1c
@@ -199,10 +201,14 @@ class ResidualSection:
     series: dict[str, tuple[int, list[tuple[float, float]]]]  # setting → (width, (γ, ratio at init) points)
     rows: list[list[Any]]  # per run: name, γ, ratio at init, the paper's prediction through the γ = 1 points
     sweeps: list[tuple[str, ResidualFlowSweep]]
+    c5: JudgedClaim | None  # the claim the width sweep decides, where it was judged
 
 
 def residual_section(
-    runs: list[Run], vary: list[str], sweeps: list[tuple[str, ResidualFlowSweep]]
+    runs: list[Run],
+    vary: list[str],
+    sweeps: list[tuple[str, ResidualFlowSweep]],
+    c5: JudgedClaim | None = None,
 ) -> ResidualSection | None:
     at_init = [
         (r, a)
@@ -236,7 +242,7 @@ def residual_section(
         for group in by_setting.values():
             d = int(group[0][0].config["model.d_model"])
             points = sorted((float(r.config["model.gamma"]), a.residual_flow) for r, a in group)
-            series[setting(group[0][0], label_keys) or f"d_model={d}"] = (d, points)
+            series[setting(group[0][0], label_keys) or f"d = {d}"] = (d, points)
             c = figures.residual_prediction(points, d)
             rows += [
                 [
@@ -247,7 +253,7 @@ def residual_section(
                 ]
                 for r, a in sorted(group, key=lambda ra: (ra[0].config["model.gamma"], ra[0].name))
             ]
-    return ResidualSection(series, rows, sweeps)
+    return ResidualSection(series, rows, sweeps, c5)
 
 
 def render_residual(s: ResidualSection) -> list[str]:
@@ -262,6 +268,17 @@ def render_residual(s: ResidualSection) -> list[str]:
     ]
     if s.series:
         parts.append(img(figures.residual_flow_figure(s.series), "residual flow against gamma"))
+        widths = sorted({d for d, _ in s.series.values()})
+        parts.append(
+            caveat(
+                f"Not C5's test: these are the runs' own models at initialisation, at width{'s' if len(widths) > 1 else ''} "
+                f"{', '.join(map(str, widths))}; over γ at a fixed width a k ≠ 1 cannot be told from a factor that "
+                "changes with γ, which ≍ allows. C5 is judged from the width sweep of fresh models"
+                + (" below" if s.sweeps else "")
+                + " (the exponent over widths at each γ against 1 − γ).",
+                s.c5,
+            )
+        )
         parts.append(
             table(["run", "γ", "ratio at init", "paper c·d^(1−γ), c through the γ = 1 points"], s.rows)
         )
@@ -272,6 +289,10 @@ def render_residual(s: ResidualSection) -> list[str]:
             )
         )
         parts.append(img(figures.residual_sweep_figure(sw), "residual flow width sweep"))
+        if s.c5 is not None:
+            parts.append(
+                caveat("This sweep is C5's test: its exponent at the γ nearest 1 is the primary.", s.c5)
+            )
         parts.append(
             table(
                 ["γ", "predicted 1 − γ", "measured exponent", "seed sd"],

@@ -12,8 +12,10 @@ import numpy as np
 
 from smallinit.analysis.tokens import TokenGapResult
 from smallinit.report import figures
-from smallinit.report.arrange import short_key, value
-from smallinit.report.markup import esc, h2, img, note, num, table, token_text, wide
+from smallinit.report.arrange import describe
+from smallinit.report.claims import caveat
+from smallinit.report.markup import esc, h2, img, note, num, table, token_text
+from smallinit.study.judging.findings_file import JudgedClaim
 
 Named = tuple[str, TokenGapResult]  # a comparison and the file it came from
 
@@ -41,7 +43,7 @@ def _pool_labels(res: TokenGapResult) -> tuple[str, str]:
     """The two settings of a pool, named by what differs between them (γ=1 vs γ=0.5)."""
     a, b = res.meta["settings_a"], res.meta["settings_b"]
     keys = [k for k in a if k != "train.seed" and a.get(k) != b.get(k)] or ["model.gamma"]
-    la, lb = (", ".join(f"{short_key(k)}={value(s.get(k))}" for k in keys) for s in (a, b))
+    la, lb = (describe(s, keys) for s in (a, b))
     return la, lb
 
 
@@ -75,7 +77,23 @@ def token_pools(compares: list[Named]) -> list[TokenPool]:
     return out
 
 
-def _detail(name: str, res: TokenGapResult, heading: str) -> str:
+DESCRIPTIVE = (
+    "Descriptive, not a test: the difficulty bins come from the losses of the same two models whose gap the bars "
+    "show, so a bar leaning either way is selected on their own differences."
+)
+
+
+@dataclass(frozen=True)
+class TokenSection:
+    pools: list[TokenPool]
+    c7: JudgedClaim | None  # the claim these bars illustrate, where it was judged
+
+
+def token_section(compares: list[Named], c7: JudgedClaim | None) -> TokenSection:
+    return TokenSection(token_pools(compares), c7)
+
+
+def _detail(name: str, res: TokenGapResult, heading: str, told: str = "") -> str:
     """One comparison: its numbers, figure, bins and largest gaps (``heading``: h2 alone, h3 inside a pool)."""
     la, lb = res.meta.get("label_a", "A"), res.meta.get("label_b", "B")
     text = (
@@ -87,6 +105,7 @@ def _detail(name: str, res: TokenGapResult, heading: str) -> str:
         f"<{heading}>Token level: {esc(la)} vs {esc(lb)}</{heading}>",
         note(text),
         img(figures.token_gap_figure(res, la, lb), "token gap by difficulty"),
+        told,
         table(
             ["bin", "difficulty from", "to", "tokens", "mean Δ_sym", "Δ_sym SE", "loss B − A", "loss SE"],
             [
@@ -118,20 +137,18 @@ def _detail(name: str, res: TokenGapResult, heading: str) -> str:
         )
         parts.append(
             f"<details><summary>{esc(title)} ({len(items)} tokens)</summary>"
-            + wide(
-                f"<table><thead><tr><th>context</th><th>true token (⏎ newline, ␠ space)</th><th>p {esc(la)}</th>"
-                f"<th>p {esc(lb)}</th><th>Δ_sym</th></tr></thead><tbody>{rows}</tbody></table>"
-            )
-            + "</details>"
+            + f"<table><thead><tr><th>context</th><th>true token (⏎ newline, ␠ space)</th><th>p {esc(la)}</th>"
+            f"<th>p {esc(lb)}</th><th>Δ_sym</th></tr></thead><tbody>{rows}</tbody></table>" + "</details>"
         )
     return "".join(parts)
 
 
-def render_tokens(pools: list[TokenPool]) -> list[str]:
+def render_tokens(s: TokenSection) -> list[str]:
     parts = []
-    for pool in pools:
+    told = caveat(DESCRIPTIVE, s.c7)
+    for pool in s.pools:
         if len(pool.comparisons) == 1:
-            parts.append(_detail(*pool.comparisons[0], heading="h2"))
+            parts.append(_detail(*pool.comparisons[0], heading="h2", told=told))
             continue
         la, lb, n = pool.label_a, pool.label_b, len(pool.comparisons)
         results = [res for _, res in pool.comparisons]
@@ -146,6 +163,7 @@ def render_tokens(pools: list[TokenPool]) -> list[str]:
                 "seeds are the independent samples), a dot one seed."
             ),
             img(figures.token_gap_pooled_figure(results, la, lb), "token gap by difficulty, seeds pooled"),
+            told,
             table(
                 [
                     "bin",
