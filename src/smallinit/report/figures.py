@@ -25,6 +25,7 @@ from smallinit.io import write_atomic
 from smallinit.measures.norm_factor import rmsnorm_factor
 from smallinit.measures.residual_flow import ResidualFlowSweep
 from smallinit.measures.sink import uniform_sink
+from smallinit.report.arrange import value
 
 DPI = 90
 # The smallest text a figure draws, in points: 11.25 px at DPI, so still ≥ 10 px when a figure up to
@@ -153,7 +154,7 @@ def norm_factor_figure(
     fig, ax = _fig()
     ax = ax[0, 0]
     for e in eps:
-        ax.plot(g, rmsnorm_factor(g, e, d), lw=2.5, label=f"ε = {e:g}")
+        ax.plot(g, rmsnorm_factor(g, e, d), lw=2.5, label=f"ε = {value(e)}")
     ax.plot(g, np.power(float(d), g), "k--", lw=1, label="ideal 1/σ = d^γ")
     ax.set_yscale("log")
     ax.set_xlabel("γ")
