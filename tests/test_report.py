@@ -24,7 +24,7 @@ from smallinit.analysis.measure import held_out_batches
 from smallinit.analysis.result import AnalysisResult
 from smallinit.cli import main
 from smallinit.data import load_tokenizer
-from smallinit.report import figures
+from smallinit.report import figures, model_figures
 from smallinit.report.arrange import Groups, arm_keys, grids, varying_keys
 from smallinit.report.condensation import HEATMAPS_SHOWN
 from smallinit.report.markup import PAGE_WIDTH_PX, num, token_text
@@ -660,7 +660,7 @@ def test_every_sink_figure_has_the_uniform_reference(drawn, report_dir):
             assert line.get_linestyle() == "--" and np.allclose(line.get_ydata(), even)
     assert "<th>uniform attention</th>" in drawn.page and f"<td>{num(even)}</td>" in drawn.page
     analysis = json.loads((report_dir / "runs" / "g1.0" / "analysis" / "analysis.json").read_text())
-    label, value = figures.sink_reference(AnalysisResult.from_dict(analysis))
+    label, value = model_figures.sink_reference(AnalysisResult.from_dict(analysis))
     assert label == "uniform attention (T = 32)" and value == pytest.approx(even)
 
 
@@ -785,9 +785,9 @@ def test_token_comparisons_of_several_seeds_are_pooled_with_the_seeds_folded(tmp
     for seed, shift in ((0, 0.0), (1, 0.1), (2, 0.2)):
         _gap_result(seed, shift).save(tmp_path / f"seed{seed}")
     made = []
-    real = figures.token_gap_pooled_figure
+    real = model_figures.token_gap_pooled_figure
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(figures, "token_gap_pooled_figure", lambda *a: made.append(real(*a)) or made[-1])
+        mp.setattr(model_figures, "token_gap_pooled_figure", lambda *a: made.append(real(*a)) or made[-1])
         assert main(["report", str(tmp_path)]) == 0
     page = (tmp_path / "report.html").read_text(encoding="utf-8")
     shown, _, folded = page.partition("<details><summary>each seed on its own: 3 comparisons")
@@ -830,10 +830,12 @@ def test_analyze_figure_stays_legible_with_many_long_module_names(tmp_path):
         "matrices": mats,
     }
     made = []
-    real = figures.save
+    real = model_figures.save
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(figures, "save", lambda fig, path, *a: made.append(fig) or real(fig, path, *a))
-        figures.analysis_figures(AnalysisResult.from_dict(result), tmp_path)  # a file with only these fields
+        mp.setattr(model_figures, "save", lambda fig, path, *a: made.append(fig) or real(fig, path, *a))
+        model_figures.analysis_figures(
+            AnalysisResult.from_dict(result), tmp_path
+        )  # a file with only these fields
     sink, norms = made
     assert [ln.get_label() for ln in sink.axes[0].get_lines()][-1] == "uniform attention (T = 64)"
     FigureCanvasAgg(norms).draw()

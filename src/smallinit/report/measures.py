@@ -15,7 +15,7 @@ from smallinit.measures.norm_factor import init_variance, relative_factor, rmsno
 from smallinit.measures.residual_flow import ResidualFlowSweep
 from smallinit.measures.sink import uniform_sink
 from smallinit.monitor.records import AnalysisRecord
-from smallinit.report import figures
+from smallinit.report import figures, model_figures
 from smallinit.report.arrange import SIZE_KEYS, Groups, distinct, distinguishing, setting
 from smallinit.report.claims import caveat
 from smallinit.report.markup import h2, img, note, or_dash, p, table
@@ -139,7 +139,7 @@ def sink_section(groups: Groups, analyses: list[tuple[str, AnalysisResult]]) -> 
         if not a.sink:
             continue
         panels.setdefault(ANALYZE, {})[name] = [list(a.sink.per_layer)]
-        ref = figures.sink_reference(a)
+        ref = model_figures.sink_reference(a)
         if ref:
             refs.setdefault(ANALYZE, {})[ref[0]] = ref[1]
         else:

@@ -9,7 +9,7 @@ import numpy as np
 
 from smallinit.analysis.coordcheck import CoordCheck
 from smallinit.analysis.result import AnalysisResult
-from smallinit.report import figures
+from smallinit.report import model_figures
 from smallinit.report.markup import h2, img, note, or_dash, table
 
 
@@ -22,7 +22,7 @@ def render_coordchecks(checks: list[tuple[str, CoordCheck]]) -> list[str]:
                 f"{name}: fresh models per γ, {cc.steps} AdamW steps; activation RMS per layer and the relative "
                 "size of the first update. A layer whose scale moves with γ here is one the init decides."
             ),
-            img(figures.coordcheck_figure(cc), "coordinate check"),
+            img(model_figures.coordcheck_figure(cc), "coordinate check"),
             table(
                 ["layer", *[f"γ={g:g}, step 0" for g in cc.gammas]],
                 [[n, *cc.series("activation", n, 0)] for n in cc.names("activation")],

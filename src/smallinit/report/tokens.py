@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from smallinit.analysis.tokens import TokenGapResult
-from smallinit.report import figures
+from smallinit.report import model_figures
 from smallinit.report.arrange import describe
 from smallinit.report.claims import caveat
 from smallinit.report.markup import esc, h2, img, note, num, table, token_text
@@ -104,7 +104,7 @@ def _detail(name: str, res: TokenGapResult, heading: str, told: str = "") -> str
     parts = [
         f"<{heading}>Token level: {esc(la)} vs {esc(lb)}</{heading}>",
         note(text),
-        img(figures.token_gap_figure(res, la, lb), "token gap by difficulty"),
+        img(model_figures.token_gap_figure(res, la, lb), "token gap by difficulty"),
         told,
         table(
             ["bin", "difficulty from", "to", "tokens", "mean Δ_sym", "Δ_sym SE", "loss B − A", "loss SE"],
@@ -162,7 +162,10 @@ def render_tokens(s: TokenSection) -> list[str]:
                 "losses, in each seed's own quantile bins; a bar is the mean over seeds, ± 2 SE over seeds (the "
                 "seeds are the independent samples), a dot one seed."
             ),
-            img(figures.token_gap_pooled_figure(results, la, lb), "token gap by difficulty, seeds pooled"),
+            img(
+                model_figures.token_gap_pooled_figure(results, la, lb),
+                "token gap by difficulty, seeds pooled",
+            ),
             told,
             table(
                 [
