@@ -11,9 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from smallinit.study.judging.claims.comparison import PRIMARY
 from smallinit.study.judging.verdicts import INCONCLUSIVE
-
-PRIMARY = "primary"
 
 
 def _known(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
