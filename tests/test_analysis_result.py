@@ -17,7 +17,7 @@ from smallinit.analysis.result import AnalysisResult
 from smallinit.cli import main
 from smallinit.measures.activations import SinkResult
 from smallinit.report import build_report
-from smallinit.report.html import num
+from smallinit.report.markup import num
 
 # the order analyze has always written a run's analysis.json in (a reader diffing two files relies on it)
 RUN_KEYS = [

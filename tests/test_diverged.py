@@ -7,8 +7,9 @@ import json
 import math
 from pathlib import Path
 
-from smallinit.report.html import _Doc, _section_findings
+from smallinit.report.claims import claims_section, render_claims
 from smallinit.study.judging.claims import Runs, claim_c4, claim_c6, loss_comparison
+from smallinit.study.judging.findings_file import Findings
 from smallinit.study.judging.verdicts import NOT_TESTABLE, verdict_table
 from smallinit.study.running.runs import Run
 from test_verdicts import FIXED, PARAMS, _srank_records, make_run
@@ -63,9 +64,8 @@ def test_a_diverged_seed_is_counted_and_the_gap_is_not_judged_on_the_survivors(t
     first = next(line for line in table.splitlines() if line.startswith("C4"))
     assert "not testable here" in first and f"γ=1: 1 of 4 seeds diverged (step {DIVERGED_AT})" in first, table
     assert "(n=3)" in first  # the survivors' numbers, beside the count of the lost seed
-    doc = _Doc("t")
-    _section_findings(doc, [("claims", {"claims": [claim]})])
-    assert f"γ=1: 1 of 4 seeds diverged (step {DIVERGED_AT})" in "".join(doc.parts)
+    parts = render_claims(claims_section("claims", Findings.from_dict({"claims": [claim]})))
+    assert f"γ=1: 1 of 4 seeds diverged (step {DIVERGED_AT})" in "".join(parts)
 
 
 def test_the_budget_is_the_one_the_other_seeds_reached(tmp_path):

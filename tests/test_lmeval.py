@@ -20,7 +20,7 @@ from smallinit.config import Config  # noqa: E402
 from smallinit.data import load_tokenizer  # noqa: E402
 from smallinit.export.lmeval import run_eval  # noqa: E402
 from smallinit.report import build_report  # noqa: E402
-from smallinit.report.html import num  # noqa: E402
+from smallinit.report.markup import num  # noqa: E402
 from smallinit.train import Trainer, load_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

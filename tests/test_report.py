@@ -24,17 +24,10 @@ from smallinit.analysis.measure import held_out_batches
 from smallinit.analysis.result import AnalysisResult
 from smallinit.cli import main
 from smallinit.data import load_tokenizer
-from smallinit.report import figures
-from smallinit.report.html import (
-    HEATMAPS_SHOWN,
-    PAGE_WIDTH_PX,
-    Groups,
-    arm_keys,
-    grids,
-    num,
-    token_text,
-    varying_keys,
-)
+from smallinit.report import figures, model_figures
+from smallinit.report.arrange import Groups, arm_keys, grids, varying_keys
+from smallinit.report.condensation import HEATMAPS_SHOWN
+from smallinit.report.markup import PAGE_WIDTH_PX, num, token_text
 from smallinit.study.running.runs import Run, find_runs
 
 # -- the report --------------------------------------------------------------------------------------------------
@@ -372,9 +365,9 @@ def test_figure_labels_name_only_what_differs(report_dir):
     groups = Groups.of(runs, varying_keys(runs))
     # d_ff, the head counts and the corpus are shared; d_model tells the panels apart, γ the curves at d = 32
     assert {(p, c, len(g)) for p, c, g in groups.items()} == {
-        ("d_model=16", "γ=1", 1),
-        ("d_model=32", "γ=0.5", 1),
-        ("d_model=32", "γ=1", 2),
+        ("d = 16", "γ = 1", 1),
+        ("d = 32", "γ = 0.5", 1),
+        ("d = 32", "γ = 1", 2),
     }
     assert groups.legend_title == "γ; 1/2 seeds each"
 
@@ -421,13 +414,15 @@ def test_seeds_are_a_mean_and_a_band():
 # -- the page ------------------------------------------------------------------------------------------------------
 
 
-def test_page_folds_heatmaps_and_scrolls_wide_tables(drawn):
+def test_page_folds_heatmaps_and_boxes_no_table(drawn):
+    """Every row and column of a table is on the page, at 1400 px and in print: no box that scrolls (a box cut
+    the runs' table to 15 rows and its last column in a screenshot); a long cell wraps instead."""
     page = drawn.page
     shown, _, folded = page.partition('<details class="heatmaps">')
     assert shown.count('alt="row cosine heatmaps') == HEATMAPS_SHOWN
     assert folded.count('alt="row cosine heatmaps') == 3 - HEATMAPS_SHOWN  # three settings (seeds pooled)
-    assert page.count("<table") == page.count('<div class="wide"><table') > 5
-    assert "overflow-x:auto" in page
+    assert page.count("<table") > 5 and not re.search(r"overflow-[xy]|max-height|nowrap}", page)
+    assert "td{overflow-wrap:anywhere}" in page
     for run in RUNS:  # both folders in one report
         assert f"<td>runs/{run}</td>" in page
     assert "Coordinate check over γ" in page
@@ -442,7 +437,7 @@ def test_whitespace_tokens_are_visible(report_dir):
 
 
 def test_a_verdict_label_of_any_wording_gets_a_badge():
-    from smallinit.report.html import verdict_badge
+    from smallinit.report.markup import verdict_badge
 
     assert (
         verdict_badge("not testable here") == '<span class="v v-not-testable-here">not testable here</span>'
@@ -529,7 +524,8 @@ def test_report_of_several_folders_needs_out(report_dir, tmp_path, capsys):
 
 def test_loss_gaps_along_training_are_drawn_from_the_findings(tmp_path):
     """A findings.json whose loss comparisons carry their trajectory gets the gap figure, laid out cleanly."""
-    from smallinit.report.html import _gap_panels
+    from smallinit.report.claims import claims_section
+    from smallinit.study.judging.findings_file import Findings
 
     traj = {
         "steps": [0, 10, 20, 30, 40],
@@ -545,7 +541,7 @@ def test_loss_gaps_along_training_are_drawn_from_the_findings(tmp_path):
             ],
         }
     ]
-    panels = _gap_panels(claims)
+    panels = claims_section("findings.json", Findings.from_dict({"claims": claims})).gaps
     assert list(panels) == ["C1"] and list(panels["C1"]) == ["L(γ.5)−L(γ1) @d16×4"]
     assert [x for x, _ in panels["C1"]["L(γ.5)−L(γ1) @d16×4"][0]] == [5, 10, 15, 20]  # step 0 left out
     fig = figures.gap_figure(panels)
@@ -664,14 +660,14 @@ def test_every_sink_figure_has_the_uniform_reference(drawn, report_dir):
             assert line.get_linestyle() == "--" and np.allclose(line.get_ydata(), even)
     assert "<th>uniform attention</th>" in drawn.page and f"<td>{num(even)}</td>" in drawn.page
     analysis = json.loads((report_dir / "runs" / "g1.0" / "analysis" / "analysis.json").read_text())
-    label, value = figures.sink_reference(AnalysisResult.from_dict(analysis))
+    label, value = model_figures.sink_reference(AnalysisResult.from_dict(analysis))
     assert label == "uniform attention (T = 32)" and value == pytest.approx(even)
 
 
 def test_the_flow_legend_names_every_setting_that_separates_the_arms(tmp_path):
     """The demo's arms differ in the gate, ε and the emulated saturation at once: naming the gate alone would
     credit it with the whole difference."""
-    from smallinit.report.html import _Doc, _section_residual
+    from smallinit.report.measures import residual_section
 
     arms = {
         "fixed": ["model.gate=elementwise", "model.norm_eps=1e-12"],
@@ -697,19 +693,15 @@ def test_the_flow_legend_names_every_setting_that_separates_the_arms(tmp_path):
                     + "\n"
                 )
     runs = find_runs(tmp_path)
-    made = []
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(figures, "residual_flow_figure", lambda series: made.append(series) or Figure())
-        _section_residual(_Doc("t"), runs, arm_keys(runs), [])
-    assert sorted(made[0]) == [
-        "gate=elementwise, ε=1e-12, norm_eps_width=0",
-        "gate=none, ε=1e-05, norm_eps_width=2048",
-    ], list(made[0])
+    series = residual_section(runs, arm_keys(runs), []).series
+    assert sorted(series) == ["elementwise gate, ε = 1e-12", "no gate, emulated ε = 1e-5 (d = 2048)"], list(
+        series
+    )
 
 
 def test_heatmaps_of_the_judged_arm_come_first_with_a_colour_bar(tmp_path):
     """C6 judges γ 0.5 and 1 of the fixed arm: their heatmaps are the ones its verdict is read against."""
-    from smallinit.report.html import _c6_judged
+    from smallinit.report.condensation import c6_judged
 
     arms = {
         "baseline": ["model.gate=none", "model.norm_eps=1e-05"],
@@ -720,7 +712,7 @@ def test_heatmaps_of_the_judged_arm_come_first_with_a_colour_bar(tmp_path):
         for gamma in (0.5, 1.0):
             _fake_run(tmp_path / f"{arm}-{gamma}", 3.0, f"model.gamma={gamma}", *sets)
             groups.append(find_runs(tmp_path / f"{arm}-{gamma}"))
-    judged = _c6_judged(groups)
+    judged = c6_judged(groups)
     assert sorted(judged.values()) == [0, 1] and {id(groups[2]), id(groups[3])} == set(judged)
     assert judged[id(groups[3])] == 0  # γ = 1 first: the setting whose rebound C6 tests
     snap = {"step": 0, "matrices": {"blocks.0.attn.q_proj.weight": np.eye(4)}, "mean_abs_cos": {}}
@@ -732,7 +724,7 @@ def test_heatmaps_of_the_judged_arm_come_first_with_a_colour_bar(tmp_path):
 
 def test_the_judged_heatmaps_are_at_the_reference_learning_rate(tmp_path):
     """An lr sweep beside the fixed arm (the full demo's) does not put its rates among the settings C6 judges."""
-    from smallinit.report.html import _c6_judged
+    from smallinit.report.condensation import c6_judged
 
     fixed = ["model.gate=elementwise", "model.norm_eps=1e-12"]
     groups = {}
@@ -751,7 +743,7 @@ def test_the_judged_heatmaps_are_at_the_reference_learning_rate(tmp_path):
             groups[lr, gamma] = [
                 r for seed in seeds for r in find_runs(tmp_path / f"lr{lr}-g{gamma}-s{seed}")
             ]
-    judged = _c6_judged(list(groups.values()))
+    judged = c6_judged(list(groups.values()))
     assert set(judged) == {id(groups[0.003, 0.5]), id(groups[0.003, 1.0])}
 
 
@@ -793,13 +785,15 @@ def test_token_comparisons_of_several_seeds_are_pooled_with_the_seeds_folded(tmp
     for seed, shift in ((0, 0.0), (1, 0.1), (2, 0.2)):
         _gap_result(seed, shift).save(tmp_path / f"seed{seed}")
     made = []
-    real = figures.token_gap_pooled_figure
+    real = model_figures.token_gap_pooled_figure
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(figures, "token_gap_pooled_figure", lambda *a: made.append(real(*a)) or made[-1])
+        mp.setattr(model_figures, "token_gap_pooled_figure", lambda *a: made.append(real(*a)) or made[-1])
         assert main(["report", str(tmp_path)]) == 0
     page = (tmp_path / "report.html").read_text(encoding="utf-8")
     shown, _, folded = page.partition("<details><summary>each seed on its own: 3 comparisons")
-    assert "<h2>Token level: γ=1 vs γ=0.5 (3 seeds pooled)</h2>" in shown and "<h2>Token level" not in folded
+    assert (
+        "<h2>Token level: γ = 1 vs γ = 0.5 (3 seeds pooled)</h2>" in shown and "<h2>Token level" not in folded
+    )
     assert shown.count('alt="token gap by difficulty, seeds pooled"') == 1
     assert (
         folded.count('alt="token gap by difficulty"') == 3 and folded.count("<h3>Token level: γ=1 (seed") == 3
@@ -836,10 +830,12 @@ def test_analyze_figure_stays_legible_with_many_long_module_names(tmp_path):
         "matrices": mats,
     }
     made = []
-    real = figures.save
+    real = model_figures.save
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(figures, "save", lambda fig, path, *a: made.append(fig) or real(fig, path, *a))
-        figures.analysis_figures(AnalysisResult.from_dict(result), tmp_path)  # a file with only these fields
+        mp.setattr(model_figures, "save", lambda fig, path, *a: made.append(fig) or real(fig, path, *a))
+        model_figures.analysis_figures(
+            AnalysisResult.from_dict(result), tmp_path
+        )  # a file with only these fields
     sink, norms = made
     assert [ln.get_label() for ln in sink.axes[0].get_lines()][-1] == "uniform attention (T = 64)"
     FigureCanvasAgg(norms).draw()

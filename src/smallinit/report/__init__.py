@@ -16,7 +16,7 @@ from smallinit.io import write_result
 from smallinit.measures.condensation import MatrixStat
 from smallinit.measures.residual_flow import ResidualFlowSweep
 from smallinit.measures.sink import uniform_sink
-from smallinit.report import figures
+from smallinit.report import figures, model_figures
 from smallinit.report.html import build_report
 
 __all__ = [
@@ -33,7 +33,7 @@ __all__ = [
 def write_analysis(result: AnalysisResult, out_dir: str | os.PathLike) -> list[Path]:
     """``smallinit analyze`` output: analysis.json and its figures in ``out_dir``."""
     out = Path(out_dir)
-    return [write_result(out / ANALYSIS_FILE, result.to_dict()), *figures.analysis_figures(result, out)]
+    return [write_result(out / ANALYSIS_FILE, result.to_dict()), *model_figures.analysis_figures(result, out)]
 
 
 def analysis_lines(result: AnalysisResult, seq_len: int | None) -> list[str]:
@@ -109,13 +109,13 @@ def write_compare(result: TokenGapResult, out_dir: str | os.PathLike | None = No
     out = Path(out_dir) if out_dir is not None else compare_output_dir(result)
     path = result.save(out)
     la, lb = result.meta.get("label_a", "A"), result.meta.get("label_b", "B")
-    return [path, figures.save(figures.token_gap_figure(result, la, lb), out / "token_gap.png")]
+    return [path, figures.save(model_figures.token_gap_figure(result, la, lb), out / "token_gap.png")]
 
 
 def write_coordcheck(cc: CoordCheck, out_dir: str | os.PathLike) -> list[Path]:
     out = Path(out_dir)
     path = cc.save(out)
-    return [path, figures.save(figures.coordcheck_figure(cc), out / "coordcheck.png")]
+    return [path, figures.save(model_figures.coordcheck_figure(cc), out / "coordcheck.png")]
 
 
 def write_sweep(sweep: ResidualFlowSweep, out_dir: str | os.PathLike) -> list[Path]:

@@ -18,13 +18,10 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
-from smallinit.analysis.coordcheck import CoordCheck
-from smallinit.analysis.result import AnalysisResult
-from smallinit.analysis.tokens import TokenGapResult
 from smallinit.io import write_atomic
 from smallinit.measures.norm_factor import rmsnorm_factor
 from smallinit.measures.residual_flow import ResidualFlowSweep
-from smallinit.measures.sink import uniform_sink
+from smallinit.report.arrange import value
 
 DPI = 90
 # The smallest text a figure draws, in points: 11.25 px at DPI, so still ≥ 10 px when a figure up to
@@ -45,7 +42,7 @@ def save(fig: Figure, path: str | Path, dpi: int = DPI) -> Path:
     return path
 
 
-def _fig(ncols: int = 1, nrows: int = 1, w: float = 5.0, h: float = 3.6) -> tuple[Figure, np.ndarray]:
+def canvas(ncols: int = 1, nrows: int = 1, w: float = 5.0, h: float = 3.6) -> tuple[Figure, np.ndarray]:
     fig = Figure(figsize=(w * ncols, h * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
     return fig, axes
@@ -60,7 +57,7 @@ def _widen_for(legend) -> None:
 LEGEND_ROWS = 16  # a taller legend than its figure collapses the axes: more entries go into further columns
 
 
-def _legend_right(ax, **kw) -> None:
+def legend_right(ax, **kw) -> None:
     """The legend beside the axes, never over the data (constrained layout makes room for it)."""
     n = len(ax.get_legend_handles_labels()[0])
     if n:
@@ -115,7 +112,7 @@ def _panels(
     n = max(1, len(panels))
     per_row = min(n, 2) if ncols_per_panel == 1 else 1  # two panels and a legend fit the page's column
     rows = math.ceil(n / per_row)
-    fig, axes = _fig(ncols=per_row * ncols_per_panel, nrows=rows, w=w, h=h)
+    fig, axes = canvas(ncols=per_row * ncols_per_panel, nrows=rows, w=w, h=h)
     flat = [
         axes[i // per_row, (i % per_row) * ncols_per_panel : (i % per_row + 1) * ncols_per_panel]
         for i in range(n)
@@ -126,7 +123,7 @@ def _panels(
     return fig, flat, _colors(labels)
 
 
-def _shared_legend(fig: Figure, title: str | None) -> None:
+def shared_legend(fig: Figure, title: str | None) -> None:
     """One legend for every panel, right of them: each label once, in order of first appearance."""
     handles: dict[str, Any] = {}
     for ax in fig.axes:
@@ -150,16 +147,16 @@ def norm_factor_figure(
 ) -> Figure:
     """Fig. 1c: the RMSNorm factor (σ² + ε)^(−1/2), σ² = d^(−2γ), against γ for two ε, and the ideal 1/σ."""
     g = np.linspace(0.25, 1.5, 126) if gammas is None else np.asarray(gammas, dtype=float)
-    fig, ax = _fig()
+    fig, ax = canvas()
     ax = ax[0, 0]
     for e in eps:
-        ax.plot(g, rmsnorm_factor(g, e, d), lw=2.5, label=f"ε = {e:g}")
+        ax.plot(g, rmsnorm_factor(g, e, d), lw=2.5, label=f"ε = {value(e)}")
     ax.plot(g, np.power(float(d), g), "k--", lw=1, label="ideal 1/σ = d^γ")
     ax.set_yscale("log")
     ax.set_xlabel("γ")
     ax.set_ylabel("RMSNorm factor")
     ax.set_title(f"RMSNorm factor at init, d = {d}")
-    _legend_right(ax)
+    legend_right(ax)
     ax.grid(alpha=0.3)
     return fig
 
@@ -189,7 +186,7 @@ def loss_curves_figure(
         ax.set_ylabel("loss (nats/token)")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
-    _shared_legend(fig, legend_title)
+    shared_legend(fig, legend_title)
     return fig
 
 
@@ -205,7 +202,7 @@ def grid_figure(
     shapes = [np.asarray(v, dtype=float).shape for v, _, _ in panels.values()]
     n_rows, n_cols = max(s[0] for s in shapes), max(s[1] for s in shapes)
     per_row = min(len(panels), 3)
-    fig, axes = _fig(
+    fig, axes = canvas(
         ncols=per_row, nrows=math.ceil(len(panels) / per_row), w=1.3 * n_cols + 1.6, h=0.6 * n_rows + 1.6
     )
     finite = np.concatenate([np.asarray(v, dtype=float).ravel() for v, _, _ in panels.values()])
@@ -267,7 +264,7 @@ def sink_figure(
         ax.set_ylabel("sink score (weight on token 1)")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
-    _shared_legend(fig, legend_title)
+    shared_legend(fig, legend_title)
     return fig
 
 
@@ -292,7 +289,7 @@ def residual_flow_figure(series: Mapping[str, tuple[int, Sequence[tuple[float, f
     """Fig. 3a: residual-flow ratio at init against γ, one colour per ``{label: (width d, [(γ, ratio)])}``:
     the measured points, the least-squares fit through them (dotted) and the paper's d^(1−γ) through the
     points at the γ nearest 1 (dashed)."""
-    fig, ax = _fig()
+    fig, ax = canvas()
     ax = ax[0, 0]
     colors = _colors(list(series))
     for label, (d, points) in series.items():  # one legend entry per setting: many settings fit
@@ -310,7 +307,7 @@ def residual_flow_figure(series: Mapping[str, tuple[int, Sequence[tuple[float, f
     ax.set_xlabel("γ")
     ax.set_ylabel("‖h_L − e‖ / ‖e‖")
     ax.set_title("residual flow at init")
-    _legend_right(
+    legend_right(
         ax,
         title="dots: measured; dotted: their fit;\ndashed: the paper's d^(1−γ) through γ = 1",
         title_fontsize=SMALL,
@@ -321,7 +318,7 @@ def residual_flow_figure(series: Mapping[str, tuple[int, Sequence[tuple[float, f
 
 def residual_sweep_figure(sweep: ResidualFlowSweep) -> Figure:
     """Residual-flow ratio against width per γ (log-log) with fitted and predicted exponents."""
-    fig, axes = _fig(ncols=2, w=4.4)
+    fig, axes = canvas(ncols=2, w=4.4)
     ax, ax2 = axes[0]
     d = np.asarray(sweep.widths, dtype=float)
     for gi, gamma in enumerate(sweep.gammas):
@@ -333,7 +330,7 @@ def residual_sweep_figure(sweep: ResidualFlowSweep) -> Figure:
     ax.set_xlabel("width d")
     ax.set_ylabel("‖h_L − e‖ / ‖e‖")
     ax.set_title("ratio vs width (dotted: d^(1−γ))")
-    _legend_right(ax)
+    legend_right(ax)
     ax.grid(alpha=0.3)
     g = np.asarray(sweep.gammas)
     ax2.plot(g, 1 - g, "k--", label="predicted 1 − γ")
@@ -343,7 +340,7 @@ def residual_sweep_figure(sweep: ResidualFlowSweep) -> Figure:
     ax2.set_xlabel("γ")
     ax2.set_ylabel("exponent of d")
     ax2.set_title("fitted exponent vs prediction")
-    _legend_right(ax2)
+    legend_right(ax2)
     ax2.grid(alpha=0.3)
     return fig
 
@@ -367,14 +364,14 @@ def condensation_figure(
         for ax in axes:
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
-    _shared_legend(fig, legend_title)
+    shared_legend(fig, legend_title)
     return fig
 
 
 def heatmaps_figure(snapshots: Sequence[Mapping]) -> Figure:
     """Row-cosine heatmaps: one row per matrix, one column per snapshot step (clustered row order)."""
     names = list(dict.fromkeys(n for s in snapshots for n in s["matrices"]))
-    fig, axes = _fig(ncols=max(1, len(snapshots)), nrows=max(1, len(names)), w=2.3, h=2.3)
+    fig, axes = canvas(ncols=max(1, len(snapshots)), nrows=max(1, len(names)), w=2.3, h=2.3)
     norm = matplotlib.colors.Normalize(0, 1)  # every panel on one scale, so its colour bar reads them all
     for j, snap in enumerate(snapshots):
         for i, name in enumerate(names):
@@ -394,190 +391,6 @@ def heatmaps_figure(snapshots: Sequence[Mapping]) -> Figure:
 
 
 # the two panels of a token-level comparison: (result field, y label, title)
-TOKEN_PANELS = (
-    ("delta_sym", "mean Δ_sym (> 0: A better)", "symmetric probability gap"),
-    ("loss_diff", "mean loss(B) − loss(A)", "loss difference"),
-)
-
-
-def _token_axes(ax, ylabel: str, title: str) -> None:
-    ax.axhline(0, color="k", lw=0.8)
-    ax.set_xlabel("difficulty bin (1 = easiest)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3, axis="y")
-
-
-def token_gap_figure(result: TokenGapResult, label_a: str = "A", label_b: str = "B") -> Figure:
-    """Δ_sym and loss difference (B − A) by difficulty quantile bin, ± 2 SE (tokens as independent)."""
-    fig, axes = _fig(ncols=2, w=5.2)
-    x = np.arange(1, len(result.bins) + 1)
-    for ax, (key, ylabel, title) in zip(axes[0], TOKEN_PANELS):
-        m = np.array([getattr(b, f"mean_{key}") for b in result.bins])
-        se = np.array([getattr(b, f"se_{key}") for b in result.bins])
-        ax.bar(x, m, yerr=2 * np.nan_to_num(se), color=np.where(m >= 0, "C0", "C3"), capsize=2)
-        _token_axes(ax, ylabel, title)
-    fig.suptitle(f"A = {label_a}, B = {label_b}; bars ± 2 SE", fontsize=SMALL)
-    return fig
-
-
-def token_gap_pooled_figure(
-    results: Sequence[TokenGapResult], label_a: str = "A", label_b: str = "B"
-) -> Figure:
-    """The token-level comparison pooled over seeds: per difficulty bin (each seed's own quantiles, so bin i is
-    the same share of each seed's tokens) the mean over seeds of Δ_sym and of the loss difference (B − A), ± 2 SE
-    over seeds (the seeds, not the tokens, are the independent samples), and each seed's value as a dot."""
-    fig, axes = _fig(ncols=2, w=5.2)
-    k = min(len(r.bins) for r in results)
-    x = np.arange(1, k + 1)
-    for ax, (key, ylabel, title) in zip(axes[0], TOKEN_PANELS):
-        per_seed = np.array([[getattr(b, f"mean_{key}") for b in r.bins[:k]] for r in results])
-        m = per_seed.mean(axis=0)
-        se = per_seed.std(axis=0, ddof=1) / math.sqrt(len(results)) if len(results) > 1 else np.zeros(k)
-        ax.bar(
-            x,
-            m,
-            yerr=2 * se,
-            color=np.where(m >= 0, "C0", "C3"),
-            alpha=0.75,
-            capsize=2,
-            label="mean over seeds ± 2 SE",
-        )
-        for row in per_seed:
-            ax.plot(x, row, "o", color="k", ms=2.5, alpha=0.6)
-        ax.plot([], [], "o", color="k", ms=2.5, alpha=0.6, label="one seed")
-        _token_axes(ax, ylabel, title)
-    fig.suptitle(f"A = {label_a}, B = {label_b}; {len(results)} seeds pooled", fontsize=SMALL)
-    _shared_legend(fig, None)
-    return fig
-
-
-def coordcheck_figure(cc: CoordCheck) -> Figure:
-    """Coordinate check over γ: activation RMS per layer at the first and last step, and the relative
-    update RMS(ΔW)/RMS(W) of each matrix kind after step 1."""
-    g = np.asarray(cc.gammas)
-    acts = cc.names("activation")
-    fig, axes = _fig(ncols=3, w=3.6)
-    for ax, step in zip(axes[0, :2], (0, cc.steps)):
-        for i, name in enumerate(acts):
-            ax.plot(
-                g,
-                cc.series("activation", name, step),
-                marker="o",
-                color=matplotlib.colormaps["viridis"](i / max(1, len(acts) - 1)),
-                label=name,
-            )
-        ax.set_yscale("log")
-        ax.set_xlabel("γ")
-        ax.set_ylabel("activation RMS")
-        ax.set_title(f"activations, step {step}")
-        ax.grid(alpha=0.3)
-    _legend_right(axes[0, 1], title="layer", title_fontsize=SMALL)  # one colour per layer in both panels
-    ax = axes[0, 2]
-    kinds: dict[str, list[str]] = {}
-    for name in cc.names("relative_update"):
-        if name.endswith(".weight") and "norm" not in name:
-            kinds.setdefault(name.split(".")[-2], []).append(name)
-    for i, (kind, names) in enumerate(kinds.items()):
-        vals = np.nanmean([cc.series("relative_update", n, 1) for n in names], axis=0)
-        ax.plot(g, vals, marker="o", color=f"C{i % 10}", label=kind)
-    ax.set_yscale("log")
-    ax.set_xlabel("γ")
-    ax.set_ylabel("RMS(ΔW) / RMS(W) after step 1")
-    ax.set_title("relative updates")
-    _legend_right(ax, title="matrix", title_fontsize=SMALL)
-    ax.grid(alpha=0.3)
-    return fig
-
-
-ROW_IN = 0.2  # inches per named row (a norm, a matrix): 18 px at DPI, room for one line of SMALL text
-
-
-def short_names(names: Sequence[str]) -> list[str]:
-    """Module names without the prefix they all share (up to a dot) and without ".weight": what tells them apart."""
-    parts = [n.removesuffix(".weight").split(".") for n in names]
-    k = 0  # components every name shares, each name keeping at least one of its own
-    while len(parts) > 1 and all(len(p) > k + 1 and p[k] == parts[0][k] for p in parts):
-        k += 1
-    if k and any(p[k].isdigit() for p in parts):
-        k -= 1  # "layers.0.mlp", not "0.mlp"
-    return [".".join(p[k:]) for p in parts]
-
-
-def norms_matrices_figure(result: AnalysisResult) -> Figure:
-    """``smallinit analyze``'s norms and matrices, one row per module (the figure grows with them): each norm's
-    measured factor over the ideal 1/σ of its input, and each matrix's stable rank over min(m, n) with its value
-    written beside it, and its rows' mean |cos|."""
-    nf, mats = result.norm_factor, result.matrices
-    rows = max(len(nf), len(mats), 4)
-    fig = Figure(figsize=(12.0, ROW_IN * rows + 1.6), layout="constrained")
-    ax_n, ax_m = fig.subplots(1, 2, width_ratios=[1, 1.3])
-    for ax, names in ((ax_n, list(nf)), (ax_m, [m.name for m in mats])):
-        ax.set_yticks(range(len(names)), labels=short_names(names) if names else [], fontsize=SMALL)
-        ax.set_ylim(rows - 0.5, -0.5)  # the first module on top, rows of equal height in both panels
-        ax.grid(alpha=0.3, axis="x")
-    ax_n.scatter(list(nf.values()), range(len(nf)), color="C0", zorder=3)
-    ax_n.axvline(1.0, color="0.3", ls="--", lw=1, label="1: the norm sees its input's scale")
-    ax_n.set_xlim(0, 1.1)
-    ax_n.set_xlabel("measured factor / ideal 1/σ(h)")
-    ax_n.set_title("RMSNorm sensitivity per norm")
-    frac = [m.stable_rank_fraction for m in mats]
-    ax_m.barh(range(len(mats)), frac, color="C1", height=0.7, label="stable rank / min(m, n)")
-    for i, m in enumerate(mats):
-        ax_m.text(frac[i] + 0.01, i, f"{m.stable_rank:.1f} of {min(m.shape)}", va="center", fontsize=SMALL)
-    cos = [(i, m.mean_abs_cos) for i, m in enumerate(mats) if m.mean_abs_cos is not None]
-    if cos:
-        ax_m.scatter(
-            [c for _, c in cos],
-            [i for i, _ in cos],
-            marker="D",
-            s=14,
-            color="C2",
-            zorder=3,
-            label="mean |cos| of rows",
-        )
-    ax_m.set_xlim(0, 1.25)  # room for the stable rank written beside each bar
-    ax_m.set_xlabel("fraction")
-    median = float(np.median([m.stable_rank for m in mats])) if mats else float("nan")
-    ax_m.set_title(f"matrices: stable rank ‖W‖_F²/‖W‖_2² (median {median:.1f})")
-    handles = [h for ax in (ax_n, ax_m) for h in ax.get_legend_handles_labels()[0]]
-    # off the rows
-    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=SMALL)
-    return fig
-
-
-def analysis_figures(result: AnalysisResult, out_dir: str | Path) -> list[Path]:
-    """The figures of one ``smallinit analyze`` result: sink per layer (with the uniform-attention reference
-    when the result records its sequence length), norm factors and matrix stats."""
-    out_dir = Path(out_dir)
-    paths = []
-    if result.sink:  # a model without softmax attention has none
-        panel = "attention sink per layer"
-        ref = sink_reference(result)
-        paths.append(
-            save(
-                sink_figure(
-                    {panel: {"model": [list(result.sink.per_layer)]}},
-                    uniform={panel: dict([ref])} if ref else None,
-                ),
-                out_dir / "sink.png",
-            )
-        )
-    return [*paths, save(norms_matrices_figure(result), out_dir / "norms_matrices.png")]
-
-
-def sink_reference(result: AnalysisResult) -> tuple[str, Reference] | None:
-    """(label, uniform-attention score) of an analyze result: per layer from the layers' own masks where it was
-    measured so (a sliding window's layers differ), else from the sequence length; None when neither is recorded."""
-    T = result.seq_len
-    per_layer = list(result.sink.uniform_per_layer) if result.sink else []
-    if per_layer:
-        if max(per_layer) - min(per_layer) <= 1e-9 * max(per_layer):
-            return uniform_label(T), per_layer[0]
-        return f"{uniform_label(T)}, each layer's window", per_layer
-    return (uniform_label(T), uniform_sink(int(T))) if T and T >= 2 else None
-
-
 def gap_figure(panels: Mapping[str, Mapping[str, Sequence[Series]]]) -> Figure:
     """Loss gaps along training, one panel per claim: ``{claim: {comparison: [per-seed [(tokens per
     non-embedding parameter, gap)]]}}``, > 0 the paper's direction; the mean over seeds with their range.
@@ -591,5 +404,5 @@ def gap_figure(panels: Mapping[str, Mapping[str, Sequence[Series]]]) -> Figure:
         ax.set_ylabel("loss gap (nats/token)")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
-    _shared_legend(fig, "> 0: the paper's direction")
+    shared_legend(fig, "> 0: the paper's direction")
     return fig

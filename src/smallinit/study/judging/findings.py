@@ -50,6 +50,23 @@ from smallinit.train import load_model
 
 FINDINGS_FILE = "findings.json"  # a recipe's claims with their verdicts and the numbers behind the figures
 Say = Callable[[str], None]  # receives one progress line per step of an analysis
+Analysis = Callable[[Path, list[str], dict[str, Any], Say], dict[str, Any]]
+
+# Each analysis measures what its figures show (and its claims need) and judges the recipe's claims; it registers
+# itself under the name a recipe's ``analysis =`` gives, as a claim does in the claims' registry.
+FINDINGS: dict[str, Analysis] = {}
+
+
+def analysis(name: str) -> Callable[[Analysis], Analysis]:
+    """Register the decorated function as the analysis ``name`` (once, where it is defined)."""
+
+    def register(fn: Analysis) -> Analysis:
+        if FINDINGS.get(name, fn) is not fn:
+            raise ValueError(f"analysis {name} is registered twice")
+        FINDINGS[name] = fn
+        return fn
+
+    return register
 
 
 def _quiet(_line: str) -> None:
@@ -298,6 +315,7 @@ def _claims(results: list[ClaimResult]) -> list[dict[str, Any]]:
     return [c.to_dict() for c in results]
 
 
+@analysis("claims")
 def claims_findings(
     out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet
 ) -> dict[str, Any]:
@@ -316,6 +334,7 @@ def claims_findings(
     }
 
 
+@analysis("fig1")
 def fig1_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     return {
@@ -350,6 +369,7 @@ def scaling_fits(runs: Runs) -> list[dict[str, Any]]:
     return fits
 
 
+@analysis("fig2")
 def fig2_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     c4_base = claim_c4(runs, arm=BASELINE, n_boot=int(options.get("n_boot", 1000)))  # contrast: no fixes
@@ -362,6 +382,7 @@ def fig2_findings(out: Path, claims: list[str], options: dict[str, Any], say: Sa
     }
 
 
+@analysis("fig3")
 def fig3_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     flow = flow_sweep(options, out, say)
@@ -395,6 +416,7 @@ def trajectories(runs: Runs) -> list[dict[str, Any]]:
     return out
 
 
+@analysis("condensation")
 def condensation_findings(
     out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet
 ) -> dict[str, Any]:
@@ -407,6 +429,7 @@ def condensation_findings(
     }
 
 
+@analysis("tokens")
 def tokens_findings(
     out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet
 ) -> dict[str, Any]:
@@ -419,6 +442,7 @@ def tokens_findings(
     }
 
 
+@analysis("reasoning")
 def reasoning_findings(
     out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet
 ) -> dict[str, Any]:
@@ -478,6 +502,7 @@ def reasoning_findings(
     }
 
 
+@analysis("sink")
 def sink_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     """C3 on the sink task: its comparisons and precondition as everywhere, with the sink of every arm (headwise
     gate included) along training, where each final model's heads attend on trigger and other queries (first
@@ -517,16 +542,3 @@ def sink_findings(out: Path, claims: list[str], options: dict[str, Any], say: Sa
         "optimal_loss": optimal,
         "n_runs": len(runs),
     }
-
-
-# Each analysis measures what its figures show (and its claims need) and judges the recipe's claims.
-FINDINGS: dict[str, Callable[[Path, list[str], dict[str, Any], Say], dict[str, Any]]] = {
-    "claims": claims_findings,
-    "fig1": fig1_findings,
-    "fig2": fig2_findings,
-    "fig3": fig3_findings,
-    "condensation": condensation_findings,
-    "tokens": tokens_findings,
-    "reasoning": reasoning_findings,
-    "sink": sink_findings,
-}
