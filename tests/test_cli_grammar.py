@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 import inspect
 import re
+import sys
 
 import pytest
 
-from smallinit import cli
-from smallinit.cli import build_parser, main
+from smallinit.cli import build_parser, main, study
+from smallinit.cli.deprecated import Old
 from smallinit.config import config_keys
 
 SWEEP = (
@@ -69,7 +70,7 @@ def test_every_flag_has_help_and_every_hidden_one_is_an_old_spelling(name):
     p = COMMANDS[name]
     assert not [a.dest for a in _visible(p) if not (a.help or "").strip()]
     hidden = [a for a in p._actions if a.help is argparse.SUPPRESS]
-    assert all(isinstance(a, cli._Old) or (name, a.option_strings[0]) in HIDDEN_ON_PURPOSE for a in hidden)
+    assert all(isinstance(a, Old) or (name, a.option_strings[0]) in HIDDEN_ON_PURPOSE for a in hidden)
 
 
 def _helps() -> list[str]:
@@ -142,15 +143,18 @@ def test_no_flag_duplicates_a_config_key():
 
 
 def test_each_commands_flags_are_declared_beside_it():
-    """add_<command> right above cmd_<command>, and build_parser only puts them together."""
-    for name in COMMANDS:
-        stem = name.split()[0].replace("-", "_")
-        add, run = (
-            getattr(cli, f"add_{stem}"),
-            getattr(cli, f"cmd_{name.replace(' ', '_').replace('-', '_')}"),
-        )
+    """add_<command> right above cmd_<command> in its family's module, and build_parser only puts them together."""
+    for name, p in COMMANDS.items():
+        stem = name.replace(" ", "_").replace("-", "_")
+        run = p.get_default("func")
+        module = sys.modules[run.__module__]
+        assert run.__name__ == f"cmd_{stem}", name
+        add = getattr(module, f"add_{stem}", None)
+        if add is None:  # a command without flags (recipes)
+            assert not [a for a in p._actions if not isinstance(a, argparse._HelpAction)], name
+            continue
         source, first = inspect.getsourcelines(add)
-        after = inspect.getsource(cli).splitlines()[first - 1 + len(source) :]
+        after = inspect.getsource(module).splitlines()[first - 1 + len(source) :]
         following = next(line for line in after if line.startswith("def "))
         assert following.startswith(f"def {run.__name__}("), (name, following)
     assert len(inspect.getsourcelines(build_parser)[0]) <= 10
@@ -306,9 +310,8 @@ def test_one_file_commands_write_into_the_out_folder_and_the_old_file_spelling_w
 
 
 def test_recipe_without_a_name_lists_like_recipes(capsys, monkeypatch):
-    monkeypatch.setattr(
-        cli, "cmd_recipes", lambda args: 0
-    )  # listing plans every scale: slow, and tested elsewhere
+    # listing plans every scale: slow, and tested elsewhere
+    monkeypatch.setattr(study, "cmd_recipes", lambda args: 0)
     assert main(["recipe"]) == 0
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("smallinit: deprecated: 'smallinit recipe' is now 'smallinit recipes'")
