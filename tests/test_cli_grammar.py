@@ -160,6 +160,23 @@ def test_each_commands_flags_are_declared_beside_it():
     assert len(inspect.getsourcelines(build_parser)[0]) <= 10
 
 
+def test_demo_picks_its_scale_with_scale_as_recipe_and_plan_do():
+    for name in ("demo", "recipe", "plan"):
+        (scale,) = [a for a in COMMANDS[name]._actions if "--scale" in a.option_strings]
+        assert scale.help is not argparse.SUPPRESS, name
+    assert "--scale {full,quick}" in COMMANDS["demo"].format_usage()
+    assert "--quick" not in COMMANDS["demo"].format_help()
+    assert _parse(["demo"])["scale"] == "full"
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_the_usage_shows_no_needed_input_as_optional(name):
+    """recipe RECIPE and sweep SWEEP.toml need their input (only an old spelling leaves it out), so no usage shows a
+    positional in brackets as if it could be left out."""
+    usage = COMMANDS[name].format_usage()
+    assert not re.findall(r"\[[A-Z][A-Za-z_.]*\]", usage), usage
+
+
 # Old spelling → the new one: both parse to the same arguments (so they do the same), and the old one says so.
 SAME = [
     (["recipe", "--list"], ["recipes"]),
@@ -188,6 +205,7 @@ SAME = [
     ),
     (["init-hf", "c.json", "o"], ["init-hf", "c.json", "--out", "o"]),
     (["export-hf", "RUN", "hf"], ["export-hf", "RUN", "--out", "hf"]),
+    (["demo", "--quick"], ["demo", "--scale", "quick"]),
 ]
 
 
