@@ -8,6 +8,7 @@ import argparse
 import inspect
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -175,6 +176,15 @@ def test_the_usage_shows_no_needed_input_as_optional(name):
     positional in brackets as if it could be left out."""
     usage = COMMANDS[name].format_usage()
     assert not re.findall(r"\[[A-Z][A-Za-z_.]*\]", usage), usage
+
+
+def test_the_gpu_kinds_are_typed_once_in_the_planner_and_listed_in_help(monkeypatch):
+    from smallinit.study.planning.plan import GPUS
+
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per flag: no kind cut at its hyphen
+    assert f"the devices' kind: {', '.join(GPUS)}, or cpu" in COMMANDS["plan"].format_help()
+    cli = Path(inspect.getfile(build_parser)).parent
+    assert not [(f.name, k) for f in cli.glob("*.py") for k in GPUS if k != "h100" and k in f.read_text()]
 
 
 # Old spelling → the new one: both parse to the same arguments (so they do the same), and the old one says so.

@@ -19,13 +19,24 @@ LAUNCHER_HELP = (
 )
 
 
+class _GpuKinds:
+    """The GPU kinds a plan knows (plan.GPUS), read only when a help is printed: every command, each sweep cell's
+    ``train`` among them, would otherwise import the planner to start."""
+
+    def __str__(self) -> str:
+        from smallinit.study.planning.plan import GPUS
+
+        return ", ".join(GPUS)
+
+
 def _plan_args(p: argparse.ArgumentParser, hide: tuple[str, ...] = ()) -> None:
     """The hardware and noise a plan assumes. ``hide``: flags kept only for the old ``--plan`` of recipe and sweep
     (its own notice names the new spelling), left out of their --help."""
-    from smallinit.study.planning.plan import GPUS
 
-    def add(flag: str, **kwargs) -> None:
-        p.add_argument(flag, **{**kwargs, "help": argparse.SUPPRESS if flag in hide else kwargs["help"]})
+    def add(flag: str, **kwargs) -> argparse.Action:
+        return p.add_argument(
+            flag, **{**kwargs, "help": argparse.SUPPRESS if flag in hide else kwargs["help"]}
+        )
 
     num_devices_arg(
         p,
@@ -34,12 +45,12 @@ def _plan_args(p: argparse.ArgumentParser, hide: tuple[str, ...] = ()) -> None:
         else "devices to plan for (default 8 GPUs for "
         "scales that run under torchrun, else this machine's CPU cores)",
     )
-    add(
+    kind = add(
         "--accelerator",
         metavar="KIND",
-        help=f"the devices' kind: {', '.join(GPUS)}, or cpu (default: h100 for scales that run under "
-        "torchrun, else cpu)",
+        help="the devices' kind: %(gpus)s, or cpu (default: h100 for scales that run under torchrun, else cpu)",
     )
+    kind.gpus = _GpuKinds()  # argparse fills %(gpus)s from the action's attributes
     old(p, "--gpu", metavar="KIND", new="--accelerator {}", then=store("accelerator"))
     add(
         "--mfu",
