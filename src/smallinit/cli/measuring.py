@@ -75,7 +75,7 @@ def add_analyze(p: argparse.ArgumentParser) -> None:
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     from smallinit.analysis import analyze_checkpoint, check_norm_saturation
-    from smallinit.analysis.measure import default_output_dir
+    from smallinit.analysis.measure import default_output_dir, loss_note
     from smallinit.report import analysis_lines, write_analysis
 
     sets = model_sets(args, ANALYZE_KEYS)
@@ -101,24 +101,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     print("\n".join(analysis_lines(result, seq_len or (cfg.data.seq_len if cfg else None))))
     print(f"measured on {result.data}")
     if cfg:
-        print(_analyze_loss_note(cfg, args.data, (batches, batch_size, seq_len or cfg.data.seq_len)))
+        print(loss_note(cfg, args.data, (batches, batch_size, seq_len or cfg.data.seq_len)))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
-
-
-def _analyze_loss_note(cfg, data: str | None, here: tuple[int, int, int]) -> str:
-    """Which text the loss above is measured on, beside the windows of training's validation loss."""
-    if data:
-        return "this loss is on the --data text; training's val loss is on its validation split, so they do not compare"
-    train = (cfg.train.eval_batches, cfg.train.batch_size, cfg.data.seq_len)
-    if here == train:
-        return "this loss is on the validation windows training's val loss is measured on, so the two compare directly"
-    return (
-        f"this loss is on {here[0] * here[1]} windows of {here[2]} tokens from the start of the validation split, "
-        f"training's val loss on {train[0] * train[1]} windows of {train[2]} tokens, so the two differ a little; "
-        f"to measure on training's windows add --set train.eval_batches={train[0]} --set "
-        f"train.batch_size={train[1]} --set data.seq_len={train[2]}"
-    )
 
 
 COMPARE_KEYS = {"train.batch_size": (int, 8), "data.seq_len": (int, None)}
