@@ -11,8 +11,10 @@ from smallinit.cli.deprecated import OmittedOnlyByOld
 
 
 class _Usage(argparse.HelpFormatter):
+    """argparse's help, but a positional that only an old spelling leaves out is shown as required."""
+
     def _format_args(self, action: argparse.Action, default_metavar: str) -> str:
-        if isinstance(action, OmittedOnlyByOld):  # required but for an old spelling: shown as required
+        if isinstance(action, OmittedOnlyByOld):
             return self._metavar_formatter(action, default_metavar)(1)[0]
         return super()._format_args(action, default_metavar)
 
