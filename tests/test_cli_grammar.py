@@ -43,9 +43,8 @@ def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, ar
 
 
 COMMANDS = _commands(build_parser())
-# demo --scale micro: for the tests; sweep and recipe: the flags their old --plan takes (its notice names `plan`)
+# sweep and recipe: the flags their old --plan takes (its notice names `plan`)
 HIDDEN_ON_PURPOSE = {
-    ("demo", "--scale"),
     ("recipe", "--seed-sd"),
     ("recipe", "--json"),
     *(
