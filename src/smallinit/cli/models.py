@@ -1,4 +1,5 @@
-"""Models in and out: ``tokenizer train``, ``export-hf``, ``generate``, ``init-hf`` and ``eval`` (lm-evaluation-harness)."""
+"""Models in and out: ``tokenizer train``, ``export-hf``, ``generate``, ``init-hf`` and ``eval``
+(lm-evaluation-harness)."""
 
 from __future__ import annotations
 
@@ -19,22 +20,22 @@ from smallinit.cli.deprecated import old, to_set
 from smallinit.errors import ConfigError
 
 
-def add_tokenizer_train(t: argparse.ArgumentParser) -> None:
-    t.add_argument("corpus", help="builtin corpus name, file, directory or glob")
-    t.add_argument(
+def add_tokenizer_train(p: argparse.ArgumentParser) -> None:
+    p.add_argument("corpus", help="builtin corpus name, file, directory or glob")
+    p.add_argument(
         "--vocab-size",
         type=int,
         default=8192,
         help="vocabulary size to reach (default 8192); a corpus "
         "too small for it gives a smaller one, kept with a warning that names the size reached",
     )
-    t.add_argument(
+    p.add_argument(
         "--text-field",
         default="text",
         help="the field holding the text in .jsonl / .parquet documents (default text)",
     )
     out_arg(
-        t,
+        p,
         "folder to write tokenizer.json into (required; use it as data.tokenizer=DIR/tokenizer.json)",
         required=True,
     )
