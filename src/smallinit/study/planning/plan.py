@@ -104,9 +104,16 @@ class Hardware:
 
     @staticmethod
     def make(
-        kind: str = "h100", devices: int = 8, *, mfu: float | None = None, tokens_per_s: float | None = None
+        kind: str | None = None,
+        devices: int | None = None,
+        *,
+        mfu: float | None = None,
+        tokens_per_s: float | None = None,
     ) -> Hardware:
-        kind = kind.lower()
+        """``kind`` GPUs (default h100) or "cpu"; ``devices`` of them (default 8 GPUs, or this machine's cores)."""
+        kind = (kind or "h100").lower()
+        if devices is None:
+            devices = (os.cpu_count() or 1) if kind == "cpu" else 8
         if devices < 1:
             raise ExperimentError(f"--num-devices must be ≥ 1, got {devices}")
         if mfu is not None and not 0 < mfu <= 1:
@@ -516,28 +523,6 @@ def _mde(seed_sd: float, seeds: int, alpha: float) -> float:
     return minimum_detectable_effect(seed_sd, seeds, alpha, POWER) if seeds >= MIN_SEEDS else math.inf
 
 
-def parse_seed_sd(values: list[str] | None) -> tuple[float | None, dict[str, float]]:
-    """``--seed-sd`` as given (repeatable): X, the loss gaps' sd in nats, or CLAIM=X, one claim's in its unit."""
-    loss, claims = None, {}
-    for value in values or []:
-        key, _, number = value.rpartition("=")
-        if key and key not in CLAIMS:
-            raise ExperimentError(f"--seed-sd {value}: unknown claim {key!r}; use one of {', '.join(CLAIMS)}")
-        try:
-            sd = float(number)
-        except ValueError:
-            raise ExperimentError(
-                f"--seed-sd {value}: not a number; give X or CLAIM=X (e.g. C6=0.06)"
-            ) from None
-        if not sd > 0:
-            raise ExperimentError(f"--seed-sd must be > 0, got {value}")
-        if key:
-            claims[key] = sd
-        else:
-            loss = sd
-    return loss, claims
-
-
 # -- the plan ------------------------------------------------------------------------------------------------------
 
 
@@ -545,8 +530,8 @@ def default_hardware(recipe: Recipe, scale: str) -> Hardware:
     """8 × H100 for a scale whose cells run under torchrun, else this machine's CPU cores."""
     launchers = [sw.launcher or "" for sw in recipe.scale(scale).sweeps.values()]
     if any("torchrun" in launcher for launcher in launchers) or scale.startswith("gpu"):
-        return Hardware.make("h100", 8)
-    return Hardware.make("cpu", os.cpu_count() or 1)
+        return Hardware.make()
+    return Hardware.make("cpu")
 
 
 def plan_sweep(
