@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+
+
+def pytest_sessionfinish(session):
+    """An xdist worker whose results are in ignores SIGINT: execnet gives it 5 s from then to its end and then sends
+    it one, and pytest's closing gc.collect over a whole suite's heap can take longer on a busy machine; the
+    KeyboardInterrupt then lands in hypothesis' gc callback and prints a traceback after a passing run. The worker
+    ends by itself once torn down (execnet ends it 10 s later otherwise)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @pytest.fixture(scope="session", autouse=True)

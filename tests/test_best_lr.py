@@ -16,7 +16,8 @@ import pytest
 from smallinit.study.judging.claims.c4 import best_lr_test, flip_patterns, loo_gaps, smallest_p
 from smallinit.study.judging.power import ALPHA, power_of_test, seeds_for_power
 from smallinit.study.judging.verdicts import paired_t, region_p
-from smallinit.study.planning.plan import Hardware, plan_recipe
+from smallinit.study.planning.cost import Hardware
+from smallinit.study.planning.plan import plan_recipe
 
 DRAWS = 4000
 CHUNK = 250

@@ -7,11 +7,13 @@ from __future__ import annotations
 import argparse
 import inspect
 import re
+import sys
+from pathlib import Path
 
 import pytest
 
-from smallinit import cli
-from smallinit.cli import build_parser, main
+from smallinit.cli import build_parser, main, study
+from smallinit.cli.deprecated import Old
 from smallinit.config import config_keys
 
 SWEEP = (
@@ -41,9 +43,8 @@ def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, ar
 
 
 COMMANDS = _commands(build_parser())
-# demo --scale micro: for the tests; sweep and recipe: the flags their old --plan takes (its notice names `plan`)
+# sweep and recipe: the flags their old --plan takes (its notice names `plan`)
 HIDDEN_ON_PURPOSE = {
-    ("demo", "--scale"),
     ("recipe", "--seed-sd"),
     ("recipe", "--json"),
     *(
@@ -69,7 +70,7 @@ def test_every_flag_has_help_and_every_hidden_one_is_an_old_spelling(name):
     p = COMMANDS[name]
     assert not [a.dest for a in _visible(p) if not (a.help or "").strip()]
     hidden = [a for a in p._actions if a.help is argparse.SUPPRESS]
-    assert all(isinstance(a, cli._Old) or (name, a.option_strings[0]) in HIDDEN_ON_PURPOSE for a in hidden)
+    assert all(isinstance(a, Old) or (name, a.option_strings[0]) in HIDDEN_ON_PURPOSE for a in hidden)
 
 
 def _helps() -> list[str]:
@@ -142,18 +143,47 @@ def test_no_flag_duplicates_a_config_key():
 
 
 def test_each_commands_flags_are_declared_beside_it():
-    """add_<command> right above cmd_<command>, and build_parser only puts them together."""
-    for name in COMMANDS:
-        stem = name.split()[0].replace("-", "_")
-        add, run = (
-            getattr(cli, f"add_{stem}"),
-            getattr(cli, f"cmd_{name.replace(' ', '_').replace('-', '_')}"),
-        )
+    """add_<command> right above cmd_<command> in its family's module, and build_parser only puts them together."""
+    for name, p in COMMANDS.items():
+        stem = name.replace(" ", "_").replace("-", "_")
+        run = p.get_default("func")
+        module = sys.modules[run.__module__]
+        assert run.__name__ == f"cmd_{stem}", name
+        add = getattr(module, f"add_{stem}", None)
+        if add is None:  # a command without flags (recipes)
+            assert not [a for a in p._actions if not isinstance(a, argparse._HelpAction)], name
+            continue
         source, first = inspect.getsourcelines(add)
-        after = inspect.getsource(cli).splitlines()[first - 1 + len(source) :]
+        after = inspect.getsource(module).splitlines()[first - 1 + len(source) :]
         following = next(line for line in after if line.startswith("def "))
         assert following.startswith(f"def {run.__name__}("), (name, following)
     assert len(inspect.getsourcelines(build_parser)[0]) <= 10
+
+
+def test_demo_picks_its_scale_with_scale_as_recipe_and_plan_do():
+    for name in ("demo", "recipe", "plan"):
+        (scale,) = [a for a in COMMANDS[name]._actions if "--scale" in a.option_strings]
+        assert scale.help is not argparse.SUPPRESS, name
+    assert "--scale {full,quick}" in COMMANDS["demo"].format_usage()
+    assert "--quick" not in COMMANDS["demo"].format_help()
+    assert _parse(["demo"])["scale"] == "full"
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_the_usage_shows_no_needed_input_as_optional(name):
+    """recipe RECIPE and sweep SWEEP.toml need their input (only an old spelling leaves it out), so no usage shows a
+    positional in brackets as if it could be left out."""
+    usage = COMMANDS[name].format_usage()
+    assert not re.findall(r"\[[A-Z][A-Za-z_.]*\]", usage), usage
+
+
+def test_the_gpu_kinds_are_typed_once_in_the_planner_and_listed_in_help(monkeypatch):
+    from smallinit.study.planning.cost import GPUS
+
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per flag: no kind cut at its hyphen
+    assert f"the devices' kind: {', '.join(GPUS)}, or cpu" in COMMANDS["plan"].format_help()
+    cli = Path(inspect.getfile(build_parser)).parent
+    assert not [(f.name, k) for f in cli.glob("*.py") for k in GPUS if k != "h100" and k in f.read_text()]
 
 
 # Old spelling → the new one: both parse to the same arguments (so they do the same), and the old one says so.
@@ -184,6 +214,7 @@ SAME = [
     ),
     (["init-hf", "c.json", "o"], ["init-hf", "c.json", "--out", "o"]),
     (["export-hf", "RUN", "hf"], ["export-hf", "RUN", "--out", "hf"]),
+    (["demo", "--quick"], ["demo", "--scale", "quick"]),
 ]
 
 
@@ -306,9 +337,8 @@ def test_one_file_commands_write_into_the_out_folder_and_the_old_file_spelling_w
 
 
 def test_recipe_without_a_name_lists_like_recipes(capsys, monkeypatch):
-    monkeypatch.setattr(
-        cli, "cmd_recipes", lambda args: 0
-    )  # listing plans every scale: slow, and tested elsewhere
+    # listing plans every scale: slow, and tested elsewhere
+    monkeypatch.setattr(study, "cmd_recipes", lambda args: 0)
     assert main(["recipe"]) == 0
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("smallinit: deprecated: 'smallinit recipe' is now 'smallinit recipes'")

@@ -853,7 +853,7 @@ def test_demo_refuses_an_out_that_is_a_file(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "taken").write_text("mine")
     for out in ("taken", "taken/below"):
-        assert main(["demo", "--quick", "--out", out]) == 2
+        assert main(["demo", "--scale", "quick", "--out", out]) == 2
         err = capsys.readouterr().err
         assert (
             err.strip().endswith("is a file, not a folder; choose another --out") and err.count("\n") == 1

@@ -23,7 +23,8 @@ from smallinit.study.judging.claims.c7 import better_on_average, mid_contrasts
 from smallinit.study.judging.claims.loss import MOVING, SETTLED, second_half, seed_lines, trend_state
 from smallinit.study.judging.power import ALPHA, LATE_MINIMUM
 from smallinit.study.judging.verdicts import holm_reject, paired_t, region_p
-from smallinit.study.planning.plan import Hardware, plan_recipe
+from smallinit.study.planning.cost import Hardware
+from smallinit.study.planning.plan import plan_recipe
 
 DRAWS = 20000
 

@@ -398,3 +398,19 @@ def default_output_dir(checkpoint: str | os.PathLike) -> Path:
     else CHECKPOINT/analysis (``checkpoint`` is the resolved folder, e.g. ``analyze_checkpoint().checkpoint``)."""
     p = Path(checkpoint)
     return (p.parent.parent if p.parent.name == "checkpoints" else p) / "analysis"
+
+
+def loss_note(cfg: Config, data: str | None, here: tuple[int, int, int]) -> str:
+    """Which text ``smallinit analyze`` measured its loss on (``data``: --data; ``here``: batches, batch size and
+    sequence length of its windows), beside the windows of the run's validation loss, and whether the two compare."""
+    if data:
+        return "this loss is on the --data text; training's val loss is on its validation split, so they do not compare"
+    train = (cfg.train.eval_batches, cfg.train.batch_size, cfg.data.seq_len)
+    if here == train:
+        return "this loss is on the validation windows training's val loss is measured on, so the two compare directly"
+    return (
+        f"this loss is on {here[0] * here[1]} windows of {here[2]} tokens from the start of the validation split, "
+        f"training's val loss on {train[0] * train[1]} windows of {train[2]} tokens, so the two differ a little; "
+        f"to measure on training's windows add --set train.eval_batches={train[0]} --set "
+        f"train.batch_size={train[1]} --set data.seq_len={train[2]}"
+    )

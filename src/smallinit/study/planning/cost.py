@@ -14,6 +14,7 @@ non-embedding parameter, the configured tokenizer's vocabulary, ``--presets`` an
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,9 +61,16 @@ class Hardware:
 
     @staticmethod
     def make(
-        kind: str = "h100", devices: int = 8, *, mfu: float | None = None, tokens_per_s: float | None = None
+        kind: str | None = None,
+        devices: int | None = None,
+        *,
+        mfu: float | None = None,
+        tokens_per_s: float | None = None,
     ) -> Hardware:
-        kind = kind.lower()
+        """``kind`` GPUs (default h100) or "cpu"; ``devices`` of them (default 8 GPUs, or this machine's cores)."""
+        kind = (kind or "h100").lower()
+        if devices is None:
+            devices = (os.cpu_count() or 1) if kind == "cpu" else 8
         if devices < 1:
             raise ExperimentError(f"--num-devices must be ≥ 1, got {devices}")
         if mfu is not None and not 0 < mfu <= 1:

@@ -10,7 +10,7 @@ from typing import Any
 
 from smallinit.config import flatten
 from smallinit.errors import ExperimentError, SmallinitError
-from smallinit.study.judging.claims import CLAIMS, PAPER, Runs, judge
+from smallinit.study.judging.claims import PAPER, Runs, judge
 from smallinit.study.planning.cost import CellPlan, Hardware, Shapes, hours, plan_cell, ranks_per_cell
 from smallinit.study.planning.decidability import (
     CPU_STUDY_SEED_SD,
@@ -94,34 +94,12 @@ class Plan:
         }
 
 
-def parse_seed_sd(values: list[str] | None) -> tuple[float | None, dict[str, float]]:
-    """``--seed-sd`` as given (repeatable): X, the loss gaps' sd in nats, or CLAIM=X, one claim's in its unit."""
-    loss, claims = None, {}
-    for value in values or []:
-        key, _, number = value.rpartition("=")
-        if key and key not in CLAIMS:
-            raise ExperimentError(f"--seed-sd {value}: unknown claim {key!r}; use one of {', '.join(CLAIMS)}")
-        try:
-            sd = float(number)
-        except ValueError:
-            raise ExperimentError(
-                f"--seed-sd {value}: not a number; give X or CLAIM=X (e.g. C6=0.06)"
-            ) from None
-        if not sd > 0:
-            raise ExperimentError(f"--seed-sd must be > 0, got {value}")
-        if key:
-            claims[key] = sd
-        else:
-            loss = sd
-    return loss, claims
-
-
 def default_hardware(recipe: Recipe, scale: str) -> Hardware:
     """8 × H100 for a scale whose cells run under torchrun, else this machine's CPU cores."""
     launchers = [sw.launcher or "" for sw in recipe.scale(scale).sweeps.values()]
     if any("torchrun" in launcher for launcher in launchers) or scale.startswith("gpu"):
-        return Hardware.make("h100", 8)
-    return Hardware.make("cpu", os.cpu_count() or 1)
+        return Hardware.make()
+    return Hardware.make("cpu")
 
 
 def plan_sweep(

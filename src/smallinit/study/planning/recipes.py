@@ -97,6 +97,19 @@ def recipe_names() -> list[str]:
     return sorted(p.stem for p in RECIPES_DIR.glob("*.toml"))
 
 
+def is_sweep_file(target: str | os.PathLike) -> bool:
+    """Whether ``target`` is a sweep file rather than a recipe: a .toml without [recipe] or [scales.NAME]; anything
+    else names a recipe (one that does not load is said by load_recipe)."""
+    path = Path(target)
+    if not (path.suffix == ".toml" and path.is_file()):
+        return False
+    try:
+        raw = read_toml(path)
+    except SmallinitError:
+        return False
+    return not ({"recipe", "scales"} & set(raw))
+
+
 def load_recipe(name: str | os.PathLike) -> Recipe:
     """A shipped recipe by name, or a recipe file by path."""
     path = Path(name)
