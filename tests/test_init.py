@@ -470,3 +470,29 @@ def test_roles_never_depend_on_weight_values():
     assert param_roles(model) == roles[0]
     gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0))
     assert all(torch.all(model.get_parameter(n) == 0) for n in biases)
+
+
+def test_a_model_that_is_not_hugging_faces_is_drawn_whatever_was_imported_before():
+    """A model of another library with an ``_init_weights`` of its own (litgpt's GPT has one) is γ-drawn the
+    same whether or not transformers was imported first: its embedding's normal_ draw is not a start of its
+    own to keep. (It was kept, at N(0, 1), once transformers.initialization was imported.)"""
+    pytest.importorskip("transformers")
+    import transformers.initialization  # noqa: F401  the state that made the draw depend on import order
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(64, 16)
+            self.out = nn.Linear(16, 64, bias=False)
+
+        def _init_weights(self, module):
+            if isinstance(module, (nn.Embedding, nn.Linear)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+        def forward(self, ids):
+            return self.out(self.wte(ids))
+
+    model = Decoder()
+    report = gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0))
+    assert report.by_name()["wte.weight"].rule == "normal"
+    assert model.wte.weight.std().item() == pytest.approx(1 / 16, rel=0.1)

@@ -39,7 +39,7 @@ class _BlockWrites(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func._schema.is_mutable:
+        if func._schema.is_mutable and func.__name__.split(".")[0] not in DRAWS:  # a draw is not a start
             for arg, a in zip(func._schema.arguments, args):
                 if (
                     arg.alias_info is not None
@@ -60,7 +60,9 @@ def architecture_inits(model: nn.Module) -> dict[str, str]:
     is read or written, so a model on the CPU, on meta or sharded gives the same answer."""
     init_weights = getattr(model, "_init_weights", None)
     hf_init = sys.modules.get("transformers.initialization")
-    if not callable(init_weights) or hf_init is None:
+    # only a Hugging Face model's _init_weights declares starts this way (litgpt's, say, is a plain draw)
+    transformers = sys.modules.get("transformers")
+    if not callable(init_weights) or hf_init is None or not isinstance(model, transformers.PreTrainedModel):
         return {}
     stand_ins: dict[int, nn.Parameter] = {}
     names: dict[int, str] = {}  # id of a stand-in → the parameter's name (ties: the first)
