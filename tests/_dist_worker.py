@@ -1,4 +1,4 @@
-"""Run by tests/test_distributed.py under torchrun: real Trainers, with what the CLI cannot do.
+"""Run by tests/train/test_distributed.py under torchrun: real Trainers, with what the CLI cannot do.
 
     python -m torch.distributed.run --nproc_per_node 2 tests/_dist_worker.py JOB RUN [JOB RUN ...] -- KEY=VALUE ...
 

@@ -1,4 +1,4 @@
-"""Run by tests/test_engines.py under torchrun (gloo, 2 ranks) or alone: γ-init inside the pretraining
+"""Run by tests/integrations/test_engines.py under torchrun (gloo, 2 ranks) or alone: γ-init inside the pretraining
 engines on sharded parameters, checked against the draw of one process on the unsharded model.
 
     torchrun --nproc_per_node 2 tests/_engines_worker.py titan OUT   # torchtitan, fully_shard and not

@@ -1,4 +1,4 @@
-"""Run by tests/test_init_distributed.py under torchrun (gloo): γ-init of FSDP2-sharded models.
+"""Run by tests/init/test_init_distributed.py under torchrun (gloo): γ-init of FSDP2-sharded models.
 
     python -m torch.distributed.run --nproc_per_node 2 tests/_init_dist_worker.py OUT_DIR
 

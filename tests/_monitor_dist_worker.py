@@ -1,4 +1,4 @@
-"""Run by tests/test_monitor_distributed.py: a plain loop on a tiny Qwen3 with the Monitor, one process or
+"""Run by tests/monitor/test_monitor_distributed.py: a plain loop on a tiny Qwen3 with the Monitor, one process or
 under torchrun (gloo, 2 ranks) with DDP or FSDP2 (fully_shard).
 
     python tests/_monitor_dist_worker.py single OUT STEPS
@@ -8,12 +8,15 @@ titan is torchtitan's path: built on meta, sharded, materialised with to_empty, 
 averaged gradient, the weights and the monitor's records match the single process."""
 
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from smallinit import Monitor, gamma_init_, set_norm_eps_
-from test_monitor import tiny_qwen3, tokens
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "monitor"))  # run as a script: its room's helpers
+from test_monitor import tiny_qwen3, tokens  # noqa: E402
 
 
 def main(layout: str, out: str, steps: int) -> None:

@@ -1,4 +1,4 @@
-"""Run by tests/test_zero3.py under torchrun (2 gloo ranks): transformers' Trainer with DeepSpeed ZeRO-3.
+"""Run by tests/integrations/test_zero3.py under torchrun (2 gloo ranks): transformers' Trainer with DeepSpeed ZeRO-3.
 
 _zero3_worker.py init OUT     model_init under ZeRO-3; rank 0 saves every parameter gathered whole
 _zero3_worker.py script FILE  a script (the docs' example) run as written

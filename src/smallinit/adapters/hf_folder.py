@@ -53,7 +53,7 @@ TOKENIZER_FILES = (
     "tekken.json",
 )
 # smallinit's builtin tokenizers a Hugging Face folder may be measured with: name → (tokens, kind); the sizes are
-# data.tokenizer's (a layer above this one; tests/test_newcomer_trips.py holds them equal)
+# data.tokenizer's (a layer above this one; tests/cli/test_newcomer_trips.py holds them equal)
 SUGGESTED_BUILTINS = {"default": (8192, "BPE"), "bytes": (257, "byte-level")}
 
 

@@ -24,7 +24,7 @@ element: 2 under bf16, 4 in fp32; per token of the micro-batch, per layer):
     autocast (4·V or 6·V, in flight).
 
 Checked against the tensors autograd really saves (CPU, fp32 and under bf16 autocast): within 6 %
-(tests/test_memory.py).
+(tests/train/test_memory.py).
 
 It ignores the CUDA context and allocator fragmentation (budget ~1-2 GiB per GPU more) and fused
 attention's per-row statistics. ``smallinit info --memory`` prints it for a config, and the trainer refuses,

@@ -94,7 +94,7 @@ def smallest_p(n: int, max_flips: int = MAX_FLIPS) -> float:
 
 def best_lr_power(effect_sds: float, alpha: float, *, seeds: int) -> float:
     """The power of the best-lr sign-flip test over ``seeds`` at a true gap of ``effect_sds`` seed sds: the paired
-    t-test's at the same seeds (tests/test_best_lr.py measures the two alike by simulation), and none where the
+    t-test's at the same seeds (tests/study/test_best_lr.py measures the two alike by simulation), and none where the
     test cannot give p ≤ ``alpha`` (:func:`smallest_p`)."""
     return power_of_test(effect_sds, 1.0, seeds, alpha) if smallest_p(seeds) <= alpha else 0.0
 

@@ -18,7 +18,7 @@ EASY_BINS, MID_BINS, NOISY_BINS = (0, 1, 2), (4, 5, 6, 7, 8), (9,)  # of 10 diff
 # The token split keeps the precondition from selecting favourable tokens, not favourable models: each seed pair's
 # models differ by decile in a way of their own, shared by both halves, so passing the precondition selects pairs
 # whose middle deciles favour γ = 1 (under a flat population null it agreed at 2–5× its nominal α/2:
-# tests/test_c7_split.py). Judging it needs the bins or the precondition from other seed pairs; until then the
+# tests/study/test_c7_split.py). Judging it needs the bins or the precondition from other seed pairs; until then the
 # profile is shown, and never decides.
 DESCRIPTIVE = (
     "descriptive: the precondition and the difficulty bins are chosen by the same models whose profile "
