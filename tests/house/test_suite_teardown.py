@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CONFTEST = Path(__file__).with_name("conftest.py")
+CONFTEST = Path(__file__).parents[1] / "conftest.py"
 
 SLOW_TEARDOWN = f"""
 import gc, importlib.util, os, time
