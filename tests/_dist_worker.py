@@ -11,6 +11,7 @@ Jobs, run one after another in the same processes (JOB@LAYOUT sets train.paralle
   dtypes   new run; rank 0 writes RUN/dtypes.json: the dtypes each block received and returned
 """
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -48,37 +49,44 @@ def main(argv: list[str]) -> None:
     jobs, sets = argv[:split], argv[split + 1 :]
     for spec, run in zip(jobs[::2], jobs[1::2]):
         job, _, layout = spec.partition("@")
-        cfg = Config.load(overrides=[*sets, *([f"train.parallel={layout}"] if layout else [])])
-        if job == "init":
-            trainer = Trainer(cfg, run, callbacks=[])
-            trainer.save()
-            trainer.fit()
-        elif job == "resume":
-            Trainer(cfg, run, resume=True, callbacks=[]).fit()
-        elif job == "resave":
-            trainer = Trainer(cfg, run, resume=True, callbacks=[])
-            trainer.save()
-            trainer.close()
-        elif job == "refuse":
-            try:
-                Trainer(cfg, run, resume=True, callbacks=[]).fit()
-            except CheckpointError as e:
-                Path(run, f"refused-{dist.get_rank()}.txt").write_text(str(e))
-            else:
-                raise SystemExit(f"resuming {run} was not refused")
-        elif job == "dtypes":
-            trainer = Trainer(cfg, run, callbacks=[])
-            seen = record_dtypes(trainer)
-            trainer.fit()
-            if trainer.runtime.is_main:
-                (trainer.run_dir / "dtypes.json").write_text(
-                    json.dumps({k: sorted(v) for k, v in seen.items()})
-                )
-        elif job == "crash":
-            Trainer(cfg, run, callbacks=[CrashOnRank1()]).fit()
-        else:
-            raise SystemExit(f"unknown job {job!r}")
+        run_job(
+            job, Path(run), Config.load(overrides=[*sets, *([f"train.parallel={layout}"] if layout else [])])
+        )
+    # every trainer, its sharded model and the device mesh's groups are gone before the groups are destroyed:
+    # a gloo group freed only at interpreter exit can abort the process ("terminate called without an active
+    # exception") after all the work is done
+    gc.collect()
     shutdown()
+
+
+def run_job(job: str, run: Path, cfg: Config) -> None:
+    if job == "init":
+        trainer = Trainer(cfg, run, callbacks=[])
+        trainer.save()
+        trainer.fit()
+    elif job == "resume":
+        Trainer(cfg, run, resume=True, callbacks=[]).fit()
+    elif job == "resave":
+        trainer = Trainer(cfg, run, resume=True, callbacks=[])
+        trainer.save()
+        trainer.close()
+    elif job == "refuse":
+        try:
+            Trainer(cfg, run, resume=True, callbacks=[]).fit()
+        except CheckpointError as e:
+            Path(run, f"refused-{dist.get_rank()}.txt").write_text(str(e))
+        else:
+            raise SystemExit(f"resuming {run} was not refused")
+    elif job == "dtypes":
+        trainer = Trainer(cfg, run, callbacks=[])
+        seen = record_dtypes(trainer)
+        trainer.fit()
+        if trainer.runtime.is_main:
+            (trainer.run_dir / "dtypes.json").write_text(json.dumps({k: sorted(v) for k, v in seen.items()}))
+    elif job == "crash":
+        Trainer(cfg, run, callbacks=[CrashOnRank1()]).fit()
+    else:
+        raise SystemExit(f"unknown job {job!r}")
 
 
 if __name__ == "__main__":
