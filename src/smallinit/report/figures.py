@@ -31,7 +31,8 @@ SMALL = 9
 
 def png(fig: Figure, dpi: int = DPI) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)  # constrained layout keeps every label and legend on the canvas
+    # constrained layout places every label and legend; the tight box keeps a legend wider than its estimate whole
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", pad_inches=0.05)
     return buf.getvalue()
 
 

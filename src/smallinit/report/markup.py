@@ -46,8 +46,9 @@ def img(fig: Figure, alt: str) -> str:
 
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     """A table of numbers and names, every row shown: no box that scrolls hides a row or a column, on screen
-    or in print (a cell wraps rather than widen the table past the page)."""
-    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    or in print (a cell wraps rather than widen the table past the page; a config key in a header breaks after
+    its dots and underscores, so many setting columns fit beside the run names)."""
+    head = "".join(f"<th>{esc(h).replace('.', '.<wbr>').replace('_', '_<wbr>')}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{num(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
