@@ -125,7 +125,7 @@ def test_two_fresh_runs_into_one_folder_one_is_refused(tmp_path):
     run = tmp_path / "same"
     procs = [_start(run, "train.checkpoint_every=0") for _ in range(2)]
     try:
-        deadline = time.monotonic() + 300  # a failsafe only: two imports of torch on a loaded machine are slow
+        deadline = time.monotonic() + 300  # a failsafe only: a loaded machine is slow
         while all(p.poll() is None for p in procs):
             assert time.monotonic() < deadline, "both processes are training into the same folder"
             time.sleep(0.2)
