@@ -26,11 +26,10 @@ import transformers
 from smallinit.data import load_tokenizer
 from smallinit.data.sink import SinkData, SinkTask
 from smallinit.integrations.hf import model_init, watch
-from smallinit.measures.sink import uniform_sink
+from smallinit.measures.sink import SINK_RATIO, sink_threshold, uniform_sink
 from smallinit.monitor.metrics import read_metrics
 from smallinit.monitor.records import AnalysisRecord
 from smallinit.study.judging.claims.comparison import Comparison
-from smallinit.study.judging.power import SINK_RATIO, sink_threshold
 
 SEQ, BATCH = 256, 16
 

@@ -15,9 +15,9 @@ from smallinit.config import ModelConfig
 from smallinit.measures.activations import measure_activations
 from smallinit.measures.sink import attention_roles
 from smallinit.model import Transformer
+from smallinit.monitor.runs import Run
 from smallinit.study.judging.claims import Runs, sink_formed
 from smallinit.study.planning.recipes import RECIPES_DIR, run_recipe
-from smallinit.study.running.runs import Run
 
 T, HD = (
     32,

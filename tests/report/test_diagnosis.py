@@ -12,8 +12,8 @@ import torch
 from test_integrations import hf_trainer
 
 from smallinit import gamma_init_, measure_gamma
+from smallinit.monitor.runs import find_runs
 from smallinit.report import build_report
-from smallinit.study.running.runs import find_runs
 
 transformers = pytest.importorskip("transformers")
 

@@ -24,11 +24,11 @@ from smallinit.analysis.measure import held_out_batches
 from smallinit.analysis.result import AnalysisResult
 from smallinit.cli import main
 from smallinit.data import load_tokenizer
+from smallinit.monitor.runs import Run, find_runs
 from smallinit.report import figures, model_figures
 from smallinit.report.arrange import Groups, arm_keys, grids, varying_keys
 from smallinit.report.condensation import HEATMAPS_SHOWN
 from smallinit.report.markup import PAGE_WIDTH_PX, num, token_text
-from smallinit.study.running.runs import Run, find_runs
 
 # -- the report --------------------------------------------------------------------------------------------------
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from smallinit.init.scale import ONE_GAMMA
 from smallinit.io import read_json
 from smallinit.measures.norm_factor import SATURATED, relative_factor
+from smallinit.measures.sink import SINK_RATIO, sink_threshold, uniform_sink
 from smallinit.monitor.monitor import MONITOR_FILE
-from smallinit.study.judging.power import SINK_RATIO, sink_threshold, uniform_sink
-from smallinit.study.running.runs import Run
+from smallinit.monitor.runs import Run
 
 CONDENSED = 0.7  # stable rank fallen below this share of its start: the rows align along fewer directions
 BALANCED = 2.0  # a flow ratio within this factor of 1: branch and embedding balance (the γ = 1 regime)
@@ -84,13 +84,15 @@ def _norm(run: Run, gamma: float | None, d: int | None) -> Finding | None:
     )
     if not factors:
         return None
-    eps = run.config.get("model.norm_eps")
+    eps = run.norm_eps  # the ε the norms used, scaled where the run emulates a wider model
     low, mean = min(factors.values()), statistics.fmean(factors.values())
     saturated = sum(f < SATURATED for f in factors.values())
     ref = f"< {SATURATED}: ε sets the scale"
     if gamma is not None and d and isinstance(eps, (int, float)):
         ref += f"; the formula at γ {gamma:.2f}, ε {eps:g}, d {d}: {relative_factor(gamma, eps, d):.2f}"
-    eps_words = f"ε = {eps:g}" if isinstance(eps, (int, float)) else "their ε"
+    eps_words = f"ε = {eps:g}" if eps is not None else "their ε"
+    if eps is not None and run.config.get("model.norm_eps_width"):
+        eps_words += f" (model.norm_eps {run.config['model.norm_eps']:g} emulated at width {run.config['model.norm_eps_width']})"
     meaning = (
         f"{saturated} of {len(factors)} norms saturated: {eps_words}, not the input, sets their scale and undoes "
         "the small init; smallinit.set_norm_eps_(model, 1e-12)"
@@ -108,7 +110,7 @@ def _sink(run: Run) -> Finding | None:
     if not measured or not isinstance(tokens, int) or tokens < 2:
         return None
     first, last = measured[0], measured[-1]
-    top = max(last.sink)
+    top = max(last.sink.per_layer)
     threshold = sink_threshold(tokens)
     gate = run.config.get("model.gate")
     if top > threshold:
@@ -122,8 +124,8 @@ def _sink(run: Run) -> Finding | None:
         meaning = "no sink so far: attention on the first token stays near uniform"
     return Finding(
         "attention sink along training",
-        f"largest layer {top:.3f} at step {last.step} (mean over layers {first.sink_mean:.3f} at step "
-        f"{first.step} → {last.sink_mean:.3f})",
+        f"largest layer {top:.3f} at step {last.step} (mean over layers {first.sink.mean:.3f} at step "
+        f"{first.step} → {last.sink.mean:.3f})",
         f"uniform attention {uniform_sink(tokens):.3f} on {tokens} tokens; formed above {SINK_RATIO:g}× = "
         f"{threshold:.3f}",
         meaning,
@@ -152,15 +154,16 @@ def _flow(run: Run, gamma: float | None, d: int | None) -> Finding | None:
 
 
 def _condensation(run: Run) -> Finding | None:
-    ranked = [a for a in run.analysis if a.stable_rank]
+    ranked = [a for a in run.analysis if a.matrices]
     if len(ranked) < 2:
         return None
-    names = [n for n in ranked[0].stable_rank if all(n in a.stable_rank for a in ranked)]
+    ranks = {a.step: a.by_matrix("stable_rank") for a in ranked}
+    names = [n for n in ranks[ranked[0].step] if all(n in r for r in ranks.values())]
     if not names:
         return None
 
     def mean_rank(a) -> float:
-        return statistics.fmean(a.stable_rank[n] for n in names)
+        return statistics.fmean(ranks[a.step][n] for n in names)
 
     start, end = mean_rank(ranked[0]), mean_rank(ranked[-1])
     low = min(ranked, key=mean_rank)

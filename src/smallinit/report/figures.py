@@ -369,6 +369,30 @@ def condensation_figure(
     return fig
 
 
+def outliers_figure(
+    panels: Mapping[str, Mapping[str, Mapping[str, Sequence[Series]]]], legend_title: str | None = None
+) -> Figure:
+    """The largest attention logit and the massive-activation ratio over training, one row of two axes per panel:
+    ``{panel: {curve: {"max_attention_logit": [per-seed [(step, v)]], "massive": [...]}}}`` (each the largest over
+    layers); the line is the mean over seeds, the band their range, the ratio on a log axis."""
+    fig, rows, colors = _panels(panels, ncols_per_panel=2, w=4.6, h=3.2)
+    for (title, curves), axes in zip(panels.items(), rows):
+        for label, s in curves.items():
+            for ax, key in zip(axes, ("max_attention_logit", "massive")):
+                if s.get(key):
+                    _plot_seeds(ax, s[key], colors[label], label, marker=".")
+        axes[0].set_ylabel("largest scale·q·k over layers")
+        axes[1].set_ylabel("max |h| / median |h|, largest layer")
+        axes[1].set_yscale("log")
+        axes[0].set_title(f"{title}: attention logits".lstrip(": "), fontsize=10)
+        axes[1].set_title(f"{title}: massive activations".lstrip(": "), fontsize=10)
+        for ax in axes:
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+    shared_legend(fig, legend_title)
+    return fig
+
+
 def heatmaps_figure(snapshots: Sequence[Mapping]) -> Figure:
     """Row-cosine heatmaps: one row per matrix, one column per snapshot step (clustered row order)."""
     names = list(dict.fromkeys(n for s in snapshots for n in s["matrices"]))

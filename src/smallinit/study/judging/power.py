@@ -24,21 +24,10 @@ CLAIM_ALPHA = ALPHA / N_CLAIMS
 MIN_TOKENS_PER_PARAM = 20.0  # every loss comparison: tokens seen per non-embedding parameter
 MIN_EVALS = 4  # evaluations along training, for the gap's trend
 MIN_SEEDS = 2  # paired seeds, for a spread to judge against
-SINK_RATIO = 3.0  # C3: a sink has formed when some layer exceeds this multiple of uniform attention
 SINK_SEQS, SINK_TOKENS = 16, 256  # C3: the sink is measured on at least this many sequences of this length
 MAX_SIZE_RATIO = 10.0  # C4: an N_eff/N outside [1/10, 10] is an artefact of the fit, not an estimate
 MIN_SIZES = 3  # C4: sizes for the effective-size fit
 LATE_MINIMUM = 2 / 3  # C6: a stable-rank minimum after this fraction of training has nothing to rebound from
-
-
-def uniform_sink(seq_len: int) -> float:
-    """The sink score of uniform causal attention: mean over query positions i = 2..T of 1/i."""
-    return (sum(1.0 / i for i in range(1, seq_len + 1)) - 1.0) / (seq_len - 1)
-
-
-def sink_threshold(seq_len: int) -> float:
-    """The sink score some layer must exceed for a sink to count as formed (C3)."""
-    return SINK_RATIO * uniform_sink(seq_len)
 
 
 def power_of_test(effect: float, sd: float, n: int, alpha: float = CLAIM_ALPHA) -> float:

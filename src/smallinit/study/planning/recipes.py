@@ -44,6 +44,7 @@ from smallinit.config import flatten, parse_override, read_toml
 from smallinit.errors import ConfigError, ExperimentError, Preempted, SmallinitError
 from smallinit.io import write_json_atomic
 from smallinit.monitor.monitor import MONITOR_FILE
+from smallinit.monitor.runs import model_shape
 from smallinit.study.judging.claims import CLAIMS, NOT_RUN
 from smallinit.study.judging.findings import FINDINGS, FINDINGS_FILE
 from smallinit.study.running import (
@@ -56,7 +57,6 @@ from smallinit.study.running import (
     run_sweep,
 )
 from smallinit.study.running.budget import budget_schedule, budget_steps
-from smallinit.study.running.runs import model_shape
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 _RECIPE_SECTIONS = ("recipe", "base", "scales")

@@ -91,7 +91,7 @@ def rebound(ranks: np.ndarray, lowest: np.ndarray) -> np.ndarray:
 
 def has_course(*courses: list) -> bool:
     """Each of a seed's analysis courses has ≥ 3 records with a stable rank (a minimum needs a point either side)."""
-    return all(len(recs) >= 3 and all(r.stable_rank for r in recs) for recs in courses)
+    return all(len(recs) >= 3 and all(r.matrices for r in recs) for recs in courses)
 
 
 def no_course(traj: dict[float, dict[int, list]]) -> str:
