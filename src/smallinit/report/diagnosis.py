@@ -91,14 +91,20 @@ def _norm(run: Run, gamma: float | None, d: int | None) -> Finding | None:
     if gamma is not None and d and isinstance(eps, (int, float)):
         ref += f"; the formula at γ {gamma:.2f}, ε {eps:g}, d {d}: {relative_factor(gamma, eps, d):.2f}"
     eps_words = f"ε = {eps:g}" if eps is not None else "their ε"
-    if eps is not None and run.config.get("model.norm_eps_width"):
-        eps_words += f" (model.norm_eps {run.config['model.norm_eps']:g} emulated at width {run.config['model.norm_eps_width']})"
-    meaning = (
-        f"{saturated} of {len(factors)} norms saturated: {eps_words}, not the input, sets their scale and undoes "
-        "the small init; smallinit.set_norm_eps_(model, 1e-12)"
-        if saturated
-        else f"every norm sees the init scale: {eps_words} is small enough for this γ and width"
-    )
+    width = run.config.get("model.norm_eps_width")
+    if saturated and width:  # the run chose this saturation: it emulates a wider model's, so no fix to advise
+        meaning = (
+            f"{saturated} of {len(factors)} norms saturated, as this run emulates: {eps_words} "
+            f"(model.norm_eps {run.config['model.norm_eps']:g} at width {width}, scaled to d = {d}) sets their "
+            "scale, as it would at that width"
+        )
+    elif saturated:
+        meaning = (
+            f"{saturated} of {len(factors)} norms saturated: {eps_words}, not the input, sets their scale and "
+            "undoes the small init; smallinit.set_norm_eps_(model, 1e-12)"
+        )
+    else:
+        meaning = f"every norm sees the init scale: {eps_words} is small enough for this γ and width"
     return Finding(
         "RMSNorm factor at step 0", f"min {low:.3f}, mean {mean:.3f} over {len(factors)} norms", ref, meaning
     )
