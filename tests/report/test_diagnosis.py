@@ -110,7 +110,7 @@ def test_an_emulated_run_is_diagnosed_at_the_epsilon_its_norms_used(tmp_path):
         "analysis.batch_size=2",
     ]
     assert main(["train", "--out", str(run), *sum((["--set", s] for s in sets), [])]) == 0
-    norm = next(f for f in diagnose(Run.load(run)).findings if f.what == "RMSNorm factor at step 0")
+    norm = next(f for f in diagnose(Run.load(run)).observations if f.what == "RMSNorm factor at step 0")
     eps = 1e-5 * (2048 / 32) ** 2
     formula = relative_factor(1.0, eps, 32)
     assert formula < 0.5 < relative_factor(1.0, 1e-5, 32)  # the two ε tell apart

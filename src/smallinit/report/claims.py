@@ -171,7 +171,7 @@ def render_diagnoses(diagnoses: list[Diagnosis]) -> list[str]:
         parts.append(  # prose that wraps, as the claims table's: a reader sees every column at any width
             prose_table(
                 ("measured", "value", "against", "what it means for this run"),
-                [[esc(f.what), esc(f.value), esc(f.reference), esc(f.meaning)] for f in dg.findings],
+                [[esc(f.what), esc(f.value), esc(f.reference), esc(f.meaning)] for f in dg.observations],
             )
         )
     parts.append(

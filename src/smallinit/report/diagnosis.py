@@ -20,7 +20,7 @@ BALANCED = 2.0  # a flow ratio within this factor of 1: branch and embedding bal
 
 
 @dataclass(frozen=True)
-class Finding:
+class Observation:
     """One measurement of the run, what it is held against, and what it means for this run."""
 
     what: str
@@ -32,10 +32,10 @@ class Finding:
 @dataclass(frozen=True)
 class Diagnosis:
     run: str
-    findings: tuple[Finding, ...]
+    observations: tuple[Observation, ...]
 
 
-def _gamma(run: Run) -> tuple[float | None, Finding]:
+def _gamma(run: Run) -> tuple[float | None, Observation]:
     """The γ the model started with: the caller's, and the one read from the weights at step 0."""
     given = run.config.get("model.gamma")
     known = read_json(run.path / MONITOR_FILE) if run.monitored else None
@@ -53,14 +53,14 @@ def _gamma(run: Run) -> tuple[float | None, Finding]:
             )
         else:
             meaning = _gamma_meaning(median)
-        return (given if given is not None else median), Finding(
+        return (given if given is not None else median), Observation(
             "γ at step 0", value, "σ = d_in^(−γ)", meaning
         )
     if given is not None:
-        return given, Finding(
+        return given, Observation(
             "γ at step 0", f"{given:g} (as the run was configured)", "σ = d_in^(−γ)", _gamma_meaning(given)
         )
-    return None, Finding(
+    return None, Observation(
         "γ at step 0",
         "unknown",
         "σ = d_in^(−γ)",
@@ -77,7 +77,7 @@ def _gamma_meaning(gamma: float) -> str:
     return f"γ = {gamma:.2f}: the paper's loss is best at γ = 1 and worse above it"
 
 
-def _norm(run: Run, gamma: float | None, d: int | None) -> Finding | None:
+def _norm(run: Run, gamma: float | None, d: int | None) -> Observation | None:
     factors = next((a.norm_factor for a in run.analysis if a.step == 0 and a.norm_factor), None)
     factors = factors or next(
         (n.norm_factor for n in run.norm_records if n.step == 0 and n.norm_factor), None
@@ -105,12 +105,12 @@ def _norm(run: Run, gamma: float | None, d: int | None) -> Finding | None:
         )
     else:
         meaning = f"every norm sees the init scale: {eps_words} is small enough for this γ and width"
-    return Finding(
+    return Observation(
         "RMSNorm factor at step 0", f"min {low:.3f}, mean {mean:.3f} over {len(factors)} norms", ref, meaning
     )
 
 
-def _sink(run: Run) -> Finding | None:
+def _sink(run: Run) -> Observation | None:
     measured = [a for a in run.analysis if a.sink]
     tokens = run.config.get("data.seq_len")
     if not measured or not isinstance(tokens, int) or tokens < 2:
@@ -128,7 +128,7 @@ def _sink(run: Run) -> Finding | None:
         )
     else:
         meaning = "no sink so far: attention on the first token stays near uniform"
-    return Finding(
+    return Observation(
         "attention sink along training",
         f"largest layer {top:.3f} at step {last.step} (mean over layers {first.sink.mean:.3f} at step "
         f"{first.step} → {last.sink.mean:.3f})",
@@ -138,7 +138,7 @@ def _sink(run: Run) -> Finding | None:
     )
 
 
-def _flow(run: Run, gamma: float | None, d: int | None) -> Finding | None:
+def _flow(run: Run, gamma: float | None, d: int | None) -> Observation | None:
     at_start = next((a for a in run.analysis if a.step == 0 and a.residual_flow is not None), None)
     if at_start is None:
         return None
@@ -156,10 +156,10 @@ def _flow(run: Run, gamma: float | None, d: int | None) -> Finding | None:
         )
     else:
         meaning = "branch and embedding balance at init, as the paper predicts at γ = 1"
-    return Finding("residual flow ‖h_L − e‖/‖e‖ at step 0", f"{ratio:.3f}", ref, meaning)
+    return Observation("residual flow ‖h_L − e‖/‖e‖ at step 0", f"{ratio:.3f}", ref, meaning)
 
 
-def _condensation(run: Run) -> Finding | None:
+def _condensation(run: Run) -> Observation | None:
     ranked = [a for a in run.analysis if a.matrices]
     if len(ranked) < 2:
         return None
@@ -184,7 +184,7 @@ def _condensation(run: Run) -> Finding | None:
         )
     else:
         meaning = "no condensation so far: the stable rank stays near its start"
-    return Finding(
+    return Observation(
         "condensation: stable rank",
         f"mean over {len(names)} matrices {course}",
         f"condensed below {CONDENSED:g}× its start",

@@ -48,9 +48,9 @@ from smallinit.monitor.runs import model_shape
 from smallinit.study.judging.claims import CLAIMS, NOT_RUN
 from smallinit.study.judging.findings import FINDINGS, FINDINGS_FILE
 from smallinit.study.running import (
-    Progress,
     Sweep,
     SweepOutcome,
+    SweepProgress,
     cell_dir,
     cell_work,
     resolve_config,
@@ -382,7 +382,7 @@ def run_recipe(
         },
     )
     t0 = time.monotonic()
-    progress = Progress(
+    progress = SweepProgress(
         recipe.name,
         {k: w for k, w in work.items() if not (Path(k) / "summary.json").is_file()},
         after=", then the analysis",
