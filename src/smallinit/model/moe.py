@@ -12,7 +12,9 @@ Dropless: every token reaches its k experts whatever the batch holds, so a token
 on the other tokens. Dispatch sorts the (token, slot) pairs by expert and runs each projection as one
 grouped matrix multiply over the E contiguous groups (``torch.nn.functional.grouped_mm``, where it runs:
 eager CPU, bf16 on Hopper GPUs), or as one matmul per expert (a Python loop over experts, never over
-tokens). All give the same numbers; ``MoE.dispatch`` ("auto" | "grouped" | "loop") picks one. Under
+tokens). All give the same numbers; ``MoE.dispatch`` ("auto" | "grouped" | "loop") picks one. Dispatch and
+combine move each (token, slot) pair to one place and back, never adding into a shared row, so the backward
+sums a token's k gradients in a fixed order: bit-reproducible whatever the threads, eager and compiled. Under
 torch.compile, "auto" hands each projection to one operator of ours, ``smallinit::expert_mm``, whose output
 shape is the input's whatever the routing: Dynamo traces the layer as one graph with no break, no recompile
 when the routing changes and no device→host sync in the graph (the group sizes are read inside the operator,
@@ -195,7 +197,11 @@ class MoE(nn.Module):
             0, flat, torch.ones_like(flat)
         )
         how = self._how(x)
-        xs = x[order // k]
+        # each (token, slot) pair read once, from a view that repeats the token over its k slots: the gradient
+        # then lands in distinct (token, slot) cells and sums over the slots in a fixed order. x[order // k]
+        # would accumulate k gradients into one row in whatever order the threads (or GPU atomics) run, so
+        # that with k >= 3 two identical runs differ in the last bits
+        xs = x.unsqueeze(1).expand(-1, k, -1)[order // k, order % k]
         hs = F.silu(expert_matmul(xs, self.gate_proj, counts, how=how))
         hs = hs * expert_matmul(xs, self.up_proj, counts, how=how)
         ys = expert_matmul(hs, self.down_proj, counts, how=how)
