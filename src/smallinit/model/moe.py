@@ -144,6 +144,25 @@ def _expert_mm_backward(ctx, dy: torch.Tensor):
 expert_mm.register_autograd(_expert_mm_backward, setup_context=_expert_mm_context)
 
 
+class GatherRows(torch.autograd.Function):
+    """``x.index_select(0, index // k)``, ``index`` a permutation of N·k rows and ``inverse`` its inverse, with a
+    backward that gathers too: row t of x gets the sum of its k rows' gradients, added in slot order. Autograd's
+    own backward of a gather adds the k gradients into one row in whatever order the threads (or GPU atomics)
+    run, so with k >= 3 two identical runs differ in the last bits."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor, k: int) -> torch.Tensor:
+        ctx.save_for_backward(inverse)
+        ctx.k = k
+        return x.index_select(0, index // k if k > 1 else index)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        (inverse,) = ctx.saved_tensors
+        g = g.index_select(0, inverse)
+        return (g.view(-1, ctx.k, g.shape[-1]).sum(1) if ctx.k > 1 else g), None, None, None
+
+
 class MoE(nn.Module):
     def __init__(self, d_model: int, d_ff: int, cfg: MoEConfig, *, dispatch: str = "auto"):
         super().__init__()
@@ -196,17 +215,15 @@ class MoE(nn.Module):
         counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device).scatter_add_(
             0, flat, torch.ones_like(flat)
         )
+        # the inverse permutation: where each (token, slot) pair went
+        slots = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
         how = self._how(x)
-        # each (token, slot) pair read once, from a view that repeats the token over its k slots: the gradient
-        # then lands in distinct (token, slot) cells and sums over the slots in a fixed order. x[order // k]
-        # would accumulate k gradients into one row in whatever order the threads (or GPU atomics) run, so
-        # that with k >= 3 two identical runs differ in the last bits
-        xs = x.unsqueeze(1).expand(-1, k, -1)[order // k, order % k]
+        xs = self.to_experts(x, order, slots, k)
         hs = F.silu(expert_matmul(xs, self.gate_proj, counts, how=how))
         hs = hs * expert_matmul(xs, self.up_proj, counts, how=how)
         ys = expert_matmul(hs, self.down_proj, counts, how=how)
         # combine: back to (token, slot) order, weighted sum over the k slots
-        y = torch.zeros_like(ys).index_copy(0, order, ys).view(-1, k, shape[-1])
+        y = self.from_experts(ys, order, slots).view(-1, k, shape[-1])
         y = (y * weights.unsqueeze(-1).to(y.dtype)).sum(1)
         if self.shared_expert is not None:
             y = y + self.shared_expert(x)
@@ -215,6 +232,17 @@ class MoE(nn.Module):
         if self.training:
             self._accumulate(counts, balance, z)
         return y.view(shape), self.aux_loss_weight * balance + self.z_loss_weight * z
+
+    @staticmethod
+    def to_experts(x: torch.Tensor, order: torch.Tensor, slots: torch.Tensor, k: int) -> torch.Tensor:
+        """Dispatch: the rows of the (token, slot) pairs in ``order`` (pair i is token i // k's slot i % k);
+        ``slots`` is the inverse permutation of ``order``."""
+        return GatherRows.apply(x, order, slots, k)
+
+    @staticmethod
+    def from_experts(ys: torch.Tensor, order: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Combine: the experts' rows back in (token, slot) order."""
+        return GatherRows.apply(ys, slots, order, 1)
 
     def _how(self, x: torch.Tensor) -> str:
         if self.dispatch not in DISPATCHES:
