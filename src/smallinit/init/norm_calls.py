@@ -256,32 +256,36 @@ def _inputs(module: nn.Module, example_inputs) -> tuple[tuple, dict] | None:
     return inputs
 
 
+def run_forward(module: nn.Module, example_inputs, mode: TorchFunctionMode) -> str | None:
+    """One forward of ``module`` in eval mode with ``mode`` active (on meta inputs for a model on meta); where
+    none could be run, why in one line."""
+    if any(type(p).__name__ == "DTensor" for p in module.parameters()):
+        return "a sharded model's forward needs every rank"
+    inputs = _inputs(module, example_inputs)
+    if inputs is None:
+        return "no forward could be run (pass example_inputs)"
+    args, kwargs = inputs
+    p = next(module.parameters(), None)
+    device = None if p is None else torch.device("meta") if p.is_meta else p.device
+    move = lambda x: x.to(device) if isinstance(x, torch.Tensor) and device is not None else x  # noqa: E731
+    modes = {m: m.training for m in module.modules()}
+    try:
+        module.eval()
+        with mode:
+            module(*(move(a) for a in args), **{k: move(v) for k, v in kwargs.items()})
+    except Exception as e:  # a forward that needs other inputs: what it does is not known
+        first = str(e).strip().splitlines()[0][:120] if str(e).strip() else ""
+        return f"its forward failed on the example inputs ({type(e).__name__}: {first}; pass example_inputs)"
+    finally:
+        for m, training in modes.items():
+            m.training = training
+    return None
+
+
 @torch.no_grad()
 def norm_call_sites(module: nn.Module, example_inputs=None) -> tuple[dict[str, NormCall], str | None]:
     """The norm calls that no norm layer makes, from one forward (``example_inputs`` as for gamma_init_), and
     where no forward could be run, why in one line (then nothing is known of them)."""
-    if any(type(p).__name__ == "DTensor" for p in module.parameters()):
-        return {}, "a sharded model's forward needs every rank"
-    inputs = _inputs(module, example_inputs)
-    if inputs is None:
-        return {}, "no forward could be run (pass example_inputs)"
-    args, kwargs = inputs
-    p = next(module.parameters(), None)
-    device = torch.device("meta") if p is not None and p.is_meta else p.device if p is not None else None
-    move = lambda x: x.to(device) if isinstance(x, torch.Tensor) and device is not None else x  # noqa: E731
-    modes = {m: m.training for m in module.modules()}
     calls = NormCalls(module)
-    try:
-        module.eval()
-        with calls:
-            module(*(move(a) for a in args), **{k: move(v) for k, v in kwargs.items()})
-    except Exception as e:  # a forward that needs other inputs: its calls are not known
-        first = str(e).strip().splitlines()[0][:120] if str(e).strip() else ""
-        return (
-            {},
-            f"its forward failed on the example inputs ({type(e).__name__}: {first}; pass example_inputs)",
-        )
-    finally:
-        for m, training in modes.items():
-            m.training = training
-    return calls.sites, None
+    why = run_forward(module, example_inputs, calls)
+    return ({}, why) if why else (calls.sites, None)
