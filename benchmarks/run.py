@@ -43,6 +43,7 @@ MODULES = {
     "memory": "bench_memory",
     "callbacks": "bench_callbacks",
     "init": "bench_init",
+    "audit": "bench_audit",
 }
 SCRIPTS = {"moe": "bench_moe.py"}  # run as they are, through their own command line
 

@@ -245,7 +245,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _fail_on(text: str) -> tuple[str, ...]:
-    from smallinit.audit import FAIL_ON
+    from smallinit.auditing import FAIL_ON
 
     wanted = tuple(w.strip() for w in text.split(",") if w.strip())
     unknown = [w for w in wanted if w not in FAIL_ON]
@@ -280,7 +280,7 @@ def add_audit(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from smallinit.audit import audit_path
+    from smallinit.auditing import audit_path
 
     result = audit_path(args.target, data=args.data, trained=True if args.trained else None)
     print(result.table(), end="")

@@ -19,7 +19,7 @@ import re
 import statistics
 from dataclasses import dataclass, field, replace
 
-from smallinit.audit.matrices import MatrixRow
+from smallinit.auditing.matrices import MatrixRow
 from smallinit.fields import to_json
 from smallinit.init.scale import ONE_GAMMA
 
@@ -150,7 +150,7 @@ def follows(fit: RoleFit, rows: list[MatrixRow]) -> bool:
 
 
 def fit_recipe(rows: list[MatrixRow], vocab: int | None) -> Recipe:
-    """The recipe of a model's matrices (rows from smallinit.audit.matrices.matrix_rows)."""
+    """The recipe of a model's matrices (rows from smallinit.auditing.matrices.matrix_rows)."""
     by_role: dict[str, list[MatrixRow]] = {}
     for r in rows:
         by_role.setdefault(role_of(r, vocab), []).append(r)

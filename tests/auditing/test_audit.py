@@ -15,8 +15,8 @@ from hf_tiny import build, tokens
 from nanochat_style import GPT, Config
 from smallinit import gamma_init_
 from smallinit.analysis.measure import load_run
-from smallinit.audit import audit, audit_path
-from smallinit.audit.matrices import edge_limit, matrix_rows
+from smallinit.auditing import audit, audit_path
+from smallinit.auditing.matrices import edge_limit, matrix_rows
 from smallinit.cli import main
 from smallinit.config import ModelConfig
 from smallinit.init import param_roles

@@ -1,6 +1,6 @@
 """``smallinit.audit(model)`` and ``smallinit audit TARGET``: one model's init and norms, read off its weights
 and one forward. Per matrix σ, d_in, implied γ, truncation, ties and whether it is still fresh-random
-(smallinit.audit.matrices); the recipe the weights look like (smallinit.audit.recipe); per norm (layer, call
+(smallinit.auditing.matrices); the recipe the weights look like (smallinit.auditing.recipe); per norm (layer, call
 or written out) its ε and its factor σ/√(σ² + ε) on a batch, with the saturation warning. A model on meta is
 audited from its shapes and, for a smallinit preset, its config."""
 
@@ -18,8 +18,8 @@ from smallinit.adapters import as_adapter
 from smallinit.adapters.protocol import readable_norm_forms
 from smallinit.analysis.measure import held_out_batches, hf_batches, load_measured
 from smallinit.analysis.tokens import text_batches
-from smallinit.audit.matrices import MatrixRow, matrix_rows
-from smallinit.audit.recipe import Recipe, fit_recipe
+from smallinit.auditing.matrices import MatrixRow, matrix_rows
+from smallinit.auditing.recipe import Recipe, fit_recipe
 from smallinit.config import DataConfig, ModelConfig
 from smallinit.data import load_tokenizer
 from smallinit.errors import CheckpointError, ConfigError

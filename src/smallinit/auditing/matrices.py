@@ -85,23 +85,27 @@ def _values(name: str, p: torch.Tensor, role: ParamRole, gamma: float | None) ->
     w = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
     if w.is_meta or w.numel() < 2:
         return {"not_read": "not materialised here (meta)"}
-    w = w.double()
-    sigma, mean = float(w.std()), float(w.mean())
+    n = w.numel()
+    c = w.to(torch.float64, copy=True)  # centred in place below: never the parameter itself
+    mean = float(c.mean())
+    c -= mean
+    sq = c * c
+    second = float(sq.mean())
+    sigma = (second * n / (n - 1)) ** 0.5  # torch's std (unbiased)
     out: dict = {"sigma": sigma, "mean": mean, "gamma": gamma}
     if sigma == 0.0 or not math.isfinite(sigma):
         return out
-    z = (w - mean) / sigma
-    out["truncation"] = float(z.abs().max())
-    out["kurtosis"] = float(z.pow(4).mean()) - 3.0
-    try:
-        mat = as_out_in(w, role) if role.in_dim is not None else w.reshape(-1, role.fan_in)
+    out["truncation"] = float(c.abs().max()) / sigma
+    out["kurtosis"] = float(sq.square_().mean()) / (second * second) - 3.0
+    try:  # the centred matrix, out × in
+        mat = as_out_in(c, role) if role.in_dim is not None else c.reshape(-1, role.fan_in)
     except (ValueError, RuntimeError):
         return out
     mat = mat.reshape(-1, mat.shape[-1])
     m, n = mat.shape
     if min(m, n) < 8:  # too small for the bulk edge to mean anything
         return out
-    out["edge"] = _top_singular(mat - mean) / (sigma * (math.sqrt(m) + math.sqrt(n)))
+    out["edge"] = _top_singular(mat) / (sigma * (math.sqrt(m) + math.sqrt(n)))
     out["fresh_random"] = out["edge"] <= edge_limit(m, n) and out["kurtosis"] <= KURTOSIS_SLACK
     return out
 
