@@ -29,8 +29,7 @@ def run(args: argparse.Namespace) -> list[Row]:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step() -> None:
-        loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
-        loss.backward()
+        model(x[:, :-1], targets=x[:, 1:]).loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
