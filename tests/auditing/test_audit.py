@@ -187,3 +187,30 @@ def test_fail_on_names_an_unknown_check():
     with pytest.raises(SystemExit) as e:
         main(["audit", "cpu-1m", "--fail-on", "saturated,stale"])
     assert e.value.code == 2
+
+
+def test_a_fresh_hugging_face_checkpoint_fails_the_fresh_random_check(tmp_path, capsys):
+    """model.safetensors beside its config.json, saved straight after construction (transformers' own init):
+    every matrix is flagged, the recipe is its initializer_range and the CI exit status is 1."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, vocab_size=8192
+    )
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "hf")
+    weights = tmp_path / "hf" / "model.safetensors"
+    argv = [
+        "audit",
+        str(weights),
+        "--tokenizer",
+        "default",
+        "--out",
+        str(tmp_path),
+        "--fail-on",
+        "fresh-random",
+    ]
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert f"recipe: fixed std {cfg.initializer_range:g} in every role" in out
+    saved = json.loads((tmp_path / "audit.json").read_text())
+    assert len(saved["fresh_random"]) == len(saved["matrices"]) == 16
+    assert err.strip().splitlines()[-1].startswith("audit failed: fresh-random: 16 of 16 matrices")

@@ -263,9 +263,11 @@ def audit_path(
     trained: bool | None = None,
     batch_size: int = 4,
     seq_len: int | None = None,
+    tokenizer: str | os.PathLike | None = None,
 ) -> AuditResult:
     """``smallinit audit TARGET``: a Hugging Face folder, a smallinit run or checkpoint folder, a
-    model.safetensors beside its config.json, or a smallinit preset name (built on meta: shapes and config)."""
+    model.safetensors beside its config.json, or a smallinit preset name (built on meta: shapes and config).
+    ``tokenizer`` replaces a Hugging Face folder's own (as for analyze)."""
     path = Path(target)
     if not path.exists() and str(target) in ModelConfig.presets():
         cfg = ModelConfig.preset(str(target))
@@ -279,7 +281,7 @@ def audit_path(
             f"{target} does not exist; pass a Hugging Face folder, a smallinit run or checkpoint folder, or a "
             f"preset name ({', '.join(ModelConfig.presets())})"
         )
-    run = load_measured(path)
+    run = load_measured(path, tokenizer=tokenizer)
     if hasattr(run, "tokenizer"):  # a Hugging Face folder
         stream, _, text = hf_batches(
             run.tokenizer, run.max_seq_len, data=data, batch_size=batch_size, seq_len=seq_len or 64, batches=1

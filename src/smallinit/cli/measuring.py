@@ -276,13 +276,16 @@ def add_audit(p: argparse.ArgumentParser) -> None:
         metavar="CHECKS",
         help="exit 1 when the model meets any of these comma-separated checks: saturated, fresh-random",
     )
+    p.add_argument("--tokenizer", metavar="PATH_OR_FOLDER", help=TOKENIZER_HELP)
     out_arg(p, "folder for audit.json (default: the current folder)")
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
     from smallinit.auditing import audit_path
 
-    result = audit_path(args.target, data=args.data, trained=True if args.trained else None)
+    result = audit_path(
+        args.target, data=args.data, trained=True if args.trained else None, tokenizer=args.tokenizer
+    )
     print(result.table(), end="")
     path = result.save(Path(args.out or ".") / "audit.json")
     print(f"wrote {path}")
