@@ -5,6 +5,8 @@ set_norm_eps_."""
 
 from __future__ import annotations
 
+import copy as copy_module
+import pickle
 import threading
 
 import pytest
@@ -132,3 +134,22 @@ def test_norm_layers_are_not_counted_again_as_calls():
     assert set(acts.norm_factor) == {"norm"}
     assert acts.norm_factor["norm"] == pytest.approx(_factor(model.emb(ids).detach(), 1e-4), rel=1e-6)
     assert set_norm_eps_(model, 1e-12) == ["norm"] and model.norm.eps == 1e-12
+
+
+def test_a_copy_keeps_the_set_eps_and_setting_it_again_replaces_it():
+    model, ids = _model(norm_eps=1e-5), _ids()
+    set_norm_eps_(model, 1e-12)
+    e, _ = _first_two(model, ids, None)
+    for copy in (copy_module.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert measure_activations(copy, ids).norm_factor["<root>:rms_norm#0"] == pytest.approx(
+            _factor(e, 1e-12), rel=1e-9
+        )
+        set_norm_eps_(copy, 1e-3)
+        assert len(copy._forward_pre_hooks) == 1 and len(copy._forward_hooks) == 1
+        assert measure_activations(copy, ids).norm_factor["<root>:rms_norm#0"] == pytest.approx(
+            _factor(e, 1e-3), rel=1e-9
+        )
+    # the original is untouched by its copies
+    assert measure_activations(model, ids).norm_factor["<root>:rms_norm#0"] == pytest.approx(
+        _factor(e, 1e-12)
+    )

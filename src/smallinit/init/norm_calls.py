@@ -79,6 +79,7 @@ class _Sites:
     """Where in a model a call is made: its innermost module (by name) and the lines leading to it."""
 
     def __init__(self, model: nn.Module):
+        self.model = model
         self.names = {id(m): n for n, m in model.named_modules()}
         self.norm_layers = {id(m) for m in norm_layers(model).values()}
         self.order: dict[tuple, str] = {}  # (module, lines) → site name
@@ -210,39 +211,40 @@ class _EpsMode(TorchFunctionMode):
 class FunctionalEps:
     """The ε of ``model``'s rms_norm / layer_norm calls made outside norm layers, set to ``eps`` whenever
     ``model`` runs: a forward pre-hook enters a torch function mode that passes ``eps`` to those calls, and a
-    forward hook (run on exceptions too) leaves it. Kept on the model as ``_smallinit_functional_eps``; setting
-    it again replaces it. It is not saved with the weights: re-apply it after loading."""
+    forward hook (run on exceptions too) leaves it. Applying it again replaces the pair. A copy of the model
+    (copy.deepcopy, pickle) keeps it: the hooks find the calls of whichever model runs them. It is not saved
+    with the weights (state_dict, safetensors): apply it again after loading."""
 
-    ATTR = "_smallinit_functional_eps"
-
-    def __init__(self, model: nn.Module, eps: float):
-        self.eps, self.sites = float(eps), _Sites(model)
-        self.local = threading.local()  # the modes this thread entered, innermost last
-        self.handles = [
-            model.register_forward_pre_hook(self._enter),
-            model.register_forward_hook(self._leave, always_call=True),
-        ]
+    def __init__(self, eps: float):
+        self.eps = float(eps)
+        self._sites: dict[int, _Sites] = {}  # per model running the hooks (by id); rebuilt after a copy
+        self._modes: dict[int, list[_EpsMode]] = {}  # per thread, the modes entered, innermost last
 
     @classmethod
     def apply(cls, model: nn.Module, eps: float) -> FunctionalEps:
-        old = getattr(model, cls.ATTR, None)
-        if old is not None:
-            old.remove()
-        new = cls(model, eps)
-        object.__setattr__(model, cls.ATTR, new)
+        for hooks in (model._forward_pre_hooks, model._forward_hooks):
+            for key, fn in list(hooks.items()):
+                if isinstance(getattr(fn, "__self__", None), cls):
+                    del hooks[key]
+                    model._forward_hooks_always_called.pop(key, None)
+        new = cls(eps)
+        model.register_forward_pre_hook(new._enter)
+        model.register_forward_hook(new._leave, always_call=True)
         return new
 
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
+    def __getstate__(self) -> dict:
+        return {"eps": self.eps, "_sites": {}, "_modes": {}}
 
-    def _enter(self, _module, _args) -> None:
-        mode = _EpsMode(self.sites, self.eps)
+    def _enter(self, module: nn.Module, _args) -> None:
+        sites = self._sites.get(id(module))
+        if sites is None or sites.model is not module:
+            sites = self._sites[id(module)] = _Sites(module)
+        mode = _EpsMode(sites, self.eps)
         mode.__enter__()
-        self.local.__dict__.setdefault("modes", []).append(mode)
+        self._modes.setdefault(threading.get_ident(), []).append(mode)
 
     def _leave(self, _module, _args, _output) -> None:
-        modes = self.local.__dict__.get("modes")
+        modes = self._modes.get(threading.get_ident())
         if modes:
             modes.pop().__exit__(None, None, None)
 
