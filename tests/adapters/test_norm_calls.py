@@ -153,3 +153,12 @@ def test_a_copy_keeps_the_set_eps_and_setting_it_again_replaces_it():
     assert measure_activations(model, ids).norm_factor["<root>:rms_norm#0"] == pytest.approx(
         _factor(e, 1e-12)
     )
+
+
+def test_norm_calls_are_found_on_meta():
+    """A model built on meta (no values): the calls and their ε are still found, and written-out ones refused."""
+    with torch.device("meta"):
+        functional, written = GPT(Config(norm_eps=1e-5)), GPT(Config(norm="hand"))
+    assert len(set_norm_eps_(functional, 1e-12)) == 8
+    with pytest.raises(NormEpsError, match="8 norms are written out"):
+        set_norm_eps_(written, 1e-12)

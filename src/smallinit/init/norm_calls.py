@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -123,8 +124,9 @@ class NormCalls(TorchFunctionMode):
         self.where = _Sites(model)
         self.sites: dict[str, NormCall] = {}
         self.factors: dict[str, torch.Tensor] = {}
-        # hand-written: the tensors of a mean(x²) + ε on their way to an rsqrt, by id (kept alive meanwhile)
-        self.chain: dict[int, tuple[str, torch.Tensor, float | None, torch.Tensor]] = {}
+        # hand-written: by id, each tensor of an x² → mean → + ε on its way to an rsqrt: (stage, x, ε, the
+        # tensor), held by weak references, so that following the forward keeps nothing alive
+        self.chain: dict[int, tuple[str, weakref.ref, float | None, weakref.ref]] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -142,24 +144,24 @@ class NormCalls(TorchFunctionMode):
         """x², then its mean over the last axis, then + ε, then rsqrt: a hand-written RMS norm of x."""
         a = args[0] if args else None
         b = args[1] if len(args) > 1 else None
-        if not isinstance(a, torch.Tensor) or a.is_meta:
+        if not isinstance(a, torch.Tensor):
             return
         step = self.chain.get(id(a))
-        if step is not None and step[3] is not a:  # an id reused by a tensor of another chain
+        if step is not None and step[3]() is not a:  # an id reused by a tensor of another chain
             step = None
         two = isinstance(b, (int, float)) and b == 2
         if (func in _SQUARES) or (func in _POWS and two) or (func in _MULS and b is a):
-            self.chain[id(out)] = ("square", a, None, out)
+            self.chain[id(out)] = ("square", weakref.ref(a), None, weakref.ref(out))
         elif func in _MEANS and step is not None and step[0] == "square":
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
             dims = tuple(dim) if isinstance(dim, (tuple, list)) else (dim,)
             if dims in ((-1,), (a.dim() - 1,)):
-                self.chain[id(out)] = ("mean", step[1], None, out)
+                self.chain[id(out)] = ("mean", step[1], None, weakref.ref(out))
         elif func in _ADDS and step is not None and step[0] == "mean":
             if isinstance(b, (int, float)) and not isinstance(b, bool):
-                self.chain[id(out)] = ("plus eps", step[1], float(b), out)
-        elif func in _RSQRTS and step is not None and step[0] == "plus eps":
-            self._record("hand-written", step[1], 1, step[2])
+                self.chain[id(out)] = ("plus eps", step[1], float(b), weakref.ref(out))
+        elif func in _RSQRTS and step is not None and step[0] == "plus eps" and (x := step[1]()) is not None:
+            self._record("hand-written", x, 1, step[2])
 
     def _record(self, kind: str, x: torch.Tensor, axes: int, eps: float | None) -> None:
         found = self.where.locate()
