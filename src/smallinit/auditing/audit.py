@@ -22,7 +22,7 @@ from smallinit.auditing.matrices import MatrixRow, matrix_rows
 from smallinit.auditing.recipe import Recipe, fit_recipe
 from smallinit.config import DataConfig, ModelConfig
 from smallinit.data import load_tokenizer
-from smallinit.errors import CheckpointError, ConfigError
+from smallinit.errors import CheckpointError, ConfigError, ModelError
 from smallinit.fields import to_json
 from smallinit.init import param_roles
 from smallinit.init.norm_calls import NormCalls, norm_call_sites
@@ -188,13 +188,17 @@ def audit(
     if why:
         notes.append(f"output projections not found: {why}")
     rows = matrix_rows(module, roles, set(writers))
-    vocab = adapter.vocab_size
+    try:
+        vocab = int(adapter.vocab_size)
+    except ModelError as e:  # a forward that cannot run on token ids: no head role, no batch
+        vocab = None
+        notes.append(str(e))
     recipe = fit_recipe(rows, vocab)
     if meta:
         notes.append(
             "the model is on meta: σ, γ and the factors need weights; d_in, ties and ε are from shapes"
         )
-    norms = _norms(adapter, module, tokens, meta, config, example, data)
+    norms = _norms(adapter, module, tokens, meta, config, example, data, vocab)
     return AuditResult(
         model=type(module).__name__,
         source=source,
@@ -207,13 +211,16 @@ def audit(
     )
 
 
-def _norms(adapter, module, tokens, meta, config, example, data) -> tuple[list[NormRow], str, list[str]]:
+def _norms(
+    adapter, module, tokens, meta, config, example, data, vocab
+) -> tuple[list[NormRow], str, list[str]]:
+    """Each norm's row, what text its factor was measured on (or why none was), and notes."""
     layers, unreadable = readable_norm_forms(module)
     notes = [f"norm {name}: {why}" for name, why in unreadable.items()]
     at_init = None
     if config is not None:  # what the config's γ and ε give at init, σ² = d^(−2γ)
         at_init = float(relative_factor(config.gamma, config.effective_norm_eps, config.d_model))
-    if meta or (tokens is None and adapter.vocab_size is None):
+    if meta:
         text = "no batch (the model is on meta)"
         sites, why = norm_call_sites(
             module, example(torch.zeros(1, 8, dtype=torch.long)) if example else None
@@ -227,17 +234,25 @@ def _norms(adapter, module, tokens, meta, config, example, data) -> tuple[list[N
                 NormRow(r.name, r.kind, r.eps, note=f"at init from the config: {at_init:.4f}") for r in rows
             ]
         return rows, text, notes
-    if tokens is None:
-        tokens, text = _default_tokens(adapter.vocab_size)
+    if tokens is None and vocab is None:
+        tokens, text = None, "no batch: the model's forward does not run on token ids; pass tokens="
+    elif tokens is None:
+        tokens, text = _default_tokens(vocab)
     else:
         text = data or f"the given batch ({tuple(tokens.shape)})"
     if tokens is None:
-        rows = [NormRow(n, "layer", f.eps, note=text) for n, f in layers.items()]
+        rows = [NormRow(n, "layer", f.eps, note="not measured: no batch") for n, f in layers.items()]
         return rows, text, notes
     device = next(module.parameters()).device
     calls = NormCalls(module)
-    with calls:
-        observed = adapter.observe(tokens.to(device), kinds=("norms",))
+    try:
+        with calls:
+            observed = adapter.observe(tokens.to(device), kinds=("norms",))
+    except ModelError as e:
+        rows = [
+            NormRow(n, "layer", f.eps, note="not measured: the forward failed") for n, f in layers.items()
+        ]
+        return rows, f"no batch: {e}", notes
     factors, missing = norm_factors_from_observed(adapter, observed)
     rows = []
     for name in dict.fromkeys([*layers, *factors, *missing]):
