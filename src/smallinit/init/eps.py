@@ -28,13 +28,7 @@ def set_norm_eps_(module: nn.Module, eps: float, example_inputs=None) -> list[st
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
         raise ConfigError(f"norm eps must be a positive number such as 1e-12, got {eps!r}")
     norms = norm_layers(module)
-    calls, unknown = norm_call_sites(module, example_inputs)
-    if not norms and not calls:  # an ε asked for and set nowhere would read as done
-        how = f"; its norm calls are not known: {unknown}" if unknown else " and its forward calls no norm"
-        raise NormEpsError(
-            f"{type(module).__name__} has no norm layer (no module whose class name says norm){how}, so "
-            f"ε = {eps:g} has nowhere to go; leave ε unset for this model"
-        )
+    # a layer that hard-codes ε is refused before anything runs
     fixed = [
         name
         for name, mod in norms.items()
@@ -46,6 +40,13 @@ def set_norm_eps_(module: nn.Module, eps: float, example_inputs=None) -> list[st
         raise NormEpsError(
             f"{kind} at {fixed[0] or 'the root'}{more} has no ε attribute (its forward hard-codes ε), so ε = {eps:g} "
             "cannot be set; replace those norms with ones that take ε, or keep the architecture's ε"
+        )
+    calls, unknown = norm_call_sites(module, example_inputs)
+    if not norms and not calls:  # an ε asked for and set nowhere would read as done
+        how = f"; its norm calls are not known: {unknown}" if unknown else " and its forward calls no norm"
+        raise NormEpsError(
+            f"{type(module).__name__} has no norm layer (no module whose class name says norm){how}, so "
+            f"ε = {eps:g} has nowhere to go; leave ε unset for this model"
         )
     written = [c for c in calls.values() if not c.settable]
     if written:
