@@ -45,6 +45,7 @@ MODULES = {
     "callbacks": "bench_callbacks",
     "init": "bench_init",
     "moe_gather": "bench_moe_gather",
+    "audit": "bench_audit",
 }
 SCRIPTS = {"moe": "bench_moe.py"}  # run as they are, through their own command line
 

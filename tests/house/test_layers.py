@@ -23,6 +23,7 @@ LAYERS = [
     {"monitor"},
     {"train"},
     {"analysis", "generate", "export"},
+    {"auditing"},  # reads saved models as analysis does
     {"study.running"},  # the study's wing: three rooms, bottom first, and its door (study/__init__.py)
     {"study.judging"},
     {"study.planning"},
