@@ -90,8 +90,9 @@ def rebound(ranks: np.ndarray, lowest: np.ndarray) -> np.ndarray:
 
 
 def has_course(*courses: list) -> bool:
-    """Each of a seed's analysis courses has ≥ 3 records with a stable rank (a minimum needs a point either side)."""
-    return all(len(recs) >= 3 and all(r.stable_rank for r in recs) for recs in courses)
+    """Each of a seed's analysis courses has ≥ 3 records, each with a stable rank that is a number (a minimum needs
+    a point either side; a NaN anywhere in the course would move its minimum, its rebound or its path length)."""
+    return all(len(recs) >= 3 and all(math.isfinite(mean_stable_rank(r)) for r in recs) for recs in courses)
 
 
 def no_course(traj: dict[float, dict[int, list]]) -> str:
@@ -103,7 +104,8 @@ def no_course(traj: dict[float, dict[int, list]]) -> str:
         if bad:
             parts.append(
                 f"γ={g:g}: {len(bad)} of {len(by_seed)} seeds gave no stable-rank course (fewer than 3 analysis "
-                f"records with a stable rank: seed{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))})"
+                f"records, or one without a stable rank: seed{'s' if len(bad) > 1 else ''} "
+                f"{', '.join(map(str, bad))})"
             )
     return "; ".join(parts)
 

@@ -134,6 +134,23 @@ def arm_names(a: Runs, b: Runs) -> tuple[str, str]:
     return name(sa), name(sb)
 
 
+def no_value(a: Runs, b: Runs, metric: Callable[[Run], float | None], what: str) -> str:
+    """Per arm, the finished (not lost, not planned) seeds whose ``metric`` is missing or not a number: "γ=1: 1 of
+    6 seeds gave no final sink score (seed(s) [4])"; "" when every one has it. :func:`paired` leaves them out, so
+    a comparison of it carries this line and is not judged on the others (comparison.no_value_problem)."""
+    parts = []
+    for name, sel in zip(arm_names(a, b), (a, b)):
+        bad = sorted(r.seed for r in sel if not r.planned and not _finite(metric(r)))
+        if bad:
+            n = len({r.seed for r in (*sel.runs, *sel.lost)})
+            parts.append(f"{name}: {len(bad)} of {n} seeds gave no {what} (seed(s) {bad})")
+    return "; ".join(parts)
+
+
+def _finite(v: float | None) -> bool:
+    return v is not None and math.isfinite(v)
+
+
 def lost_seeds(a: Runs, b: Runs) -> str:
     """Per arm that lost seeds, how many of its seeds diverged (and at which step) or failed (and why):
     "γ=1: 1 of 4 seeds diverged (step 120)"; "" when none did."""
@@ -210,8 +227,8 @@ def sink_share(run: Run) -> dict[float, float]:
 
 
 def mean_stable_rank(rec: AnalysisRecord) -> float:
-    """The stable rank of an analysis record, averaged over its matrices."""
-    return float(np.mean(list(rec.stable_rank.values())))
+    """The stable rank of an analysis record, averaged over its matrices (NaN if any of them is NaN)."""
+    return float(np.mean(list(rec.stable_rank.values()))) if rec.stable_rank else math.nan
 
 
 def effective_eps(run: Run) -> float:
