@@ -148,6 +148,9 @@ def test_an_interrupted_cell_is_counted_when_a_folder_is_re_judged(tmp_path):
     assert len(loaded.runs) == 7 and len(loaded.lost) == 1
     c = claim_c4(loaded, n_boot=10).primary
     assert c.verdict == NOT_TESTABLE and c.lost.startswith("γ=1: 1 of 4 seeds did not finish"), c.lost
+    # the report of the folder, which has no findings.json, judges it as the recipe does
+    html = build_report(tmp_path).read_text(encoding="utf-8")
+    assert "γ=1: 1 of 4 seeds did not finish" in html
 
 
 def test_the_report_shows_a_seed_without_a_value(tmp_path):

@@ -65,6 +65,17 @@ class Runs:
         """The runs that wrote their summary or stopped diverged (a run still training, or killed, is not judged)."""
         return Runs([r for r in runs if r.summary or r.diverged_at is not None])
 
+    @staticmethod
+    def found(runs: Iterable[Run], *folders: str | os.PathLike) -> Runs:
+        """The runs a folder holds, judged as a recipe judges its own: every started cell of the sweeps below
+        ``folders`` as :meth:`load` reads them (an interrupted or failed cell counted by its arm), and of the
+        ``runs`` outside any sweep the finished ones."""
+        swept = Runs.load(*folders)
+        sweeps = [spec.parent.resolve() for folder in folders for spec in Path(folder).rglob("sweep.json")]
+        outside = [r for r in runs if not any(r.path.resolve().is_relative_to(s) for s in sweeps)]
+        finished = Runs.finished(outside)
+        return Runs([*swept.runs, *swept.lost, *finished.runs, *finished.lost])
+
     def where(self, conditions: dict[str, Any] | None = None, **more: Any) -> Runs:
         cond = {**(conditions or {}), **more}
         return Runs([r for r in (*self.runs, *self.lost) if r.matches(cond)])
