@@ -39,6 +39,10 @@ PAPER_EFFECTIVE_SIZE = 0.44  # γ = 1 with both fixes is worth a 44 % larger mod
 
 
 GAMMAS = (0.5, 1.0)  # the two arms of the best-lr comparison, in the order of its loss arrays' γ axis
+# the sd over seeds of the best-lr gap at the rates chosen, which varies with the rate chosen as well as with the
+# seed: 0.132 over the 10 seeds of the full demo of 2026-12-03 (docs/findings-cpu.md), against 0.048 for the gap
+# at one rate that had sized it
+BEST_LR_SD = (0.132, "the sd over 10 seeds of the best-lr gap at the rates chosen, full demo of 2026-12-03")
 MAX_FLIPS = (
     4096  # sign patterns of the best-lr test: every one up to 12 seeds, else this many drawn at random
 )
@@ -157,6 +161,7 @@ def best_lr_comparison(runs: Runs, size: tuple, min_tpp: float) -> tuple[Compari
     if planned(at):
         c.power = functools.partial(best_lr_power, seeds=len(seeds))
         c.power_why = f"sign-flip test over the {len(seeds)} seeds run at every rate, uncorrected"
+        c.planned_sd = BEST_LR_SD
         return c, note
     c.untestable = c.untestable or lr_bracket_problem(lr, lrs)  # the best lr is an outcome
     if not c.untestable:

@@ -71,6 +71,9 @@ class Comparison:
     # seeds (else positions) whose value is not a number: on a plan's runs every value is unknown, so these are
     # the seeds the design pairs; nothing judges them
     unknown: list[int] = field(default_factory=list)
+    # on a plan's runs, the seed sd of this comparison's own quantity where it is not its claim's (C4's best-lr gap
+    # varies with the rates chosen as well as with the seed), and where it was measured
+    planned_sd: tuple[float, str] | None = None
     same_as: str = ""  # the claim whose primary is this very gap (a secondary shown again, judged there)
 
     def __post_init__(self) -> None:
