@@ -238,7 +238,7 @@ def verdict_table(claims: list[dict[str, Any]]) -> str:
             if reason and reason != previous:
                 rows.append(("", "", f"    ↳ {reason}", ""))
             previous = reason
-            if primary and comp.get("magnitude"):
+            if comp.get("magnitude") and (primary or comp.get("mde") is not None):  # a secondary: its power
                 rows.append(("", "", f"    ↳ {comp['magnitude']}", ""))
             trend = comp.get("trend") or {}
             if trend and (primary or trend.get("state") == "moving"):

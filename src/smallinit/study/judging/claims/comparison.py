@@ -274,6 +274,8 @@ class ClaimResult:
                 rejected = c.resampled_p <= ALPHA
                 c.verdict = (AGREE if c.mean > 0 else DISAGREE) if rejected else INCONCLUSIVE
                 c.reason = f"{c.resampled_why}: p = {c.resampled_p:.2g}, uncorrected"
+                if c.verdict == INCONCLUSIVE and len(c.samples) >= 2:  # the power it had, at its own spread
+                    c.mde, _, c.magnitude = mde_line(c.sd, len(c.samples), ALPHA)
             elif c.role == SECONDARY:
                 t = c.test()
                 if isinstance(t, str):
