@@ -1,31 +1,39 @@
-"""The one-GPU check: one command, about 7 minutes on one H100/H200, a JSON report of what one GPU can show.
+"""The one-GPU check: one command, about 8 minutes on one H100/H200, a JSON report of what one GPU can show.
 
-Rows, each reported (and, for MFU, each run in a fresh process, so that no row times another's graphs, caches or
-memory):
+Every row runs in its own Python process with a time limit (``--row-timeout``), so no row times another's
+graphs, caches or memory, and a row that crashes, hangs or runs out of memory costs that row only. Each row's
+result, or its error or timeout, is written to ``OUT/gpu.json`` as it finishes (an atomic rewrite: the file
+always holds every finished row), its output to ``OUT/logs/ROW.log``; the end prints which rows ran, failed
+and timed out. Every row gets an indexed device (``cuda:0``): NCCL refuses a process group bound to "cuda".
 
+0. device: its name, the measured 8192³ bf16 matmul rate (the peak for a name not in PEAKS).
 1. MFU: 0.1b and 1.5b, compiled (per block, as the trainer compiles) and eager. A full training step (forward,
-   loss, backward, clipping, fused AdamW) on random tokens, fp32 weights under bf16 autocast; tokens/s over
-   ``--steps`` steps after ``--warmup``. FLOP convention: model FLOPs per token = 6·N_matmul + the causal
+   loss, backward, clipping, fused AdamW) on a fixed random batch, fp32 weights under bf16 autocast; tokens/s
+   over ``--steps`` steps after ``--warmup``. FLOP convention: model FLOPs per token = 6·N_matmul + the causal
    attention's 6·L·T·d_attn (smallinit.train.flops; no recomputation counted) × tokens/s ÷ the GPU's dense
    (no sparsity) bf16 tensor-core peak, looked up by the exact device name (PEAKS); a name not in the table
-   uses the measured 8192³ bf16 matmul rate, and says so. Targets on H100/H200: ≥ 45 % at 0.1b, ≥ 50 % at 1.5b.
+   uses the measured matmul rate, and says so. Targets on H100/H200: ≥ 45 % at 0.1b, ≥ 50 % at 1.5b.
    Each row also gives the peak allocated memory against smallinit.train.memory's estimate (``check_fits``
    first: a preset that cannot fit is a row saying so, not a crash).
 2. bf16 against fp32: the same small model trained by the Trainer in each precision, the loss differences per
    step (and their maximum over the first 10 steps, before chaotic divergence grows).
 3. Resume on the GPU: a run stopped by SIGTERM after step 4 (the trainer's own preemption path) and resumed
    (``Trainer(..., resume=True)``) against the uninterrupted run: weights and AdamW state bit for bit.
-4. MoE compiled: the smallest MoE preset's step under torch.compile (in a fresh process): tokens/s, MFU, and
-   its graphs, graph breaks and compiled frames (Dynamo's counters; 1, 0 and 1 expected).
+4. MoE: the smallest MoE preset's step as in 1, compiled and eager (what ``compile=auto`` picks for MoE), each
+   timed: the compiled losses against the eager ones over the same steps (a mismatch is flagged), tokens/s and
+   MFU beside the dense rows', Dynamo's graphs, graph breaks and compiled frames (1, 0 and 1 expected), and the
+   MFU ``smallinit plan`` assumes against the measured one.
 5. A world of one: the Trainer under DDP and under FSDP2 over a real process group of one rank (NCCL; gloo on
    the CPU): the many-GPU code path on one GPU, losses against one process.
 6. With ≥ 2 GPUs: benchmarks/gpu_parity.py under torchrun (DDP and FSDP2 against one GPU). With fewer, the
    report lists it under "skipped" with the reason: no row is left out silently.
 
 ``--cpu`` runs every row on the CPU with the cpu presets (compiled rows too, unless ``--no-compile``): the
-script's own code path, checked where no GPU is. Nothing is asserted: it reports numbers.
+script's own code path, checked where no GPU is. Nothing is asserted: it reports numbers (exit 1 if a row
+failed or timed out).
 
     python benchmarks/gpu.py [--out gpu-check] [--presets 0.1b 1.5b] [--no-compile] [--skip-parity] [--cpu]
+                             [--row-timeout 600]
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ import torch
 from smallinit import Config, ModelConfig, Transformer
 from smallinit.config import PRESETS, TrainConfig
 from smallinit.errors import ConfigError, Preempted, SmallinitError
-from smallinit.study.planning.cost import CPU_CORE_FLOPS
+from smallinit.study.planning.cost import CPU_CORE_FLOPS, CPU_MFU, GPU_MFU
 from smallinit.train import Callback, Trainer
 from smallinit.train.distributed import Runtime, parallelize
 from smallinit.train.flops import train_flops_per_token
@@ -94,6 +102,11 @@ SMALL = {  # their model: small on a GPU, tiny on the CPU
     + ["data.seq_len=32", "train.batch_size=4"],
 }
 EARLY = 10  # steps over which the layouts' and precisions' losses are compared as parity
+# the compiled MoE's losses against eager's, largest relative difference over the same steps: fp32 differs in
+# summation order only; bf16 autocast rounds each matmul to 2⁻⁸ (≈ 4e-3), and the two run different expert
+# kernels (a matmul per expert eagerly, grouped_mm compiled). A wrong kernel (groups misplaced) is off by O(1).
+MOE_LOSS_RTOL = {"cpu": 1e-4, "cuda": 2e-2}
+DEVICES = {"cpu": torch.device("cpu"), "cuda": torch.device("cuda", 0)}  # indexed: NCCL binds to one GPU
 
 
 def table_peak(name: str) -> float | None:
@@ -174,8 +187,10 @@ def bench(preset: str, device: torch.device, *, compile: bool, warmup: int, step
     tc = TrainConfig(compile=compile)
     parallelize(model, Runtime(device), tc)
     opt = build_optimizer(model, tc)
-    tokens = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device)
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    # drawn on the CPU from a seed: every process (compiled or eager) trains on the same batch
+    tokens = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
+    x, y = tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
+    step_losses = []
 
     def step() -> None:
         with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
@@ -185,6 +200,7 @@ def bench(preset: str, device: torch.device, *, compile: bool, warmup: int, step
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        step_losses.append(out.loss.detach())  # read after the timing: no host sync per step
 
     t0 = time.perf_counter()
     for _ in range(warmup):
@@ -206,19 +222,11 @@ def bench(preset: str, device: torch.device, *, compile: bool, warmup: int, step
         "model_tflops": fpt * batch * seq / step_s / 1e12,
         "warmup_s": warm_s,
         "peak_mem_gib": torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None,
+        "losses": torch.stack(step_losses)
+        .float()
+        .tolist(),  # the language-model loss, warm-up steps included
         **(compile_counts() if compile else {}),
     }
-
-
-def in_fresh_process(args: list[str], out: Path) -> dict:
-    """Run ``gpu.py --row ...`` in a new Python process and return the row it wrote (or its failure)."""
-    out.unlink(missing_ok=True)
-    r = subprocess.run(
-        [sys.executable, __file__, *args, "--row-out", str(out)], capture_output=True, text=True, check=False
-    )
-    if r.returncode or not out.is_file():
-        return {"error": f"exit {r.returncode}: {(r.stderr or r.stdout).strip().splitlines()[-1:]}"}
-    return json.loads(out.read_text())
 
 
 def losses(run: Path) -> list[float]:
@@ -290,6 +298,16 @@ def resume_exact(out: Path, device: torch.device, small: list[str]) -> dict:
     return {"tensors": len(a), "bit_exact": not unequal and a.keys() == b.keys(), "unequal": unequal[:10]}
 
 
+def group_args(device: torch.device) -> dict:
+    """``init_process_group``'s backend and device for a rank on ``device``: NCCL bound to its GPU, which needs
+    an index ("Please use a device_id with index"), or gloo on the CPU (which takes no device)."""
+    if device.type == "cpu":
+        return {"backend": "gloo", "device_id": None}
+    if device.index is None:
+        raise ValueError(f"a process group binds one GPU: {device} has no index")
+    return {"backend": "nccl", "device_id": device}
+
+
 class WorldOfOne(Runtime):
     """One rank that takes the many-rank path (DDP / FSDP2 wrapping, collectives) over a real process group."""
 
@@ -305,13 +323,12 @@ def world_of_one(out: Path, device: torch.device, small: list[str], steps: int) 
     sets = [*small, f"train.steps={steps}", f"train.device={device.type}"]
     train([*sets, "train.parallel=none"], out / "one", Runtime(device), callbacks=[])
     ref = losses(out / "one")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29512")
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(
-        backend, rank=0, world_size=1, device_id=device if device.type == "cuda" else None
-    )
-    result: dict = {"backend": backend}
+    group = group_args(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    # an in-process store: one rank needs no port (two checks on one machine cannot collide)
+    dist.init_process_group(**group, store=dist.HashStore(), rank=0, world_size=1)
+    result: dict = {"backend": group["backend"]}
     try:
         for layout in ("ddp", "fsdp"):
             try:
@@ -324,15 +341,135 @@ def world_of_one(out: Path, device: torch.device, small: list[str], steps: int) 
     return result
 
 
-def one_row(args: argparse.Namespace) -> None:
-    """``--row PRESET``: one MFU row in this (fresh) process, written to --row-out."""
-    device = torch.device("cpu" if args.cpu else "cuda")
-    warmup, steps = (1, 2) if args.cpu else (args.warmup, args.steps)
-    row = bench(args.row, device, compile=args.row_compile, warmup=warmup, steps=steps)
-    Path(args.row_out).write_text(json.dumps(row))
+def device_row(args: argparse.Namespace, device: torch.device, out: Path) -> dict:
+    """The device's name and its measured matmul rate (bf16 8192³ on a GPU, fp32 512³ on the CPU)."""
+    if device.type == "cpu":
+        return {"name": "cpu", "measured_matmul_flops": measured_peak(device, n=512, reps=5)}
+    return {"name": torch.cuda.get_device_name(device), "measured_matmul_flops": measured_peak(device)}
 
 
-def main(argv: list[str] | None = None) -> int:
+def mfu_row(args: argparse.Namespace, device: torch.device, out: Path) -> dict:
+    warmup, steps = (1, 2) if device.type == "cpu" else (args.warmup, args.steps)
+    return bench(args.preset, device, compile=args.row_compile, warmup=warmup, steps=steps)
+
+
+# every kind of row: its function of (arguments, device, output folder), run in the row's own process
+ROWS = {
+    "device": device_row,
+    "mfu": mfu_row,
+    "precision": lambda args, device, out: precision_parity(
+        out, device, [*RUN, *SMALL[device.type]], 4 if device.type == "cpu" else 20
+    ),
+    "resume": lambda args, device, out: resume_exact(out, device, [*RUN, *SMALL[device.type]]),
+    "world_of_one": lambda args, device, out: world_of_one(
+        out, device, [*RUN, *SMALL[device.type]], 4 if device.type == "cpu" else 10
+    ),
+}
+
+
+def plan(args: argparse.Namespace, device: torch.device, presets: list[str]) -> list[tuple[str, list[str]]]:
+    """Every row of the check, in order, as (name, the arguments of its ``gpu.py --row`` process)."""
+    common = ["--device", str(device), "--warmup", str(args.warmup), "--steps", str(args.steps)]
+    compiled = [False] if args.no_compile else [True, False]
+    rows = [("device", ["--row", "device", *common])]
+    # the MoE preset last (also when --presets names it): its rows are compared with each other (moe_summary)
+    for preset in [*(p for p in presets if p != MOE[device.type]), MOE[device.type]]:
+        for comp in compiled:
+            name = (
+                f"{'moe' if preset == MOE[device.type] else 'mfu'} {preset} {'compiled' if comp else 'eager'}"
+            )
+            rows.append((name, ["--row", "mfu", "--preset", preset, *(["--row-compile"] * comp), *common]))
+    rows += [(kind, ["--row", kind, *common]) for kind in ("precision", "resume", "world_of_one")]
+    return rows
+
+
+def run_row(cmd: list[str], log: Path, timeout: float, result: Path | None = None) -> dict:
+    """Run one row's process (and whatever it starts, as one process group) for at most ``timeout`` seconds:
+    the row it wrote to ``result``, else its error or timeout. Its output goes to ``log``."""
+    if result is not None:
+        result.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:  # a timed-out row, or anything a finished one left running (compile workers, torchrun ranks)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    seconds = time.perf_counter() - t0
+    if code is None:
+        return {"timed_out": f"stopped after {timeout:g} s; its output: {log}", "seconds": seconds}
+    if code or (result is not None and not result.is_file()):
+        tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:]
+        return {"error": f"exit {code}: {tail[0] if tail else '(no output)'}; its output: {log}"}
+    row = json.loads(result.read_text()) if result is not None else {"returncode": code}
+    return {**row, "seconds": seconds}
+
+
+def status(row: dict) -> str:
+    return "timed out" if "timed_out" in row else "failed" if "error" in row else "ran"
+
+
+def write_report(path: Path, report: dict) -> None:
+    """Rewrite ``path`` atomically: a reader (or a crash) never sees half a report."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1))
+    os.replace(tmp, path)
+
+
+def add_mfu(row: dict, peak: float | None, target: float | None) -> None:
+    if "model_tflops" in row and peak:
+        row["mfu"] = row["model_tflops"] * 1e12 / peak
+        row["target"] = target
+
+
+def moe_summary(rows: dict, device: torch.device) -> dict:
+    """The MoE rows against each other and against the dense ones: losses (compiled vs eager, the same steps
+    from the same weights and batch), tokens/s and MFU, and the MFU the planner assumes."""
+    moe = {n.split()[-1]: r for n, r in rows.items() if n.startswith("moe ")}
+    dense = {n: r for n, r in rows.items() if n.startswith("mfu ")}
+    out: dict = {
+        "throughput": {
+            n: {k: r.get(k) for k in ("tokens_per_s", "mfu")}
+            if status(r) == "ran"
+            else {"missing": status(r)}
+            for n, r in {**{f"moe {m}": r for m, r in moe.items()}, **dense}.items()
+        },
+        "planner_assumed_mfu": GPU_MFU if device.type == "cuda" else CPU_MFU,
+        "planner_measured_mfu": {m: r.get("mfu") for m, r in moe.items()},
+    }
+    compiled, eager = moe.get("compiled", {}), moe.get("eager", {})
+    if "losses" in compiled and "losses" in eager:
+        diffs = compare_losses(eager["losses"], compiled["losses"])
+        rtol = MOE_LOSS_RTOL[device.type]
+        worst = max(abs(p - q) / abs(p) for p, q in zip(eager["losses"], compiled["losses"]))
+        out["compiled_vs_eager"] = {
+            "steps": diffs["steps"],
+            "abs_diff_per_step": diffs["abs_diff_per_step"],
+            "max_rel_diff": worst,
+            "rtol": rtol,
+            "agree": worst <= rtol,
+        }
+    else:
+        out["compiled_vs_eager"] = {"missing": "a compiled and an eager MoE row that both ran"}
+    return out
+
+
+def row_main(args: argparse.Namespace) -> int:
+    """``--row KIND``: one row in this (fresh) process, written to --row-out."""
+    device = torch.device(args.device)
+    out = Path(args.out)
+    result = ROWS[args.row](args, device, out)
+    Path(args.row_out).write_text(json.dumps(result))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="gpu-check")
     ap.add_argument(
@@ -345,13 +482,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--cpu", "--dry-run", action="store_true", help="every row on the CPU with the cpu presets"
     )
-    ap.add_argument("--row", help=argparse.SUPPRESS)
+    ap.add_argument("--row-timeout", type=float, default=600, help="seconds each row may run (default 600)")
+    ap.add_argument("--row", choices=list(ROWS), help=argparse.SUPPRESS)
+    ap.add_argument("--preset", help=argparse.SUPPRESS)
+    ap.add_argument("--device", help=argparse.SUPPRESS)
     ap.add_argument("--row-compile", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--row-out", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.row:
-        one_row(args)
-        return 0
+        return row_main(args)
     try:
         presets = check_presets(args.presets or (["cpu-1m"] if args.cpu else ["0.1b", "1.5b"]))
     except ConfigError as e:
@@ -362,62 +505,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.perf_counter()
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    device = torch.device("cpu" if args.cpu else "cuda")
-    small = [*RUN, *SMALL[device.type]]
-    if args.cpu:
-        name, measured, peak = (
-            "cpu",
-            measured_peak(device, n=512, reps=5),
-            CPU_CORE_FLOPS * torch.get_num_threads(),
-        )
-        peak_source = "CPU: one core's fp32 matmul rate × threads (smallinit.study.planning.cost)"
-    else:
-        name, measured = torch.cuda.get_device_name(), measured_peak(device)
-        peak = table_peak(name) or measured
-        peak_source = (
-            "table (exact device name)" if table_peak(name) else f"measured: {name!r} is not in PEAKS"
-        )
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    device = DEVICES["cpu" if args.cpu else "cuda"]
     report: dict = {
-        "device": name,
-        "peak_flops": peak,
-        "peak_source": peak_source,
-        "measured_matmul_flops": measured,
         "flop_convention": "6·N_matmul + 6·L·T·d_attn per token (causal attention), no recomputation; "
         "MFU = that × tokens/s ÷ the dense bf16 peak",
         "torch": torch.__version__,
-        "mfu": [],
+        "rows": {},
         "skipped": [],
     }
-    print(f"{name}: peak {peak / 1e12:.4g} TFLOP/s ({peak_source}); matmul {measured / 1e12:.4g} TFLOP/s")
-    compiled = [False] if args.no_compile else [True, False]
     if args.no_compile:
         report["skipped"].append("compiled MFU rows and the compiled MoE row: --no-compile")
-    for preset in presets:
-        for comp in compiled:
-            flags = ["--row", preset, *(["--row-compile"] if comp else []), *(["--cpu"] if args.cpu else [])]
-            flags += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
-            r = in_fresh_process(flags, out / "row.json")
-            r.update(preset=preset, compile=comp)
-            if "model_tflops" in r:
-                r["mfu"] = r["model_tflops"] * 1e12 / peak
-                r["target"] = TARGETS.get(preset) if comp and not args.cpu else None
-            report["mfu"].append(r)
-            print(f"MFU {preset} {'compiled' if comp else 'eager'}: {json.dumps(r)}", flush=True)
-    steps = 4 if args.cpu else 20
-    report["precision"] = precision_parity(out, device, small, steps)
-    print("bf16 vs fp32:", json.dumps(report["precision"]), flush=True)
-    report["resume"] = resume_exact(out, device, small)
-    print("resume:", json.dumps(report["resume"]), flush=True)
-    if not args.no_compile:
-        flags = ["--row", MOE[device.type], "--row-compile", *(["--cpu"] if args.cpu else [])]
-        moe = in_fresh_process([*flags, "--warmup", "3", "--steps", "3"], out / "row.json")
-        if "model_tflops" in moe:
-            moe["mfu"] = moe["model_tflops"] * 1e12 / peak
-        report["moe_compiled"] = moe
-        print("MoE compiled:", json.dumps(report["moe_compiled"]), flush=True)
-    report["world_of_one"] = world_of_one(out, device, small, 4 if args.cpu else 10)
-    print("world of one:", json.dumps(report["world_of_one"]), flush=True)
+    rows = plan(args, device, presets)
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     if args.skip_parity:
         report["skipped"].append("1 → N GPU parity (gpu_parity.py): --skip-parity")
@@ -427,21 +526,80 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         script = str(Path(__file__).parent / "gpu_parity.py")
-        cmd = [
-            "torchrun",
-            "--standalone",
-            f"--nproc_per_node={gpus}",
-            script,
-            "--out",
-            str(out / "gpu-parity"),
-        ]
-        report["parity_returncode"] = subprocess.run(cmd, check=False).returncode
+        rows.append(("parity", ["torchrun", "--standalone", f"--nproc_per_node={gpus}", script]))
+    write_report(out / "gpu.json", report)
+    peak = None
+    for name, row_args in rows:
+        log = out / "logs" / f"{name.replace(' ', '-')}.log"
+        if name == "parity":
+            result = run_row([*row_args, "--out", str(out / "gpu-parity")], log, args.row_timeout)
+        else:
+            cmd = [sys.executable, __file__, *row_args, "--out", str(out), "--row-out", str(out / "row.json")]
+            result = run_row(cmd, log, args.row_timeout, out / "row.json")
+        if name == "device" and status(result) == "ran":
+            if args.cpu:
+                peak = CPU_CORE_FLOPS * torch.get_num_threads()
+                source = "CPU: one core's fp32 matmul rate × threads (smallinit.study.planning.cost)"
+            else:
+                peak = table_peak(result["name"]) or result["measured_matmul_flops"]
+                source = (
+                    "table (exact device name)"
+                    if table_peak(result["name"])
+                    else f"measured: {result['name']!r} is not in PEAKS"
+                )
+            report.update(peak_flops=peak, peak_source=source)
+            print(f"{result['name']}: peak {peak / 1e12:.4g} TFLOP/s ({source})", flush=True)
+        if name.startswith(("mfu", "moe")):
+            preset, comp = name.split()[1], name.endswith("compiled")
+            add_mfu(result, peak, TARGETS.get(preset) if comp and not args.cpu else None)
+        report["rows"][name] = result
+        if name.startswith("moe"):
+            report["moe"] = moe_summary(report["rows"], device)
+        write_report(out / "gpu.json", report)
+        print(f"{name} ({status(result)}): {json.dumps(result)}", flush=True)
+    summary = {
+        s: [n for n, r in report["rows"].items() if status(r) == s] for s in ("ran", "failed", "timed out")
+    }
+    report["summary"] = summary
+    report["seconds"] = time.perf_counter() - started
+    write_report(out / "gpu.json", report)
+    if "moe" in report:
+        print_moe(report["moe"])
     for line in report["skipped"]:
         print(f"skipped: {line}")
-    report["seconds"] = time.perf_counter() - started
-    (out / "gpu.json").write_text(json.dumps(report, indent=1))
+    print(
+        f"rows: {len(summary['ran'])} ran"
+        + "".join(
+            f"; {len(summary[s])} {s}: {', '.join(summary[s])}" for s in ("failed", "timed out") if summary[s]
+        )
+    )
     print(f"wrote {out / 'gpu.json'} ({report['seconds']:.0f} s)")
-    return 0
+    return 1 if summary["failed"] or summary["timed out"] else 0
+
+
+def print_moe(moe: dict) -> None:
+    for name, r in moe["throughput"].items():
+        if "missing" in r:
+            print(f"{name}: {r['missing']}")
+        else:
+            mfu = f", MFU {r['mfu']:.1%}" if r.get("mfu") is not None else ""
+            print(f"{name}: {r['tokens_per_s']:,.0f} tokens/s{mfu}")
+    c = moe["compiled_vs_eager"]
+    if "missing" in c:
+        print(f"MoE losses, compiled vs eager: not compared, missing {c['missing']}")
+    else:
+        verdict = "agree" if c["agree"] else "MISMATCH"
+        print(
+            f"MoE losses, compiled vs eager over {c['steps']} steps: largest relative difference "
+            f"{c['max_rel_diff']:.2e} (tolerance {c['rtol']:g}): {verdict}"
+        )
+    measured = ", ".join(
+        f"{m} {'—' if v is None else f'{v:.1%}'}" for m, v in moe["planner_measured_mfu"].items()
+    )
+    print(
+        f"planner: smallinit plan assumes MFU {moe['planner_assumed_mfu']:.0%} for every model, MoE included "
+        f"(smallinit.study.planning.cost); the MoE measured here: {measured or 'no row ran'}"
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ Benchmarks (each also runs alone: ``python benchmarks/bench_<name>.py --help``):
   memory     peak RSS per preset, activation checkpointing                        bench_memory.py
   callbacks  analysis callbacks at their default cadence (if bench_callbacks.py exists)
   moe        MoE vs dense at equal active parameters (if bench_moe.py exists)
+  moe_gather MoE dispatch and combine, deterministic vs the accumulating gather   bench_moe_gather.py
+  audit      smallinit audit of cpu-20m against one training step; 1.5b on meta     bench_audit.py
 Every row is a median over rounds with [min, max] as the spread; ratios are paired within a round.
 A failing benchmark is reported and the others still run; the exit code is 1 if any failed.
 """
@@ -43,6 +45,8 @@ MODULES = {
     "memory": "bench_memory",
     "callbacks": "bench_callbacks",
     "init": "bench_init",
+    "moe_gather": "bench_moe_gather",
+    "audit": "bench_audit",
 }
 SCRIPTS = {"moe": "bench_moe.py"}  # run as they are, through their own command line
 

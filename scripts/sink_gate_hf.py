@@ -94,8 +94,8 @@ def run(data: SinkData, vocab: int, seed: int, gate: str, steps: int, out: Path)
     return {
         "seed": seed,
         "gate": gate,
-        "sink": last.sink_mean,
-        "sink_along": {r.step: r.sink_mean for r in records},
+        "sink": last.sink.mean,
+        "sink_along": {r.step: r.sink.mean for r in records},
         "loss": last.loss,
         "seconds": seconds,
     }

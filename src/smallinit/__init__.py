@@ -3,8 +3,10 @@
 from smallinit import add_attention_gate_, gamma_init_
 report = gamma_init_(model, gamma=1.0)   # W ~ N(0, d_in^(−2γ)) for every weight matrix
 add_attention_gate_(model)               # the output gate σ(X W_θ) on every softmax attention
+print(audit(model).table())              # per matrix σ, d_in, γ, fresh-random; the recipe; every norm's factor
 """
 
+from smallinit.auditing import audit  # the function: smallinit.audit(model); the room is smallinit.auditing.*
 from smallinit.config import AnalysisConfig, Config, DataConfig, ModelConfig, MoEConfig, TrainConfig
 from smallinit.errors import SmallinitError
 from smallinit.export.gated import add_attention_gate_, load_gated
@@ -41,6 +43,7 @@ __all__ = [
     "Transformer",
     "add_attention_gate_",
     "as_out_in",
+    "audit",
     "gamma_init_",
     "gamma_normal_",
     "generate",

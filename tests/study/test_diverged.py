@@ -7,13 +7,14 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 from test_verdicts import FIXED, PARAMS, _srank_records, make_run
 
 from smallinit.monitor.runs import Run
 from smallinit.report.claims import claims_section, render_claims
 from smallinit.study.judging.claims import Runs, claim_c4, claim_c6, loss_comparison
 from smallinit.study.judging.findings_file import Findings
-from smallinit.study.judging.verdicts import NOT_TESTABLE, verdict_table
+from smallinit.study.judging.verdicts import INCONCLUSIVE, NOT_TESTABLE, verdict_table
 
 # L(γ.5) − L(γ1) per seed: seed 3 is the one where γ = 1 did worst; without it the other three agree
 GAPS = [0.10, 0.11, 0.09, -0.30]
@@ -205,3 +206,50 @@ def test_c6_names_a_size_whose_whole_gamma1_arm_diverged(tmp_path):
         c6.primary.lost == f"γ=1: 3 of 3 seeds diverged (steps {DIVERGED_AT}, {DIVERGED_AT}, {DIVERGED_AT})"
     )
     assert "analysis.every" not in c6.primary.reason
+
+
+def test_a_run_lost_at_one_rate_of_the_best_lr_grid_is_said_so(tmp_path):
+    """γ = 1's seed 3 diverged at lr 1e-2 of a 3-rate grid: the best-lr line says its rates were never chosen and
+    names no rate, and counts the run at the rate it was lost at (1 of 6 seeds at lr 1e-2), not as a seed lost
+    from the whole comparison."""
+    lrs = (3e-3, 1e-2, 3e-2)
+    runs = [
+        make_run(
+            tmp_path, gamma=g, seed=seed, arm=FIXED, lr=lr, final=3.0 + 0.01 * seed + (lr == 1e-2) * -0.1
+        )
+        for g in (0.5, 1.0)
+        for lr in lrs
+        for seed in range(6)
+    ]
+    i = next(
+        i
+        for i, r in enumerate(runs)
+        if (r.config["model.gamma"], r.config["train.lr"], r.seed) == (1.0, 1e-2, 3)
+    )
+    runs[i] = _diverge(runs[i])
+    c4 = claim_c4(Runs(runs).where({"train.lr": 1e-2}), all_lrs=Runs(runs), n_boot=10)
+    (best,) = [c for c in c4.comparisons if "best lr" in c.label]
+    assert best.verdict == NOT_TESTABLE and "best lr not chosen: a run was lost" in best.label
+    assert best.lost == f"at lr 0.01, γ=1: 1 of 6 seeds diverged (step {DIVERGED_AT})", best.lost
+    assert not best.samples and "not measured" in best.text()
+    (note,) = [n for n in c4.notes if "best lr" in n]
+    assert "not chosen" in note and "seed 0" not in note, note
+
+
+def test_an_inconclusive_best_lr_line_says_the_power_it_had(tmp_path):
+    """Six seeds at three rates, no effect of γ: the best-lr line is inconclusive and says the smallest effect its
+    seeds could have seen at 80 % power at its own spread, under its line in the table."""
+    rng = np.random.default_rng(3)
+    profile = {3e-3: 0.2, 1e-2: 0.0, 3e-2: 0.2}
+    runs = [
+        make_run(tmp_path, gamma=g, seed=seed, arm=FIXED, lr=lr, final=3.0 + bump + 0.03 * rng.normal())
+        for g in (0.5, 1.0)
+        for lr, bump in profile.items()
+        for seed in range(6)
+    ]
+    c4 = claim_c4(Runs(runs).where({"train.lr": 1e-2}), all_lrs=Runs(runs), n_boot=10)
+    (best,) = [c for c in c4.comparisons if "best lr" in c.label]
+    assert best.verdict == INCONCLUSIVE, best.reason
+    assert best.mde is not None and "would be seen at 80% power" in best.magnitude
+    table = verdict_table([c4.to_dict()])
+    assert f"↳ {best.magnitude}" in table

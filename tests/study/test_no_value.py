@@ -8,10 +8,11 @@ import json
 import math
 
 import numpy as np
-from test_verdicts import FIXED, PARAMS, _srank_records, make_run
+from test_verdicts import FIXED, PARAMS, _c3_runs, _srank_records, make_run
 
+from smallinit.monitor.runs import Run
 from smallinit.report.html import build_report
-from smallinit.study.judging.claims import Runs, claim_c4, claim_c5, claim_c6
+from smallinit.study.judging.claims import Runs, claim_c3, claim_c4, claim_c5, claim_c6
 from smallinit.study.judging.verdicts import AGREE, NOT_TESTABLE, paired_t, region_p, verdict_table
 
 
@@ -94,6 +95,42 @@ def test_c6_counts_a_seed_without_enough_analysis_records(tmp_path):
     assert "seed 4" in res.primary.reason
 
 
+def test_c6_counts_a_nan_stable_rank_inside_a_record(tmp_path):
+    """A record that holds stable ranks, one of them NaN (a matrix whose norm failed): the seed has no course, so
+    no comparison is judged on the other five (the old rule judged its primary and secondaries on them)."""
+    runs = _c6_runs(tmp_path, {})
+    seed4 = next(r for r in runs if r.seed == 4 and r.config["model.gamma"] == 1.0)
+    lines = (seed4.path / "metrics.jsonl").read_text().splitlines()
+    recs = [i for i, line in enumerate(lines) if '"analysis"' in line]
+    rec = json.loads(lines[recs[3]])
+    rec["stable_rank"] = {"m": math.nan, "k": 6.0}
+    lines[recs[3]] = json.dumps(rec)
+    (seed4.path / "metrics.jsonl").write_text("\n".join(lines))
+    res = claim_c6(Runs([Run.load(r.path) for r in runs]))
+    assert res.verdict == NOT_TESTABLE, res.primary.reason
+    for c in res.comparisons:
+        assert c.verdict == NOT_TESTABLE and "γ=1: 1 of 6 seeds gave no stable-rank course" in c.text(), (
+            c.text()
+        )
+
+
+def test_c3_counts_a_seed_without_a_sink_score(tmp_path):
+    """A finished no-gate seed whose sink score is NaN: the sink comparisons say so and are not judged on the
+    others."""
+    runs = _c3_runs(tmp_path, 0.3)
+    assert all(
+        c.verdict != NOT_TESTABLE for c in claim_c3(Runs(runs)).comparisons if c.label.startswith("sink")
+    )
+    gone = next(
+        r for r in runs if r.seed == 1 and r.config["model.gamma"] == 0.5 and r.config["model.gate"] == "none"
+    )
+    lines = (gone.path / "metrics.jsonl").read_text().replace('"sink_mean": 0.02', '"sink_mean": NaN')
+    (gone.path / "metrics.jsonl").write_text(lines)
+    res = claim_c3(Runs([Run.load(r.path) for r in runs]))
+    (sink,) = [c for c in res.comparisons if c.label.startswith("sink γ1−γ.5")]
+    assert sink.verdict == NOT_TESTABLE and "γ=0.5: 1 of 3 seeds gave no final sink score" in sink.reason
+
+
 def test_an_interrupted_cell_is_counted_when_a_folder_is_re_judged(tmp_path):
     """A cell killed mid-run (its status still "running") is read with its arm, not left out of both lists."""
     sweep = tmp_path / "sweep"
@@ -111,6 +148,9 @@ def test_an_interrupted_cell_is_counted_when_a_folder_is_re_judged(tmp_path):
     assert len(loaded.runs) == 7 and len(loaded.lost) == 1
     c = claim_c4(loaded, n_boot=10).primary
     assert c.verdict == NOT_TESTABLE and c.lost.startswith("γ=1: 1 of 4 seeds did not finish"), c.lost
+    # the report of the folder, which has no findings.json, judges it as the recipe does
+    html = build_report(tmp_path).read_text(encoding="utf-8")
+    assert "γ=1: 1 of 4 seeds did not finish" in html
 
 
 def test_the_report_shows_a_seed_without_a_value(tmp_path):

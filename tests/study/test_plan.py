@@ -265,7 +265,11 @@ def test_a_recipes_own_pilot_prices_its_mde(tmp_path):
     [
         ("seed_sd = 0.03\n", "recipe.seed_sd must be a number > 0 with recipe.seed_sd_source"),
         ('seed_sd = -1\nseed_sd_source = "x"\n', "recipe.seed_sd must be a number > 0"),
-        ("seeds = 3\n", "unknown key recipe.seeds; use title, claims, analysis, seed_sd, seed_sd_source"),
+        (
+            "seeds = 3\n",
+            "unknown key recipe.seeds; use title, claims, analysis, seed_sd, seed_sd_source, design_effect",
+        ),
+        ("design_effect = 0\n", "recipe.design_effect must be a loss gap in nats > 0, got 0"),
     ],
 )
 def test_a_bad_recipe_table_is_one_line(tmp_path, capsys, meta, message):

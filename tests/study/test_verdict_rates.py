@@ -20,9 +20,18 @@ from smallinit.study.judging.claims.c6 import (
     selection_seeds,
 )
 from smallinit.study.judging.claims.c7 import better_on_average, mid_contrasts
+from smallinit.study.judging.claims.comparison import PRIMARY, ClaimResult, Comparison, judge_table
 from smallinit.study.judging.claims.loss import MOVING, SETTLED, second_half, seed_lines, trend_state
 from smallinit.study.judging.power import ALPHA, LATE_MINIMUM
-from smallinit.study.judging.verdicts import holm_reject, paired_t, region_p
+from smallinit.study.judging.verdicts import (
+    AGREE,
+    DISAGREE,
+    INCONCLUSIVE,
+    holm_reject,
+    paired_t,
+    region_p,
+    verdict_table,
+)
 from smallinit.study.planning.cost import Hardware
 from smallinit.study.planning.plan import plan_recipe
 
@@ -232,3 +241,47 @@ def test_c6_planned_mde_has_its_power_under_the_split_rule():
     before = decided(0.0746)
     print(f"\nC6 full demo: MDE {c6.mde:.4f} has power {power:.4f}; the t-test's MDE 0.0746 has {before:.4f}")
     assert abs(power - 0.8) <= _margin(0.8) and before < 0.7
+
+
+def _claim(key: str, primary: np.ndarray, secondaries: np.ndarray) -> ClaimResult:
+    """A claim of per-seed values: one primary, and a secondary per row of ``secondaries``."""
+    seeds = list(range(len(primary)))
+    res = ClaimResult(key, key, "> 0")
+    res.comparisons.append(Comparison(f"{key} primary", primary.tolist(), "> 0", seeds=seeds, role=PRIMARY))
+    res.comparisons += [
+        Comparison(f"{key} · {i}", s.tolist(), "> 0", seeds=seeds) for i, s in enumerate(secondaries)
+    ]
+    return res
+
+
+def test_the_table_says_how_often_its_secondaries_err_together():
+    """Three claims with four secondaries each, 6 seeds, no effect anywhere: the table prints the chance that some
+    secondary line reads agree or disagree, and that chance is what the rule does (independent lines)."""
+    rng = np.random.default_rng(11)
+    draws, errs, printed = 500, 0, ""
+    for _ in range(draws):
+        claims = [_claim(f"C{k}", rng.normal(0, 1, 6), rng.normal(0, 1, (4, 6))) for k in (1, 2, 3)]
+        judge_table(claims)
+        errs += any(c.verdict in (AGREE, DISAGREE) for res in claims for c in res.comparisons[1:])
+        printed = printed or verdict_table([res.to_dict() for res in claims])
+    line = next(x for x in printed.splitlines() if x.startswith("Secondary lines"))
+    said = float(line.split("reads agree or disagree is ")[1].split("%")[0]) / 100
+    rate = errs / draws
+    print(f"\n12 secondaries, no effect: some line false in {rate:.3f} of tables; printed {said:.2f}\n{line}")
+    assert "12 judged" in line and abs(rate - said) <= _margin(said, draws) + 0.01
+    assert rate <= min(1.0, 12 * ALPHA)
+
+
+def test_a_gap_shown_twice_has_one_verdict():
+    """The same per-seed gap as one claim's primary (judged at its Holm level) and another's secondary (judged alone
+    at α it would agree): the secondary shows the primary's verdict and says where it was judged."""
+    gap = np.array([0.06, 0.01, 0.08, 0.02, 0.05, 0.07])  # p ≈ 0.006 alone: below α, above α/k for k = 7
+    others = [
+        _claim(f"C{k}", np.array([0.1, -0.1, 0.2, -0.2, 0.05, -0.05]), np.zeros((0, 6))) for k in range(2, 7)
+    ]
+    first = _claim("C4", gap, np.zeros((0, 6)))
+    again = _claim("C5", np.array([0.3, -0.2, 0.1, -0.1, 0.2, -0.3]), gap[None, :])
+    judge_table([first, again, *others])
+    shown = again.comparisons[1]
+    assert first.primary.verdict == INCONCLUSIVE, first.primary.reason
+    assert shown.verdict == INCONCLUSIVE and shown.same_as == "C4" and "C4's primary" in shown.reason

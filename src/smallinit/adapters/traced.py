@@ -6,7 +6,9 @@ finds each matrix's d_in: nothing is declared, everything is read off one ordina
   that takes the last block's output (the final norm), or where none does, that output (with a note).
 * The norms: every module whose class says norm (smallinit.init.eps.norm_layers: RMSNorm, LayerNorm,
   (1 + w) forms, nn.RMSNorm, hand-written ones), each factor read off its own forward
-  (protocol.realised_factor), so ε and the form are what the forward does, whatever the attributes say.
+  (protocol.realised_factor), so ε and the form are what the forward does, whatever the attributes say;
+  and every rms_norm / layer_norm call or written-out x·rsqrt(mean(x²) + ε) that no norm layer makes
+  (adapters.norm_calls), at the ε the call used.
 * The attention: every softmax attention call, caught where it is computed: ``F.scaled_dot_product_attention``
   (its queries and keys after position encoding, mask, causal flag and scale), ``flex_attention`` (its
   ``block_mask`` evaluated on the positions; a ``score_mod`` cannot be rebuilt from q and k and is named),
@@ -31,6 +33,7 @@ from torch.overrides import TorchFunctionMode
 
 from smallinit.adapters.hf import is_hf_causal_lm
 from smallinit.adapters.hooks import observe_by_hooks
+from smallinit.adapters.norm_calls import NormCalls, record_norm_calls
 from smallinit.adapters.protocol import AttentionInputs, NormForm, Observed, check_kinds, readable_norm_forms
 from smallinit.errors import ModelError
 from smallinit.model.loss import cross_entropy
@@ -82,9 +85,15 @@ class TracedAdapter:
         def recording(attention: list[AttentionInputs], problems: list[str]):
             return recording_attention_calls(self.module, T, attention, problems, sources)
 
-        out, problems = observe_by_hooks(
-            self.module, self.blocks, self.no_blocks, kinds, lambda: self._logits(tokens), recording
-        )
+        calls = NormCalls(self.module) if "norms" in kinds else contextlib.nullcontext()
+
+        def forward() -> torch.Tensor:
+            with calls:
+                return self._logits(tokens)
+
+        out, problems = observe_by_hooks(self.module, self.blocks, self.no_blocks, kinds, forward, recording)
+        if isinstance(calls, NormCalls):
+            record_norm_calls(calls, out)
         if targets is not None:
             out.loss = cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
         if "attention" in kinds:

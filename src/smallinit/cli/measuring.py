@@ -1,5 +1,5 @@
-"""Measuring models: ``analyze`` (one model), ``compare`` (two, token by token), ``coordcheck`` (scales over
-γ) and ``report`` (the HTML report of run, sweep or recipe folders)."""
+"""Measuring models: ``audit`` (a model's init and norms), ``analyze`` (one model), ``compare`` (two, token by
+token), ``coordcheck`` (scales over γ) and ``report`` (the HTML report of run, sweep or recipe folders)."""
 
 from __future__ import annotations
 
@@ -244,7 +244,65 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fail_on(text: str) -> tuple[str, ...]:
+    from smallinit.auditing import FAIL_ON
+
+    wanted = tuple(w.strip() for w in text.split(",") if w.strip())
+    unknown = [w for w in wanted if w not in FAIL_ON]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown check {unknown[0]!r}; choose from {', '.join(FAIL_ON)}")
+    return wanted
+
+
+def add_audit(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "target",
+        metavar="TARGET",
+        help="a Hugging Face folder, a smallinit run or checkpoint folder, a model.safetensors beside its "
+        "config.json, or a preset name (built on meta: what shapes and the config tell)",
+    )
+    p.add_argument(
+        "--data", metavar="CORPUS", help="text the norm factors are measured on (default: the builtin corpus)"
+    )
+    p.add_argument(
+        "--trained",
+        action="store_true",
+        help="the weights claim to be trained (a run past step 0 does): fresh-random matrices are a re-init",
+    )
+    p.add_argument(
+        "--fail-on",
+        type=_fail_on,
+        default=(),
+        metavar="CHECKS",
+        help="exit 1 when the model meets any of these comma-separated checks: saturated, fresh-random",
+    )
+    p.add_argument("--tokenizer", metavar="PATH_OR_FOLDER", help=TOKENIZER_HELP)
+    out_arg(p, "folder for audit.json (default: the current folder)")
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from smallinit.auditing import audit_path
+
+    result = audit_path(
+        args.target, data=args.data, trained=True if args.trained else None, tokenizer=args.tokenizer
+    )
+    print(result.table(), end="")
+    path = result.save(Path(args.out or ".") / "audit.json")
+    print(f"wrote {path}")
+    failures = result.failures(args.fail_on)
+    for line in failures:
+        print(f"audit failed: {line}", file=sys.stderr)
+    return 1 if failures else 0
+
+
 COMMANDS = (
+    Command(
+        "audit",
+        "init and norm forensics of a model: per matrix σ, d_in, γ, fresh-random; the recipe; every norm's ε "
+        "and factor (table + JSON)",
+        add_audit,
+        cmd_audit,
+    ),
     Command(
         "analyze",
         "all single-model measurements of a run, checkpoint or Hugging Face model (JSON + figures)",

@@ -1,11 +1,12 @@
-"""Every norm's ε, set in place."""
+"""Every norm's ε, set in place: norm layers by their attribute, norm calls (norm_calls.py) by a hook."""
 
 from __future__ import annotations
 
 from torch import nn
 
 from smallinit.errors import ConfigError
-from smallinit.init.roles import is_norm
+from smallinit.init.norm_calls import FunctionalEps, norm_call_sites
+from smallinit.init.roles import norm_layers
 
 EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
 
@@ -14,39 +15,25 @@ class NormEpsError(ConfigError):
     """A norm whose ε is not an attribute that can be set (hard-coded in its forward)."""
 
 
-def norm_layers(module: nn.Module) -> dict[str, nn.Module]:
-    """The norm layers of ``module`` by name: a class name that says norm (is_norm) and no parameters in
-    submodules. A module that holds norms or other layers is not one, whatever its name: StableLM's per-head
-    norm (a list of nn.LayerNorm), roberta-prelayernorm's encoder and attention ("…PreLayerNorm…")."""
-    return {
-        name: m
-        for name, m in module.named_modules()
-        if is_norm(m) and not any(True for c in m.children() for _ in c.parameters())
-    }
+def set_norm_eps_(module: nn.Module, eps: float, example_inputs=None) -> list[str]:
+    """Set ε of every norm of ``module``: each norm layer's attribute (ours, torch's, Hugging Face's naming),
+    and the rms_norm / layer_norm calls its forward makes outside norm layers (found from one forward on
+    ``example_inputs``, as for gamma_init_), whose ε a hook on ``module`` passes while it runs
+    (smallinit.init.norm_calls.FunctionalEps: not saved with the weights). Returns the names touched: the
+    layers' module names, then the call sites' (``h.0:rms_norm#1``).
 
-
-def set_norm_eps_(module: nn.Module, eps: float) -> list[str]:
-    """Set ε of every norm layer (ours, torch's, Hugging Face's naming); returns the names touched.
-
-    Raises NormEpsError, naming the modules, when a norm has no ε attribute (its forward hard-codes it):
-    setting ε on the others only would give a model that silently runs with two ε."""
+    Raises NormEpsError, naming them, when a norm's ε cannot be set (a layer without an ε attribute, an
+    x·rsqrt(mean(x²) + ε) written out): setting ε on the others only would give a model that silently runs
+    with two ε."""
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
         raise ConfigError(f"norm eps must be a positive number such as 1e-12, got {eps!r}")
     norms = norm_layers(module)
-    if not norms:  # an ε asked for and set nowhere would read as done
-        raise NormEpsError(
-            f"{type(module).__name__} has no norm layer (no module whose class name says norm), so ε = {eps:g} "
-            "has nowhere to go; leave ε unset for this model"
-        )
-    touched, fixed = [], []
-    for name, mod in norms.items():
-        for attr in EPS_ATTRS:
-            if isinstance(getattr(mod, attr, None), float):
-                setattr(mod, attr, float(eps))
-                touched.append(name)
-                break
-        else:
-            fixed.append(name)
+    # a layer that hard-codes ε is refused before anything runs
+    fixed = [
+        name
+        for name, mod in norms.items()
+        if not any(isinstance(getattr(mod, a, None), float) for a in EPS_ATTRS)
+    ]
     if fixed:
         kind = type(module.get_submodule(fixed[0])).__name__
         more = f" and {len(fixed) - 1} more" if len(fixed) > 1 else ""
@@ -54,4 +41,26 @@ def set_norm_eps_(module: nn.Module, eps: float) -> list[str]:
             f"{kind} at {fixed[0] or 'the root'}{more} has no ε attribute (its forward hard-codes ε), so ε = {eps:g} "
             "cannot be set; replace those norms with ones that take ε, or keep the architecture's ε"
         )
+    calls, unknown = norm_call_sites(module, example_inputs)
+    if not norms and not calls:  # an ε asked for and set nowhere would read as done
+        how = f"; its norm calls are not known: {unknown}" if unknown else " and its forward calls no norm"
+        raise NormEpsError(
+            f"{type(module).__name__} has no norm layer (no module whose class name says norm){how}, so "
+            f"ε = {eps:g} has nowhere to go; leave ε unset for this model"
+        )
+    written = [c for c in calls.values() if not c.settable]
+    if written:
+        raise NormEpsError(
+            f"{len(written)} norms are written out in the forward as x·rsqrt(mean(x²) + ε) with ε a number in the "
+            f"source ({', '.join(f'{c.name} at {c.where}' for c in written)}), so ε = {eps:g} cannot be set; "
+            "call F.rms_norm(x, shape, eps=...) there instead, or keep the architecture's ε"
+        )
+    touched = []
+    for name, mod in norms.items():
+        attr = next(a for a in EPS_ATTRS if isinstance(getattr(mod, a, None), float))
+        setattr(mod, attr, float(eps))
+        touched.append(name)
+    if calls:
+        FunctionalEps.apply(module, eps)
+        touched += list(calls)
     return touched

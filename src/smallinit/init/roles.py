@@ -95,6 +95,17 @@ def is_norm(module: nn.Module) -> bool:
     return "norm" in type(module).__name__.lower()
 
 
+def norm_layers(module: nn.Module) -> dict[str, nn.Module]:
+    """The norm layers of ``module`` by name: a class name that says norm (is_norm) and no parameters in
+    submodules. A module that holds norms or other layers is not one, whatever its name: StableLM's per-head
+    norm (a list of nn.LayerNorm), roberta-prelayernorm's encoder and attention ("…PreLayerNorm…")."""
+    return {
+        name: m
+        for name, m in module.named_modules()
+        if is_norm(m) and not any(True for c in m.children() for _ in c.parameters())
+    }
+
+
 def _first_tensor(out) -> torch.Tensor | None:
     if isinstance(out, torch.Tensor):
         return out

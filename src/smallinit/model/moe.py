@@ -12,7 +12,9 @@ Dropless: every token reaches its k experts whatever the batch holds, so a token
 on the other tokens. Dispatch sorts the (token, slot) pairs by expert and runs each projection as one
 grouped matrix multiply over the E contiguous groups (``torch.nn.functional.grouped_mm``, where it runs:
 eager CPU, bf16 on Hopper GPUs), or as one matmul per expert (a Python loop over experts, never over
-tokens). All give the same numbers; ``MoE.dispatch`` ("auto" | "grouped" | "loop") picks one. Under
+tokens). All give the same numbers; ``MoE.dispatch`` ("auto" | "grouped" | "loop") picks one. Dispatch and
+combine move each (token, slot) pair to one place and back, never adding into a shared row, so the backward
+sums a token's k gradients in a fixed order: bit-reproducible whatever the threads, eager and compiled. Under
 torch.compile, "auto" hands each projection to one operator of ours, ``smallinit::expert_mm``, whose output
 shape is the input's whatever the routing: Dynamo traces the layer as one graph with no break, no recompile
 when the routing changes and no device→host sync in the graph (the group sizes are read inside the operator,
@@ -142,6 +144,25 @@ def _expert_mm_backward(ctx, dy: torch.Tensor):
 expert_mm.register_autograd(_expert_mm_backward, setup_context=_expert_mm_context)
 
 
+class GatherRows(torch.autograd.Function):
+    """``x.index_select(0, index // k)``, ``index`` a permutation of N·k rows and ``inverse`` its inverse, with a
+    backward that gathers too: row t of x gets the sum of its k rows' gradients, added in slot order. Autograd's
+    own backward of a gather adds the k gradients into one row in whatever order the threads (or GPU atomics)
+    run, so with k >= 3 two identical runs differ in the last bits."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor, k: int) -> torch.Tensor:
+        ctx.save_for_backward(inverse)
+        ctx.k = k
+        return x.index_select(0, index // k if k > 1 else index)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        (inverse,) = ctx.saved_tensors
+        g = g.index_select(0, inverse)
+        return (g.view(-1, ctx.k, g.shape[-1]).sum(1) if ctx.k > 1 else g), None, None, None
+
+
 class MoE(nn.Module):
     def __init__(self, d_model: int, d_ff: int, cfg: MoEConfig, *, dispatch: str = "auto"):
         super().__init__()
@@ -194,13 +215,15 @@ class MoE(nn.Module):
         counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device).scatter_add_(
             0, flat, torch.ones_like(flat)
         )
+        # the inverse permutation: where each (token, slot) pair went
+        slots = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
         how = self._how(x)
-        xs = x[order // k]
+        xs = self.to_experts(x, order, slots, k)
         hs = F.silu(expert_matmul(xs, self.gate_proj, counts, how=how))
         hs = hs * expert_matmul(xs, self.up_proj, counts, how=how)
         ys = expert_matmul(hs, self.down_proj, counts, how=how)
         # combine: back to (token, slot) order, weighted sum over the k slots
-        y = torch.zeros_like(ys).index_copy(0, order, ys).view(-1, k, shape[-1])
+        y = self.from_experts(ys, order, slots).view(-1, k, shape[-1])
         y = (y * weights.unsqueeze(-1).to(y.dtype)).sum(1)
         if self.shared_expert is not None:
             y = y + self.shared_expert(x)
@@ -209,6 +232,17 @@ class MoE(nn.Module):
         if self.training:
             self._accumulate(counts, balance, z)
         return y.view(shape), self.aux_loss_weight * balance + self.z_loss_weight * z
+
+    @staticmethod
+    def to_experts(x: torch.Tensor, order: torch.Tensor, slots: torch.Tensor, k: int) -> torch.Tensor:
+        """Dispatch: the rows of the (token, slot) pairs in ``order`` (pair i is token i // k's slot i % k);
+        ``slots`` is the inverse permutation of ``order``."""
+        return GatherRows.apply(x, order, slots, k)
+
+    @staticmethod
+    def from_experts(ys: torch.Tensor, order: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Combine: the experts' rows back in (token, slot) order."""
+        return GatherRows.apply(ys, slots, order, 1)
 
     def _how(self, x: torch.Tensor) -> str:
         if self.dispatch not in DISPATCHES:

@@ -4,7 +4,9 @@ the runs found, by the recipes' own functions), or, for a folder that holds no s
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from smallinit.analysis.tokens import TokenGapResult
 from smallinit.measures.residual_flow import ResidualFlowSweep
@@ -20,12 +22,18 @@ JUDGED_HERE = "the paper's claims, judged from the runs in this folder"
 
 
 def judge_folder(
-    runs: list[Run], sweeps: list[tuple[str, ResidualFlowSweep]], compares: list[tuple[str, TokenGapResult]]
+    runs: list[Run],
+    sweeps: list[tuple[str, ResidualFlowSweep]],
+    compares: list[tuple[str, TokenGapResult]],
+    folders: Sequence[Path] = (),
 ) -> Findings:
-    """C1–C7 judged from the finished runs, residual-flow sweep and token comparisons found here, by the same
-    functions as the recipes (so a folder of hand-made runs is judged exactly as a recipe's would be)."""
+    """C1–C7 judged from the runs, residual-flow sweep and token comparisons found here, by the same functions as
+    the recipes (so a folder of hand-made runs is judged exactly as a recipe's would be): a sweep's cells below
+    ``folders`` as the recipe reads them (an interrupted cell counted, :meth:`Runs.found`), other runs finished."""
     flow = sweeps[0][1].to_dict() if sweeps else None
-    claims = judge_all(Runs.finished(runs), flow, gaps_from_compares(res.to_dict() for _, res in compares))
+    claims = judge_all(
+        Runs.found(runs, *folders), flow, gaps_from_compares(res.to_dict() for _, res in compares)
+    )
     return Findings(tuple(JudgedClaim.from_dict(c.to_dict()) for c in claims), title=JUDGED_HERE)
 
 

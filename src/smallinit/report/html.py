@@ -126,7 +126,7 @@ def build_report(
             f"{len(checks)} coordinate check and {len(sweeps)} sweep file(s)."
         )
     ]
-    parts += _sections(runs, analyses, compares, checks, sweeps, findings, evals, folders, include_unfinished)
+    parts += _sections(runs, analyses, compares, checks, sweeps, findings, evals, roots, include_unfinished)
     path = Path(out) if out is not None else roots[0] / REPORT_FILE
     make_folder(path.parent)
     write_text_atomic(path, page(title, parts))
@@ -141,7 +141,7 @@ def _sections(
     sweeps: list[tuple[str, ResidualFlowSweep]],
     findings: list[tuple[str, Findings]],
     evals: list[tuple[str, dict]],
-    folders: str,
+    roots: Sequence[Path],
     include_unfinished: bool,
 ) -> list[str]:
     """Every section, in the order a reader meets them: the claims (or the runs' own diagnosis), the runs, then
@@ -153,9 +153,9 @@ def _sections(
             parts += render_claims(claims_section(name, f))
         shown = [f for _, f in findings]
     elif runs or sweeps or compares:
-        judged = judge_folder(runs, sweeps, compares)
+        judged = judge_folder(runs, sweeps, compares, roots)
         if not runs or a_study(runs, judged):
-            parts += render_claims(claims_section(folders, judged))
+            parts += render_claims(claims_section(", ".join(str(r) for r in roots), judged))
             shown = [judged]
         else:  # no study here: the runs' own diagnosis first
             parts += render_diagnoses([diagnose(r) for r in runs])

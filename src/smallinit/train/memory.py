@@ -13,8 +13,9 @@ element: 2 under bf16, 4 in fp32; per token of the micro-batch, per layer):
         24·d: the fp32 input, normalised input and output of the two RMSNorms (4 bytes × 6d);
         3d + 2·d_kv: q, k, v after RoPE, the attention output and the output projection's input;
         2·g + d with a gate: its logits and sigmoid (g = d elementwise, n_heads headwise) and the gated
-        output; 4·f: SwiGLU's gate, up, silu and product (MoE: k·(4·d_expert + 3·d) for the k routed
-        experts, and under autocast k·d more, the gathered tokens cast once for gate and once for up;
+        output; 4·f: SwiGLU's gate, up, silu and product (MoE: k·(4·d_expert + 2·d) for the k routed
+        experts, their gathered tokens and their outputs for the weighted sum, and under autocast k·d
+        more, the gathered tokens cast once for gate and once for up;
         8·E + 4·k + 8 bytes for the router's fp32 scores, top-k weights and their sums, 24·k for the int64
         top-k indices and the sort order; plus a shared expert's 4·d_expert)
     with activation checkpointing only each block's input is kept (4·d per layer), and the block being
@@ -99,7 +100,7 @@ def layer_bytes_per_token(cfg: ModelConfig, act_bytes: int) -> list[float]:
         shared = 4 * de * act_bytes if m.shared_expert else 0
         casts = d if act_bytes < 4 else 0  # under autocast gate and up each cast the gathered tokens
         routing = 8 * m.num_experts + 4 * k + 8 + 24 * k  # fp32 scores, top-k weights, sums; int64 indices
-        return k * (4 * de + 3 * d + casts) * act_bytes + routing + shared
+        return k * (4 * de + 2 * d + casts) * act_bytes + routing + shared
 
     return [24 * d + act_bytes * (3 * d + 2 * kv + 2 * g + gated_out) + mlp(i) for i in range(_period(cfg))]
 

@@ -17,7 +17,9 @@ with n − 1 degrees of freedom. The paper's claim is a region for the true mean
   happens at most 5 % of the time, and for each claim at most 2.5 % each way.
 * the other comparisons are **secondary**: each is shown with its own verdict at α = 0.05, uncorrected, and
   none vetoes or decides the claim. A comparison judged by an interval from elsewhere (a bootstrap) is
-  always secondary.
+  always secondary. As a family they are not controlled, so the table prints their chance of one false line
+  (:func:`secondary_family`): with m of them and no effect anywhere, 1 − (1 − α)^m if independent, at most
+  m·α however they depend. A secondary that is another claim's primary (the same gap) shows that verdict.
 * **not testable here**: a precondition of the test failed (fewer than 2 seeds, a run trained too
   briefly, a mechanism that cannot act at this width); it says which, with the number. A claim whose
   primary is not testable is not testable here, whatever its secondaries say.
@@ -177,11 +179,31 @@ the same units and sign, at the model size in brackets (0.1B … 1.5B parameters
 ▶ marks each claim's pre-declared primary estimate, which alone decides its verdict: agree / disagree when
 its t-interval at the level shown lies inside / outside the paper's region (> 0, or within ±tol), Holm over
 the table's primaries at α = 0.05; inconclusive otherwise, with the smallest effect its seeds could see at
-80 % power. · marks secondary comparisons, each with its own uncorrected 95 % verdict: shown, never deciding.
+80 % power. · marks secondary comparisons, each with its own uncorrected 95 % verdict: shown, never deciding
+(their chance of one false line is printed above); one that is another claim's primary shows that verdict.
 not testable here: a precondition failed (reason below the line). A loss gap's trend: its per-seed slope
 against log tokens over the second half of training, tested across seeds (settled / moving / undetermined);
 a moving gap crossed 0 there, is closing (a crossing extrapolated only while it is still moving at the end),
 closing with its crossing not extrapolated (not shown to be still moving at the end) or widening."""
+
+
+def secondary_family(claims: list[dict[str, Any]]) -> str:
+    """The table's secondaries as a family: how many were judged at α alone, and the chance that at least one of
+    them reads agree or disagree when nothing has an effect ("" when none was judged)."""
+    m = sum(
+        comp.get("role") != "primary"
+        and comp["verdict"] in (AGREE, DISAGREE, INCONCLUSIVE)
+        and not comp.get("same_as")
+        for c in claims
+        for comp in c["comparisons"]
+    )
+    if not m:
+        return ""
+    return (
+        f"Secondary lines (·): {m} judged, each alone at α = {ALPHA:g}. With no effect anywhere, the chance that "
+        f"at least one of them reads agree or disagree is {1 - (1 - ALPHA) ** m:.0%} if they are independent, "
+        f"at most {min(1.0, m * ALPHA):.0%} however they depend: a secondary line points, it does not find."
+    )
 
 
 def verdict_table(claims: list[dict[str, Any]]) -> str:
@@ -216,7 +238,7 @@ def verdict_table(claims: list[dict[str, Any]]) -> str:
             if reason and reason != previous:
                 rows.append(("", "", f"    ↳ {reason}", ""))
             previous = reason
-            if primary and comp.get("magnitude"):
+            if comp.get("magnitude") and (primary or comp.get("mde") is not None):  # a secondary: its power
                 rows.append(("", "", f"    ↳ {comp['magnitude']}", ""))
             trend = comp.get("trend") or {}
             if trend and (primary or trend.get("state") == "moving"):
@@ -225,4 +247,5 @@ def verdict_table(claims: list[dict[str, Any]]) -> str:
             rows.append(("", "", f"({note})", ""))
     widths = [max(len(r[i]) for r in rows if not r[2].startswith(("    ↳", "("))) for i in range(3)]
     lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
-    return "\n".join(line.rstrip() for line in lines) + "\n\n" + LEGEND
+    family = secondary_family(claims)
+    return "\n".join(line.rstrip() for line in lines) + "\n\n" + (family + "\n\n" if family else "") + LEGEND

@@ -36,6 +36,8 @@ from smallinit.study.judging.power import (
     POWER,
     minimum_detectable_by,
     minimum_detectable_effect,
+    power_of_test,
+    seeds_for_power,
 )
 from smallinit.study.judging.verdicts import seeds_problem
 
@@ -68,8 +70,10 @@ class ClaimPlan:
     testable: list[str] = field(default_factory=list)
     not_run: str = ""  # why the design does not run the claim at all (the recipe scale's options.dropped)
     rule: str = ""  # the primary's rule where it is more than a paired t-test (its MDE is then that rule's)
-    # secondaries judged by a rule of their own (a resampling test): label → seeds, alpha, mde_sds, mde, rule
+    # secondaries judged by a rule of their own (a resampling test): label → seeds, alpha, mde_sds, mde, rule,
+    # seed_sd and its source, and the power at the recipe's design effect with the seeds 80 % needs
     secondaries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    design: dict[str, Any] | None = None  # the primary's power at the recipe's design effect (nats claims)
 
     @property
     def partly(self) -> bool:
@@ -159,10 +163,15 @@ def planned_measurements(runs: Runs, claims: list[str], options: dict[str, Any])
 
 
 def claim_plans(
-    results: list[ClaimResult], loss_sd: tuple[float, str], claim_sd: dict[str, float]
+    results: list[ClaimResult],
+    loss_sd: tuple[float, str],
+    claim_sd: dict[str, float],
+    design: float | None = None,
 ) -> list[ClaimPlan]:
     """Each claim's plan at the level its table judges it: Holm over the k primaries the design decides gives the
-    first of them α/k (a recipe that decides one claim judges it at α), in the claim's unit from its seed sd."""
+    first of them α/k (a recipe that decides one claim judges it at α), in the claim's unit from its seed sd. A
+    comparison whose quantity has its own sd (``Comparison.planned_sd``) is priced at that one; with a ``design``
+    effect (nats) each loss comparison says its power at it and the seeds 80 % would need."""
     plans, powers = [], []
     for res in results:
         problems = {c.label: _design_problem(res, c) for c in res.comparisons}
@@ -205,12 +214,18 @@ def claim_plans(
         for c in testable:
             if c.power is not None and c is not primary:  # a secondary: judged at α, uncorrected
                 mde_sds = minimum_detectable_by(functools.partial(c.power, alpha=ALPHA))
+                own, own_source = c.planned_sd or (sd, source)
                 plans[-1].secondaries[c.label] = {
                     "seeds": _seeds(c),
                     "alpha": ALPHA,
                     "mde_sds": finite(mde_sds),
-                    "mde": finite(mde_sds * sd) if sd is not None else None,
+                    "mde": finite(mde_sds * own) if own is not None else None,
                     "rule": c.power_why,
+                    "seed_sd": own,
+                    "seed_sd_source": own_source,
+                    "design": _at_design(
+                        design, own, unit, c.power(design / own, ALPHA) if design and own else 0.0
+                    ),
                 }
     alpha = ALPHA / max(1, sum(c.decides for c in plans))
     for c, power in zip(plans, powers):
@@ -221,7 +236,28 @@ def claim_plans(
             else minimum_detectable_by(functools.partial(power, alpha=alpha))
         )
         c.mde = c.mde_sds * c.seed_sd if c.seed_sd is not None else math.inf
+        if c.decides and design and c.seed_sd is not None:
+            had = (
+                power(design / c.seed_sd, alpha)
+                if power
+                else power_of_test(design, c.seed_sd, c.seeds, alpha)
+            )
+            c.design = _at_design(design, c.seed_sd, c.unit, had, alpha)
     return plans
+
+
+def _at_design(
+    design: float | None, sd: float | None, unit: str, power: float, alpha: float = ALPHA
+) -> dict[str, Any] | None:
+    """A loss comparison's power at the recipe's design effect, and the seeds the paired t-test would need for 80 %
+    at its seed sd (the best-lr sign-flip test has the t-test's power at its seeds: tests/study/test_best_lr.py)."""
+    if not design or sd is None or unit != "nats":
+        return None
+    return {
+        "effect": design,
+        "power": power,
+        "seeds_for_80": seeds_for_power(design, sd, alpha, POWER, 10_000),
+    }
 
 
 def finite(x: float) -> float | None:

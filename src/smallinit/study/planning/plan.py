@@ -180,7 +180,7 @@ def plan_recipe(
         planned_measurements(all_runs, recipe.claims, sc.options),
         {**sc.options, "n_boot": 20},
     )
-    claims = claim_plans(judged, (sd, source), claim_sd or {})
+    claims = claim_plans(judged, (sd, source), claim_sd or {}, recipe.design_effect)
     unjudged = sorted(set(claim_sd or {}) - {c.claim.split()[0] for c in claims if not c.not_run})
     if unjudged:
         raise ExperimentError(

@@ -54,12 +54,19 @@ def format_plan(plan: Plan) -> str:
                 f"({at}{'; ' + c.rule if c.rule else ''}); {len(c.testable)} of "
                 f"{len(c.testable) + len(c.failing)} comparisons testable, {c.fewest_seeds}–{c.most_seeds} seeds"
             )
+            lines += _design_line(c.design, c.seeds, c.unit)
             for label, s in c.secondaries.items():
                 at = f" = {s['mde']:.3g} {c.unit}" if s["mde"] is not None else ""
+                own = (
+                    f" at seed sd {s['seed_sd']:g} ({s['seed_sd_source']})"
+                    if s["seed_sd"] is not None and s["seed_sd"] != c.seed_sd
+                    else ""
+                )
                 lines.append(
-                    f"      · {label}: {s['seeds']} seeds, MDE {s['mde_sds'] or math.inf:.2f} seed sds{at} at "
+                    f"      · {label}: {s['seeds']} seeds, MDE {s['mde_sds'] or math.inf:.2f} seed sds{at}{own} at "
                     f"α = {s['alpha']:g} ({s['rule']})"
                 )
+                lines += ["  " + x for x in _design_line(s["design"], s["seeds"], c.unit)]
         elif c.not_run:
             lines.append(f"  {c.claim:<12} {NOT_RUN}: {c.not_run}")
         else:
@@ -120,6 +127,19 @@ def _slurm_lines(plan: Plan, opts: SlurmOptions) -> list[str]:
         f"{sum(secs) * hw.devices / 3600:,.1f} {unit}-hours"
     )
     return lines
+
+
+def _design_line(design: dict | None, seeds: int, unit: str) -> list[str]:
+    """A comparison's power at the recipe's design effect, and whether this design reaches 80 % at it."""
+    if not design:
+        return []
+    need = design["seeds_for_80"]
+    reach = (
+        f"{POWER:.0%} needs {need} seeds, {'more than' if need > seeds else 'within'} the {seeds} this design runs"
+        if need <= 10_000
+        else f"{POWER:.0%} is out of reach (more than 10,000 seeds)"
+    )
+    return [f"      ↳ power at the design's +{design['effect']:g} {unit}: {design['power']:.2f}; {reach}"]
 
 
 def _distinct(failing: dict[str, str], limit: int = 6) -> list[str]:

@@ -8,6 +8,8 @@ A recipe is a TOML file in ``smallinit/study/planning/recipes/`` (or any path)::
     analysis = "fig1"             # a name in smallinit.study.judging.findings.FINDINGS
     seed_sd = 0.04                # optional: a pilot's seed sd of its loss gaps, for the plan's power
     seed_sd_source = "..."        # where that sd was measured
+    design_effect = 0.05          # optional: the loss gap (nats) its seeds are sized for; the plan gives each
+                                  # loss comparison's power at it, and the seeds 80 % would need
 
     [base]                        # config keys for every sweep of every scale (lowest priority)
     ...
@@ -60,7 +62,7 @@ from smallinit.study.running.budget import budget_schedule, budget_steps
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 _RECIPE_SECTIONS = ("recipe", "base", "scales")
-_META_KEYS = ("title", "claims", "analysis", "seed_sd", "seed_sd_source")
+_META_KEYS = ("title", "claims", "analysis", "seed_sd", "seed_sd_source", "design_effect")
 _SCALE_KEYS = ("description", "base", "options", "budget", "sweeps")
 _BUDGET_KEYS = ("tokens_per_param", "eval_points", "analysis_points", "warmup_frac")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+-]*")  # scale and sweep names become folder names
@@ -84,6 +86,7 @@ class Recipe:
     scales: dict[str, Scale]
     path: Path
     seed_sd: tuple[float, str] | None = None  # (the pilot's seed sd in nats, where it was measured)
+    design_effect: float | None = None  # the loss gap (nats) its seeds are sized to see at 80 % power
 
     def scale(self, name: str) -> Scale:
         if name not in self.scales:
@@ -139,6 +142,11 @@ def load_recipe(name: str | os.PathLike) -> Recipe:
     if not isinstance(analysis, str) or analysis not in FINDINGS:
         raise ExperimentError(f"{where}: analysis {analysis!r} is not one of {', '.join(FINDINGS)}")
     seed_sd = _pilot_sd(meta, where)
+    design = meta.get("design_effect")
+    if design is not None and (
+        isinstance(design, bool) or not isinstance(design, (int, float)) or not design > 0
+    ):
+        raise ExperimentError(f"{where}: recipe.design_effect must be a loss gap in nats > 0, got {design!r}")
     unknown = [c for c in meta.get("claims", []) if c not in CLAIMS]
     if unknown:
         raise ExperimentError(
@@ -187,6 +195,7 @@ def load_recipe(name: str | os.PathLike) -> Recipe:
         scales,
         path,
         seed_sd,
+        None if design is None else float(design),
     )
 
 

@@ -14,6 +14,7 @@ from smallinit.study.judging.claims.selection import (
     Runs,
     lost_problem,
     lost_seeds,
+    no_value,
     paired,
     reference_lr,
     sink_mean,
@@ -74,10 +75,17 @@ def claim_c3(runs: Runs, *, min_tpp: float = MIN_TOKENS_PER_PARAM) -> ClaimResul
                 "> 0",
             ),
         ):
-            lost = lost_seeds(a, b)  # counted, not dropped (selection.lost_problem)
+            lost = lost_seeds(
+                a, b
+            )  # counted, not dropped (selection.lost_problem), as is a seed without a sink
             at_size.append(
                 Comparison.by_seed(
-                    label, paired(a, b, sink_mean), paper, lost=lost, untestable=lost_problem(lost)
+                    label,
+                    paired(a, b, sink_mean),
+                    paper,
+                    lost=lost,
+                    untestable=lost_problem(lost),
+                    no_value=no_value(a, b, sink_mean, "final sink score"),
                 )
             )
         for c in at_size:  # this size's precondition (the gate's gain is the paper's cure for the sink)

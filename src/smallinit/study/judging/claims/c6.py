@@ -89,9 +89,14 @@ def rebound(ranks: np.ndarray, lowest: np.ndarray) -> np.ndarray:
     return ranks[..., -1] - np.take_along_axis(ranks, np.asarray(lowest)[..., None, None], axis=-1)[..., 0]
 
 
-def has_course(*courses: list) -> bool:
-    """Each of a seed's analysis courses has ≥ 3 records with a stable rank (a minimum needs a point either side)."""
-    return all(len(recs) >= 3 and all(r.matrices for r in recs) for recs in courses)
+def has_course(*courses: list, planned: bool = False) -> bool:
+    """Each of a seed's analysis courses has ≥ 3 records, each with a stable rank that is a number (a minimum needs
+    a point either side; a NaN anywhere in the course would move its minimum, its rebound or its path length). On a
+    plan's runs every stable rank is unknown (NaN) by design: only the records are counted."""
+    return all(
+        len(recs) >= 3 and all(r.matrices and (planned or math.isfinite(mean_stable_rank(r))) for r in recs)
+        for recs in courses
+    )
 
 
 def no_course(traj: dict[float, dict[int, list]]) -> str:
@@ -103,7 +108,8 @@ def no_course(traj: dict[float, dict[int, list]]) -> str:
         if bad:
             parts.append(
                 f"γ={g:g}: {len(bad)} of {len(by_seed)} seeds gave no stable-rank course (fewer than 3 analysis "
-                f"records with a stable rank: seed{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))})"
+                f"records, or one without a stable rank: seed{'s' if len(bad) > 1 else ''} "
+                f"{', '.join(map(str, bad))})"
             )
     return "; ".join(parts)
 
@@ -126,7 +132,9 @@ def claim_c6(runs: Runs) -> ClaimResult:
                 for g in (0.5, 1.0)
             }
             seeds = sorted(
-                s for s in set(traj[0.5]) & set(traj[1.0]) if has_course(traj[0.5][s], traj[1.0][s])
+                s
+                for s in set(traj[0.5]) & set(traj[1.0])
+                if has_course(traj[0.5][s], traj[1.0][s], planned=planned(at))
             )
             lost = lost_seeds(at.where({"model.gamma": 0.5}), at.where({"model.gamma": 1.0}))
             no_value = "" if planned(at) else no_course(traj)

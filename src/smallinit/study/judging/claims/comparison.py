@@ -71,6 +71,10 @@ class Comparison:
     # seeds (else positions) whose value is not a number: on a plan's runs every value is unknown, so these are
     # the seeds the design pairs; nothing judges them
     unknown: list[int] = field(default_factory=list)
+    # on a plan's runs, the seed sd of this comparison's own quantity where it is not its claim's (C4's best-lr gap
+    # varies with the rates chosen as well as with the seed), and where it was measured
+    planned_sd: tuple[float, str] | None = None
+    same_as: str = ""  # the claim whose primary is this very gap (a secondary shown again, judged there)
 
     def __post_init__(self) -> None:
         kept = [i for i, x in enumerate(self.samples) if x is not None and math.isfinite(x)]
@@ -196,6 +200,7 @@ class Comparison:
             "no_value": self.no_value,
             "unknown": self.unknown,
             "resampled_p": self.resampled_p,
+            "same_as": self.same_as,
             "text": self.text(),
         }
 
@@ -269,6 +274,8 @@ class ClaimResult:
                 rejected = c.resampled_p <= ALPHA
                 c.verdict = (AGREE if c.mean > 0 else DISAGREE) if rejected else INCONCLUSIVE
                 c.reason = f"{c.resampled_why}: p = {c.resampled_p:.2g}, uncorrected"
+                if c.verdict == INCONCLUSIVE and len(c.samples) >= 2:  # the power it had, at its own spread
+                    c.mde, _, c.magnitude = mde_line(c.sd, len(c.samples), ALPHA)
             elif c.role == SECONDARY:
                 t = c.test()
                 if isinstance(t, str):
@@ -351,6 +358,24 @@ def judge_table(claims: Sequence[ClaimResult], alpha: float = ALPHA) -> None:
         if all(c is not x for x in testable):
             c.family = len(testable)
             c.judge()
+    _one_verdict_per_gap(claims)
+
+
+def _one_verdict_per_gap(claims: Sequence[ClaimResult]) -> None:
+    """A secondary that is another claim's primary (the same seeds and values: C5's L(γ0.5)−L(γ1) is C4's primary)
+    takes that primary's verdict, so one gap is never agree in one row and inconclusive in another."""
+
+    def gap(c: Comparison) -> tuple:
+        return tuple(c.seeds or ()), tuple(c.samples)
+
+    primaries = {gap(c.primary): c for c in claims if c.primary.samples and not c.primary.no_value}
+    for res in claims:
+        for c in res.comparisons:
+            owner = primaries.get(gap(c)) if c.role == SECONDARY and c.samples else None
+            if owner is not None and owner is not res and c.verdict != NOT_TESTABLE:
+                c.same_as = owner.claim.split()[0]
+                c.verdict = owner.primary.verdict
+                c.reason = f"the same gap as {c.same_as}'s primary, judged there: {owner.primary.reason}"
 
 
 NOT_RUN = "not run by design"

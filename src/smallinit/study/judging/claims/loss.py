@@ -38,7 +38,14 @@ from scipy import stats
 
 from smallinit.study.judging.claims.comparison import Comparison
 from smallinit.study.judging.claims.preconditions import regime_problem
-from smallinit.study.judging.claims.selection import Runs, arm_names, lost_problem, lost_seeds, paired
+from smallinit.study.judging.claims.selection import (
+    Runs,
+    lost_problem,
+    lost_seeds,
+    no_value,
+    paired,
+    val_loss,
+)
 
 TREND_ALPHA = 0.05
 SETTLED_FRACTION = 0.5  # of the seed sd at the budget: the most a settled gap moves per doubling of tokens
@@ -220,17 +227,6 @@ def gap_trend(traj: dict[str, Any] | None) -> dict[str, Any] | None:
     return out
 
 
-def no_loss(a: Runs, b: Runs) -> str:
-    """Per arm, the finished (not lost) seeds with no final validation loss; "" when every one has it."""
-    parts = []
-    for name, sel in zip(arm_names(a, b), (a, b)):
-        bad = sorted(r.seed for r in sel if not r.planned and not math.isfinite(r.val_loss or math.nan))
-        if bad:
-            n = len({r.seed for r in (*sel.runs, *sel.lost)})
-            parts.append(f"{name}: {len(bad)} of {n} seeds gave no final validation loss (seed(s) {bad})")
-    return "; ".join(parts)
-
-
 def loss_comparison(label: str, a: Runs, b: Runs, paper: str, min_tpp: float, **kw: Any) -> Comparison:
     """L(a) − L(b) at the end of training, paired by seed, testable in the trained regime, with its trend."""
     traj = gap_trajectory(a, b)
@@ -241,7 +237,7 @@ def loss_comparison(label: str, a: Runs, b: Runs, paper: str, min_tpp: float, **
         trajectory=traj,
         trend=gap_trend(traj),
         lost=lost_seeds(a, b),
-        no_value=no_loss(a, b),
+        no_value=no_value(a, b, val_loss, "final validation loss"),
         **kw,
     )
     c.untestable = lost_problem(c.lost) or regime_problem([*a, *b], traj, min_tpp)  # lost seeds: not judged

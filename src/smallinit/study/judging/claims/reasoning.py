@@ -9,7 +9,7 @@ from typing import Any
 
 from smallinit.study.judging.claims.comparison import PRIMARY, SECONDARY, ClaimResult, Comparison
 from smallinit.study.judging.claims.registry import Claim, register
-from smallinit.study.judging.claims.selection import Run, Runs, paired, size_label
+from smallinit.study.judging.claims.selection import Run, Runs, no_value, paired, size_label
 
 
 def reasoning_claim(runs: Runs, scores: dict[Path, dict[str, Any]]) -> ClaimResult:
@@ -38,10 +38,12 @@ def reasoning_claim(runs: Runs, scores: dict[Path, dict[str, Any]]) -> ClaimResu
                 f"reasoning γ{gammas[-1]:g}−γ{gammas[0]:g}{tag}",
                 paired(small, large, metric("heldout_reasoning")),
                 role=SECONDARY if claim.comparisons else PRIMARY,  # primary: the smallest size
+                no_value=no_value(small, large, metric("heldout_reasoning"), "held-out reasoning accuracy"),
             ),
             Comparison.by_seed(
                 f"memorising γ{gammas[0]:g}−γ{gammas[-1]:g}{tag}",
                 paired(large, small, metric("heldout_memorising")),
+                no_value=no_value(large, small, metric("heldout_memorising"), "held-out memorising accuracy"),
             ),
         ]
     if not claim.comparisons:

@@ -64,6 +64,17 @@ class Runs:
         """The runs that wrote their summary or stopped diverged (a run still training, or killed, is not judged)."""
         return Runs([r for r in runs if r.summary or r.diverged_at is not None])
 
+    @staticmethod
+    def found(runs: Iterable[Run], *folders: str | os.PathLike) -> Runs:
+        """The runs a folder holds, judged as a recipe judges its own: every started cell of the sweeps below
+        ``folders`` as :meth:`load` reads them (an interrupted or failed cell counted by its arm), and of the
+        ``runs`` outside any sweep the finished ones."""
+        swept = Runs.load(*folders)
+        sweeps = [spec.parent.resolve() for folder in folders for spec in Path(folder).rglob("sweep.json")]
+        outside = [r for r in runs if not any(r.path.resolve().is_relative_to(s) for s in sweeps)]
+        finished = Runs.finished(outside)
+        return Runs([*swept.runs, *swept.lost, *finished.runs, *finished.lost])
+
     def where(self, conditions: dict[str, Any] | None = None, **more: Any) -> Runs:
         cond = {**(conditions or {}), **more}
         return Runs([r for r in (*self.runs, *self.lost) if r.matches(cond)])
@@ -131,6 +142,23 @@ def arm_names(a: Runs, b: Runs) -> tuple[str, str]:
         )
 
     return name(sa), name(sb)
+
+
+def no_value(a: Runs, b: Runs, metric: Callable[[Run], float | None], what: str) -> str:
+    """Per arm, the finished (not lost, not planned) seeds whose ``metric`` is missing or not a number: "γ=1: 1 of
+    6 seeds gave no final sink score (seed(s) [4])"; "" when every one has it. :func:`paired` leaves them out, so
+    a comparison of it carries this line and is not judged on the others (comparison.no_value_problem)."""
+    parts = []
+    for name, sel in zip(arm_names(a, b), (a, b)):
+        bad = sorted(r.seed for r in sel if not r.planned and not _finite(metric(r)))
+        if bad:
+            n = len({r.seed for r in (*sel.runs, *sel.lost)})
+            parts.append(f"{name}: {len(bad)} of {n} seeds gave no {what} (seed(s) {bad})")
+    return "; ".join(parts)
+
+
+def _finite(v: float | None) -> bool:
+    return v is not None and math.isfinite(v)
 
 
 def lost_seeds(a: Runs, b: Runs) -> str:
@@ -209,8 +237,8 @@ def sink_share(run: Run) -> dict[float, float]:
 
 
 def mean_stable_rank(rec: AnalysisRecord) -> float:
-    """The stable rank of an analysis record, averaged over its matrices."""
-    return float(np.mean([m.stable_rank for m in rec.matrices]))
+    """The stable rank of an analysis record, averaged over its matrices (NaN if any of them is NaN)."""
+    return float(np.mean([m.stable_rank for m in rec.matrices])) if rec.matrices else math.nan
 
 
 def measured_factor_at_init(run: Run) -> float | None:

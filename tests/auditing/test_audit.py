@@ -1,0 +1,216 @@
+"""``smallinit.audit`` and ``smallinit audit``: every number checked against a computation written here, on a
+nanochat-style model of no library, Hugging Face architectures from tiny configs and smallinit's own runs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import TINY_MODEL
+from hf_tiny import build, tokens
+from nanochat_style import GPT, Config
+from smallinit import gamma_init_
+from smallinit.analysis.measure import load_run
+from smallinit.auditing import audit, audit_path
+from smallinit.auditing.matrices import edge_limit, matrix_rows
+from smallinit.cli import main
+from smallinit.config import ModelConfig
+from smallinit.init import param_roles
+
+IDS = torch.zeros(1, 8, dtype=torch.long)
+
+
+def _nanochat(tied: bool = False) -> GPT:
+    torch.manual_seed(0)
+    model = GPT(Config(d=48, vocab=300))
+    if tied:
+        model.lm_head.weight = model.wte.weight
+    return model
+
+
+def test_each_matrix_number_is_the_one_computed_here():
+    model = _nanochat(tied=True)
+    gamma_init_(model, 0.75, example_inputs=IDS)
+    nn.init.zeros_(model.h[0].attn.c_proj.weight)
+    rows = {r.name: r for r in audit(model).matrices}
+    for name, p in model.named_parameters():
+        w = p.detach().double()
+        d_in = 48 if name == "wte.weight" else w.shape[1]  # an embedding's d_in is its width
+        r = rows[name]
+        assert r.d_in == d_in and r.shape == tuple(w.shape)
+        if name == "h.0.attn.c_proj.weight":
+            assert r.zero and r.gamma is None and r.fresh_random is None
+            continue
+        sigma = w.std().item()
+        assert r.sigma == pytest.approx(sigma, rel=1e-12)
+        assert r.gamma == pytest.approx(-math.log(sigma) / math.log(d_in), rel=1e-6)  # γ from the fp32 std
+        assert r.gamma == pytest.approx(0.75, abs=0.03)
+        assert r.truncation == pytest.approx(((w - w.mean()).abs().max() / sigma).item(), rel=1e-9)
+        top = torch.linalg.matrix_norm(w - w.mean(), ord=2).item()
+        assert r.edge == pytest.approx(
+            top / (sigma * (math.sqrt(w.shape[0]) + math.sqrt(w.shape[1]))), rel=2e-2
+        )
+    assert rows["wte.weight"].tied == ("lm_head.weight",) and "lm_head.weight" not in rows
+    writers = {n for n, r in rows.items() if r.writes_residual}
+    assert writers == {f"h.{i}.{part}.c_proj.weight" for i in (0, 1) for part in ("attn", "mlp")}
+
+
+@pytest.mark.parametrize("shape", [(32, 64), (64, 64), (300, 64)])
+def test_fresh_random_flags_every_drawn_matrix_and_no_spiked_one(shape):
+    """The flag's error rates by simulation: 60 independent draws (normal, uniform as torch's default,
+    normal truncated at ±2σ) are all flagged; the same draws plus a rank-one spike of strength 1.5× the bulk
+    edge (what a few training steps add) are none."""
+    g = torch.Generator().manual_seed(1)
+    m, n = shape
+    layer = nn.Linear(n, m, bias=False)
+    roles = param_roles(layer, forward=False)
+    flagged = spiked = 0
+    for i in range(60):
+        if i % 3 == 0:
+            w = torch.randn(m, n, generator=g)
+        elif i % 3 == 1:
+            w = torch.rand(m, n, generator=g) * 2 - 1
+        else:
+            w = torch.nn.init.trunc_normal_(torch.empty(m, n), a=-2, b=2, generator=g)
+        with torch.no_grad():
+            layer.weight.copy_(w)
+        flagged += matrix_rows(layer, roles, set())[0].fresh_random
+        u, v = torch.randn(m, 1, generator=g), torch.randn(1, n, generator=g)
+        spike = 1.5 * w.std() * (m**0.5 + n**0.5) * (u / u.norm()) @ (v / v.norm())
+        with torch.no_grad():
+            layer.weight.copy_(w + spike)
+        spiked += matrix_rows(layer, roles, set())[0].fresh_random
+    assert flagged == 60 and spiked == 0
+    assert edge_limit(m, n) < 1.5
+
+
+def test_the_recipe_named_for_hugging_face_defaults_gamma_init_and_nanochat():
+    llama = build("llama")
+    r = audit(llama, tokens(llama)).recipe
+    assert r.summary == f"fixed std {llama.config.initializer_range:.3g} in every role" and not r.disagree
+    gamma_init_(llama, 0.5)
+    assert audit(llama, tokens(llama)).recipe.summary == "fan-in γ = 0.500 in every role"
+    # a mix: the embedding left at torch's N(0, 1) disagrees and is named
+    nn.init.normal_(llama.model.embed_tokens.weight)
+    r = audit(llama, tokens(llama)).recipe
+    assert [d.split(":")[0] for d in r.disagree] == ["embedding"]
+    assert r.roles["embedding"].sigma == pytest.approx(llama.model.embed_tokens.weight.std().item())
+
+    gpt2 = build("gpt2")  # c_proj drawn at 0.02/√(2·n_layer)
+    r = audit(gpt2, tokens(gpt2)).recipe
+    assert r.roles["output projections"].rule == "depth-scaled" and r.layers == gpt2.config.n_layer
+    assert r.depth_k == pytest.approx(2.0, rel=0.1)
+
+    r = audit(_nanochat(), torch.randint(0, 300, (2, 16))).recipe
+    assert "output projections: zero-init" in r.disagree
+    assert r.roles["head"].sigma == pytest.approx(0.001, rel=0.05)
+
+
+def test_norm_factors_of_a_hugging_face_model_against_their_inputs():
+    model = build("llama")
+    ids = tokens(model)
+    eps = model.config.rms_norm_eps
+    with torch.no_grad():  # inputs small enough that ε matters
+        model.model.embed_tokens.weight.mul_(1e-3)
+    seen = {}
+
+    def keep(name):
+        def hook(_module, args):
+            seen.setdefault(name, args[0].detach().double())
+
+        return hook
+
+    hooks = [
+        m.register_forward_pre_hook(keep(n))
+        for n, m in model.named_modules()
+        if type(m).__name__.endswith("RMSNorm")
+    ]
+    with torch.no_grad():
+        model(input_ids=ids)
+    for h in hooks:
+        h.remove()
+    result = audit(model, ids)
+    norms = {n.name: n for n in result.norms}
+    assert set(norms) == set(seen)
+    for name, h in seen.items():
+        ms = h.pow(2).mean(-1)
+        assert norms[name].eps == eps
+        assert norms[name].factor == pytest.approx(torch.sqrt(ms / (ms + eps)).mean().item(), rel=1e-6)
+    first = norms["model.layers.0.input_layernorm"]
+    assert first.factor < 0.5 and first.saturated and "model.layers.0.input_layernorm" in result.saturated
+
+
+def test_a_model_on_meta_is_audited_from_shapes_and_config():
+    result = audit_path("1.5b")
+    cfg = ModelConfig.preset("1.5b")
+    rows = {r.name: r for r in result.matrices}
+    assert rows["blocks.0.attn.q_proj.weight"].d_in == cfg.d_model
+    assert rows["blocks.0.mlp.down_proj.weight"].d_in == cfg.d_ff
+    assert all(r.sigma is None and r.fresh_random is None for r in rows.values())
+    assert {n.eps for n in result.norms} == {cfg.norm_eps} and len(result.norms) == 2 * cfg.n_layers + 1
+    assert any("on meta" in n for n in result.notes)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("audit") / "run"
+    sets = [*TINY_MODEL, "data.corpus=shakespeare", "train.batch_size=8", "train.warmup_steps=2"]
+    sets += ["train.steps=20", "train.lr=0.01", "train.eval_every=20", "train.eval_batches=1"]
+    assert main(["train", "--out", str(run), *[a for s in sets for a in ("--set", s)]]) == 0
+    return run
+
+
+def test_a_trained_run_is_not_flagged_and_a_reinitialised_one_is(trained_run, tmp_path):
+    assert main(["audit", str(trained_run), "--out", str(tmp_path), "--fail-on", "fresh-random"]) == 0
+    trained = audit_path(trained_run)
+    assert trained.claims_trained and trained.fresh_random == [] and trained.failures(("fresh-random",)) == []
+    assert json.loads((tmp_path / "audit.json").read_text())["fresh_random"] == []
+    # the same model with its matrices drawn again at std 0.02, as a load that re-initialises leaves it
+    run = load_run(trained_run)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in run.model.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    again = audit(run.model, trained=True)
+    assert len(again.fresh_random) == len(again.matrices) == len(trained.matrices)
+    assert again.recipe.summary == "fixed std 0.02 in every role"
+    assert again.failures(("saturated", "fresh-random"))[0].startswith("fresh-random:")
+    assert "re-initialised on load?" in again.table()
+
+
+def test_fail_on_names_an_unknown_check():
+    with pytest.raises(SystemExit) as e:
+        main(["audit", "cpu-1m", "--fail-on", "saturated,stale"])
+    assert e.value.code == 2
+
+
+def test_a_fresh_hugging_face_checkpoint_fails_the_fresh_random_check(tmp_path, capsys):
+    """model.safetensors beside its config.json, saved straight after construction (transformers' own init):
+    every matrix is flagged, the recipe is its initializer_range and the CI exit status is 1."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, vocab_size=8192
+    )
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "hf")
+    weights = tmp_path / "hf" / "model.safetensors"
+    argv = [
+        "audit",
+        str(weights),
+        "--tokenizer",
+        "default",
+        "--out",
+        str(tmp_path),
+        "--fail-on",
+        "fresh-random",
+    ]
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert f"recipe: fixed std {cfg.initializer_range:g} in every role" in out
+    saved = json.loads((tmp_path / "audit.json").read_text())
+    assert len(saved["fresh_random"]) == len(saved["matrices"]) == 16
+    assert err.strip().splitlines()[-1].startswith("audit failed: fresh-random: 16 of 16 matrices")
