@@ -165,7 +165,18 @@ class TrainConfig:
     seed: int = _key(
         0, "seed of the initial weights and of every batch (the batch of step s depends on seed and s)"
     )
-    lr: float = _key(3e-3, "peak learning rate of AdamW")
+    optimizer: Literal["adamw", "muon"] = _key(
+        "adamw",
+        "adamw | muon (torch.optim.Muon on the 2-d hidden matrices, AdamW on embeddings, head, norms, biases, "
+        "the attention gate and tensors that are not 2-d)",
+    )
+    lr: float = _key(3e-3, "peak learning rate of AdamW (and of Muon unless train.muon_lr is set)")
+    muon_lr: float = _key(0.0, "optimizer=muon: peak learning rate of Muon's matrices; 0 → train.lr")
+    muon_adjust_lr: Literal["match_rms_adamw", "original"] = _key(
+        "match_rms_adamw",
+        "optimizer=muon: torch.optim.Muon's adjust_lr_fn: match_rms_adamw (0.2·√max(A, B): AdamW's lr "
+        "carries over) | original (√max(1, A/B), Keller Jordan's; wants a larger muon_lr)",
+    )
     min_lr_ratio: float = _key(
         0.1, "the learning rate a cosine or WSD schedule decays to, as a fraction of lr"
     )
@@ -228,6 +239,8 @@ class TrainConfig:
         _positive(self, "steps", "batch_size", "grad_accum", "eval_batches", "keep_checkpoints", "log_every")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ConfigError(f"train.lr must be > 0, got {self.lr}")
+        if not (self.muon_lr >= 0 and math.isfinite(self.muon_lr)):
+            raise ConfigError(f"train.muon_lr must be ≥ 0 (0 → train.lr), got {self.muon_lr}")
         for k in ("warmup_steps", "eval_every", "checkpoint_every", "max_skips", "threads", "seed"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"train.{k} must be ≥ 0, got {getattr(self, k)}")
