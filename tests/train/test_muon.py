@@ -2,8 +2,9 @@
 (kill -9 and resume bit-exact, sharded under FSDP2) and its distributed runs (2 gloo ranks against one process).
 
 torch's Muon orthogonalises in bf16, so the last-bit differences of a 2-rank gradient reduction change a few
-bf16 roundings: losses agree as AdamW's do (1e-5 relative, measured ~1e-6), weights to 1e-3 (measured 3.7e-4
-after 6 steps of d = 32), where AdamW's agree to 1e-5.
+bf16 roundings: losses agree as AdamW's do (1e-5 relative, measured ~1e-6), gradient norms to 1e-4 (measured
+2.9e-5 at step 6 under FSDP2), weights to 1e-3 (measured 3.7e-4 after 6 steps of d = 32), where AdamW's
+agree to 1e-5.
 """
 
 import json
@@ -167,9 +168,9 @@ def runs(tmp_path_factory) -> Path:
 def test_muon_on_two_ranks_matches_one_process(runs, layout):
     single, multi = records(runs / "single"), records(runs / layout)
     assert [r["step"] for r in multi] == [r["step"] for r in single]
-    for key in ("loss", "val_loss", "grad_norm"):
+    for key, rel in (("loss", RTOL), ("val_loss", RTOL), ("grad_norm", 10 * RTOL)):
         a, b = [r[key] for r in single if key in r], [r[key] for r in multi if key in r]
-        assert len(a) == len(b) > 0 and b == pytest.approx(a, rel=RTOL), key
+        assert len(a) == len(b) > 0 and b == pytest.approx(a, rel=rel), key
     a, b = final_tensors(runs / "single"), final_tensors(runs / layout)
     assert a.keys() == b.keys() and any(k.endswith(".momentum_buffer") for k in b)
     assert max((a[k] - b[k]).abs().max().item() for k in a) < ATOL

@@ -72,6 +72,11 @@ class ModelConfig:
     gamma: float = _key(
         1.0, "γ: every weight matrix starts from N(0, d_in^(−2γ)); 1 is the paper's choice, 0.5 the usual"
     )
+    init_scales: list[str] = _key(
+        doc="per-role overrides of the γ rule, ROLE=RULE: ROLE embedding | head | output | hidden, RULE std:X | "
+        'gamma:X | zero | depth (÷√(2L)); e.g. ["embedding=std:1", "output=zero"] (docs/muon-and-role-scales.md)',
+        factory=list,
+    )
     norm_eps: float = _key(1e-12, "ε of every RMSNorm; the paper's 1e-12 keeps the norms from saturating")
     norm_eps_width: int = _key(
         0,
@@ -130,6 +135,11 @@ class ModelConfig:
             raise ConfigError(f"model.n_kv_heads={self.n_kv_heads} must divide model.n_heads={self.n_heads}")
         if not (self.gamma > 0 and math.isfinite(self.gamma)):
             raise ConfigError(f"model.gamma must be > 0, got {self.gamma}")
+        if not isinstance(self.init_scales, list) or not all(isinstance(v, str) for v in self.init_scales):
+            raise ConfigError(
+                f'model.init_scales must be a list of ROLE=RULE strings such as ["output=zero"], '
+                f"got {self.init_scales!r}"
+            )
         if not (self.norm_eps > 0 and math.isfinite(self.norm_eps)):
             raise ConfigError(f"model.norm_eps must be > 0 (the paper uses 1e-12), got {self.norm_eps}")
         if self.norm_eps_width < 0:

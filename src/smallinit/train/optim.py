@@ -19,6 +19,7 @@ from smallinit.config import TrainConfig
 from smallinit.errors import ConfigError
 from smallinit.init import is_norm
 from smallinit.init.gate import GATE
+from smallinit.init.roles import head_weights
 
 
 def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
@@ -44,7 +45,7 @@ OPTIMIZER_FILE = "optimizer.json"  # in a run folder: optimizer_split, parameter
 def optimizer_split(model: nn.Module, cfg: TrainConfig) -> dict[str, str]:
     """Which optimizer holds each trained parameter (tied ones once, under the first name): "muon", or
     "adamw: WHY" (with train.optimizer = "adamw", every parameter is "adamw")."""
-    heads = _head_weights(model)
+    heads = head_weights(model)
     split: dict[str, str] = {}
     seen: set[int] = set()
     for mname, mod in model.named_modules():
@@ -71,14 +72,6 @@ def _muon_or_why(mod: nn.Module, mname: str, p: torch.Tensor, heads: set[int]) -
     if p.dim() > 2:
         return f"adamw: {p.dim()}-d (torch.optim.Muon takes 2-d matrices only)"
     return MUON
-
-
-def _head_weights(model: nn.Module) -> set[int]:
-    """The output head's weight: a Hugging Face model's output embeddings, or smallinit's ``lm_head``."""
-    get = getattr(model, "get_output_embeddings", None)
-    head = get() if callable(get) else getattr(model, "lm_head", None)
-    w = getattr(head, "weight", None)
-    return {id(w)} if isinstance(w, torch.Tensor) else set()
 
 
 def describe_split(split: dict[str, str]) -> str:
