@@ -12,6 +12,7 @@ Benchmarks (each also runs alone: ``python benchmarks/bench_<name>.py --help``):
   memory     peak RSS per preset, activation checkpointing                        bench_memory.py
   callbacks  analysis callbacks at their default cadence (if bench_callbacks.py exists)
   moe        MoE vs dense at equal active parameters (if bench_moe.py exists)
+  muon       Muon's step time vs AdamW's at cpu-5m and cpu-20m                    bench_muon.py
 Every row is a median over rounds with [min, max] as the spread; ratios are paired within a round.
 A failing benchmark is reported and the others still run; the exit code is 1 if any failed.
 """
@@ -43,6 +44,7 @@ MODULES = {
     "memory": "bench_memory",
     "callbacks": "bench_callbacks",
     "init": "bench_init",
+    "muon": "bench_muon",
 }
 SCRIPTS = {"moe": "bench_moe.py"}  # run as they are, through their own command line
 
