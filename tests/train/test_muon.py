@@ -8,6 +8,7 @@ agree to 1e-5.
 """
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -103,6 +104,19 @@ def test_muon_trains_and_writes_its_split(tmp_path, extra):
     for name, how in split.items():  # each optimizer's own state, for the parameters it holds
         keys = ckpt.MUON_STATE if how == MUON else ckpt.ADAM_STATE
         assert all(f"{name}.{k}" in state for k in keys), name
+
+
+@pytest.mark.parametrize(
+    "preset", ["cpu-1m", "cpu-5m", pytest.param("cpu-20m", marks=pytest.mark.slow), "cpu-moe-1m"]
+)
+def test_the_cpu_presets_and_an_moe_preset_train_with_muon(tmp_path, preset):
+    sets = ["data.tokenizer=bytes", "data.seq_len=16", "train.batch_size=2", "train.steps=2"]
+    cfg = Config.load(preset=preset, overrides=[*sets, "train.eval_every=0", "train.optimizer=muon"])
+    trainer = Trainer(cfg, tmp_path / "run", callbacks=[])
+    summary = trainer.fit()
+    assert (
+        math.isfinite(summary["val_loss"]) and trainer.optimizer.muon.state and trainer.optimizer.adamw.state
+    )
 
 
 def test_muon_resumes_bit_exact_after_kill_9(tmp_path):
