@@ -282,3 +282,61 @@ def test_the_monitor_watches_every_matrix_and_each_part_of_a_fused_one(tmp_path)
         Monitor(
             model, every=1, batch=ids, out=tmp_path / "other", matrices=["*.wo.weight", "*.q_proj.weight"]
         )
+
+
+class SharpDecoder(nn.Module):
+    """Eager attention sharp enough that many queries' weight on token 1 underflows to exactly 0 although
+    their mask lets them see it: scores scaled by ``sharp``, GQA by repeated keys, an optional sliding window
+    filled with −inf and a causal mask added as the dtype's minimum, in ``dtype``. Keeps its probabilities and
+    the mask it built, so the test reads both from the model itself."""
+
+    def __init__(self, kv_heads: int, window: int | None, dtype: torch.dtype, sharp: float = 60.0):
+        super().__init__()
+        torch.manual_seed(0)
+        self.table = nn.Embedding(VOCAB, D)
+        self.stack = nn.ModuleList(nn.Linear(D, (HEADS + 2 * kv_heads) * HD, bias=False) for _ in range(2))
+        self.readout = nn.Linear(D, VOCAB, bias=False)
+        self.kv_heads, self.window, self.sharp = kv_heads, window, sharp
+        self.probs: list[torch.Tensor] = []
+        self.to(dtype)
+
+    def forward(self, ids):
+        B, L = ids.shape
+        h, self.probs = self.table(ids), []
+        causal = torch.ones(L, L, dtype=torch.bool).tril()
+        self.sees = causal if self.window is None else causal & ~torch.ones(L, L).tril(-self.window).bool()
+        for qkv in self.stack:
+            q, k, v = qkv(h).split((HEADS * HD, self.kv_heads * HD, self.kv_heads * HD), dim=-1)
+            q, k, v = (t.view(B, L, -1, HD).transpose(1, 2) for t in (q, k, v))
+            rep = HEADS // self.kv_heads
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+            s = (q @ k.transpose(-2, -1)) * self.sharp
+            s = s + torch.zeros(L, L, dtype=s.dtype).masked_fill(~causal, torch.finfo(s.dtype).min)
+            if self.window is not None:
+                s = s.masked_fill(~self.sees, float("-inf"))
+            self.probs.append(torch.softmax(s.float(), dim=-1))
+            h = h + (self.probs[-1].to(s.dtype) @ v).transpose(1, 2).reshape(B, L, D)
+        return self.readout(h)
+
+
+@pytest.mark.parametrize(
+    "kv_heads,window,dtype",
+    [
+        (HEADS, None, torch.float32),
+        (KV_HEADS, None, torch.float32),
+        (HEADS, 5, torch.float32),
+        (KV_HEADS, 5, torch.float16),
+    ],
+    ids=["mha", "gqa", "sliding-window", "gqa-fp16"],
+)
+def test_a_query_whose_weight_on_token_1_underflows_counts_with_weight_0(kv_heads, window, dtype):
+    """The sink averages over every query i ≥ 2 its mask lets see token 1, whatever weight it puts there: a
+    query whose weight underflowed to 0 counts as 0, not as a query that cannot see token 1."""
+    model, ids = SharpDecoder(kv_heads, window, dtype).eval(), _ids(2, 16)
+    result = measure_activations(TracedAdapter(model, call=lambda m, t: m(t).float()), ids)
+    model(ids)
+    sees = model.sees[1:, 0]  # queries i ≥ 2 (1-based) whose mask lets them see token 1
+    reference = [p[:, :, 1:, 0][..., sees].double().mean().item() for p in model.probs]
+    underflowed = [(p[:, :, 1:, 0][..., sees] == 0).double().mean().item() for p in model.probs]
+    assert min(underflowed) > 0.2  # the case in question: many visible queries put exactly 0 on token 1
+    np.testing.assert_allclose(result.sink.per_layer, reference, rtol=1e-6, atol=0)

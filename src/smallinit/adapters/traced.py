@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from smallinit.adapters.eager import attention_scores, visible
 from smallinit.adapters.hf import is_hf_causal_lm
 from smallinit.adapters.hooks import observe_by_hooks
 from smallinit.adapters.protocol import AttentionInputs, NormForm, Observed, check_kinds, readable_norm_forms
@@ -182,8 +183,6 @@ def recording_attention_calls(
 
 
 class _AttentionMode(TorchFunctionMode):
-    SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.nn.functional.softmax}
-
     def __init__(
         self,
         T: int,
@@ -200,8 +199,8 @@ class _AttentionMode(TorchFunctionMode):
         out = func(*args, **kwargs)
         if func is F.scaled_dot_product_attention:
             self.sdpa(*args, **kwargs)
-        elif func in self.SOFTMAX:
-            self.softmax(args, kwargs, out)
+        elif (scores := attention_scores(func, args, kwargs, self.T)) is not None:
+            self.softmax(scores, out)
         self.sources.follow(func, args, kwargs, out)
         return out
 
@@ -225,15 +224,8 @@ class _AttentionMode(TorchFunctionMode):
             )
         )
 
-    def softmax(self, args, kwargs, out) -> None:
-        x = args[0] if args else kwargs.get("input")
-        dim = args[1] if len(args) > 1 else kwargs.get("dim")
-        if not isinstance(x, torch.Tensor) or x.dim() != 4 or dim not in (-1, 3):
-            return
-        if x.shape[-2] != self.T or x.shape[-1] < self.T:  # not (batch, heads, queries, keys) over the tokens
-            return
-        probs = out.detach()
-        self.records.append(AttentionInputs(name=self.where(), probs=probs, mask=probs > 0))
+    def softmax(self, scores: torch.Tensor, out: torch.Tensor) -> None:
+        self.records.append(AttentionInputs(name=self.where(), probs=out.detach(), mask=visible(scores)))
 
 
 @contextlib.contextmanager
