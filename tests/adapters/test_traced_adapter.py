@@ -340,3 +340,107 @@ def test_a_query_whose_weight_on_token_1_underflows_counts_with_weight_0(kv_head
     underflowed = [(p[:, :, 1:, 0][..., sees] == 0).double().mean().item() for p in model.probs]
     assert min(underflowed) > 0.2  # the case in question: many visible queries put exactly 0 on token 1
     np.testing.assert_allclose(result.sink.per_layer, reference, rtol=1e-6, atol=0)
+
+
+class Adapter(nn.Module):
+    """A residual bottleneck adapter, wider than a decoder layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.down, self.up = nn.Linear(D, 512), nn.Linear(512, D)
+
+    def forward(self, x):
+        return x + self.up(F.gelu(self.down(x)))
+
+
+class AdaptedDecoder(Decoder):
+    """The decoder with a stack of adapters after its final norm: a larger stack of modules of one class,
+    through which the residual stream does not pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.adapters = nn.ModuleList(Adapter() for _ in range(4))
+
+    def forward(self, ids):
+        h = self.table(ids)
+        for layer in self.stack:
+            h = layer(h)
+        h = self.last(h)
+        for adapter in self.adapters:
+            h = adapter(h)
+        return self.readout(h)
+
+
+class Scan(nn.Module):
+    """A state-space mixer's stand-in: a gated causal depthwise convolution, no softmax."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.conv, self.out = (
+            nn.Linear(D, 2 * D),
+            nn.Conv1d(D, D, 4, groups=D, padding=3),
+            nn.Linear(D, D),
+        )
+
+    def forward(self, x):
+        u, gate = self.inp(x).chunk(2, dim=-1)
+        u = self.conv(u.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
+        return self.out(F.silu(u) * torch.sigmoid(gate))
+
+
+class Experts(nn.Module):
+    """Top-1 routing over a stack of expert FFNs, each run on its own tokens."""
+
+    def __init__(self, n: int = 4):
+        super().__init__()
+        self.router, self.experts = nn.Linear(D, n, bias=False), nn.ModuleList(Ffn() for _ in range(n))
+
+    def forward(self, x):
+        flat = x.reshape(-1, D)
+        choice, out = self.router(flat).argmax(-1), torch.zeros_like(flat)
+        for i, expert in enumerate(self.experts):
+            out[choice == i] = expert(flat[choice == i])
+        return out.view_as(x)
+
+
+class ScanLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre_mix, self.pre_ffn = nn.RMSNorm(D, eps=1e-3), nn.RMSNorm(D, eps=1e-3)
+        self.mix, self.ffn = Scan(), Experts()
+
+    def forward(self, x):
+        x = x + self.mix(self.pre_mix(x))
+        return x + self.ffn(self.pre_ffn(x))
+
+
+class Hybrid(Decoder):
+    """Attention and state-space layers in one stack (two classes), the scan layers' FFNs mixtures of experts."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stack = nn.ModuleList([Layer(False), ScanLayer(), Layer(False), ScanLayer()])
+
+
+@pytest.mark.parametrize("model", [AdaptedDecoder, Hybrid], ids=["adapters-after-final-norm", "hybrid-moe"])
+def test_the_layers_are_the_blocks_the_residual_stream_passes_through(model):
+    """e is the input of the first decoder layer and h_L that of the final norm, read here by hooks on the
+    modules the model's forward names; neither the adapters after the norm nor an MoE layer's experts are the
+    layers."""
+    model, ids = model().eval(), _ids()
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [
+        m.register_forward_pre_hook(lambda _m, a, n=n: seen.__setitem__(n, a[0].double()))
+        for n, m in (("e", model.stack[0]), ("h_L", model.last))
+    ]
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    e, h_L = seen["e"], seen["h_L"]
+    result = measure_activations(model, ids, ids)
+    assert result.residual_flow == pytest.approx(
+        ((h_L - e).norm(dim=-1) / e.norm(dim=-1)).mean().item(), rel=1e-9
+    )
+    assert result.notes == () and "residual_flow" not in result.not_measured

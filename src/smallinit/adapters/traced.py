@@ -1,7 +1,7 @@
 """The adapter of a model smallinit does not know by name, found from the model's own forward, as γ-init
 finds each matrix's d_in: nothing is declared, everything is read off one ordinary forward.
 
-* The blocks: the largest stack (ModuleList, ModuleDict or Sequential) of modules of one class. Each
+* The blocks: those the residual stream passes through, established from the forward (stream.py). Each
   block's input, in call order, is the residual stream; e is the first one's, h_L the input of the norm
   that takes the last block's output (the final norm), or where none does, that output (with a note).
 * The norms: every module whose class says norm (smallinit.init.eps.norm_layers: RMSNorm, LayerNorm,
@@ -33,6 +33,7 @@ from smallinit.adapters.eager import attention_scores, visible
 from smallinit.adapters.hf import is_hf_causal_lm
 from smallinit.adapters.hooks import observe_by_hooks
 from smallinit.adapters.protocol import AttentionInputs, NormForm, Observed, check_kinds, readable_norm_forms
+from smallinit.adapters.stream import residual_blocks
 from smallinit.errors import ModelError
 from smallinit.model.loss import cross_entropy
 
@@ -50,7 +51,9 @@ class TracedAdapter:
         if not isinstance(model, nn.Module):
             raise ModelError(f"smallinit cannot observe a {type(model).__name__}: pass an nn.Module")
         self.module, self.call = model, call
-        self.blocks, self.no_blocks = find_blocks(model)
+        # the blocks the residual stream passes through, established on the first forward observed
+        self.blocks: list[tuple[str, nn.Module]] | None = None
+        self.no_blocks: str | None = None
         embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
         self._vocab = max((m.num_embeddings for m in embeddings), default=None)
         # per fused matrix (by parameter name), the rows (out × in) that make each part: q, k, v
@@ -83,8 +86,10 @@ class TracedAdapter:
         def recording(attention: list[AttentionInputs], problems: list[str]):
             return recording_attention_calls(self.module, T, attention, problems, sources)
 
+        if "residual" in kinds and self.blocks is None:
+            self.blocks, self.no_blocks = residual_blocks(self.module, lambda: self._logits(tokens))
         out, problems = observe_by_hooks(
-            self.module, self.blocks, self.no_blocks, kinds, lambda: self._logits(tokens), recording
+            self.module, self.blocks or [], self.no_blocks, kinds, lambda: self._logits(tokens), recording
         )
         if targets is not None:
             out.loss = cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
@@ -123,27 +128,6 @@ class TracedAdapter:
                 f"(batch, T, vocabulary); {WHAT_TO_PASS}"
             )
         return logits
-
-
-def find_blocks(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], str | None]:
-    """The blocks: the stack (ModuleList, ModuleDict, Sequential) of modules of one class with the most
-    parameters, by name; or none, and why, in one line."""
-    best: tuple[int, list[tuple[str, nn.Module]]] = (0, [])
-    for name, m in model.named_modules():
-        if not isinstance(m, (nn.ModuleList, nn.ModuleDict, nn.Sequential)) or len(m) == 0:
-            continue
-        children = list(m.named_children())
-        if len({type(c) for _, c in children}) != 1:
-            continue
-        size = sum(p.numel() for p in m.parameters())
-        if size > best[0]:
-            best = (size, [(f"{name}.{n}" if name else n, c) for n, c in children])
-    if not best[1]:
-        return [], (
-            f"no stack of blocks in {type(model).__name__} (a ModuleList, ModuleDict or Sequential of modules "
-            "of one class), so the residual stream cannot be observed"
-        )
-    return best[1], None
 
 
 @contextlib.contextmanager
