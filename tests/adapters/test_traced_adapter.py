@@ -444,3 +444,20 @@ def test_the_layers_are_the_blocks_the_residual_stream_passes_through(model):
         ((h_L - e).norm(dim=-1) / e.norm(dim=-1)).mean().item(), rel=1e-9
     )
     assert result.notes == () and "residual_flow" not in result.not_measured
+
+
+def test_the_logits_are_read_by_what_they_are_not_by_their_position():
+    """A forward returning (hidden, logits): the logits are the tensor of shape (batch, T, vocabulary)."""
+
+    class HiddenFirst(Decoder):
+        def forward(self, ids):
+            h = self.table(ids)
+            for layer in self.stack:
+                h = layer(h)
+            return h, self.readout(self.last(h))
+
+    model, ids = HiddenFirst().eval(), _ids() % D  # ids < D: the hidden state would give a loss too
+    with torch.no_grad():
+        logits = model(ids)[1]
+    result = measure_activations(model, ids, ids)
+    assert result.loss == pytest.approx(F.cross_entropy(logits.flatten(0, 1), ids.flatten()).item(), rel=1e-6)

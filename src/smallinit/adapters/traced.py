@@ -120,9 +120,15 @@ class TracedAdapter:
             raise ModelError(
                 f"cannot run {how} on token ids ({type(e).__name__}: {first}); {WHAT_TO_PASS}"
             ) from None
-        logits = _as_logits(out)
+        logits = _as_logits(out, tuple(tokens.shape), self._vocab)
         if logits is None or logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(tokens.shape):
-            got = tuple(logits.shape) if logits is not None else type(out).__name__
+            got = (
+                tuple(logits.shape)
+                if logits is not None
+                else [tuple(t.shape) for t in out if isinstance(t, torch.Tensor)]
+                if isinstance(out, (tuple, list))
+                else type(out).__name__
+            )
             raise ModelError(
                 f"{name}'s forward on token ids of shape {tuple(tokens.shape)} gave {got}, not logits of shape "
                 f"(batch, T, vocabulary); {WHAT_TO_PASS}"
@@ -348,14 +354,25 @@ def _record_flex(mode: _AttentionMode, q, k, score_mod, block_mask, scale) -> No
     mode.records.append(AttentionInputs(name=name, q=q.detach(), k=k.detach(), mask=mask, scale=scale))
 
 
-def _as_logits(out: Any) -> torch.Tensor | None:
+def _as_logits(out: Any, shape: tuple[int, ...], vocab: int | None) -> torch.Tensor | None:
+    """The logits in what the forward returned: the tensor itself, a ``logits`` attribute or key, or in a tuple
+    the one tensor of shape (batch, T, vocabulary) (any width where the vocabulary is unknown), whatever its
+    position: a model may return (hidden, logits)."""
     if isinstance(out, torch.Tensor):
         return out
     logits = getattr(out, "logits", None)
     if logits is None and isinstance(out, Mapping):
         logits = out.get("logits")
-    if logits is None and isinstance(out, (tuple, list)) and out:
-        logits = out[0]
+    if logits is None and isinstance(out, (tuple, list)):
+        fits = [
+            t
+            for t in out
+            if isinstance(t, torch.Tensor)
+            and t.dim() == 3
+            and tuple(t.shape[:2]) == shape
+            and (vocab is None or t.shape[-1] == vocab)
+        ]
+        logits = fits[0] if len(fits) == 1 else None
     return logits if isinstance(logits, torch.Tensor) else None
 
 
