@@ -264,8 +264,9 @@ def _exact_stable_rank(W: torch.Tensor) -> float:
     return (s.pow(2).sum() / s[0] ** 2).item()
 
 
-def test_the_monitor_watches_every_matrix_and_each_part_of_a_fused_one(tmp_path):
-    model, ids = Decoder().eval(), _ids(2)
+@pytest.mark.parametrize("eager", [False, True], ids=["sdpa", "eager-softmax"])
+def test_the_monitor_watches_every_matrix_and_each_part_of_a_fused_one(tmp_path, eager):
+    model, ids = Decoder(eager=eager).eval(), _ids(2)
     with Monitor(model, every=1, batch=ids, out=tmp_path / "run") as monitor:
         record = monitor(0)
     ranks = record["stable_rank"]

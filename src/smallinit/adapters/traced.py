@@ -191,6 +191,7 @@ class _AttentionMode(TorchFunctionMode):
             self.sdpa(*args, **kwargs)
         elif (scores := attention_scores(func, args, kwargs, self.T)) is not None:
             self.softmax(scores, out)
+        self.sources.products(func, args)
         self.sources.follow(func, args, kwargs, out)
         return out
 
@@ -265,6 +266,7 @@ class _Sources:
         # the rows a derived tensor is made of, the product's width, ops since the product)
         self.seen: dict[int, tuple[str, torch.Tensor | None, int, int]] = {}
         self.parts: dict[str, dict[str, torch.Tensor]] = {}
+        self.scores: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # matrix → rows of eager q and k
         self.alive: list[torch.Tensor] = []  # what is followed stays alive, so no storage is reused meanwhile
 
     def follow(self, func, args, kwargs, out) -> None:
@@ -310,13 +312,29 @@ class _Sources:
             rows = torch.unique(index % width)
         return name, rows, depth
 
+    MATMUL = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm}
+
+    def products(self, func, args) -> None:
+        """Eager attention's two products: scores q·kᵀ of one matrix's rows (kept by matrix), then the weights
+        times v, whose rows of the same matrix, with the scores', are the attention's inputs."""
+        if func not in self.MATMUL or len(args) < 2:
+            return
+        a, b = (self.source(t) if isinstance(t, torch.Tensor) else None for t in args[:2])
+        if b is not None and b[0] in self.scores:  # the weights (made of the scores) times v
+            q, k = self.scores.pop(b[0])
+            self._fused(b[0], [q, k, b[1]])
+        elif a is not None and b is not None and a[0] == b[0]:
+            self.scores[a[0]] = (a[1], b[1])
+
     def attention_inputs(self, q, k, v) -> None:
         found = [self.source(t) if isinstance(t, torch.Tensor) else None for t in (q, k, v)]
         if any(f is None for f in found) or len({f[0] for f in found}) != 1:
             return
-        rows = [f[1] for f in found]
+        self._fused(found[0][0], [f[1] for f in found])
+
+    def _fused(self, name: str, rows: list[torch.Tensor]) -> None:
         if sum(len(r) for r in rows) == len(torch.unique(torch.cat(rows))):  # disjoint: one fused matrix
-            self.parts[found[0][0]] = dict(zip("qkv", rows))
+            self.parts[name] = dict(zip("qkv", rows))
 
 
 def _storage(t: torch.Tensor) -> int | None:
