@@ -32,7 +32,7 @@ def titan_model(shard: bool, gate: bool = False):
     with torch.device("meta"):
         model = config.build()
     if gate:  # before sharding: W_θ is one more weight of each block, sharded with it
-        add_attention_gate_(model, "elementwise", 1.0)
+        add_attention_gate_(model, "elementwise", 1.0, generator=torch.Generator().manual_seed(2))
     if shard:
         fully_shard_all(model, list(model.layers.values()))
     model.to_empty(device="cpu")
@@ -146,9 +146,10 @@ def titan_gate(out: Path) -> None:
     AdamW steps on the same batches on every rank: the losses, and W_θ gathered, are those of the unsharded
     gated model trained in one process."""
     dist.init_process_group("gloo")
-    losses, gates = {}, {}
+    losses, gates, documented = {}, {}, {}
     for shard in (True, False):
         model = titan_model(shard, gate=True)
+        documented[shard] = {n: p for n, p in params(model).items() if ".g_proj." in n}  # init_weights() drew
         gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0))
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         x = torch.randint(0, 2048, (2, 17), generator=torch.Generator().manual_seed(1))  # one batch, learnt
@@ -161,7 +162,7 @@ def titan_gate(out: Path) -> None:
             losses[shard].append(loss.item())
         gates[shard] = {n: p for n, p in params(model).items() if ".g_proj." in n}
     if dist.get_rank() == 0:
-        torch.save({"losses": losses, "gates": gates}, out / "titan_gate.pt")
+        torch.save({"losses": losses, "gates": gates, "documented": documented}, out / "titan_gate.pt")
     dist.destroy_process_group()
 
 

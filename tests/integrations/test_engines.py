@@ -230,6 +230,11 @@ def test_a_gated_torchtitan_model_trains_under_fully_shard_as_in_one_process(tmp
     assert sorted(got["gates"][True]) == [f"layers.{i}.attention.g_proj.weight" for i in (0, 1)]
     for name, W in got["gates"][False].items():
         torch.testing.assert_close(got["gates"][True][name], W, rtol=1e-4, atol=1e-6)
+    # the documented path (gamma_param_init, build on meta, add the gate, init_weights()) drew W_θ itself:
+    # σ = d_model^(−1), the same numbers sharded and whole, never the memory to_empty left
+    for name, W in got["documented"][False].items():
+        assert W.std().item() == pytest.approx(1 / W.shape[1], rel=0.05), name
+        assert torch.equal(got["documented"][True][name], W), name
 
 
 def litgpt_config():
