@@ -237,6 +237,20 @@ def test_a_gated_torchtitan_model_trains_under_fully_shard_as_in_one_process(tmp
         assert torch.equal(got["documented"][True][name], W), name
 
 
+def test_a_monitor_built_before_the_optimizer_leaves_fsdp2_training_bit_identical(tmp_path):
+    """FSDP2 reshards after the backward: the Monitor's forward (it has none) must not leave the root's
+    unsharded parameters registered for an optimizer built next to update as copies."""
+    pytest.importorskip("torchtitan")
+    run(torchrun(str(WORKER), "titan_monitor_order", str(tmp_path)), cwd=tmp_path)
+    runs = torch.load(tmp_path / "titan_monitor_order.pt")
+    plain = runs["none"]
+    assert plain["losses"][-1] < plain["losses"][0]
+    for order in ("monitor-first", "optimizer-first"):
+        assert runs[order]["losses"] == plain["losses"], order
+        for name, W in plain["weights"].items():
+            assert torch.equal(runs[order]["weights"][name], W), (order, name)
+
+
 def litgpt_config():
     from litgpt import Config
 
