@@ -316,9 +316,12 @@ def stable_rank_by_hand(W: torch.Tensor) -> float:
     return (s.pow(2).sum() / s[0] ** 2).item()
 
 
-def check_against_references(model, taps: Taps, tokens, *, embedding, final_norm, norms, fused, tmp_path):
-    """The Monitor's record at step 0 against the references read by ``taps`` in the same forward."""
-    with Monitor(model, every=1, batch=tokens, out=tmp_path / "mon") as monitor:
+def check_against_references(
+    model, taps: Taps, tokens, *, embedding, final_norm, norms, fused, tmp_path, monitored=None
+):
+    """The Monitor's record at step 0 (of ``monitored``, the model where not given) against the references read
+    by ``taps`` in the same forward."""
+    with Monitor(monitored or model, every=1, batch=tokens, out=tmp_path / "mon") as monitor:
         taps.clear()  # what building the monitor ran is not the measured forward
         rec = monitor(0)
     e, h_L = taps.outputs[embedding].double(), taps.inputs[final_norm].double()
@@ -341,15 +344,21 @@ def check_against_references(model, taps: Taps, tokens, *, embedding, final_norm
     return rec, {"flow": flow, "sink": sinks, "norm_factor": factors}
 
 
-def test_torchtitan_measurements_equal_their_references(tmp_path):
+@pytest.mark.parametrize("inner", ["sdpa", "flex"])
+def test_torchtitan_measurements_equal_their_references(tmp_path, inner):
+    """SDPA, and torchtitan's default: flex attention, compiled, with its block mask from
+    get_attention_masks (passed by call=), measured on the CPU through smallinit's math path of it, said."""
     pytest.importorskip("torchtitan")
     from torchtitan.models.common.attention import ScaledDotProductAttention
     from torchtitan.models.llama3 import model_registry
 
+    from smallinit.adapters import TracedAdapter
+
     config = model_registry("debugmodel").model
     config.layers = config.layers[:2]
-    for layer in config.layers:
-        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    if inner == "sdpa":
+        for layer in config.layers:
+            layer.attention.inner_attention = ScaledDotProductAttention.Config()
     model = config.build()
     with torch.no_grad():
         model.init_weights()
@@ -376,6 +385,10 @@ def test_torchtitan_measurements_equal_their_references(tmp_path):
 
     fused = {f"layers.{i}.attention.qkv_linear.wqkv.weight": qkv_parts for i in model.layers}
     tokens = torch.randint(0, 2048, (2, 16), generator=torch.Generator().manual_seed(1))
+
+    def with_masks(m, t):  # torchtitan's training loop passes flex attention its block mask so
+        return m(t, attention_masks=m.get_attention_masks(torch.arange(t.shape[1]).expand(t.shape[0], -1)))
+
     rec, ref = check_against_references(
         model,
         taps,
@@ -385,8 +398,13 @@ def test_torchtitan_measurements_equal_their_references(tmp_path):
         norms=norms,
         fused=fused,
         tmp_path=tmp_path,
+        monitored=TracedAdapter(model, call=with_masks) if inner == "flex" else None,
     )
     assert "not_measured" not in rec or not rec["not_measured"]
+    if inner == "flex":  # and says how
+        with torch.no_grad():
+            notes = TracedAdapter(model, call=with_masks).observe(tokens, kinds=("attention",)).notes
+        assert "math path" in notes["attention"], notes
 
 
 def test_olmo_measurements_equal_their_references(tmp_path):

@@ -81,12 +81,14 @@ class TracedAdapter:
         kinds = check_kinds(kinds)
         T = tokens.shape[-1]
 
-        sources = _Sources(self.module)
+        sources, notes = _Sources(self.module), []
 
         def recording(attention: list[AttentionInputs], problems: list[str]):
-            return recording_attention_calls(self.module, T, attention, problems, sources)
+            return recording_attention_calls(self.module, T, attention, problems, sources, notes)
 
-        if "residual" in kinds and self.blocks is None:
+        if (
+            self.blocks is None
+        ):  # on the first forward observed, whatever it asks for (the Monitor's at its start)
             self.blocks, self.no_blocks = residual_blocks(self.module, lambda: self._logits(tokens))
         out, problems = observe_by_hooks(
             self.module, self.blocks or [], self.no_blocks, kinds, lambda: self._logits(tokens), recording
@@ -103,6 +105,8 @@ class TracedAdapter:
                     f"no softmax attention: {name} made no scaled_dot_product_attention or flex_attention "
                     "call and no softmax over (batch, heads, T, S) scores in its forward"
                 )
+            elif notes:
+                out.notes["attention"] = "; ".join(dict.fromkeys(notes))
         return out
 
     def _logits(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -114,7 +118,15 @@ class TracedAdapter:
                 out = self.module(input_ids=tokens, use_cache=False)
             else:
                 out = self.module(tokens)
-        except (TypeError, ValueError, RuntimeError, IndexError, KeyError, AttributeError) as e:
+        except (
+            TypeError,
+            ValueError,
+            RuntimeError,
+            IndexError,
+            KeyError,
+            AttributeError,
+            AssertionError,
+        ) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             how = "call(model, tokens)" if self.call is not None else f"{name}(tokens)"
             raise ModelError(
@@ -138,10 +150,16 @@ class TracedAdapter:
 
 @contextlib.contextmanager
 def recording_attention_calls(
-    model: nn.Module, T: int, records: list[AttentionInputs], problems: list[str], sources: _Sources
+    model: nn.Module,
+    T: int,
+    records: list[AttentionInputs],
+    problems: list[str],
+    sources: _Sources,
+    notes: list[str],
 ) -> Iterator[None]:
     """While inside, every softmax attention call the forward makes is recorded in ``records`` (named by the
-    module that made it) and then computed unchanged; a call that cannot be rebuilt goes to ``problems``."""
+    module that made it) and then computed unchanged (a compiled flex_attention by its eager path, said in
+    ``notes``); a call that cannot be rebuilt goes to ``problems``."""
     names = {id(m): n for n, m in model.named_modules()}
     calls: list[str] = []  # the modules running, innermost last, for naming a call
 
@@ -161,7 +179,7 @@ def recording_attention_calls(
     def where() -> str:
         return calls[-1] if calls else type(model).__name__
 
-    mode = _AttentionMode(T, records, problems, where, sources)
+    mode = _AttentionMode(T, records, problems, where, sources, notes)
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(_flex_recorded(model, mode))
@@ -180,9 +198,11 @@ class _AttentionMode(TorchFunctionMode):
         problems: list[str],
         where: Callable[[], str],
         sources: _Sources,
+        notes: list[str],
     ):
         super().__init__()
         self.T, self.records, self.problems, self.where, self.sources = T, records, problems, where, sources
+        self.notes = notes  # how calls were measured where not as the model runs them
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -235,20 +255,57 @@ def _flex_recorded(model: nn.Module, mode: _AttentionMode) -> Iterator[None]:
             mode.sources.attention_inputs(query, key, value)
             return flex_attention(query, key, value, score_mod, block_mask, scale, *args, **kwargs)
 
-    swapped: list[tuple[Any, str]] = []
+    def by_math(
+        query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False, *args, **kw
+    ):
+        with torch._C.DisableTorchFunction():
+            mask = _record_flex(mode, query, key, score_mod, block_mask, scale)
+            mode.sources.attention_inputs(query, key, value)
+            if mask is None:  # not rebuildable (said in problems): the model's own call, for the forward
+                return flex_attention(
+                    query, key, value, score_mod, block_mask, scale, enable_gqa, *args, **kw
+                )
+            return _flex_math(query, key, value, mask, scale, *args, **kw)
+
+    swapped: list[tuple[Any, str, Any, Callable]] = []
     for cls in {type(m) for m in model.modules()}:
         for owner in (sys.modules.get(cls.__module__), cls):
             space = vars(owner) if owner is not None else {}
             for attr, value in list(space.items()):
-                if value is flex_attention:
-                    swapped.append((owner, attr))
+                function = value.__func__ if isinstance(value, staticmethod) else value
+                if function is flex_attention:
+                    swapped.append((owner, attr, value, recorded))
+                elif getattr(function, "_torchdynamo_orig_callable", None) is flex_attention:
+                    # compiled (torchtitan's): the same attention computed from q, k, v and the mask the
+                    # block_mask gives, since the compiled kernel cannot be recorded nor on a CPU always built
+                    swapped.append((owner, attr, value, by_math))
+                    mode.notes.append(
+                        f"{cls.__name__}.{attr} (compiled flex_attention) computed by smallinit's math path "
+                        "(softmax(q·kᵀ·scale) over the block_mask's mask) while measuring"
+                    )
     try:
-        for owner, attr in swapped:
-            setattr(owner, attr, staticmethod(recorded) if isinstance(owner, type) else recorded)
+        for owner, attr, _, swap in swapped:
+            setattr(owner, attr, staticmethod(swap) if isinstance(owner, type) else swap)
         yield
     finally:
-        for owner, attr in swapped:
-            setattr(owner, attr, staticmethod(flex_attention) if isinstance(owner, type) else flex_attention)
+        for owner, attr, value, _ in swapped:
+            setattr(owner, attr, value)
+
+
+def _flex_math(q, k, v, mask, scale, return_lse=False, kernel_options=None, *, return_aux=None):  # noqa: ARG001
+    """flex_attention without score_mod as plain math, over ``mask`` (B, H, T, S) bool: its output, with the
+    log-sum-exp where asked, in flex_attention's return conventions. Keys with fewer heads are shared."""
+    from torch.nn.attention.flex_attention import AuxOutput
+
+    rep = q.shape[1] // k.shape[1]
+    k, v = (k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)) if rep > 1 else (k, v)
+    s = (q.float() @ k.float().transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    s = s.masked_fill(~mask, float("-inf"))
+    out = (s.softmax(-1) @ v.float()).to(q.dtype)
+    lse = torch.logsumexp(s, dim=-1)
+    if return_aux is not None:
+        return out, AuxOutput(lse=lse if return_aux.lse else None)
+    return (out, lse) if return_lse else out
 
 
 class _Sources:
@@ -350,11 +407,12 @@ def _tensors(args, kwargs) -> list[torch.Tensor]:
     return [t for t in flat if isinstance(t, torch.Tensor)]
 
 
-def _record_flex(mode: _AttentionMode, q, k, score_mod, block_mask, scale) -> None:
+def _record_flex(mode: _AttentionMode, q, k, score_mod, block_mask, scale) -> torch.Tensor | None:
+    """Record one flex_attention call, and return the mask its block_mask gives (None: not rebuildable)."""
     name = mode.where()
     if score_mod is not None:
         mode.problems.append(f"{name}: flex_attention with a score_mod cannot be rebuilt from q and k")
-        return
+        return None
     B, H, T, S = q.shape[0], q.shape[1], q.shape[-2], k.shape[-2]
     mask = torch.ones(1, 1, T, S, dtype=torch.bool, device=q.device)
     if block_mask is not None:
@@ -368,8 +426,9 @@ def _record_flex(mode: _AttentionMode, q, k, score_mod, block_mask, scale) -> No
             mode.problems.append(
                 f"{name}: the flex_attention block_mask's mask_mod cannot be evaluated ({e})"
             )
-            return
+            return None
     mode.records.append(AttentionInputs(name=name, q=q.detach(), k=k.detach(), mask=mask, scale=scale))
+    return mask
 
 
 def _as_logits(out: Any, shape: tuple[int, ...], vocab: int | None) -> torch.Tensor | None:
