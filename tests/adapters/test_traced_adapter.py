@@ -462,3 +462,19 @@ def test_the_logits_are_read_by_what_they_are_not_by_their_position():
         logits = model(ids)[1]
     result = measure_activations(model, ids, ids)
     assert result.loss == pytest.approx(F.cross_entropy(logits.flatten(0, 1), ids.flatten()).item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["sdpa", "eager-softmax"])
+def test_compiled_blocks_are_measured_as_the_same_blocks_uncompiled(eager):
+    """torch.compile on each block (torchtitan's apply_compile): measured as the uncompiled model, the
+    compiled regions run eagerly while measuring, said in a note."""
+    ids = _ids()
+    plain, compiled = Decoder(eager=eager).eval(), Decoder(eager=eager).eval()
+    for i, layer in enumerate(list(compiled.stack)):
+        compiled.stack[i] = torch.compile(layer)
+    want, got = measure_activations(plain, ids, ids), measure_activations(compiled, ids, ids)
+    assert got.not_measured == {} and got.notes == (
+        "sink: torch.compile'd modules run eagerly while measuring",
+    )
+    assert got.sink.per_layer == want.sink.per_layer and got.residual_flow == want.residual_flow
+    assert list(got.norm_factor.values()) == list(want.norm_factor.values()) and got.loss == want.loss

@@ -11,7 +11,8 @@ finds each matrix's d_in: nothing is declared, everything is read off one ordina
   (its queries and keys after position encoding, mask, causal flag and scale), ``flex_attention`` (its
   ``block_mask`` evaluated on the positions; a ``score_mod`` cannot be rebuilt from q and k and is named),
   and an eager softmax over the last axis of a (batch, heads, T, S ≥ T) tensor of scores, whose
-  probabilities are kept as they are. A call inside a ``torch.compile``d region is not seen.
+  probabilities are kept as they are. ``torch.compile``d modules run eagerly while observed (said in a note),
+  and a compiled ``flex_attention`` (torchtitan's) by smallinit's math path of the same attention.
 
 What is not found is named in ``Observed.missing`` in one line (the measurement is then not measured); a
 forward that cannot be run on token ids is one line saying what to pass (``call=``).
@@ -82,6 +83,8 @@ class TracedAdapter:
         T = tokens.shape[-1]
 
         sources, notes = _Sources(self.module), []
+        if _compiled(self.module):
+            notes.append("torch.compile'd modules run eagerly while measuring")
 
         def recording(attention: list[AttentionInputs], problems: list[str]):
             return recording_attention_calls(self.module, T, attention, problems, sources, notes)
@@ -109,15 +112,19 @@ class TracedAdapter:
                 out.notes["attention"] = "; ".join(dict.fromkeys(notes))
         return out
 
+    def _forward(self, tokens: torch.Tensor) -> Any:
+        if self.call is not None:
+            return self.call(self.module, tokens)
+        if is_hf_causal_lm(self.module):
+            return self.module(input_ids=tokens, use_cache=False)
+        return self.module(tokens)
+
     def _logits(self, tokens: torch.Tensor) -> torch.Tensor:
         name = type(self.module).__name__
         try:
-            if self.call is not None:
-                out = self.call(self.module, tokens)
-            elif is_hf_causal_lm(self.module):
-                out = self.module(input_ids=tokens, use_cache=False)
-            else:
-                out = self.module(tokens)
+            # torch.compile'd regions run as written: a compiled kernel hides its calls from the recording
+            with _eager():
+                out = self._forward(tokens)
         except (
             TypeError,
             ValueError,
@@ -451,6 +458,21 @@ def _as_logits(out: Any, shape: tuple[int, ...], vocab: int | None) -> torch.Ten
         ]
         logits = fits[0] if len(fits) == 1 else None
     return logits if isinstance(logits, torch.Tensor) else None
+
+
+def _eager() -> contextlib.AbstractContextManager:
+    """Compiled code run eagerly inside; nothing to do where torch.compile was never imported."""
+    return (
+        torch.compiler.set_stance("force_eager")
+        if "torch._dynamo" in sys.modules
+        else contextlib.nullcontext()
+    )
+
+
+def _compiled(model: nn.Module) -> bool:
+    """Whether ``model`` holds torch.compile'd modules (none before torch.compile imports its module)."""
+    frames = sys.modules.get("torch._dynamo.eval_frame")
+    return frames is not None and any(isinstance(m, frames.OptimizedModule) for m in model.modules())
 
 
 def _device(model: nn.Module) -> torch.device:

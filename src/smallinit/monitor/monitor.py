@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import logging
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -36,7 +37,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
 
 from smallinit import io
 from smallinit.adapters import ModelAdapter, TracedAdapter, TransformerAdapter, as_adapter
@@ -510,6 +510,7 @@ class _eval_mode:
 
     def __exit__(self, *exc: Any) -> None:
         self.module.train(self.was_training)
-        for m in self.module.modules():
-            if isinstance(m, FSDPModule):
+        fsdp = sys.modules.get("torch.distributed.fsdp")  # none to reshard before fully_shard imports it
+        for m in self.module.modules() if fsdp is not None else ():
+            if isinstance(m, fsdp.FSDPModule):
                 m.reshard()
