@@ -478,3 +478,24 @@ def test_compiled_blocks_are_measured_as_the_same_blocks_uncompiled(eager):
     )
     assert got.sink.per_layer == want.sink.per_layer and got.residual_flow == want.residual_flow
     assert list(got.norm_factor.values()) == list(want.norm_factor.values()) and got.loss == want.loss
+
+
+def test_sdpa_on_3d_tensors_is_one_line_and_the_rest_measured():
+    """Heads folded into the batch, (batch·heads, T, head_dim): the sink is not measured, said in one line."""
+
+    class Folded(Mixer):
+        def forward(self, x):
+            B, L, _ = x.shape
+            q, k, v = self.wqkv(x).split((HEADS * HD, KV_HEADS * HD, KV_HEADS * HD), dim=-1)
+            q, k, v = (t.reshape(B, L, -1, HD).transpose(1, 2) for t in (q, k, v))
+            k, v = k.repeat_interleave(HEADS // KV_HEADS, 1), v.repeat_interleave(HEADS // KV_HEADS, 1)
+            y = F.scaled_dot_product_attention(*(t.flatten(0, 1) for t in (q, k, v)), is_causal=True)
+            return self.wo(y.view(B, HEADS, L, HD).transpose(1, 2).reshape(B, L, HEADS * HD))
+
+    model = Decoder().eval()
+    for layer in model.stack:
+        layer.mix = Folded(False)
+    result = measure_activations(model, _ids(), _ids())
+    assert set(result.not_measured) == {"sink"} and "\n" not in result.not_measured["sink"]
+    assert result.not_measured["sink"].startswith("stack.0.mix: scaled_dot_product_attention on 3-d queries")
+    assert result.residual_flow is not None and result.norm_factor

@@ -223,6 +223,12 @@ class _AttentionMode(TorchFunctionMode):
         return out
 
     def sdpa(self, q, k, v=None, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **_):
+        if q.dim() != 4 or k.dim() != 4:  # (batch·heads, T, hd) or (T, hd): no head axis to read
+            self.problems.append(
+                f"{self.where()}: scaled_dot_product_attention on {q.dim()}-d queries, not (batch, heads, T, "
+                "head_dim), so its heads cannot be told apart"
+            )
+            return
         self.sources.attention_inputs(q, k, v)
         mask = attn_mask
         if mask is None and not is_causal:  # every query sees every key
