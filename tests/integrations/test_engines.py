@@ -480,3 +480,20 @@ def test_litgpt_measurements_equal_their_references(tmp_path):
         tmp_path=tmp_path,
     )
     assert "not_measured" not in rec or not rec["not_measured"]
+
+
+def test_a_monitor_of_the_fabric_wrapped_model_measures_the_model_itself(tmp_path):
+    """Monitor(fabric.setup(model)) reads the model inside Fabric's wrapper: the same record as Monitor(model)."""
+    pytest.importorskip("litgpt")
+    import lightning as L
+    from litgpt import GPT
+
+    torch.manual_seed(0)
+    model = GPT(litgpt_config())
+    tokens = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(1))
+    with Monitor(model, every=1, batch=tokens, out=tmp_path / "plain") as monitor:
+        want = monitor(0)
+    wrapped = L.Fabric(accelerator="cpu", devices=1).setup(model)
+    with Monitor(wrapped, every=1, batch=tokens, out=tmp_path / "fabric") as monitor:
+        got = monitor(0)
+    assert got == want and got["sink"] and got["residual_flow"] > 0

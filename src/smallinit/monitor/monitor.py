@@ -440,10 +440,15 @@ def _params_nonembed(module: nn.Module) -> int:
 
 
 def _unwrapped(model: Any) -> Any:
-    """The model inside a DDP / DataParallel wrapper (its forward would sync buffers across ranks)."""
-    return (
-        model.module if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)) else model
-    )
+    """The model inside a DDP / DataParallel wrapper (its forward would sync buffers across ranks) or Lightning
+    Fabric's (``fabric.setup``: its forward moves and casts the inputs, and its names are prefixed)."""
+    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        return model.module
+    for where in ("lightning.fabric.wrappers", "lightning_fabric.wrappers"):  # loaded where Fabric made it
+        wrappers = sys.modules.get(where)
+        if wrappers is not None and isinstance(model, wrappers._FabricModule):
+            return _unwrapped(model.module)
+    return model
 
 
 def _context(module: nn.Module) -> int | None:
