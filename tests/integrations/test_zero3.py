@@ -71,6 +71,10 @@ def test_the_docs_trainer_under_zero3_is_measured_and_reported(tmp_path):
         assert first["stable_rank"][name] == pytest.approx(stable_rank(model[name]), rel=1e-5)
         assert first["mean_abs_cos"][name] == pytest.approx(sampled_mean_abs_cos(model[name]), rel=1e-5)
     assert first["sink"] and first["norm_factor"] and first["loss"] > 0
+    # the γ the weights started with, read from each matrix gathered whole (a rank holds (0,) slices)
+    start = json.loads((folder / "monitor.json").read_text())["gamma_at_start"]
+    assert start["matrices"] == 16 and not start["not_read"], start
+    assert start["low"] == pytest.approx(1.0, abs=0.1) and start["high"] == pytest.approx(1.0, abs=0.1)
     assert recs[-1]["stable_rank"] != first["stable_rank"]  # measured again after training steps
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["params"] == sum(p.numel() for p in model.values())  # the full size, not the slices

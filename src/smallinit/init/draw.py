@@ -390,6 +390,9 @@ def gamma_init_(
         with gathered([p], modifier_rank=0):
             if row.rule == "normal":
                 _normal_(p, row.std, generator)
+                owner = module.get_submodule(row.name.rpartition(".")[0])
+                if getattr(owner, "undrawn", None):  # an attention gate added on meta waits for no other draw
+                    owner.undrawn = None
             else:
                 _fill_(p, 1.0 if row.rule == "ones" else 0.0)
     report.notes[:0] = ties
