@@ -14,6 +14,7 @@ Benchmarks (each also runs alone: ``python benchmarks/bench_<name>.py --help``):
   moe        MoE vs dense at equal active parameters (if bench_moe.py exists)
   moe_gather MoE dispatch and combine, deterministic vs the accumulating gather   bench_moe_gather.py
   audit      smallinit audit of cpu-20m against one training step; 1.5b on meta     bench_audit.py
+  muon       Muon's step time vs AdamW's at cpu-5m and cpu-20m                    bench_muon.py
 Every row is a median over rounds with [min, max] as the spread; ratios are paired within a round.
 A failing benchmark is reported and the others still run; the exit code is 1 if any failed.
 """
@@ -47,6 +48,7 @@ MODULES = {
     "init": "bench_init",
     "moe_gather": "bench_moe_gather",
     "audit": "bench_audit",
+    "muon": "bench_muon",
 }
 SCRIPTS = {"moe": "bench_moe.py"}  # run as they are, through their own command line
 

@@ -4,6 +4,7 @@ engines on sharded parameters, checked against the draw of one process on the un
     torchrun --nproc_per_node 2 tests/_engines_worker.py titan OUT   # torchtitan, fully_shard and not
     torchrun --nproc_per_node 2 tests/_engines_worker.py olmo OUT        # OLMo-core's Trainer + the callback
     torchrun --nproc_per_node 2 tests/_engines_worker.py titan_gate OUT  # torchtitan gated, trained sharded
+    torchrun --nproc_per_node 2 tests/_engines_worker.py titan_monitor_order OUT  # the Monitor before the optimizer
 
 Each writes OUT/ok.json on rank 0: the parameters that, gathered, differ from the unsharded draw."""
 
@@ -32,7 +33,7 @@ def titan_model(shard: bool, gate: bool = False):
     with torch.device("meta"):
         model = config.build()
     if gate:  # before sharding: W_θ is one more weight of each block, sharded with it
-        add_attention_gate_(model, "elementwise", 1.0)
+        add_attention_gate_(model, "elementwise", 1.0, generator=torch.Generator().manual_seed(2))
     if shard:
         fully_shard_all(model, list(model.layers.values()))
     model.to_empty(device="cpu")
@@ -146,9 +147,10 @@ def titan_gate(out: Path) -> None:
     AdamW steps on the same batches on every rank: the losses, and W_θ gathered, are those of the unsharded
     gated model trained in one process."""
     dist.init_process_group("gloo")
-    losses, gates = {}, {}
+    losses, gates, documented = {}, {}, {}
     for shard in (True, False):
         model = titan_model(shard, gate=True)
+        documented[shard] = {n: p for n, p in params(model).items() if ".g_proj." in n}  # init_weights() drew
         gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0))
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         x = torch.randint(0, 2048, (2, 17), generator=torch.Generator().manual_seed(1))  # one batch, learnt
@@ -161,10 +163,47 @@ def titan_gate(out: Path) -> None:
             losses[shard].append(loss.item())
         gates[shard] = {n: p for n, p in params(model).items() if ".g_proj." in n}
     if dist.get_rank() == 0:
-        torch.save({"losses": losses, "gates": gates}, out / "titan_gate.pt")
+        torch.save({"losses": losses, "gates": gates, "documented": documented}, out / "titan_gate.pt")
+    dist.destroy_process_group()
+
+
+def titan_monitor_order(out: Path) -> None:
+    """torchtitan's model under fully_shard trained 5 AdamW steps with no Monitor, with one built before the
+    optimizer and with one built after it (each measuring at steps 0 and 5): the losses and the weights, gathered."""
+    from smallinit import Monitor
+
+    dist.init_process_group("gloo")
+    x = torch.randint(0, 2048, (2, 17), generator=torch.Generator().manual_seed(1))
+    runs = {}
+    for order in ("none", "monitor-first", "optimizer-first"):
+        model = titan_model(shard=True)
+        monitor = None
+        if order == "monitor-first":
+            monitor = Monitor(model, every=5, batch=x[:1], out=out / order)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        if order == "optimizer-first":
+            monitor = Monitor(model, every=5, batch=x[:1], out=out / order)
+        losses = []
+        for step in range(6):
+            if monitor is not None:
+                monitor(step)
+            if step == 5:
+                break
+            loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1).float(), x[:, 1:].flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        if monitor is not None:
+            monitor.close()
+        runs[order] = {"losses": losses, "weights": params(model)}
+    if dist.get_rank() == 0:
+        torch.save(runs, out / "titan_monitor_order.pt")
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     what, folder = sys.argv[1], Path(sys.argv[2])
-    {"olmo": olmo, "titan": titan, "titan_gate": titan_gate}[what](folder)
+    {"olmo": olmo, "titan": titan, "titan_gate": titan_gate, "titan_monitor_order": titan_monitor_order}[
+        what
+    ](folder)

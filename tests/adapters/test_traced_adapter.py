@@ -280,8 +280,9 @@ def _exact_stable_rank(W: torch.Tensor) -> float:
     return (s.pow(2).sum() / s[0] ** 2).item()
 
 
-def test_the_monitor_watches_every_matrix_and_each_part_of_a_fused_one(tmp_path):
-    model, ids = Decoder().eval(), _ids(2)
+@pytest.mark.parametrize("eager", [False, True], ids=["sdpa", "eager-softmax"])
+def test_the_monitor_watches_every_matrix_and_each_part_of_a_fused_one(tmp_path, eager):
+    model, ids = Decoder(eager=eager).eval(), _ids(2)
     with Monitor(model, every=1, batch=ids, out=tmp_path / "run") as monitor:
         record = monitor(0)
     ranks = parse_record(record).by_matrix("stable_rank")
@@ -298,3 +299,219 @@ def test_the_monitor_watches_every_matrix_and_each_part_of_a_fused_one(tmp_path)
         Monitor(
             model, every=1, batch=ids, out=tmp_path / "other", matrices=["*.wo.weight", "*.q_proj.weight"]
         )
+
+
+class SharpDecoder(nn.Module):
+    """Eager attention sharp enough that many queries' weight on token 1 underflows to exactly 0 although
+    their mask lets them see it: scores scaled by ``sharp``, GQA by repeated keys, an optional sliding window
+    filled with −inf and a causal mask added as the dtype's minimum, in ``dtype``. Keeps its probabilities and
+    the mask it built, so the test reads both from the model itself."""
+
+    def __init__(self, kv_heads: int, window: int | None, dtype: torch.dtype, sharp: float = 60.0):
+        super().__init__()
+        torch.manual_seed(0)
+        self.table = nn.Embedding(VOCAB, D)
+        self.stack = nn.ModuleList(nn.Linear(D, (HEADS + 2 * kv_heads) * HD, bias=False) for _ in range(2))
+        self.readout = nn.Linear(D, VOCAB, bias=False)
+        self.kv_heads, self.window, self.sharp = kv_heads, window, sharp
+        self.probs: list[torch.Tensor] = []
+        self.to(dtype)
+
+    def forward(self, ids):
+        B, L = ids.shape
+        h, self.probs = self.table(ids), []
+        causal = torch.ones(L, L, dtype=torch.bool).tril()
+        self.sees = causal if self.window is None else causal & ~torch.ones(L, L).tril(-self.window).bool()
+        for qkv in self.stack:
+            q, k, v = qkv(h).split((HEADS * HD, self.kv_heads * HD, self.kv_heads * HD), dim=-1)
+            q, k, v = (t.view(B, L, -1, HD).transpose(1, 2) for t in (q, k, v))
+            rep = HEADS // self.kv_heads
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+            s = (q @ k.transpose(-2, -1)) * self.sharp
+            s = s + torch.zeros(L, L, dtype=s.dtype).masked_fill(~causal, torch.finfo(s.dtype).min)
+            if self.window is not None:
+                s = s.masked_fill(~self.sees, float("-inf"))
+            self.probs.append(torch.softmax(s.float(), dim=-1))
+            h = h + (self.probs[-1].to(s.dtype) @ v).transpose(1, 2).reshape(B, L, D)
+        return self.readout(h)
+
+
+@pytest.mark.parametrize(
+    "kv_heads,window,dtype",
+    [
+        (HEADS, None, torch.float32),
+        (KV_HEADS, None, torch.float32),
+        (HEADS, 5, torch.float32),
+        (KV_HEADS, 5, torch.float16),
+    ],
+    ids=["mha", "gqa", "sliding-window", "gqa-fp16"],
+)
+def test_a_query_whose_weight_on_token_1_underflows_counts_with_weight_0(kv_heads, window, dtype):
+    """The sink averages over every query i ≥ 2 its mask lets see token 1, whatever weight it puts there: a
+    query whose weight underflowed to 0 counts as 0, not as a query that cannot see token 1."""
+    model, ids = SharpDecoder(kv_heads, window, dtype).eval(), _ids(2, 16)
+    result = measure_activations(TracedAdapter(model, call=lambda m, t: m(t).float()), ids)
+    model(ids)
+    sees = model.sees[1:, 0]  # queries i ≥ 2 (1-based) whose mask lets them see token 1
+    reference = [p[:, :, 1:, 0][..., sees].double().mean().item() for p in model.probs]
+    underflowed = [(p[:, :, 1:, 0][..., sees] == 0).double().mean().item() for p in model.probs]
+    assert min(underflowed) > 0.2  # the case in question: many visible queries put exactly 0 on token 1
+    np.testing.assert_allclose(result.sink.per_layer, reference, rtol=1e-6, atol=0)
+
+
+class Adapter(nn.Module):
+    """A residual bottleneck adapter, wider than a decoder layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.down, self.up = nn.Linear(D, 512), nn.Linear(512, D)
+
+    def forward(self, x):
+        return x + self.up(F.gelu(self.down(x)))
+
+
+class AdaptedDecoder(Decoder):
+    """The decoder with a stack of adapters after its final norm: a larger stack of modules of one class,
+    through which the residual stream does not pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.adapters = nn.ModuleList(Adapter() for _ in range(4))
+
+    def forward(self, ids):
+        h = self.table(ids)
+        for layer in self.stack:
+            h = layer(h)
+        h = self.last(h)
+        for adapter in self.adapters:
+            h = adapter(h)
+        return self.readout(h)
+
+
+class Scan(nn.Module):
+    """A state-space mixer's stand-in: a gated causal depthwise convolution, no softmax."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.conv, self.out = (
+            nn.Linear(D, 2 * D),
+            nn.Conv1d(D, D, 4, groups=D, padding=3),
+            nn.Linear(D, D),
+        )
+
+    def forward(self, x):
+        u, gate = self.inp(x).chunk(2, dim=-1)
+        u = self.conv(u.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
+        return self.out(F.silu(u) * torch.sigmoid(gate))
+
+
+class Experts(nn.Module):
+    """Top-1 routing over a stack of expert FFNs, each run on its own tokens."""
+
+    def __init__(self, n: int = 4):
+        super().__init__()
+        self.router, self.experts = nn.Linear(D, n, bias=False), nn.ModuleList(Ffn() for _ in range(n))
+
+    def forward(self, x):
+        flat = x.reshape(-1, D)
+        choice, out = self.router(flat).argmax(-1), torch.zeros_like(flat)
+        for i, expert in enumerate(self.experts):
+            out[choice == i] = expert(flat[choice == i])
+        return out.view_as(x)
+
+
+class ScanLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre_mix, self.pre_ffn = nn.RMSNorm(D, eps=1e-3), nn.RMSNorm(D, eps=1e-3)
+        self.mix, self.ffn = Scan(), Experts()
+
+    def forward(self, x):
+        x = x + self.mix(self.pre_mix(x))
+        return x + self.ffn(self.pre_ffn(x))
+
+
+class Hybrid(Decoder):
+    """Attention and state-space layers in one stack (two classes), the scan layers' FFNs mixtures of experts."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stack = nn.ModuleList([Layer(False), ScanLayer(), Layer(False), ScanLayer()])
+
+
+@pytest.mark.parametrize("model", [AdaptedDecoder, Hybrid], ids=["adapters-after-final-norm", "hybrid-moe"])
+def test_the_layers_are_the_blocks_the_residual_stream_passes_through(model):
+    """e is the input of the first decoder layer and h_L that of the final norm, read here by hooks on the
+    modules the model's forward names; neither the adapters after the norm nor an MoE layer's experts are the
+    layers."""
+    model, ids = model().eval(), _ids()
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [
+        m.register_forward_pre_hook(lambda _m, a, n=n: seen.__setitem__(n, a[0].double()))
+        for n, m in (("e", model.stack[0]), ("h_L", model.last))
+    ]
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    e, h_L = seen["e"], seen["h_L"]
+    result = measure_activations(model, ids, ids)
+    assert result.residual_flow == pytest.approx(
+        ((h_L - e).norm(dim=-1) / e.norm(dim=-1)).mean().item(), rel=1e-9
+    )
+    assert result.notes == () and "residual_flow" not in result.not_measured
+
+
+def test_the_logits_are_read_by_what_they_are_not_by_their_position():
+    """A forward returning (hidden, logits): the logits are the tensor of shape (batch, T, vocabulary)."""
+
+    class HiddenFirst(Decoder):
+        def forward(self, ids):
+            h = self.table(ids)
+            for layer in self.stack:
+                h = layer(h)
+            return h, self.readout(self.last(h))
+
+    model, ids = HiddenFirst().eval(), _ids() % D  # ids < D: the hidden state would give a loss too
+    with torch.no_grad():
+        logits = model(ids)[1]
+    result = measure_activations(model, ids, ids)
+    assert result.loss == pytest.approx(F.cross_entropy(logits.flatten(0, 1), ids.flatten()).item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["sdpa", "eager-softmax"])
+def test_compiled_blocks_are_measured_as_the_same_blocks_uncompiled(eager):
+    """torch.compile on each block (torchtitan's apply_compile): measured as the uncompiled model, the
+    compiled regions run eagerly while measuring, said in a note."""
+    ids = _ids()
+    plain, compiled = Decoder(eager=eager).eval(), Decoder(eager=eager).eval()
+    for i, layer in enumerate(list(compiled.stack)):
+        compiled.stack[i] = torch.compile(layer)
+    want, got = measure_activations(plain, ids, ids), measure_activations(compiled, ids, ids)
+    assert got.not_measured == {} and got.notes == (
+        "sink: torch.compile'd modules run eagerly while measuring",
+    )
+    assert got.sink.per_layer == want.sink.per_layer and got.residual_flow == want.residual_flow
+    assert list(got.norm_factor.values()) == list(want.norm_factor.values()) and got.loss == want.loss
+
+
+def test_sdpa_on_3d_tensors_is_one_line_and_the_rest_measured():
+    """Heads folded into the batch, (batch·heads, T, head_dim): the sink is not measured, said in one line."""
+
+    class Folded(Mixer):
+        def forward(self, x):
+            B, L, _ = x.shape
+            q, k, v = self.wqkv(x).split((HEADS * HD, KV_HEADS * HD, KV_HEADS * HD), dim=-1)
+            q, k, v = (t.reshape(B, L, -1, HD).transpose(1, 2) for t in (q, k, v))
+            k, v = k.repeat_interleave(HEADS // KV_HEADS, 1), v.repeat_interleave(HEADS // KV_HEADS, 1)
+            y = F.scaled_dot_product_attention(*(t.flatten(0, 1) for t in (q, k, v)), is_causal=True)
+            return self.wo(y.view(B, HEADS, L, HD).transpose(1, 2).reshape(B, L, HEADS * HD))
+
+    model = Decoder().eval()
+    for layer in model.stack:
+        layer.mix = Folded(False)
+    result = measure_activations(model, _ids(), _ids())
+    assert set(result.not_measured) == {"sink"} and "\n" not in result.not_measured["sink"]
+    assert result.not_measured["sink"].startswith("stack.0.mix: scaled_dot_product_attention on 3-d queries")
+    assert result.residual_flow is not None and result.norm_factor

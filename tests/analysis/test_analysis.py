@@ -33,6 +33,7 @@ from smallinit.analysis import (
 )
 from smallinit.analysis.tokens import FINE_EDGES, text_batches
 from smallinit.cli import main
+from smallinit.config import TrainConfig
 from smallinit.data import load_tokenizer
 from smallinit.measures.norm_factor import init_variance
 from smallinit.measures.sink import sink_shares
@@ -290,6 +291,18 @@ def test_coord_check_scales():
     assert {r["step"] for r in cc.rows if r["kind"] == "update"} == {1, 2}
     names = cc.names("activation")
     assert names == ["embed", "blocks.0", "blocks.1", "logits"]
+
+
+def test_coord_check_takes_the_optimizer():
+    """Muon's first update has RMS ≈ 0.2·lr whatever the matrix (match_rms_adamw: 0.2·√max(A, B) times an
+    orthogonalised update of RMS 1/√max(A, B)); AdamW's first update is lr·sign(g), RMS = lr."""
+    cfg, lr = ModelConfig(**{**TINY, "n_kv_heads": 4}), 1e-3
+    for optimizer, low, high in (("adamw", 0.99, 1.01), ("muon", 0.1, 0.3)):
+        train = TrainConfig(optimizer=optimizer, lr=lr, weight_decay=0.0, grad_clip=0.0)
+        cc = coord_check(cfg, [0.5, 1.0], steps=1, batch_size=2, seq_len=16, train=train)
+        for name in ("blocks.0.attn.q_proj.weight", "blocks.1.mlp.down_proj.weight"):
+            assert all(low * lr < u < high * lr for u in cc.series("update", name, 1)), (optimizer, name)
+    assert cc.config["train"]["optimizer"] == "muon" and cc.optimizer == "Muon + AdamW"
 
 
 # -- training-time callback --------------------------------------------------------------------------------------------

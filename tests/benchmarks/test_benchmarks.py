@@ -91,3 +91,16 @@ def test_run_writes_the_table_and_json(tmp_path):
     assert any("get_batch" in n for n in names) and any("rayon" in n for n in names)
     assert all(r["min"] <= r["median"] <= r["max"] for r in rows)
     assert "get_batch" in proc.stdout
+
+
+def test_muon_benchmark_times_both_optimizers_in_one_run():
+    import bench_muon
+
+    rows = bench_muon.bench_size("cpu-1m", batch=2, seq=16, rounds=1, clock="cpu")
+    assert [r.name for r in rows] == [
+        "cpu-1m, batch 2×16: Muon / AdamW full training step time",
+        "cpu-1m: Muon / AdamW optimizer step alone",
+    ]
+    assert [r.stat.n for r in rows] == [1, 3] and all(
+        0 < r.stat.lo <= r.stat.median <= r.stat.hi for r in rows
+    )

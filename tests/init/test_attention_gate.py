@@ -309,3 +309,70 @@ def test_a_gated_folder_is_refused_by_the_folder_reader_in_one_line(tmp_path):
     model.save_pretrained(tmp_path)
     with pytest.raises(ModelError, match="smallinit's attention gate.*load_gated"):
         load_hf_folder(tmp_path)
+
+
+class SoftmaxAttention(nn.Module):
+    """q/k/v/o projections around a causal softmax; ``own_init`` gives it an init of its own, as torchtitan's
+    modules have (init_states), which its model's init calls after to_empty."""
+
+    def __init__(self, d: int = 16, heads: int = 2):
+        super().__init__()
+        self.num_heads = heads
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(d, d, bias=False) for _ in range(4))
+
+    def forward(self, x):
+        B, T, d = x.shape
+        q, k, v = (
+            p(x).view(B, T, self.num_heads, -1).transpose(1, 2)
+            for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, d))
+
+
+class OwnInit(SoftmaxAttention):
+    def init_states(self) -> None:
+        for p in (self.q_proj, self.k_proj, self.v_proj, self.o_proj):
+            nn.init.normal_(p.weight, std=0.02)
+
+
+def _layers(attention: type, n: int = 3) -> nn.Module:
+    model = nn.Sequential(*(attention() for _ in range(n)))
+    model.init_states = lambda: [m.init_states() for m in model]  # the model's init calls each block's
+    return model
+
+
+def test_a_gate_added_on_meta_is_drawn_by_its_blocks_own_init_as_on_materialised_weights():
+    """Build on meta, add the gate, to_empty, the model's own init: each W_θ is what adding the gate to the
+    materialised model draws with the same generator (σ = d_model^(−γ), in block order)."""
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        lazy = _layers(OwnInit)
+    add_attention_gate_(lazy, gamma=0.5, generator=torch.Generator().manual_seed(7), example_inputs=None)
+    lazy.to_empty(device="cpu")
+    with torch.no_grad():
+        lazy.init_states()
+    eager = _layers(OwnInit)
+    add_attention_gate_(eager, gamma=0.5, generator=torch.Generator().manual_seed(7))
+    for a, b in zip(lazy, eager):
+        assert torch.equal(a.g_proj.weight, b.g_proj.weight)
+    W = torch.cat([m.g_proj.weight.flatten() for m in lazy])
+    assert W.std().item() == pytest.approx(16**-0.5, rel=0.1)
+    lazy(torch.randn(2, 5, 16))  # drawn: the forward runs
+
+
+def test_a_gate_left_undrawn_is_an_error_at_the_forward_not_a_silent_start():
+    """A block with no init of its own: to_empty leaves W_θ as whatever memory was there, and the forward
+    says so in one line; gamma_init_ draws it and the forward runs."""
+    from smallinit import gamma_init_
+
+    with torch.device("meta"):
+        model = nn.Sequential(SoftmaxAttention(), SoftmaxAttention())
+    add_attention_gate_(model)
+    model.to_empty(device="cpu")
+    x = torch.randn(2, 5, 16)
+    with pytest.raises(GateError, match=r"^the attention gate 0\.g_proj was added on the meta device") as e:
+        model(x)
+    assert "\n" not in str(e.value) and "gamma_init_" in str(e.value)
+    gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0), example_inputs=(x,))
+    model(x)

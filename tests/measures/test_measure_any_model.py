@@ -102,6 +102,27 @@ def test_attention_outside_the_interface_is_read_from_eager_probabilities(arch):
     assert "sink" not in result.not_measured
 
 
+@pytest.mark.parametrize("arch", ["roformer", "bloom", "openai-gpt"])
+def test_eager_probabilities_count_a_query_whose_weight_on_token_1_underflowed(arch):
+    """Sharp attention read from eager probabilities (OpenAI-GPT masks with −1e4, Bloom with fp32's minimum,
+    RoFormer not at all): every query i ≥ 2 sees token 1, so each counts, those whose weight underflowed to 0
+    with weight 0."""
+    model = hf_tiny.build(arch).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("query.weight", "key.weight", "query_key_value.weight", "c_attn.weight")):
+                p.mul_(100.0)
+    ids = _ids(model)
+    result = measure_activations(model, ids)
+    by_hand, _ = _eager_sink(model, ids)
+    backend, model.config._attn_implementation = model.config._attn_implementation, "eager"
+    with torch.no_grad():
+        attentions = model(input_ids=ids, output_attentions=True, use_cache=False).attentions
+    model.config._attn_implementation = backend
+    assert np.mean([(a[:, :, 1:, 0] == 0).double().mean().item() for a in attentions]) > 0.2
+    np.testing.assert_allclose(result.sink.per_head, by_hand, atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("arch", ["openai-gpt", "marian", "plbart"])
 def test_without_a_final_norm_h_L_is_the_last_layers_output(arch):
     """OpenAI-GPT has no norm after its last layer; Marian's and PLBart's decoder layers are counted by

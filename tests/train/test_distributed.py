@@ -344,6 +344,78 @@ def test_activation_checkpointing_gives_the_same_gradients():
         torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-5, atol=1e-7, msg=n)
 
 
+def children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (from /proc; zombies count as gone)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (name)": state, ppid, ...
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        if fields[0] != "Z" and int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
+def test_killing_the_launcher_stops_the_workers_and_leaves_a_resumable_run(tmp_path):
+    """kill -9 of torchrun: each worker notices its parent is gone, checkpoints the step in flight and exits;
+    the run folder holds intact checkpoints and nothing half-written, and resumes from that step."""
+    run = tmp_path / "run"
+    args = sets(
+        *TINY,
+        "train.parallel=ddp",
+        "train.steps=100000",
+        "train.checkpoint_every=0",
+        "train.eval_every=0",
+        "train.schedule=constant",
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone"]
+    with open(tmp_path / "err.txt", "w") as err:
+        proc = subprocess.Popen(
+            [*launcher, "-m", "smallinit", "train", "--out", str(run), *args],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    workers: list[int] = []
+    try:
+        deadline = time.time() + 300
+        while not (run / "metrics.jsonl").exists() or len(records(run)) < 3:
+            assert time.time() < deadline and proc.poll() is None, (tmp_path / "err.txt").read_text()[-3000:]
+            time.sleep(0.05)
+        workers = children(proc.pid)
+        assert len(workers) == 2
+        proc.kill()  # SIGKILL: the launcher forwards nothing
+        proc.wait()
+        gone_by = time.time() + 60  # a step, a checkpoint, then exit; torchrun's own grace is 30 s
+        while any(map(alive, workers)) and time.time() < gone_by:
+            time.sleep(0.1)
+        assert not any(map(alive, workers)), "the workers outlived their launcher"
+    finally:
+        for pid in filter(alive, workers):
+            os.kill(pid, signal.SIGKILL)
+    assert not list((run / ckpt.CKPT_DIR).glob(".*")), "a half-written checkpoint was left"
+    kept = ckpt.list_checkpoints(run)
+    for path in kept:
+        ckpt.read_checkpoint(path)  # every file matches its checksum
+    stopped = ckpt.newest_checkpoint(run).step
+    assert stopped == max(r["step"] for r in records(run)) < 100000  # the step in flight was saved
+    resumed = Trainer(Config.from_json_file(run / "config.json"), run, resume=True, callbacks=[])
+    try:
+        assert resumed.step == stopped
+    finally:
+        resumed.close()
+
+
 # -- slow ---------------------------------------------------------------------------------------------------
 
 

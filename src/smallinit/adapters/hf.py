@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from smallinit.adapters.eager import EagerMasks
 from smallinit.adapters.hooks import observe_by_hooks
 from smallinit.adapters.protocol import AttentionInputs, NormForm, Observed, check_kinds, readable_norm_forms
 from smallinit.errors import ModelError
@@ -95,15 +96,17 @@ class HFAdapter:
         self, tokens: torch.Tensor, problems: list[str]
     ) -> tuple[list[AttentionInputs], str]:
         """The attention probabilities the model returns with output_attentions on its eager path, one record
-        per softmax layer (a key a query may not see has weight exactly 0), or why there are none."""
+        per softmax layer with the keys each query may see read off the scores it was taken over, or why there are
+        none."""
         model, config = type(self.module).__name__, self.module.config
         why = problems[0] if problems else f"{model} makes no call to transformers' attention interface"
         backend = getattr(config, "_attn_implementation", None)
         try:
             config._attn_implementation = "eager"
-            probs = getattr(
-                self.module(input_ids=tokens, use_cache=False, output_attentions=True), "attentions", None
-            )
+            with EagerMasks(tokens.shape[-1]) as seen:
+                probs = getattr(
+                    self.module(input_ids=tokens, use_cache=False, output_attentions=True), "attentions", None
+                )
         except (TypeError, ValueError, RuntimeError, AttributeError, NotImplementedError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             return (
@@ -124,7 +127,18 @@ class HFAdapter:
                 "(state-space or linear-attention layers have none)"
             )
             return [], self.no_attention
-        return [AttentionInputs(name=n, probs=p.detach(), mask=p.detach() > 0) for n, p in named], ""
+        masks = seen.masks
+        if len(masks) != len(named) or any(m.shape[:-1] != p.shape[:-1] for m, (_, p) in zip(masks, named)):
+            # which keys a query may see is read off its scores, never its weights
+            return [], (
+                f"no softmax attention observed: {why}, and its eager path's {len(named)} attention "
+                f"probabilities came from {len(masks)} softmaxes over (batch, heads, T, S) scores, so which "
+                "keys each query may see cannot be read"
+            )
+        return [
+            AttentionInputs(name=n, probs=p.detach(), mask=m[..., : p.shape[-1]])
+            for (n, p), m in zip(named, masks)
+        ], ""
 
 
 def decoder_layers(model: nn.Module, n_layers: int | None) -> list[tuple[str, nn.Module]]:

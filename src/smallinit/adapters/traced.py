@@ -1,7 +1,7 @@
 """The adapter of a model smallinit does not know by name, found from the model's own forward, as γ-init
 finds each matrix's d_in: nothing is declared, everything is read off one ordinary forward.
 
-* The blocks: the largest stack (ModuleList, ModuleDict or Sequential) of modules of one class. Each
+* The blocks: those the residual stream passes through, established from the forward (stream.py). Each
   block's input, in call order, is the residual stream; e is the first one's, h_L the input of the norm
   that takes the last block's output (the final norm), or where none does, that output (with a note).
 * The norms: every module whose class says norm (smallinit.init.eps.norm_layers: RMSNorm, LayerNorm,
@@ -13,7 +13,8 @@ finds each matrix's d_in: nothing is declared, everything is read off one ordina
   (its queries and keys after position encoding, mask, causal flag and scale), ``flex_attention`` (its
   ``block_mask`` evaluated on the positions; a ``score_mod`` cannot be rebuilt from q and k and is named),
   and an eager softmax over the last axis of a (batch, heads, T, S ≥ T) tensor of scores, whose
-  probabilities are kept as they are. A call inside a ``torch.compile``d region is not seen.
+  probabilities are kept as they are. ``torch.compile``d modules run eagerly while observed (said in a note),
+  and a compiled ``flex_attention`` (torchtitan's) by smallinit's math path of the same attention.
 
 What is not found is named in ``Observed.missing`` in one line (the measurement is then not measured); a
 forward that cannot be run on token ids is one line saying what to pass (``call=``).
@@ -31,10 +32,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from smallinit.adapters.eager import attention_scores, visible
 from smallinit.adapters.hf import is_hf_causal_lm
 from smallinit.adapters.hooks import observe_by_hooks
 from smallinit.adapters.norm_calls import NormCalls, record_norm_calls
 from smallinit.adapters.protocol import AttentionInputs, NormForm, Observed, check_kinds, readable_norm_forms
+from smallinit.adapters.stream import residual_blocks
 from smallinit.errors import ModelError
 from smallinit.model.loss import cross_entropy
 
@@ -52,7 +55,9 @@ class TracedAdapter:
         if not isinstance(model, nn.Module):
             raise ModelError(f"smallinit cannot observe a {type(model).__name__}: pass an nn.Module")
         self.module, self.call = model, call
-        self.blocks, self.no_blocks = find_blocks(model)
+        # the blocks the residual stream passes through, established on the first forward observed
+        self.blocks: list[tuple[str, nn.Module]] | None = None
+        self.no_blocks: str | None = None
         embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
         self._vocab = max((m.num_embeddings for m in embeddings), default=None)
         # per fused matrix (by parameter name), the rows (out × in) that make each part: q, k, v
@@ -80,18 +85,25 @@ class TracedAdapter:
         kinds = check_kinds(kinds)
         T = tokens.shape[-1]
 
-        sources = _Sources(self.module)
+        sources, notes = _Sources(self.module), []
+        if _compiled(self.module):
+            notes.append("torch.compile'd modules run eagerly while measuring")
 
         def recording(attention: list[AttentionInputs], problems: list[str]):
-            return recording_attention_calls(self.module, T, attention, problems, sources)
+            return recording_attention_calls(self.module, T, attention, problems, sources, notes)
 
+        # the blocks are found on the first forward observed, whatever it asks for (the Monitor's at its start)
+        if self.blocks is None:
+            self.blocks, self.no_blocks = residual_blocks(self.module, lambda: self._logits(tokens))
         calls = NormCalls(self.module) if "norms" in kinds else contextlib.nullcontext()
 
         def forward() -> torch.Tensor:
             with calls:
                 return self._logits(tokens)
 
-        out, problems = observe_by_hooks(self.module, self.blocks, self.no_blocks, kinds, forward, recording)
+        out, problems = observe_by_hooks(
+            self.module, self.blocks or [], self.no_blocks, kinds, forward, recording
+        )
         if isinstance(calls, NormCalls):
             record_norm_calls(calls, out)
         if targets is not None:
@@ -106,26 +118,46 @@ class TracedAdapter:
                     f"no softmax attention: {name} made no scaled_dot_product_attention or flex_attention "
                     "call and no softmax over (batch, heads, T, S) scores in its forward"
                 )
+            elif notes:
+                out.notes["attention"] = "; ".join(dict.fromkeys(notes))
         return out
+
+    def _forward(self, tokens: torch.Tensor) -> Any:
+        if self.call is not None:
+            return self.call(self.module, tokens)
+        if is_hf_causal_lm(self.module):
+            return self.module(input_ids=tokens, use_cache=False)
+        return self.module(tokens)
 
     def _logits(self, tokens: torch.Tensor) -> torch.Tensor:
         name = type(self.module).__name__
         try:
-            if self.call is not None:
-                out = self.call(self.module, tokens)
-            elif is_hf_causal_lm(self.module):
-                out = self.module(input_ids=tokens, use_cache=False)
-            else:
-                out = self.module(tokens)
-        except (TypeError, ValueError, RuntimeError, IndexError, KeyError, AttributeError) as e:
+            # torch.compile'd regions run as written: a compiled kernel hides its calls from the recording
+            with _eager():
+                out = self._forward(tokens)
+        except (
+            TypeError,
+            ValueError,
+            RuntimeError,
+            IndexError,
+            KeyError,
+            AttributeError,
+            AssertionError,
+        ) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             how = "call(model, tokens)" if self.call is not None else f"{name}(tokens)"
             raise ModelError(
                 f"cannot run {how} on token ids ({type(e).__name__}: {first}); {WHAT_TO_PASS}"
             ) from None
-        logits = _as_logits(out)
+        logits = _as_logits(out, tuple(tokens.shape), self._vocab)
         if logits is None or logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(tokens.shape):
-            got = tuple(logits.shape) if logits is not None else type(out).__name__
+            got = (
+                tuple(logits.shape)
+                if logits is not None
+                else [tuple(t.shape) for t in out if isinstance(t, torch.Tensor)]
+                if isinstance(out, (tuple, list))
+                else type(out).__name__
+            )
             raise ModelError(
                 f"{name}'s forward on token ids of shape {tuple(tokens.shape)} gave {got}, not logits of shape "
                 f"(batch, T, vocabulary); {WHAT_TO_PASS}"
@@ -133,33 +165,18 @@ class TracedAdapter:
         return logits
 
 
-def find_blocks(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], str | None]:
-    """The blocks: the stack (ModuleList, ModuleDict, Sequential) of modules of one class with the most
-    parameters, by name; or none, and why, in one line."""
-    best: tuple[int, list[tuple[str, nn.Module]]] = (0, [])
-    for name, m in model.named_modules():
-        if not isinstance(m, (nn.ModuleList, nn.ModuleDict, nn.Sequential)) or len(m) == 0:
-            continue
-        children = list(m.named_children())
-        if len({type(c) for _, c in children}) != 1:
-            continue
-        size = sum(p.numel() for p in m.parameters())
-        if size > best[0]:
-            best = (size, [(f"{name}.{n}" if name else n, c) for n, c in children])
-    if not best[1]:
-        return [], (
-            f"no stack of blocks in {type(model).__name__} (a ModuleList, ModuleDict or Sequential of modules "
-            "of one class), so the residual stream cannot be observed"
-        )
-    return best[1], None
-
-
 @contextlib.contextmanager
 def recording_attention_calls(
-    model: nn.Module, T: int, records: list[AttentionInputs], problems: list[str], sources: _Sources
+    model: nn.Module,
+    T: int,
+    records: list[AttentionInputs],
+    problems: list[str],
+    sources: _Sources,
+    notes: list[str],
 ) -> Iterator[None]:
     """While inside, every softmax attention call the forward makes is recorded in ``records`` (named by the
-    module that made it) and then computed unchanged; a call that cannot be rebuilt goes to ``problems``."""
+    module that made it) and then computed unchanged (a compiled flex_attention by its eager path, said in
+    ``notes``); a call that cannot be rebuilt goes to ``problems``."""
     names = {id(m): n for n, m in model.named_modules()}
     calls: list[str] = []  # the modules running, innermost last, for naming a call
 
@@ -179,7 +196,7 @@ def recording_attention_calls(
     def where() -> str:
         return calls[-1] if calls else type(model).__name__
 
-    mode = _AttentionMode(T, records, problems, where, sources)
+    mode = _AttentionMode(T, records, problems, where, sources, notes)
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(_flex_recorded(model, mode))
@@ -191,8 +208,6 @@ def recording_attention_calls(
 
 
 class _AttentionMode(TorchFunctionMode):
-    SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.nn.functional.softmax}
-
     def __init__(
         self,
         T: int,
@@ -200,21 +215,30 @@ class _AttentionMode(TorchFunctionMode):
         problems: list[str],
         where: Callable[[], str],
         sources: _Sources,
+        notes: list[str],
     ):
         super().__init__()
         self.T, self.records, self.problems, self.where, self.sources = T, records, problems, where, sources
+        self.notes = notes  # how calls were measured where not as the model runs them
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func is F.scaled_dot_product_attention:
             self.sdpa(*args, **kwargs)
-        elif func in self.SOFTMAX:
-            self.softmax(args, kwargs, out)
+        elif (scores := attention_scores(func, args, kwargs, self.T)) is not None:
+            self.softmax(scores, out)
+        self.sources.products(func, args)
         self.sources.follow(func, args, kwargs, out)
         return out
 
     def sdpa(self, q, k, v=None, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **_):
+        if q.dim() != 4 or k.dim() != 4:  # (batch·heads, T, hd) or (T, hd): no head axis to read
+            self.problems.append(
+                f"{self.where()}: scaled_dot_product_attention on {q.dim()}-d queries, not (batch, heads, T, "
+                "head_dim), so its heads cannot be told apart"
+            )
+            return
         self.sources.attention_inputs(q, k, v)
         mask = attn_mask
         if mask is None and not is_causal:  # every query sees every key
@@ -234,15 +258,8 @@ class _AttentionMode(TorchFunctionMode):
             )
         )
 
-    def softmax(self, args, kwargs, out) -> None:
-        x = args[0] if args else kwargs.get("input")
-        dim = args[1] if len(args) > 1 else kwargs.get("dim")
-        if not isinstance(x, torch.Tensor) or x.dim() != 4 or dim not in (-1, 3):
-            return
-        if x.shape[-2] != self.T or x.shape[-1] < self.T:  # not (batch, heads, queries, keys) over the tokens
-            return
-        probs = out.detach()
-        self.records.append(AttentionInputs(name=self.where(), probs=probs, mask=probs > 0))
+    def softmax(self, scores: torch.Tensor, out: torch.Tensor) -> None:
+        self.records.append(AttentionInputs(name=self.where(), probs=out.detach(), mask=visible(scores)))
 
 
 @contextlib.contextmanager
@@ -261,20 +278,57 @@ def _flex_recorded(model: nn.Module, mode: _AttentionMode) -> Iterator[None]:
             mode.sources.attention_inputs(query, key, value)
             return flex_attention(query, key, value, score_mod, block_mask, scale, *args, **kwargs)
 
-    swapped: list[tuple[Any, str]] = []
+    def by_math(
+        query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False, *args, **kw
+    ):
+        with torch._C.DisableTorchFunction():
+            mask = _record_flex(mode, query, key, score_mod, block_mask, scale)
+            mode.sources.attention_inputs(query, key, value)
+            if mask is None:  # not rebuildable (said in problems): the model's own call, for the forward
+                return flex_attention(
+                    query, key, value, score_mod, block_mask, scale, enable_gqa, *args, **kw
+                )
+            return _flex_math(query, key, value, mask, scale, *args, **kw)
+
+    swapped: list[tuple[Any, str, Any, Callable]] = []
     for cls in {type(m) for m in model.modules()}:
         for owner in (sys.modules.get(cls.__module__), cls):
             space = vars(owner) if owner is not None else {}
             for attr, value in list(space.items()):
-                if value is flex_attention:
-                    swapped.append((owner, attr))
+                function = value.__func__ if isinstance(value, staticmethod) else value
+                if function is flex_attention:
+                    swapped.append((owner, attr, value, recorded))
+                elif getattr(function, "_torchdynamo_orig_callable", None) is flex_attention:
+                    # compiled (torchtitan's): the same attention computed from q, k, v and the mask the
+                    # block_mask gives, since the compiled kernel cannot be recorded nor on a CPU always built
+                    swapped.append((owner, attr, value, by_math))
+                    mode.notes.append(
+                        f"{cls.__name__}.{attr} (compiled flex_attention) computed by smallinit's math path "
+                        "(softmax(q·kᵀ·scale) over the block_mask's mask) while measuring"
+                    )
     try:
-        for owner, attr in swapped:
-            setattr(owner, attr, staticmethod(recorded) if isinstance(owner, type) else recorded)
+        for owner, attr, _, swap in swapped:
+            setattr(owner, attr, staticmethod(swap) if isinstance(owner, type) else swap)
         yield
     finally:
-        for owner, attr in swapped:
-            setattr(owner, attr, staticmethod(flex_attention) if isinstance(owner, type) else flex_attention)
+        for owner, attr, value, _ in swapped:
+            setattr(owner, attr, value)
+
+
+def _flex_math(q, k, v, mask, scale, return_lse=False, kernel_options=None, *, return_aux=None):  # noqa: ARG001
+    """flex_attention without score_mod as plain math, over ``mask`` (B, H, T, S) bool: its output, with the
+    log-sum-exp where asked, in flex_attention's return conventions. Keys with fewer heads are shared."""
+    from torch.nn.attention.flex_attention import AuxOutput
+
+    rep = q.shape[1] // k.shape[1]
+    k, v = (k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)) if rep > 1 else (k, v)
+    s = (q.float() @ k.float().transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    s = s.masked_fill(~mask, float("-inf"))
+    out = (s.softmax(-1) @ v.float()).to(q.dtype)
+    lse = torch.logsumexp(s, dim=-1)
+    if return_aux is not None:
+        return out, AuxOutput(lse=lse if return_aux.lse else None)
+    return (out, lse) if return_lse else out
 
 
 class _Sources:
@@ -292,6 +346,7 @@ class _Sources:
         # the rows a derived tensor is made of, the product's width, ops since the product)
         self.seen: dict[int, tuple[str, torch.Tensor | None, int, int]] = {}
         self.parts: dict[str, dict[str, torch.Tensor]] = {}
+        self.scores: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # matrix → rows of eager q and k
         self.alive: list[torch.Tensor] = []  # what is followed stays alive, so no storage is reused meanwhile
 
     def follow(self, func, args, kwargs, out) -> None:
@@ -337,13 +392,29 @@ class _Sources:
             rows = torch.unique(index % width)
         return name, rows, depth
 
+    MATMUL = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm}
+
+    def products(self, func, args) -> None:
+        """Eager attention's two products: scores q·kᵀ of one matrix's rows (kept by matrix), then the weights
+        times v, whose rows of the same matrix, with the scores', are the attention's inputs."""
+        if func not in self.MATMUL or len(args) < 2:
+            return
+        a, b = (self.source(t) if isinstance(t, torch.Tensor) else None for t in args[:2])
+        if b is not None and b[0] in self.scores:  # the weights (made of the scores) times v
+            q, k = self.scores.pop(b[0])
+            self._fused(b[0], [q, k, b[1]])
+        elif a is not None and b is not None and a[0] == b[0]:
+            self.scores[a[0]] = (a[1], b[1])
+
     def attention_inputs(self, q, k, v) -> None:
         found = [self.source(t) if isinstance(t, torch.Tensor) else None for t in (q, k, v)]
         if any(f is None for f in found) or len({f[0] for f in found}) != 1:
             return
-        rows = [f[1] for f in found]
+        self._fused(found[0][0], [f[1] for f in found])
+
+    def _fused(self, name: str, rows: list[torch.Tensor]) -> None:
         if sum(len(r) for r in rows) == len(torch.unique(torch.cat(rows))):  # disjoint: one fused matrix
-            self.parts[found[0][0]] = dict(zip("qkv", rows))
+            self.parts[name] = dict(zip("qkv", rows))
 
 
 def _storage(t: torch.Tensor) -> int | None:
@@ -359,11 +430,12 @@ def _tensors(args, kwargs) -> list[torch.Tensor]:
     return [t for t in flat if isinstance(t, torch.Tensor)]
 
 
-def _record_flex(mode: _AttentionMode, q, k, score_mod, block_mask, scale) -> None:
+def _record_flex(mode: _AttentionMode, q, k, score_mod, block_mask, scale) -> torch.Tensor | None:
+    """Record one flex_attention call, and return the mask its block_mask gives (None: not rebuildable)."""
     name = mode.where()
     if score_mod is not None:
         mode.problems.append(f"{name}: flex_attention with a score_mod cannot be rebuilt from q and k")
-        return
+        return None
     B, H, T, S = q.shape[0], q.shape[1], q.shape[-2], k.shape[-2]
     mask = torch.ones(1, 1, T, S, dtype=torch.bool, device=q.device)
     if block_mask is not None:
@@ -377,19 +449,46 @@ def _record_flex(mode: _AttentionMode, q, k, score_mod, block_mask, scale) -> No
             mode.problems.append(
                 f"{name}: the flex_attention block_mask's mask_mod cannot be evaluated ({e})"
             )
-            return
+            return None
     mode.records.append(AttentionInputs(name=name, q=q.detach(), k=k.detach(), mask=mask, scale=scale))
+    return mask
 
 
-def _as_logits(out: Any) -> torch.Tensor | None:
+def _as_logits(out: Any, shape: tuple[int, ...], vocab: int | None) -> torch.Tensor | None:
+    """The logits in what the forward returned: the tensor itself, a ``logits`` attribute or key, or in a tuple
+    the one tensor of shape (batch, T, vocabulary) (any width where the vocabulary is unknown), whatever its
+    position: a model may return (hidden, logits)."""
     if isinstance(out, torch.Tensor):
         return out
     logits = getattr(out, "logits", None)
     if logits is None and isinstance(out, Mapping):
         logits = out.get("logits")
-    if logits is None and isinstance(out, (tuple, list)) and out:
-        logits = out[0]
+    if logits is None and isinstance(out, (tuple, list)):
+        fits = [
+            t
+            for t in out
+            if isinstance(t, torch.Tensor)
+            and t.dim() == 3
+            and tuple(t.shape[:2]) == shape
+            and (vocab is None or t.shape[-1] == vocab)
+        ]
+        logits = fits[0] if len(fits) == 1 else None
     return logits if isinstance(logits, torch.Tensor) else None
+
+
+def _eager() -> contextlib.AbstractContextManager:
+    """Compiled code run eagerly inside; nothing to do where torch.compile was never imported."""
+    return (
+        torch.compiler.set_stance("force_eager")
+        if "torch._dynamo" in sys.modules
+        else contextlib.nullcontext()
+    )
+
+
+def _compiled(model: nn.Module) -> bool:
+    """Whether ``model`` holds torch.compile'd modules (none before torch.compile imports its module)."""
+    frames = sys.modules.get("torch._dynamo.eval_frame")
+    return frames is not None and any(isinstance(m, frames.OptimizedModule) for m in model.modules())
 
 
 def _device(model: nn.Module) -> torch.device:

@@ -3,9 +3,10 @@ updates during the first optimizer steps, one fresh model per γ: smallinit's ow
 any model an adapter reads (smallinit.adapters) from a function of γ that builds it.
 
 Like mup's coordinate check, but with γ on the x-axis instead of width: it shows at a glance which layers
-start small, which grow, and how large the first AdamW updates are relative to the γ-scaled weights.
-Training follows the trainer (AdamW and its parameter groups from ``smallinit.train.optim``, gradient
-clipping), at the TrainConfig's peak LR held constant: no warmup, so the first steps already move.
+start small, which grow, and how large the first updates are relative to the γ-scaled weights.
+Training follows the trainer (its optimizer, AdamW or ``train.optimizer = "muon"``, with the parameter groups
+of ``smallinit.train.optim``, gradient clipping), at the TrainConfig's peak LR held constant: no warmup, so the
+first steps already move.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ class CoordCheck:
             r["gamma"]: r["rms"] for r in self.rows if (r["kind"], r["name"], r["step"]) == (kind, name, step)
         }
         return [by_gamma.get(g, float("nan")) for g in self.gammas]
+
+    @property
+    def optimizer(self) -> str:
+        """The optimizer that made the updates, in words."""
+        return {"muon": "Muon + AdamW"}.get(self.config.get("train", {}).get("optimizer", "adamw"), "AdamW")
 
     def names(self, kind: str) -> list[str]:
         return list(dict.fromkeys(r["name"] for r in self.rows if r["kind"] == kind))

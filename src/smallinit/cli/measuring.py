@@ -318,7 +318,7 @@ COMMANDS = (
     Command(
         "coordcheck",
         "activation and update scales over γ in the first steps (fresh models); "
-        "train.batch_size is 8 here unless --set",
+        "train.batch_size is 8 here unless --set; --set train.optimizer=muon for Muon's updates",
         add_coordcheck,
         cmd_coordcheck,
     ),

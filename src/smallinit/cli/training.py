@@ -111,7 +111,9 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         print(describe_memory(cfg, args.num_devices))
         return 0
-    plan = init_plan(model, cfg.model.gamma)
+    plan = init_plan(
+        model, cfg.model.gamma, example_inputs=model.example_inputs(), scales=cfg.model.init_scales
+    )
     print(plan if args.layers else plan.summary())
     return 0
 

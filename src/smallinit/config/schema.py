@@ -72,6 +72,11 @@ class ModelConfig:
     gamma: float = _key(
         1.0, "γ: every weight matrix starts from N(0, d_in^(−2γ)); 1 is the paper's choice, 0.5 the usual"
     )
+    init_scales: list[str] = _key(
+        doc="per-role overrides of the γ rule, ROLE=RULE: ROLE embedding | head | output | hidden, RULE std:X | "
+        'gamma:X | zero | depth (÷√(2L)); e.g. ["embedding=std:1", "output=zero"] (docs/muon-and-role-scales.md)',
+        factory=list,
+    )
     norm_eps: float = _key(1e-12, "ε of every RMSNorm; the paper's 1e-12 keeps the norms from saturating")
     norm_eps_width: int = _key(
         0,
@@ -130,6 +135,11 @@ class ModelConfig:
             raise ConfigError(f"model.n_kv_heads={self.n_kv_heads} must divide model.n_heads={self.n_heads}")
         if not (self.gamma > 0 and math.isfinite(self.gamma)):
             raise ConfigError(f"model.gamma must be > 0, got {self.gamma}")
+        if not isinstance(self.init_scales, list) or not all(isinstance(v, str) for v in self.init_scales):
+            raise ConfigError(
+                f'model.init_scales must be a list of ROLE=RULE strings such as ["output=zero"], '
+                f"got {self.init_scales!r}"
+            )
         if not (self.norm_eps > 0 and math.isfinite(self.norm_eps)):
             raise ConfigError(f"model.norm_eps must be > 0 (the paper uses 1e-12), got {self.norm_eps}")
         if self.norm_eps_width < 0:
@@ -165,7 +175,18 @@ class TrainConfig:
     seed: int = _key(
         0, "seed of the initial weights and of every batch (the batch of step s depends on seed and s)"
     )
-    lr: float = _key(3e-3, "peak learning rate of AdamW")
+    optimizer: Literal["adamw", "muon"] = _key(
+        "adamw",
+        "adamw | muon (torch.optim.Muon on the 2-d hidden matrices, AdamW on embeddings, head, norms, biases, "
+        "the attention gate and tensors that are not 2-d)",
+    )
+    lr: float = _key(3e-3, "peak learning rate of AdamW (and of Muon unless train.muon_lr is set)")
+    muon_lr: float = _key(0.0, "optimizer=muon: peak learning rate of Muon's matrices; 0 → train.lr")
+    muon_adjust_lr: Literal["match_rms_adamw", "original"] = _key(
+        "match_rms_adamw",
+        "optimizer=muon: torch.optim.Muon's adjust_lr_fn: match_rms_adamw (0.2·√max(A, B): AdamW's lr "
+        "carries over) | original (√max(1, A/B), Keller Jordan's; wants a larger muon_lr)",
+    )
     min_lr_ratio: float = _key(
         0.1, "the learning rate a cosine or WSD schedule decays to, as a fraction of lr"
     )
@@ -228,6 +249,8 @@ class TrainConfig:
         _positive(self, "steps", "batch_size", "grad_accum", "eval_batches", "keep_checkpoints", "log_every")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ConfigError(f"train.lr must be > 0, got {self.lr}")
+        if not (self.muon_lr >= 0 and math.isfinite(self.muon_lr)):
+            raise ConfigError(f"train.muon_lr must be ≥ 0 (0 → train.lr), got {self.muon_lr}")
         for k in ("warmup_steps", "eval_every", "checkpoint_every", "max_skips", "threads", "seed"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"train.{k} must be ≥ 0, got {getattr(self, k)}")

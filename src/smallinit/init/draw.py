@@ -17,10 +17,11 @@ import torch
 from torch import nn
 
 from smallinit.errors import ConfigError
-from smallinit.init.branches import branch_note, renormalised_branches
+from smallinit.init.branches import StreamTrace, branch_note, trace_stream
 from smallinit.init.own import own_buffers_, own_init_, uninitialised
 from smallinit.init.partitioned import full_shape, gathered
-from smallinit.init.roles import ParamRole, named_parameters_once, resolve_roles
+from smallinit.init.roles import ParamRole, head_weights, named_parameters_once, resolve_roles
+from smallinit.init.scales import SCALE_ROLES, InitScaleError, RoleScale, parse_scales
 
 
 class MetaDeviceError(ConfigError):
@@ -59,9 +60,12 @@ def gamma_normal_(
         if tensor.dim() < 2:
             raise ConfigError(f"gamma_normal_ needs fan_in for a {tensor.dim()}-d tensor")
         fan_in = tensor.shape[-1]
+    return _normal_(tensor, gamma_std(fan_in, gamma), generator)
+
+
+def _normal_(tensor: torch.Tensor, std: float, generator: torch.Generator | None) -> torch.Tensor:
     if tensor.is_meta:
         raise MetaDeviceError("the tensor is on the meta device: nothing to draw into; materialise it first")
-    std = gamma_std(fan_in, gamma)
     if (
         tensor.dtype == torch.float32
         and tensor.device.type == "cpu"
@@ -93,6 +97,7 @@ class InitRow:
     std: float | None
     reason: str = ""  # what the parameter is (kept: why it is kept)
     kind: str = ""  # its ParamRole kind
+    role: str = ""  # drawn ones: embedding | head | output | hidden (init/scales.py), "matrix" if not traced
 
 
 @dataclass
@@ -103,15 +108,23 @@ class InitReport:
     rows: list[InitRow]
     notes: list[str] = field(default_factory=list)
     renormalised: list[str] = field(default_factory=list)  # norms whose output a branch adds to the residual
+    scales: list[str] = field(default_factory=list)  # the per-role scales applied (ROLE=RULE, init/scales.py)
+
+    @property
+    def title(self) -> str:
+        return f"γ-init, γ = {self.gamma:g}" + (
+            f", per-role scales {', '.join(self.scales)}" if self.scales else ""
+        )
 
     def __str__(self) -> str:
-        header = f"{'parameter':<48} {'shape':<18} {'rule':<6} {'d_in':>6} {'std':>10}  note"
-        lines = [f"γ-init, γ = {self.gamma:g}", header, "-" * len(header)]
+        header = f"{'parameter':<48} {'shape':<18} {'role':<9} {'rule':<6} {'d_in':>6} {'std':>10}  note"
+        lines = [self.title, header, "-" * len(header)]
         for r in self.rows:
             fan = "" if r.fan_in is None else str(r.fan_in)
             std = "" if r.std is None else f"{r.std:.4g}"
             lines.append(
-                f"{r.name:<48} {str(tuple(r.shape)):<18} {r.rule:<6} {fan:>6} {std:>10}  {r.reason}".rstrip()
+                f"{r.name:<48} {str(tuple(r.shape)):<18} {r.role:<9} {r.rule:<6} {fan:>6} {std:>10}  "
+                f"{r.reason}".rstrip()
             )
         counts = {
             rule: sum(r.rule == rule for r in self.rows) for rule in ("normal", "ones", "zeros", "kept")
@@ -130,17 +143,18 @@ class InitReport:
         """The table with the layers folded: one row per parameter of a block (blocks.*.), with its count."""
         groups: dict[tuple, int] = {}
         for r in self.rows:
-            key = (re.sub(r"\.\d+\.", ".*.", r.name), tuple(r.shape), r.rule, r.fan_in, r.std, r.reason)
+            name = re.sub(r"\.\d+\.", ".*.", r.name)
+            key = (name, tuple(r.shape), r.role, r.rule, r.fan_in, r.std, r.reason)
             groups[key] = groups.get(key, 0) + 1
-        header = f"{'parameter':<40} {'count':>5} {'shape':<18} {'rule':<6} {'d_in':>6} {'std':>10}  note"
+        header = f"{'parameter':<40} {'count':>5} {'shape':<18} {'role':<9} {'rule':<6} {'d_in':>6} {'std':>10}  note"
         lines = [
-            f"γ-init, γ = {self.gamma:g} ({len(self.rows)} parameters; --layers lists each)",
+            f"{self.title} ({len(self.rows)} parameters; --layers lists each)",
             header,
             "-" * len(header),
         ]
-        for (name, shape, rule, fan, std, reason), n in groups.items():
+        for (name, shape, role, rule, fan, std, reason), n in groups.items():
             lines.append(
-                f"{name:<40} {n:>5} {str(shape):<18} {rule:<6} {'' if fan is None else fan:>6} "
+                f"{name:<40} {n:>5} {str(shape):<18} {role:<9} {rule:<6} {'' if fan is None else fan:>6} "
                 f"{'' if std is None else f'{std:.4g}':>10}  {reason}".rstrip()
             )
         return "\n".join(lines + self.notes)
@@ -201,18 +215,28 @@ def _describe(role: ParamRole) -> str:
 
 
 def init_plan(
-    module: nn.Module, gamma: float = 1.0, *, example_inputs=None, roles: dict[str, ParamRole] | None = None
+    module: nn.Module,
+    gamma: float = 1.0,
+    *,
+    example_inputs=None,
+    roles: dict[str, ParamRole] | None = None,
+    scales=None,
 ) -> InitReport:
     """What ``gamma_init_`` would set, without touching a parameter (works on the meta device)."""
     _check_gamma(gamma)
+    by_role = parse_scales(scales)
     notes: list[str] = []
     if roles is None:
         roles, notes = resolve_roles(module, example_inputs)
+    trace = trace_stream(module, example_inputs)
+    heads = head_weights(module)
     rows: list[InitRow] = []
     for name, _, _, p in named_parameters_once(module):
         role = roles.get(name) or ParamRole("unknown", reason="no role given")
         rule, fan, std = _rule(role, gamma)
-        rows.append(InitRow(name, tuple(full_shape(p)), rule, fan, std, _describe(role), role.kind))
+        row = InitRow(name, tuple(full_shape(p)), rule, fan, std, _describe(role), role.kind)
+        rows.append(_scaled(row, _scale_role(row, id(p) in heads, trace), by_role, gamma, trace))
+    _check_scales(by_role, rows, trace)
     unknown = [
         r for r in rows if r.rule == "kept" and roles.get(r.name, ParamRole("unknown")).kind == "unknown"
     ]
@@ -221,10 +245,75 @@ def init_plan(
             f"warning: {len(unknown)} parameters kept because their role is not established "
             f"(first: {unknown[0].name}: {unknown[0].reason})"
         )
-    renormalised = renormalised_branches(module, example_inputs) or []
+    renormalised = trace.renormalised if trace is not None else []
     if renormalised:  # the rule's balance of the residual stream does not hold there: say so
         notes.append(branch_note(renormalised))
-    return InitReport(gamma=gamma, rows=rows, notes=notes, renormalised=renormalised)
+    return InitReport(
+        gamma=gamma,
+        rows=rows,
+        notes=notes,
+        renormalised=renormalised,
+        scales=[str(s) for s in by_role.values()],
+    )
+
+
+def _scale_role(row: InitRow, head: bool, trace: StreamTrace | None) -> str:
+    """The row's role for per-role scales (init/scales.py); "matrix" where no forward told output from hidden."""
+    if row.kind == "embedding":
+        return "embedding"
+    if row.kind != "matrix":
+        return ""
+    if head:
+        return "head"
+    if trace is None:
+        return "matrix"
+    return "output" if row.name in trace.writers else "hidden"
+
+
+def _scaled(
+    row: InitRow, role: str, by_role: dict[str, RoleScale], gamma: float, trace: StreamTrace | None
+) -> InitRow:
+    scale = by_role.get(role)
+    if scale is None:
+        return replace(row, role=role)
+    std = scale.std(row.fan_in, gamma, trace.additions if trace is not None else 0)
+    note = f"{scale}" + (f" (÷√{trace.additions})" if scale.rule == "depth" and trace is not None else "")
+    reason = f"{row.reason}; {note}" if row.reason else note
+    if std == 0:
+        return replace(row, role=role, rule="zeros", std=None, reason=reason)
+    return replace(row, role=role, std=std, reason=reason)
+
+
+def _check_scales(by_role: dict[str, RoleScale], rows: list[InitRow], trace: StreamTrace | None) -> None:
+    """Each scale's role must name some drawn parameter: one line saying which roles there are."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        if r.role:
+            counts[r.role] = counts.get(r.role, 0) + 1
+    for role, scale in by_role.items():
+        if counts.get(role):
+            continue
+        if role in ("output", "hidden") and trace is None:
+            raise InitScaleError(
+                f"init scale {scale}: telling output projections from hidden matrices needs one forward of the "
+                "model, and none ran (no example_inputs given, or the forward failed on this device); pass "
+                "example_inputs of a forward that runs"
+            )
+        here = ", ".join(f"{n} {r}" for r, n in counts.items()) or "none"
+        why = " (the head is tied to the embedding: scale embedding)" if role == "head" else ""
+        raise InitScaleError(
+            f"init scale {scale}: no parameter has role {role}{why}; this model's roles: {here} "
+            f"(of {', '.join(SCALE_ROLES)})"
+        )
+    if (
+        trace is not None
+        and "output" in by_role
+        and by_role["output"].rule == "depth"
+        and not trace.additions
+    ):
+        raise InitScaleError(
+            f"init scale {by_role['output']}: the forward made no residual addition to count"
+        )
 
 
 def _own_init(module: nn.Module, report: InitReport, generator: torch.Generator | None) -> None:
@@ -272,6 +361,7 @@ def gamma_init_(
     generator: torch.Generator | None = None,
     example_inputs=None,
     roles: dict[str, ParamRole] | None = None,
+    scales=None,
 ) -> InitReport:
     """Apply the γ rule to every parameter of ``module`` (ours or any other nn.Module) and report it.
 
@@ -281,11 +371,14 @@ def gamma_init_(
     so a seeded ``generator`` gives the same weights on every run and every parallel layout. A model on
     the meta device is refused (``init_plan`` shows what would be set); after ``to_empty``, what is kept but
     its architecture never initialised gets the architecture's own init first (``own``).
+
+    ``scales`` overrides the rule by role (init/scales.py): ``{"embedding": "std:1", "output": "zero"}`` or
+    ``["output=depth", "head=gamma:0.5"]``; the report shows each parameter's role and σ.
     """
     _check_gamma(gamma)
     _check_materialised(module)
     ties = _restore_ties(module)
-    report = init_plan(module, gamma, example_inputs=example_inputs, roles=roles)
+    report = init_plan(module, gamma, example_inputs=example_inputs, roles=roles, scales=scales)
     _own_init(module, report, generator)
     params = {name: p for name, _, _, p in named_parameters_once(module)}
     for row in report.rows:
@@ -296,7 +389,10 @@ def gamma_init_(
         # every rank draws the same numbers, so the generators stay in step
         with gathered([p], modifier_rank=0):
             if row.rule == "normal":
-                gamma_normal_(p, gamma, row.fan_in, generator=generator)
+                _normal_(p, row.std, generator)
+                owner = module.get_submodule(row.name.rpartition(".")[0])
+                if getattr(owner, "undrawn", None):  # an attention gate added on meta waits for no other draw
+                    owner.undrawn = None
             else:
                 _fill_(p, 1.0 if row.rule == "ones" else 0.0)
     report.notes[:0] = ties

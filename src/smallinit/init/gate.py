@@ -59,8 +59,18 @@ class AttentionGate(nn.Linear):
         super().__init__(d_model, out, bias=False, device=device, dtype=dtype)
         self.kind, self.n_heads, self.head_dim = kind, n_heads, head_dim
         self._x: torch.Tensor | None = None
+        # created on the meta device: drawn when its block's own init runs (_DeferredDraws), by gamma_init_, or
+        # loaded; until then its memory is whatever to_empty left, and a forward is refused
+        self.undrawn: str | None = None
+        self._register_load_state_dict_pre_hook(self._loaded)
+
+    def _loaded(self, state_dict, prefix, *_args) -> None:
+        if f"{prefix}weight" in state_dict:
+            self.undrawn = None
 
     def keep_input(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if self.undrawn is not None:
+            raise GateError(self.undrawn)
         self._x = args[0] if args else next(iter(kwargs.values()))
 
     def gate_input(self, module: nn.Module, args: tuple, kwargs: dict):
@@ -79,6 +89,52 @@ class AttentionGate(nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, kind={self.kind}"
+
+
+INITS = ("init_states", "init_weights", "reset_parameters")  # a block's own init (torchtitan's first)
+
+
+class _DeferredDraws:
+    """The gates created on the meta device, drawn in block order from one copy of the generator (the
+    numbers an add on materialised weights draws) when each block's own init runs after ``to_empty``: its
+    ``init_states`` (torchtitan's ``init_weights()`` calls each block's), ``init_weights`` or
+    ``reset_parameters``, wrapped on the block. A block with none of them leaves its gate to gamma_init_."""
+
+    def __init__(self, gamma: float, generator: torch.Generator | None):
+        self.gamma, self.gates = gamma, []
+        self.generator = torch.Generator()
+        self.generator.set_state((generator or torch.default_generator).get_state())
+
+    def add(self, name: str, block: nn.Module, gate: AttentionGate) -> None:
+        self.gates.append(gate)
+        init = next((m for m in INITS if callable(getattr(block, m, None))), None)
+        how = f"{name}.{init}() runs" if init else "gamma_init_ draws it"
+        gate.undrawn = (
+            f"the attention gate {name}.{GATE} was added on the meta device and is not drawn yet (its memory is "
+            f"what to_empty left): it is drawn when {how} after to_empty, or call gamma_init_ on the model"
+        )
+        if init is not None:
+            setattr(block, init, _ThenDraw(getattr(type(block), init), block, self, gate))
+
+    def draw(self, upto: AttentionGate) -> None:
+        """Draw every gate up to ``upto`` not drawn yet, in order, so the numbers follow the blocks' order."""
+        for gate in self.gates[: self.gates.index(upto) + 1]:
+            if gate.undrawn is not None and not gate.weight.is_meta:
+                with torch.no_grad():
+                    gamma_normal_(gate.weight, self.gamma, gate.in_features, generator=self.generator)
+                gate.undrawn = None
+
+
+class _ThenDraw:
+    """A block's own init method, followed by the draw of its gate (an object, so deepcopy keeps it bound)."""
+
+    def __init__(self, method, block: nn.Module, draws: _DeferredDraws, gate: AttentionGate):
+        self.method, self.block, self.draws, self.gate = method, block, draws, gate
+
+    def __call__(self, *args, **kwargs):
+        out = self.method(self.block, *args, **kwargs)
+        self.draws.draw(self.gate)
+        return out
 
 
 @dataclass
@@ -273,6 +329,7 @@ def gate_attention_(
             f"{type(model).__name__} has no softmax attention with a query and an output projection "
             f"({', '.join(QUERY[:3])}… and {', '.join(OUTPUT[:3])}…): nothing to gate"
         )
+    deferred = _DeferredDraws(gamma, generator)
     for name, (q, o) in found.items():
         attn = model.get_submodule(name)
         d_model, n_heads, head_dim = layout[name]
@@ -280,6 +337,8 @@ def gate_attention_(
         gate = AttentionGate(d_model, n_heads, head_dim, kind, device=ref.device, dtype=ref.dtype)
         if not ref.is_meta:
             gamma_normal_(gate.weight, gamma, d_model, generator=generator)
+        elif blocks is None:  # a saved model's blocks are rebuilt to be loaded; any other gate is drawn later
+            deferred.add(name, attn, gate)
         attn.register_module(GATE, gate)
         getattr(attn, q).register_forward_pre_hook(gate.keep_input, with_kwargs=True)
         getattr(attn, o).register_forward_pre_hook(gate.gate_input, with_kwargs=True)

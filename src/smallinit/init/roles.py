@@ -90,6 +90,14 @@ def as_out_in(tensor: torch.Tensor, role: ParamRole) -> torch.Tensor:
     return moved.flatten(len(rest)) if role.kernel_dims else moved
 
 
+def head_weights(model: nn.Module) -> set[int]:
+    """The id of the output head's weight: a Hugging Face model's output embeddings, or an ``lm_head``'s."""
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else getattr(model, "lm_head", None)
+    w = getattr(head, "weight", None)
+    return {id(w)} if isinstance(w, torch.Tensor) else set()
+
+
 def is_norm(module: nn.Module) -> bool:
     """Norm layers of any library (ours, torch, Hugging Face) by class name: RMSNorm, LayerNorm, ..."""
     return "norm" in type(module).__name__.lower()

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from smallinit.init.partitioned import gathered
 from smallinit.init.roles import ParamRole, named_parameters_once, param_roles
 
 ONE_GAMMA = (
@@ -64,12 +65,14 @@ def measure_gamma(module: nn.Module, roles: dict[str, ParamRole] | None = None) 
         role = roles.get(name)
         if role is None or not role.drawn:
             continue
-        w = p.full_tensor() if hasattr(p, "full_tensor") else p
-        if w.numel() < 2 or w.is_meta:
-            not_read[name] = "not materialised here (meta, or partitioned away)"
+        with gathered([p]):  # a ZeRO-3 partitioned matrix is whole inside, one at a time
+            w = p.full_tensor() if hasattr(p, "full_tensor") else p
+            std = float(w.float().std()) if w.numel() >= 2 and not w.is_meta else None
+        if std is None:
+            not_read[name] = "not materialised here (meta)"
         elif role.fan_in is None or role.fan_in < 2:
             not_read[name] = f"d_in {role.fan_in}: γ is not defined"
-        elif (std := float(w.float().std())) <= 0 or not math.isfinite(std):
+        elif std <= 0 or not math.isfinite(std):
             not_read[name] = f"std {std:g}: no γ"
         else:
             gammas[name] = -math.log(std) / math.log(role.fan_in)

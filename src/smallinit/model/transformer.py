@@ -94,7 +94,14 @@ class Transformer(nn.Module):
         c = self.config
         if c.tie_embeddings:  # to_empty gives each name its own storage
             self.lm_head.weight = self.embed.weight
-        report = gamma_init_(self, c.gamma, generator=torch.Generator().manual_seed(seed))
+        report = gamma_init_(
+            self,
+            c.gamma,
+            generator=torch.Generator().manual_seed(seed),
+            scales=c.init_scales,
+            # per-role scales tell the output projections by one forward
+            example_inputs=self.example_inputs() if c.init_scales else None,
+        )
         with torch.no_grad():
             cos, sin = rope_tables(c.head_dim, c.max_seq_len, c.rope_theta)
             self.rope_cos.copy_(cos)
@@ -103,6 +110,10 @@ class Transformer(nn.Module):
                 if isinstance(mod, MoE):
                     mod.reset_stats()
         return report
+
+    def example_inputs(self) -> torch.Tensor:
+        """Two tokens on the model's device: enough for one forward that shows how the parameters are used."""
+        return torch.zeros(1, 2, dtype=torch.long, device=self.embed.weight.device)
 
     def forward(
         self,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import logging
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -116,13 +117,14 @@ class Monitor:
         self.module = self.adapter.module
         self.writes = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
         self.tokens, self.targets = self._held_out(batch, data)
-        if isinstance(self.adapter, TracedAdapter):
-            # a forward that cannot run says so now, and the parts of fused matrices become known
-            with torch.no_grad(), _eval_mode(self.module):
-                self.adapter.observe(self.tokens[:1], kinds=("attention",))
-        example = getattr(self.adapter, "example_inputs", None)  # the forward γ-init's trace runs
-        # fixed in training
-        self.roles = param_roles(self.module, example(self.tokens[:1]) if example else None)
+        with _eval_mode(self.module):
+            if isinstance(self.adapter, TracedAdapter):
+                # a forward that cannot run says so now, and the parts of fused matrices become known
+                with torch.no_grad():
+                    self.adapter.observe(self.tokens[:1], kinds=("attention",))
+            example = getattr(self.adapter, "example_inputs", None)  # the forward γ-init's trace runs
+            # fixed in training
+            self.roles = param_roles(self.module, example(self.tokens[:1]) if example else None)
         # a ZeRO-3 partitioned matrix is a (0,) slice on each rank: whole while its names are listed
         with gathered(p for n, p in self.module.named_parameters() if self.roles[n].drawn):
             self.matrices = self._chosen("matrices", fields, cfg, cfg_given)
@@ -280,7 +282,7 @@ class Monitor:
         """Every measurement at ``step``, recorded whether or not it is due."""
         with _eval_mode(self.module):
             acts = measure_activations(self.adapter, self.tokens, self.targets)
-            mats = self._gathered()
+        mats = self._gathered()  # once FSDP2's sharded parameters are registered again
         rec = AnalysisRecord(
             **vars(acts),
             step=step,
@@ -449,10 +451,15 @@ def _params_nonembed(module: nn.Module) -> int:
 
 
 def _unwrapped(model: Any) -> Any:
-    """The model inside a DDP / DataParallel wrapper (its forward would sync buffers across ranks)."""
-    return (
-        model.module if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)) else model
-    )
+    """The model inside a DDP / DataParallel wrapper (its forward would sync buffers across ranks) or Lightning
+    Fabric's (``fabric.setup``: its forward moves and casts the inputs, and its names are prefixed)."""
+    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        return model.module
+    for where in ("lightning.fabric.wrappers", "lightning_fabric.wrappers"):  # loaded where Fabric made it
+        wrappers = sys.modules.get(where)
+        if wrappers is not None and isinstance(model, wrappers._FabricModule):
+            return _unwrapped(model.module)
+    return model
 
 
 def _context(module: nn.Module) -> int | None:
@@ -507,6 +514,10 @@ def _first_rows(data: Iterable, n: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class _eval_mode:
+    """The model in eval mode inside, and afterwards as it was: its mode, and under FSDP2 its sharded
+    parameters registered again. A forward without a backward leaves FSDP2's root holding the unsharded ones
+    (it reshards after the backward), which an optimizer built next would update as copies."""
+
     def __init__(self, module: nn.Module):
         self.module, self.was_training = module, module.training
 
@@ -515,3 +526,7 @@ class _eval_mode:
 
     def __exit__(self, *exc: Any) -> None:
         self.module.train(self.was_training)
+        fsdp = sys.modules.get("torch.distributed.fsdp")  # none to reshard before fully_shard imports it
+        for m in self.module.modules() if fsdp is not None else ():
+            if isinstance(m, fsdp.FSDPModule):
+                m.reshard()

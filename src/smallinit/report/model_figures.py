@@ -117,7 +117,7 @@ def coordcheck_figure(cc: CoordCheck) -> Figure:
     ax.set_yscale("log")
     ax.set_xlabel("γ")
     ax.set_ylabel("RMS(ΔW) / RMS(W) after step 1")
-    ax.set_title("relative updates")
+    ax.set_title(f"relative updates, {cc.optimizer}")
     legend_right(ax, title="matrix", title_fontsize=SMALL)
     ax.grid(alpha=0.3)
     return fig

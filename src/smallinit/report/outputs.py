@@ -19,7 +19,7 @@ def render_coordchecks(checks: list[tuple[str, CoordCheck]]) -> list[str]:
         parts += [
             h2("Coordinate check over γ"),
             note(
-                f"{name}: fresh models per γ, {cc.steps} AdamW steps; activation RMS per layer and the relative "
+                f"{name}: fresh models per γ, {cc.steps} {cc.optimizer} steps; activation RMS per layer and the relative "
                 "size of the first update. A layer whose scale moves with γ here is one the init decides."
             ),
             img(model_figures.coordcheck_figure(cc), "coordinate check"),

@@ -13,6 +13,7 @@ from smallinit.config import AnalysisConfig
 from smallinit.errors import ConfigError
 from smallinit.monitor import Monitor
 from smallinit.train.checkpoint import kept
+from smallinit.train.optim import describe_split
 
 if TYPE_CHECKING:
     from smallinit.train.trainer import Trainer
@@ -93,6 +94,8 @@ def banner(trainer: Trainer) -> list[str]:
         f"device: {trainer.runtime.device}, {precision}, {torch.get_num_threads()} threads, "
         f"{trainer.runtime.world_size} process{'es' if trainer.runtime.world_size > 1 else ''}{layout}",
     ]
+    if cfg.train.optimizer != "adamw":
+        lines.append(describe_split(trainer.split))
     if trainer.init_source is not None and trainer.restored is None:
         lines.append(
             f"weights from {trainer.init_source.path} (its step {trainer.init_source.step}); "

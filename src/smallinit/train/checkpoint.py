@@ -45,6 +45,7 @@ CKPT_DIR = "checkpoints"
 TENSOR_FILES = ("model.safetensors", "optim.safetensors")
 SHARDS = "shards"
 ADAM_STATE = ("exp_avg", "exp_avg_sq", "step")
+MUON_STATE = ("momentum_buffer",)  # torch.optim.Muon's, under train.optimizer = "muon"
 
 
 @dataclass
@@ -271,13 +272,25 @@ def split_aliases(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Ten
     return unique, aliases
 
 
-def optimizer_tensors(optimizer: torch.optim.Optimizer, names: dict[int, str]) -> dict[str, torch.Tensor]:
-    """AdamW state keyed by parameter name: ``{name}.exp_avg``, ``{name}.exp_avg_sq``, ``{name}.step``."""
+def optimizer_tensors(optimizer, names: dict[int, str]) -> dict[str, torch.Tensor]:
+    """Optimizer state keyed by parameter name: AdamW's ``{name}.exp_avg``, ``{name}.exp_avg_sq``,
+    ``{name}.step``, Muon's ``{name}.momentum_buffer``."""
     out = {}
     for p, st in optimizer.state.items():
         for k, v in st.items():
             out[f"{names[id(p)]}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
     return out
+
+
+def held_state(optimizer, names: dict[int, str]) -> dict[str, tuple[str, ...]]:
+    """The state each parameter's optimizer keeps, by parameter name (an AdamW, or MuonAdamW's two)."""
+    parts = (optimizer,) if isinstance(optimizer, torch.optim.Optimizer) else tuple(optimizer)
+    return {
+        names[id(p)]: MUON_STATE if isinstance(opt, torch.optim.Muon) else ADAM_STATE
+        for opt in parts
+        for g in opt.param_groups
+        for p in g["params"]
+    }
 
 
 Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]  # tensor name → (global shape, dtype)
@@ -298,28 +311,33 @@ def check_model_tensors(tensors: dict[str, torch.Tensor], spec: Spec, source: Pa
 
 
 def check_optimizer_tensors(
-    tensors: dict[str, torch.Tensor], params: Spec
+    tensors: dict[str, torch.Tensor], params: Spec, held: dict[str, tuple[str, ...]] | None = None
 ) -> dict[str, dict[str, torch.Tensor]]:
-    """AdamW state grouped by parameter name; a parameter has all of its state or none (an expert that never
-    got a gradient), with its parameter's shape and dtype and a single fp32 step count."""
+    """Optimizer state grouped by parameter name; a parameter has all of its state or none (an expert that
+    never got a gradient): ``held`` names the state its optimizer keeps (AdamW's, unless it says Muon's),
+    with its parameter's shape and dtype and, for AdamW, a single fp32 step count."""
     state: dict[str, dict[str, torch.Tensor]] = {}
     for key, t in tensors.items():
         name, _, k = key.rpartition(".")
-        if name not in params or k not in ADAM_STATE:
+        if name not in params or k not in (held or {}).get(name, ADAM_STATE):
             raise CheckpointError(
                 f"optimizer state {key} matches no parameter: the checkpoint is from another model"
+                + (" or another train.optimizer" if name in params and k in ADAM_STATE + MUON_STATE else "")
             )
         state.setdefault(name, {})[k] = t
     for name, st in state.items():
-        missing = [k for k in ADAM_STATE if k not in st]
+        keys = (held or {}).get(name, ADAM_STATE)
+        missing = [k for k in keys if k not in st]
         if missing:
             raise CheckpointError(
                 f"optimizer state {name}.{missing[0]} is missing: the checkpoint is incomplete"
             )
         shape, dtype = params[name]
-        _check_tensor(f"optimizer state {name}.step", st["step"], (), torch.float32, "AdamW keeps")
-        for k in ("exp_avg", "exp_avg_sq"):
-            _check_tensor(f"optimizer state {name}.{k}", st[k], shape, dtype, "the model has")
+        if "step" in keys:
+            _check_tensor(f"optimizer state {name}.step", st["step"], (), torch.float32, "AdamW keeps")
+        for k in keys:
+            if k != "step":
+                _check_tensor(f"optimizer state {name}.{k}", st[k], shape, dtype, "the model has")
     return state
 
 
@@ -338,17 +356,19 @@ def _check_tensor(
         )
 
 
-def load_optimizer_tensors(
-    optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], names: dict[int, str]
-) -> None:
-    """Restore AdamW state (see check_optimizer_tensors) through PyTorch's own ``load_state_dict``, which
+def load_optimizer_tensors(optimizer, tensors: dict[str, torch.Tensor], names: dict[int, str]) -> None:
+    """Restore optimizer state (see check_optimizer_tensors) through PyTorch's own ``load_state_dict``, which
     places each tensor as the optimizer needs it (the fused and capturable kernels read ``step`` on the
     parameter's device)."""
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    state = check_optimizer_tensors(tensors, {names[id(p)]: (tuple(p.shape), p.dtype) for p in params})
-    saved = optimizer.state_dict()  # the param groups, with parameters numbered in this order
-    saved["state"] = {i: state[names[id(p)]] for i, p in enumerate(params) if names[id(p)] in state}
-    optimizer.load_state_dict(saved)
+    parts = (optimizer,) if isinstance(optimizer, torch.optim.Optimizer) else tuple(optimizer)
+    params = [p for opt in parts for g in opt.param_groups for p in g["params"]]
+    spec = {names[id(p)]: (tuple(p.shape), p.dtype) for p in params}
+    state = check_optimizer_tensors(tensors, spec, held_state(optimizer, names))
+    for opt in parts:
+        mine = [p for g in opt.param_groups for p in g["params"]]
+        saved = opt.state_dict()  # the param groups, with parameters numbered in this order
+        saved["state"] = {i: state[names[id(p)]] for i, p in enumerate(mine) if names[id(p)] in state}
+        opt.load_state_dict(saved)
 
 
 def read_tensors(
@@ -382,9 +402,9 @@ def stored_spec(reader) -> dict[str, Any]:
 
 
 def is_optimizer_key(key: str, keys) -> bool:
-    """Whether ``key`` names AdamW state (``{name}.exp_avg``, ...) of a parameter among ``keys``."""
+    """Whether ``key`` names optimizer state (``{name}.exp_avg``, ...) of a parameter among ``keys``."""
     name, _, k = key.rpartition(".")
-    return k in ADAM_STATE and name in keys
+    return k in ADAM_STATE + MUON_STATE and name in keys
 
 
 def model_digest(found: Checkpoint) -> str:
@@ -395,10 +415,8 @@ def model_digest(found: Checkpoint) -> str:
     return hashlib.sha256(sums.encode()).hexdigest()
 
 
-def load_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, names: dict[int, str], found: Checkpoint
-) -> None:
-    """Model and AdamW state from a checkpoint of any layout, in one process (a distributed run: sharded.py)."""
+def load_state(model: torch.nn.Module, optimizer, names: dict[int, str], found: Checkpoint) -> None:
+    """Model and optimizer state from a checkpoint of any layout, in one process (a distributed run: sharded.py)."""
     tensors, optim = read_tensors(found)
     load_weights(model, found, tensors)
     load_optimizer_tensors(optimizer, optim, names)

@@ -11,7 +11,8 @@ Checkpoints are written and read by every rank, each its own shards (train/shard
 name, so a run saved on N ranks resumes on M. Apart from the shards, only rank 0 touches the run folder;
 what it finds (a checkpoint, or a user error) is broadcast, so every rank continues or fails with the same
 one-line error. A crashed rank ends the job: torchrun stops the others when one exits, and collectives time
-out after ``train.dist_timeout`` seconds.
+out after ``train.dist_timeout`` seconds. A killed launcher ends it too: each worker notices that its parent
+is gone and stops as if torchrun had sent SIGTERM (signals.stop_with_parent).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from torch import nn
 
 from smallinit.config import TrainConfig
 from smallinit.errors import ConfigError, SmallinitError
+from smallinit.signals import stop_with_parent
 
 T = TypeVar("T")
 
@@ -62,7 +64,11 @@ class Runtime:
         One process (no torchrun, or ``--nproc_per_node 1``) trains locally and ignores ``train.parallel``.
         Otherwise the layout is checked first (the same check, so the same error, on every rank), then the
         process group is created: NCCL with one GPU per process (cuda:LOCAL_RANK), or gloo on CPUs.
+        A torchrun worker stops when its launcher dies, even by SIGKILL: it checkpoints the step in flight
+        and exits, within the grace torchrun itself gives its workers (TORCH_ELASTIC_SHUTDOWN_TIMEOUT).
         """
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # set by torchrun for its workers
+            stop_with_parent(float(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")))
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         if world_size <= 1:
             return Runtime.local(train.device)

@@ -1,14 +1,25 @@
-"""AdamW with decoupled weight decay, and the learning-rate schedules."""
+"""The optimizers (AdamW with decoupled weight decay, or Muon beside AdamW) and the learning-rate schedules.
+
+``train.optimizer = "muon"`` splits the parameters as nanochat and modded-nanogpt do: torch's own
+``torch.optim.Muon`` on the 2-d hidden matrices, AdamW on the embedding, the output head, norms, biases and the
+attention gate W_θ (one logit per gated channel or head: a bank of gate vectors, not a map into the hidden
+space). torch's Muon takes 2-d tensors only, so 3-d tensors (an MoE layer's fused experts) stay with AdamW;
+the split says so for each.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 from smallinit.config import TrainConfig
+from smallinit.errors import ConfigError
 from smallinit.init import is_norm
+from smallinit.init.gate import GATE
+from smallinit.init.roles import head_weights
 
 
 def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
@@ -27,18 +38,130 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
     ]
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+MUON = "muon"
+OPTIMIZER_FILE = "optimizer.json"  # in a run folder: optimizer_split, parameter name → "muon" | "adamw: why"
+
+
+def optimizer_split(model: nn.Module, cfg: TrainConfig) -> dict[str, str]:
+    """Which optimizer holds each trained parameter (tied ones once, under the first name): "muon", or
+    "adamw: WHY" (with train.optimizer = "adamw", every parameter is "adamw")."""
+    heads = head_weights(model)
+    split: dict[str, str] = {}
+    seen: set[int] = set()
+    for mname, mod in model.named_modules():
+        for pname, p in mod.named_parameters(recurse=False):
+            if id(p) in seen or not p.requires_grad:
+                continue
+            seen.add(id(p))
+            name = f"{mname}.{pname}" if mname else pname
+            split[name] = "adamw" if cfg.optimizer == "adamw" else _muon_or_why(mod, mname, p, heads)
+    return split
+
+
+def _muon_or_why(mod: nn.Module, mname: str, p: torch.Tensor, heads: set[int]) -> str:
+    if isinstance(mod, nn.Embedding):
+        return "adamw: embedding"
+    if id(p) in heads:
+        return "adamw: output head"
+    if is_norm(mod):
+        return "adamw: norm"
+    if p.dim() < 2:
+        return "adamw: bias" if p.dim() == 1 else "adamw: scalar"
+    if mname.rpartition(".")[2] == GATE:
+        return "adamw: attention gate"
+    if p.dim() > 2:
+        return f"adamw: {p.dim()}-d (torch.optim.Muon takes 2-d matrices only)"
+    return MUON
+
+
+def describe_split(split: dict[str, str]) -> str:
+    """The split in one line: how many tensors Muon holds, and AdamW's by reason."""
+    why: dict[str, int] = {}
+    for v in split.values():
+        if v != MUON:
+            reason = v.partition(": ")[2]
+            why[reason] = why.get(reason, 0) + 1
+    rest = ", ".join(f"{n} {w}" for w, n in why.items())
+    muon = len(split) - sum(why.values())
+    return (
+        f"optimizer: Muon on {muon} hidden matrices, AdamW on {sum(why.values())} ({rest}); {OPTIMIZER_FILE}"
+    )
+
+
+class MuonAdamW:
+    """torch.optim.Muon on the hidden matrices and AdamW on the rest, stepped as one optimizer. Iterating it
+    gives the two, which is how torch.distributed.checkpoint's state-dict helpers take several optimizers."""
+
+    def __init__(self, muon: torch.optim.Muon, adamw: torch.optim.AdamW):
+        self.muon, self.adamw = muon, adamw
+
+    def __iter__(self) -> Iterator[torch.optim.Optimizer]:
+        return iter((self.muon, self.adamw))
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.muon.param_groups + self.adamw.param_groups
+
+    @property
+    def state(self) -> dict:
+        return {**self.muon.state, **self.adamw.state}
+
+    def step(self) -> None:
+        self.muon.step()
+        self.adamw.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.muon.zero_grad(set_to_none=set_to_none)
+        self.adamw.zero_grad(set_to_none=set_to_none)
+
+
+def optimizers(optimizer) -> tuple[torch.optim.Optimizer, ...]:
+    """The torch optimizers behind ``optimizer`` (an AdamW, or a MuonAdamW's two)."""
+    return (optimizer,) if isinstance(optimizer, torch.optim.Optimizer) else tuple(optimizer)
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW | MuonAdamW:
+    """AdamW over every parameter, or (train.optimizer = "muon") Muon and AdamW as ``optimizer_split`` says.
+    A Muon group's ``lr_scale`` is muon_lr / lr, which ``set_lr`` keeps through the schedule."""
+    if cfg.optimizer == "adamw":
+        return _adamw(param_groups(model, cfg), cfg)
+    split = optimizer_split(model, cfg)
+    held = {id(p) for n, p in model.named_parameters() if split.get(n) == MUON}
+    if not held:
+        raise ConfigError(
+            f"train.optimizer=muon: {type(model).__name__} has no 2-d hidden matrix for Muon to train; use adamw"
+        )
+    muon = torch.optim.Muon(
+        [p for p in model.parameters() if id(p) in held],
+        lr=cfg.muon_lr or cfg.lr,
+        weight_decay=cfg.weight_decay,
+        adjust_lr_fn=cfg.muon_adjust_lr,
+    )
+    muon.param_groups[0]["lr_scale"] = (cfg.muon_lr or cfg.lr) / cfg.lr
+    rest = [{**g, "params": [p for p in g["params"] if id(p) not in held]} for g in param_groups(model, cfg)]
+    return MuonAdamW(muon, _adamw(rest, cfg))
+
+
+def _adamw(groups: list[dict], cfg: TrainConfig) -> torch.optim.AdamW:
     # The fused kernel (one pass per tensor) exists for CPU and CUDA; on the CPU it is several times faster than
     # the foreach path (benchmarks/README.md) and agrees with it to float rounding.
-    fused = all(p.device.type in ("cpu", "cuda") for p in model.parameters())
+    fused = all(p.device.type in ("cpu", "cuda") for g in groups for p in g["params"])
     return torch.optim.AdamW(
-        param_groups(model, cfg),
+        groups,
         lr=cfg.lr,
         betas=(cfg.beta1, cfg.beta2),
         eps=cfg.adam_eps,
         fused=fused or None,
         foreach=None if fused else True,
     )
+
+
+def set_lr(optimizer, step: int, cfg: TrainConfig) -> float:
+    """Set every group's learning rate for optimizer step ``step``; returns the schedule's (AdamW's) rate."""
+    lr = lr_at(step, cfg)
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
+    return lr
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

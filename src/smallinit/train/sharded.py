@@ -66,8 +66,8 @@ def shard_writer(folder: Path):
     return ShardWriter(str(folder), save_distributed=True)
 
 
-def local_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    """This rank's model and AdamW tensors (FSDP2: DTensor shards, not copies), keyed as in a checkpoint."""
+def local_tensors(model: nn.Module, optimizer) -> dict[str, torch.Tensor]:
+    """This rank's model and optimizer tensors (FSDP2: DTensor shards, not copies), keyed as in a checkpoint."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     aliases = tied_aliases(model)
@@ -84,7 +84,7 @@ def save_sharded(
     run_dir: Path,
     step: int,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer,
     state: dict[str, Any],
     rt: Runtime,
     *,
@@ -142,12 +142,12 @@ def verify_shared(found: ckpt.Checkpoint, rt: Runtime) -> None:
 
 def load_sharded(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer,
     names: dict[int, str],
     rt: Runtime,
     found: ckpt.Checkpoint,
 ) -> None:
-    """Restore model and AdamW state on every rank from ``found`` (read with ``verify=False``; verified here)."""
+    """Restore model and optimizer state (an AdamW, or MuonAdamW's two) on every rank from ``found`` (read with ``verify=False``; verified here)."""
     from torch.distributed.checkpoint import HuggingFaceStorageReader, load
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -169,7 +169,9 @@ def load_sharded(
     weights.update({a: weights[t] for a, t in (found.state.get("aliases") or {}).items() if t in weights})
     ckpt.check_model_tensors(weights, spec, found.path)  # the same tensors on every rank: the same error
     saved = ckpt.check_optimizer_tensors(
-        {k: stored[k] for k in optim_keys}, {n: spec[n] for n in names.values()}
+        {k: stored[k] for k in optim_keys},
+        {n: spec[n] for n in names.values()},
+        ckpt.held_state(optimizer, names),
     )
 
     aliases = tied_aliases(model)

@@ -46,7 +46,14 @@ from smallinit.train.distributed import (
 from smallinit.train.loggers import metric_loggers
 from smallinit.train.memory import check_fits
 from smallinit.train.moe_log import RouterLog, has_moe
-from smallinit.train.optim import build_optimizer, lr_at, wsd_decay_start
+from smallinit.train.optim import (
+    OPTIMIZER_FILE,
+    build_optimizer,
+    lr_at,
+    optimizer_split,
+    set_lr,
+    wsd_decay_start,
+)
 from smallinit.train.sharded import load_sharded, save_sharded
 
 log = logging.getLogger("smallinit")
@@ -136,8 +143,11 @@ class Trainer:
         self.engine: torch.nn.Module = parallelize(self.model, self.runtime, tc)
         self.optimizer = build_optimizer(self.model, tc)
         self.names = {id(p): n for n, p in self.model.named_parameters()}
+        self.split = optimizer_split(self.model, tc)  # the banner shows it
         if not resume and self.runtime.is_main:  # written only once the inputs and the model proved usable
             io.write_json_atomic(self.run_dir / "config.json", self.cfg.to_dict())  # nothing to keep yet
+            # which optimizer holds each parameter: config.json holds the config alone, so it lies beside it
+            io.write_json_atomic(self.run_dir / OPTIMIZER_FILE, self.split)
         self.step, self.skipped = 0, 0
         if resume:
             self._restore()
@@ -320,9 +330,7 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         """One optimizer step over the global batch of this step; returns its record."""
         tc, d, rt = self.cfg.train, self.cfg.data, self.runtime
-        lr = lr_at(self.step, tc)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        lr = set_lr(self.optimizer, self.step, tc)
         x, y = self.data.batch(
             tc.batch_size, d.seq_len, tc.seed, self.step, rank=rt.rank, world_size=rt.world_size
         )

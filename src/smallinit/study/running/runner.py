@@ -33,7 +33,7 @@ from smallinit.errors import ExperimentError, Preempted
 from smallinit.io import lock_exclusive, read_json, write_json_atomic
 from smallinit.model import Transformer
 from smallinit.monitor.metrics import read_metrics
-from smallinit.signals import stop_requests
+from smallinit.signals import stop_requests, term_on_parent_death
 from smallinit.study.running.packing import (
     available_cores,
     compile_cache_env,
@@ -92,16 +92,6 @@ def _folder_lock(sweep_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
-
-
-def _die_with_parent() -> None:
-    """In the cell process: get SIGTERM (checkpoint, exit 75) when the runner dies, even by SIGKILL."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: a killed runner leaves its cells running; the re-run waits for them
 
 
 def _alive_cell_process(pid: int | None, run_dir: Path) -> bool:
@@ -297,7 +287,7 @@ class SweepRunner:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            preexec_fn=term_on_parent_death if sys.platform.startswith("linux") else None,
         )
         state.update(
             status="running", pid=proc.pid, attempts=state["attempts"] + 1, error=None, started=time.time()
