@@ -101,7 +101,7 @@ def render_condensation(s: CondensationSection) -> list[str]:
     if s.panels:
         parts.append(
             img(
-                figures.condensation_figure(s.panels, s.legend_title),
+                figures.courses_figure(s.panels, figures.CONDENSATION, s.legend_title),
                 "stable rank and mean cos over training",
             )
         )

@@ -69,7 +69,10 @@ def render_outliers(s: OutliersSection) -> list[str]:
     ]
     if s.panels:
         parts.append(
-            img(figures.outliers_figure(s.panels, s.legend_title), "attention logits, massive activations")
+            img(
+                figures.courses_figure(s.panels, figures.OUTLIERS, s.legend_title),
+                "attention logits, massive activations",
+            )
         )
     parts.append(
         table(["model", "step", "largest logit", "max |h| / median |h|", "massive dimensions"], s.rows)
