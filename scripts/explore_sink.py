@@ -17,8 +17,9 @@ from pathlib import Path
 
 from smallinit.config import Config, parse_override, set_dotted
 from smallinit.data.sink import SinkData, SinkTask
+from smallinit.measures.sink import uniform_sink
 from smallinit.monitor.metrics import read_metrics
-from smallinit.study.judging.claims import uniform_sink
+from smallinit.monitor.records import AnalysisRecord, parse_record
 from smallinit.train import AnalysisCallback, Trainer
 from smallinit.train.callbacks import Progress
 
@@ -102,9 +103,13 @@ def main() -> None:
         data.val_symbols(cfg.data.seq_len)[: cfg.train.eval_batches * cfg.train.batch_size]
     )
     along = [
-        {"step": r["step"], "sink": [round(v, 4) for v in r["sink"].values()], "sink_share": r["sink_share"]}
-        for r in recs
-        if r.get("event") == "analysis"
+        {
+            "step": a.step,
+            "sink": [round(v, 4) for v in a.sink.per_layer],
+            "sink_share": {str(eps): v for eps, v in a.sink.share_above.items()},
+        }
+        for a in map(parse_record, recs)
+        if isinstance(a, AnalysisRecord) and a.sink
     ]
     evals = [(r["step"], round(r["val_loss"], 4)) for r in recs if "val_loss" in r]
     row = {

@@ -22,10 +22,10 @@ from pathlib import Path
 
 from smallinit.analysis import AnalysisCallback
 from smallinit.analysis.saturation import SATURATED, steps_to_unsaturate
+from smallinit.monitor.runs import Run
 from smallinit.study.judging.emulation import emulation, paper_scale_config, paper_scale_share
 from smallinit.study.planning.recipes import apply_budget, load_recipe
 from smallinit.study.running import resolve_config
-from smallinit.study.running.runs import Run
 from smallinit.train import Trainer
 
 

@@ -26,11 +26,10 @@ import transformers
 from smallinit.data import load_tokenizer
 from smallinit.data.sink import SinkData, SinkTask
 from smallinit.integrations.hf import model_init, watch
-from smallinit.measures.sink import uniform_sink
+from smallinit.measures.sink import SINK_RATIO, sink_threshold, uniform_sink
 from smallinit.monitor.metrics import read_metrics
 from smallinit.monitor.records import AnalysisRecord
 from smallinit.study.judging.claims.comparison import Comparison
-from smallinit.study.judging.power import SINK_RATIO, sink_threshold
 
 SEQ, BATCH = 256, 16
 
@@ -95,8 +94,8 @@ def run(data: SinkData, vocab: int, seed: int, gate: str, steps: int, out: Path)
     return {
         "seed": seed,
         "gate": gate,
-        "sink": last.sink_mean,
-        "sink_along": {r.step: r.sink_mean for r in records},
+        "sink": last.sink.mean,
+        "sink_along": {r.step: r.sink.mean for r in records},
         "loss": last.loss,
         "seconds": seconds,
     }

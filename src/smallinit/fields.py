@@ -1,16 +1,22 @@
 """One way to write a record to and from JSON.
 
-:func:`to_json` writes a dataclass record as its fields in the order they are declared, as plain JSON values.
-:class:`Fields` reads one record's fields back from parsed JSON, and its ``strict`` says what a field of the
-wrong kind does: a tolerant reader (metrics.jsonl, which outlives the code that wrote it) reads it as absent,
-a strict one (analysis.json) raises TypeError naming it. Absent or null reads as None (or empty) either way.
+:func:`to_json` writes a dataclass record as its fields in the order they are declared, as plain JSON values;
+:func:`from_json` reads them back, each field as the kind its annotation declares, so a field added to a record
+is written and read with no further edit. :class:`Fields` reads one field, and its ``strict`` says what a field
+of the wrong kind does: a tolerant reader (metrics.jsonl, which outlives the code that wrote it) reads it as
+absent, a strict one (analysis.json) raises TypeError naming it. Absent or null reads as the field's default
+(None or empty) either way; keys that are not fields (derived values written for readers) are ignored.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+R = TypeVar("R")
 
 
 def to_json(record: Any) -> dict[str, Any]:
@@ -19,10 +25,10 @@ def to_json(record: Any) -> dict[str, Any]:
 
 
 def plain(value: Any) -> Any:
-    """A value as JSON holds it: a record by its own ``to_dict()``, a tuple as a list, a table with string keys
+    """A value as JSON holds it: a record by its own ``to_dict()`` (else its fields), a tuple as a list, a table with string keys
     (a float key ε as ``str(ε)``), a numpy number or array as Python's."""
-    if dataclasses.is_dataclass(value) and hasattr(value, "to_dict"):
-        return value.to_dict()
+    if dataclasses.is_dataclass(value):
+        return value.to_dict() if hasattr(value, "to_dict") else to_json(value)
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
     if isinstance(value, Mapping):
@@ -30,6 +36,23 @@ def plain(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()
     return value
+
+
+def from_json(cls: type[R], raw: Mapping[str, Any], *, strict: bool, where: str = "") -> R:
+    """The dataclass record ``cls`` that :func:`to_json` wrote as ``raw``."""
+    f = Fields(raw, strict=strict, where=where)
+    hints = typing.get_type_hints(cls)
+    return cls(
+        **{
+            fld.name: f.of(fld.name, hints[fld.name])
+            for fld in dataclasses.fields(cls)
+            if fld.init and (raw.get(fld.name) is not None or _required(fld))
+        }
+    )
+
+
+def _required(fld: dataclasses.Field) -> bool:
+    return fld.default is dataclasses.MISSING and fld.default_factory is dataclasses.MISSING
 
 
 def _is_number(v: Any) -> bool:
@@ -47,6 +70,53 @@ class Fields:
     def _wrong(self, key: str, v: Any, kind: str) -> None:
         if self.strict:
             raise TypeError(f"{self.where}{key} is {v!r}, not {kind}")
+
+    def of(self, key: str, kind: Any) -> Any:
+        """The field ``key`` read as ``kind``, a type annotation: a number, an integer, text, a record, or a
+        tuple or table of them (``X | None`` reads as X, null as None)."""
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        if typing.get_origin(kind) in (typing.Union, types.UnionType):
+            return self.of(key, args[0])
+        if kind is Any:
+            return self.raw.get(key)
+        if dataclasses.is_dataclass(kind):
+            v = self.raw.get(key)
+            if v == {} or not (isinstance(v, Mapping) or self.strict):  # an empty record is none
+                return None
+            return from_json(kind, v, strict=self.strict, where=f"{self.where}{key}.")
+        origin = typing.get_origin(kind)
+        if origin is tuple:
+            item = args[0]
+            if item is float:
+                return self.numbers(key)
+            if typing.get_origin(item) is tuple:
+                return self.rows(key)
+            return tuple(self._items(key, item))
+        if origin is dict:
+            keys, values = args
+            if values is Any:  # a document of its own (a config), kept as written
+                v = self.raw.get(key)
+                return dict(v) if isinstance(v, Mapping) else self._wrong(key, v, "a table")
+            table = self.table(key, str if values is str else float)
+            return {float(k): v for k, v in table.items()} if keys is float else table
+        return {float: self.number, int: self.integer, str: self.text, bool: self.flag}[kind](key)
+
+    def _items(self, key: str, kind: Any) -> list[Any]:
+        v = self.raw.get(key) or ()
+        if not isinstance(v, Sequence) or isinstance(v, str):
+            self._wrong(key, v, "a list")
+            return []
+        if dataclasses.is_dataclass(kind):
+            return [from_json(kind, x, strict=self.strict, where=f"{self.where}{key}.") for x in v]
+        if kind is int:
+            return [int(x) for x in v]
+        return [str(x) for x in v]
+
+    def flag(self, key: str) -> bool | None:
+        v = self.raw.get(key)
+        if v is None or isinstance(v, bool):
+            return v
+        return self._wrong(key, v, "true or false")
 
     def number(self, key: str, *, required: bool = False) -> float | None:
         """A number; ``required``: absent or null raises TypeError too."""

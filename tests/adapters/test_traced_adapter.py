@@ -17,6 +17,7 @@ from smallinit import Monitor
 from smallinit.adapters import HFAdapter, TracedAdapter, as_adapter
 from smallinit.errors import ConfigError, ModelError
 from smallinit.measures.activations import measure_activations
+from smallinit.monitor.records import parse_record
 
 VOCAB, D, HEADS, KV_HEADS, HD, T = 97, 48, 4, 2, 12, 12
 
@@ -142,7 +143,9 @@ def test_a_decoder_of_no_library_is_measured_as_by_hand(eager):
     assert isinstance(adapter, TracedAdapter) and adapter.vocab_size == VOCAB
     result = measure_activations(model, ids, ids)
     ref = _by_hand(model, ids)
-    assert result.not_measured == {}
+    assert set(result.not_measured) == (
+        {"max_attention_logit"} if eager is True else set()
+    )  # probabilities only
     assert result.sink.layers == ("stack.0.mix", "stack.1.mix", "stack.2.mix")
     np.testing.assert_allclose(result.sink.per_layer, ref["sink"], rtol=1e-5)
     assert result.residual_flow == pytest.approx(ref["flow"], rel=1e-6)
@@ -158,7 +161,7 @@ def test_a_decoder_of_no_library_is_measured_as_by_hand(eager):
 def test_what_a_model_lacks_is_named_in_one_line_and_the_rest_measured():
     ids = _ids()
     no_attention = measure_activations(Decoder(attention=False).eval(), ids)
-    assert set(no_attention.not_measured) == {"sink"} and no_attention.sink is None
+    assert set(no_attention.not_measured) == {"sink", "max_attention_logit"} and no_attention.sink is None
     assert no_attention.not_measured["sink"].startswith("no softmax attention: Decoder made no")
     assert no_attention.residual_flow is not None and no_attention.norm_factor
 
@@ -177,8 +180,15 @@ def test_what_a_model_lacks_is_named_in_one_line_and_the_rest_measured():
             return self.readout(self.table(ids))
 
     flat = measure_activations(Flat(), ids)
-    assert set(flat.not_measured) == {"sink", "residual_flow", "norm_factor"}
+    assert set(flat.not_measured) == {
+        "sink",
+        "max_attention_logit",
+        "residual_flow",
+        "massive",
+        "norm_factor",
+    }
     assert flat.not_measured["residual_flow"].startswith("no stack of blocks in Flat")
+    assert flat.not_measured["massive"] == flat.not_measured["residual_flow"]  # one reason: one observation
     assert all("\n" not in why for why in flat.not_measured.values())
 
 
@@ -227,7 +237,13 @@ def test_hf_architectures_read_from_their_forward_agree_with_their_own_adapter(a
     model, ids = test_adapters._model(arch), test_adapters._ids()
     own = measure_activations(HFAdapter(model), ids, ids)
     found = measure_activations(TracedAdapter(model), ids, ids)
-    assert found.not_measured == own.not_measured == {}
+    assert own.not_measured == {}
+    # soft-capped or sink-logit attention is read from its eager probabilities: no q, k, so no logits, said so
+    assert all(
+        k == "max_attention_logit" and "probabilities only" in v for k, v in found.not_measured.items()
+    )
+    if found.max_attention_logit:
+        assert found.max_attention_logit == pytest.approx(own.max_attention_logit, rel=1e-6)
     np.testing.assert_allclose(found.sink.per_layer, own.sink.per_layer, atol=1e-7, rtol=0)
     assert found.residual_flow == pytest.approx(own.residual_flow, rel=1e-12)
     assert found.norm_factor == pytest.approx(own.norm_factor, rel=1e-12)
@@ -269,7 +285,7 @@ def test_the_monitor_watches_every_matrix_and_each_part_of_a_fused_one(tmp_path,
     model, ids = Decoder(eager=eager).eval(), _ids(2)
     with Monitor(model, every=1, batch=ids, out=tmp_path / "run") as monitor:
         record = monitor(0)
-    ranks = record["stable_rank"]
+    ranks = parse_record(record).by_matrix("stable_rank")
     weights = {n for n, p in model.named_parameters() if p.dim() == 2}  # every matrix, the table too
     wqkv = model.stack[1].mix.wqkv.weight
     q, k, v = wqkv[: HEADS * HD], wqkv[HEADS * HD : (HEADS + KV_HEADS) * HD], wqkv[(HEADS + KV_HEADS) * HD :]
@@ -473,9 +489,9 @@ def test_compiled_blocks_are_measured_as_the_same_blocks_uncompiled(eager):
     for i, layer in enumerate(list(compiled.stack)):
         compiled.stack[i] = torch.compile(layer)
     want, got = measure_activations(plain, ids, ids), measure_activations(compiled, ids, ids)
-    assert got.not_measured == {} and got.notes == (
-        "sink: torch.compile'd modules run eagerly while measuring",
-    )
+    # eager softmax is read as probabilities, compiled or not: no logits, said so
+    assert set(got.not_measured) == set(want.not_measured) == ({"max_attention_logit"} if eager else set())
+    assert got.notes == ("sink: torch.compile'd modules run eagerly while measuring",)
     assert got.sink.per_layer == want.sink.per_layer and got.residual_flow == want.residual_flow
     assert list(got.norm_factor.values()) == list(want.norm_factor.values()) and got.loss == want.loss
 
@@ -496,6 +512,10 @@ def test_sdpa_on_3d_tensors_is_one_line_and_the_rest_measured():
     for layer in model.stack:
         layer.mix = Folded(False)
     result = measure_activations(model, _ids(), _ids())
-    assert set(result.not_measured) == {"sink"} and "\n" not in result.not_measured["sink"]
+    assert (
+        set(result.not_measured) == {"sink", "max_attention_logit"}
+        and "\n" not in result.not_measured["sink"]
+    )
+    assert result.not_measured["max_attention_logit"] == result.not_measured["sink"]  # one call, one reason
     assert result.not_measured["sink"].startswith("stack.0.mix: scaled_dot_product_attention on 3-d queries")
     assert result.residual_flow is not None and result.norm_factor

@@ -13,7 +13,7 @@ import torch
 from helpers import TINY_MODEL
 from smallinit import ModelConfig, Transformer
 from smallinit.analysis import (
-    SinkScores,
+    Sink,
     check_norm_saturation,
     coord_check,
     load_snapshots,
@@ -36,6 +36,8 @@ from smallinit.cli import main
 from smallinit.config import TrainConfig
 from smallinit.data import load_tokenizer
 from smallinit.measures.norm_factor import init_variance
+from smallinit.measures.sink import sink_shares
+from smallinit.monitor.records import parse_record
 from smallinit.train import load_model
 
 TINY = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, vocab_size=97, max_seq_len=64)
@@ -66,14 +68,15 @@ def test_sink_scores_match_brute_force_attention(kw):
         heads = p[:, :, 1:, 0].double().mean(dim=(0, 2)).numpy()  # queries 2..T (1-based), key 1
         np.testing.assert_allclose(got.per_head[layer], heads, rtol=1e-5, atol=1e-7)
         assert got.per_layer[layer] == pytest.approx(heads.mean(), rel=1e-5)
-    assert got.per_head.std() > 1e-3  # the weights differ between heads: the comparison is not trivial
+    assert np.std(got.per_head) > 1e-3  # the weights differ between heads: the comparison is not trivial
 
 
 def test_sink_share_counts_heads_above_each_threshold():
     per_head = np.array([[0.9, 0.31, 0.3, 0.0], [0.05, 0.81, 0.5, 0.29]])  # planted (layer, head) means
-    s = SinkScores(per_layer=per_head.mean(axis=1).tolist(), per_head=per_head)
-    assert s.share_above(0.3) == 4 / 8  # 0.9, 0.31, 0.81, 0.5; exactly 0.3 does not exceed it
-    assert s.share_above(0.8) == 2 / 8
+    shares = sink_shares(per_head)
+    assert shares[0.3] == 4 / 8  # 0.9, 0.31, 0.81, 0.5; exactly 0.3 does not exceed it
+    assert shares[0.8] == 2 / 8
+    s = Sink(per_layer=tuple(per_head.mean(axis=1)), per_head=tuple(map(tuple, per_head)), share_above=shares)
     assert s.to_dict()["share_above"] == {"0.3": 0.5, "0.8": 0.25}
 
 
@@ -325,8 +328,9 @@ def test_callback_writes_records_and_snapshots(tmp_path):
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     analysis = [r for r in recs if r.get("event") == "analysis"]
     assert [r["step"] for r in analysis] == [0, 2, 4, 6]
-    last = analysis[-1]
-    assert set(last["stable_rank"]) == {
+    last = parse_record(analysis[-1])
+    ranks = last.by_matrix("stable_rank")
+    assert set(ranks) == {
         "blocks.0.attn.q_proj.weight",
         "blocks.1.attn.q_proj.weight",
         "blocks.0.mlp.up_proj.weight",
@@ -339,13 +343,11 @@ def test_callback_writes_records_and_snapshots(tmp_path):
     data = load_token_data(str(corpus), load_tokenizer("bytes"), val_fraction=0.05)
     x, _ = next(iter_eval_batches(data.val, 4, 32, 1))
     sinks = sink_scores(model, x)
-    assert [last["sink"][str(i)] for i in range(2)] == pytest.approx(sinks.per_layer, rel=1e-5)
-    assert last["sink_share"] == {str(e): sinks.share_above(e) for e in (0.3, 0.8)}
-    assert last["residual_flow"] == pytest.approx(residual_flow_ratio(model, x), rel=1e-5)
+    assert last.sink.per_layer == pytest.approx(sinks.per_layer, rel=1e-5)
+    assert last.sink.share_above == sinks.share_above
+    assert last.residual_flow == pytest.approx(residual_flow_ratio(model, x), rel=1e-5)
     W = model.blocks[1].attn.q_proj.weight
-    assert last["stable_rank"]["blocks.1.attn.q_proj.weight"] == pytest.approx(
-        stable_rank(W, exact=True), rel=1e-4
-    )
+    assert ranks["blocks.1.attn.q_proj.weight"] == pytest.approx(stable_rank(W, exact=True), rel=1e-4)
     snaps = load_snapshots(run)
     assert [s["step"] for s in snaps] == [0, 6]
     m = snaps[-1]["matrices"]["blocks.0.mlp.up_proj.weight"]

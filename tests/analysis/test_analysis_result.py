@@ -15,7 +15,7 @@ import pytest
 from helpers import TINY_MODEL
 from smallinit.analysis.result import AnalysisResult
 from smallinit.cli import main
-from smallinit.measures.activations import SinkResult
+from smallinit.measures.sink import Sink
 from smallinit.report import build_report
 from smallinit.report.markup import num
 
@@ -28,6 +28,8 @@ RUN_KEYS = [
     "sink",
     "residual_flow",
     "norm_factor",
+    "max_attention_logit",
+    "massive",
     "loss",
     "not_measured",
     "tokens",
@@ -180,4 +182,4 @@ def test_what_is_not_an_analysis_is_refused_not_read_as_an_empty_one():
     assert (
         AnalysisResult.from_dict({"matrices": [], "sink": {}, "residual_flow": 1.5}).sink is None
     )  # empty: none
-    assert SinkResult.from_dict({"per_layer": [0.5], "share_above": {"0.3": 1.0}}).share_above == {0.3: 1.0}
+    assert Sink.from_dict({"per_layer": [0.5], "share_above": {"0.3": 1.0}}).share_above == {0.3: 1.0}

@@ -17,12 +17,12 @@ from smallinit.analysis.saturation import (
 from smallinit.cli import main
 from smallinit.measures.norm_factor import relative_factor
 from smallinit.monitor.records import NormFactorRecord
+from smallinit.monitor.runs import Run
 from smallinit.study.judging.claims import Runs, claim_c1, claim_c2, claim_c4
 from smallinit.study.judging.claims.preconditions import lr_bracket_problem
 from smallinit.study.judging.emulation import emulation, paper_scale_config, paper_scale_share
 from smallinit.study.judging.findings import norm_factor_table
 from smallinit.study.judging.verdicts import AGREE, NOT_TESTABLE
-from smallinit.study.running.runs import Run
 
 
 def test_share_is_bracketed_by_the_measurement_spacing():

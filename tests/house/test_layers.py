@@ -161,7 +161,6 @@ def test_the_checker_sees_imports():  # the tests above would pass on a graph th
         _layer("study")
         > _layer("study.planning.plan")
         > _layer("study.judging.claims.c4")
-        > _layer("study.running.runs")
         > _layer("train.trainer")
         > _layer("monitor.monitor")
         > _layer("measures.activations")

@@ -27,6 +27,7 @@ import torch
 
 from smallinit import Monitor, gamma_init_, set_norm_eps_
 from smallinit.cli import main
+from smallinit.monitor.records import AnalysisRecord, parse_record
 
 pytestmark = pytest.mark.engines
 
@@ -59,17 +60,17 @@ def torchrun(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", *args]
 
 
-def analysis(folder: Path) -> list[dict]:
+def analysis(folder: Path) -> list[AnalysisRecord]:
     lines = (folder / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r.get("event") == "analysis"]
+    return [r for r in map(parse_record, map(json.loads, lines)) if isinstance(r, AnalysisRecord)]
 
 
 def check_trained_and_reported(folder: Path, world_size: int) -> None:
     recs = analysis(folder)
-    assert [r["step"] for r in recs] == [0, 10, 20]
+    assert [r.step for r in recs] == [0, 10, 20]
     for r in recs:  # every measurement taken, on the engine's model as it is
-        assert r["sink"] and r["residual_flow"] > 0 and r["norm_factor"] and r["stable_rank"], r
-    assert recs[-1]["loss"] != recs[0]["loss"]  # the steps moved the weights the monitor measures
+        assert r.sink and r.residual_flow > 0 and r.norm_factor and r.matrices and r.max_attention_logit, r
+    assert recs[-1].loss != recs[0].loss  # the steps moved the weights the monitor measures
     assert json.loads((folder / "monitor.json").read_text())["world_size"] == world_size
     assert main(["report", str(folder), "--out", str(folder / "report")]) == 0
     page = (folder / "report" / "report.html").read_text(encoding="utf-8")
@@ -95,7 +96,7 @@ def test_the_doc_example_trains_with_the_monitor_and_is_reported(tmp_path, secti
     run(torchrun(str(script)) if world == 2 else [sys.executable, str(script)], cwd=tmp_path)
     check_trained_and_reported(tmp_path / folder, world)
     if section == "torchtitan":  # its fused wqkv, sharded: watched whole and per part, never silently missed
-        ranks = analysis(tmp_path / folder)[-1]["stable_rank"]
+        ranks = analysis(tmp_path / folder)[-1].by_matrix("stable_rank")
         for i in (0, 1):
             name = f"layers.{i}.attention.qkv_linear.wqkv.weight"
             assert {f"{name}[{part}]" for part in "qkv"} | {name} <= set(ranks), sorted(ranks)
@@ -323,22 +324,23 @@ def check_against_references(
     by ``taps`` in the same forward."""
     with Monitor(monitored or model, every=1, batch=tokens, out=tmp_path / "mon") as monitor:
         taps.clear()  # what building the monitor ran is not the measured forward
-        rec = monitor(0)
+        rec = parse_record(monitor(0))
     e, h_L = taps.outputs[embedding].double(), taps.inputs[final_norm].double()
     flow = ((h_L - e).norm(dim=-1) / e.norm(dim=-1)).mean().item()
-    assert rec["residual_flow"] == pytest.approx(flow, rel=1e-6)
+    assert rec.residual_flow == pytest.approx(flow, rel=1e-6)
     sinks = [sink_by_hand(q, k, scale) for q, k, scale in taps.qk]
-    assert len(taps.qk) == len(rec["sink"]) > 0
-    assert [rec["sink"][str(i)] for i in range(len(sinks))] == pytest.approx(sinks, rel=1e-5)
+    assert len(taps.qk) == len(rec.sink.per_layer) > 0
+    assert list(rec.sink.per_layer) == pytest.approx(sinks, rel=1e-5)
     factors = {name: rms_factor(taps.inputs[name], eps) for name, eps in norms.items()}
-    assert set(rec["norm_factor"]) == set(factors)
-    assert rec["norm_factor"] == pytest.approx(factors, rel=1e-6)
+    assert set(rec.norm_factor) == set(factors)
+    assert rec.norm_factor == pytest.approx(factors, rel=1e-6)
+    ranks = rec.by_matrix("stable_rank")
     params = dict(model.named_parameters())
     matrices = {f"{n}.weight": m.weight for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     for name, W in matrices.items():  # every projection, fused or not, under its own name
-        assert rec["stable_rank"][name] == pytest.approx(stable_rank_by_hand(W.detach()), rel=1e-4), name
+        assert ranks[name] == pytest.approx(stable_rank_by_hand(W.detach()), rel=1e-4), name
     for name, parts in fused.items():  # and each part of a fused one, as the forward splits it
-        got = sorted(v for k, v in rec["stable_rank"].items() if k != name and k.startswith(name))
+        got = sorted(v for k, v in ranks.items() if k != name and k.startswith(name))
         want = sorted(stable_rank_by_hand(p) for p in parts(params[name].detach()))
         assert got == pytest.approx(want, rel=1e-4), name
     return rec, {"flow": flow, "sink": sinks, "norm_factor": factors}
@@ -400,7 +402,7 @@ def test_torchtitan_measurements_equal_their_references(tmp_path, inner):
         tmp_path=tmp_path,
         monitored=TracedAdapter(model, call=with_masks) if inner == "flex" else None,
     )
-    assert "not_measured" not in rec or not rec["not_measured"]
+    assert not rec.not_measured
     if inner == "flex":  # and says how
         with torch.no_grad():
             notes = TracedAdapter(model, call=with_masks).observe(tokens, kinds=("attention",)).notes
@@ -437,7 +439,7 @@ def test_olmo_measurements_equal_their_references(tmp_path):
         fused={},
         tmp_path=tmp_path,
     )
-    assert "not_measured" not in rec or not rec["not_measured"]
+    assert not rec.not_measured
 
 
 def test_litgpt_measurements_equal_their_references(tmp_path):
@@ -479,7 +481,7 @@ def test_litgpt_measurements_equal_their_references(tmp_path):
         fused=fused,
         tmp_path=tmp_path,
     )
-    assert "not_measured" not in rec or not rec["not_measured"]
+    assert not rec.not_measured
 
 
 def test_a_monitor_of_the_fabric_wrapped_model_measures_the_model_itself(tmp_path):

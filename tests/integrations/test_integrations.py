@@ -10,8 +10,8 @@ import pytest
 import torch
 from test_monitor import records, tiny_qwen3, tokens
 
+from smallinit.monitor.runs import find_runs
 from smallinit.report import build_report
-from smallinit.study.running.runs import find_runs
 
 transformers = pytest.importorskip("transformers")
 

@@ -18,6 +18,7 @@ from test_monitor import records
 from _zero3_worker import config
 from smallinit.cli import main
 from smallinit.measures.condensation import sampled_mean_abs_cos, stable_rank
+from smallinit.monitor.records import parse_record
 
 pytestmark = pytest.mark.engines
 pytest.importorskip("deepspeed")
@@ -59,23 +60,24 @@ def test_the_docs_trainer_under_zero3_is_measured_and_reported(tmp_path):
     (tmp_path / "train_zero3.py").write_text(block)
     torchrun("script", tmp_path / "train_zero3.py", cwd=tmp_path)
     folder = tmp_path / "runs/zero3/smallinit"
-    recs = records(folder)
-    assert [r["step"] for r in recs] == [0, 10, 20]
+    recs = [parse_record(r) for r in records(folder)]
+    assert [r.step for r in recs] == [0, 10, 20]
     first = recs[0]
     # step 0 is the drawn model: its statistics are those of one process's draw, measured whole; every weight
     # matrix is watched (none of them a skipped (0,) slice)
     model = dict(unsharded().named_parameters())
     matrices = {name for name, p in model.items() if p.ndim == 2}
-    assert set(first["stable_rank"]) == set(first["mean_abs_cos"]) == matrices and len(matrices) == 16
+    ranks, cos = first.by_matrix("stable_rank"), first.by_matrix("mean_abs_cos")
+    assert set(ranks) == set(cos) == matrices and len(matrices) == 16
     for name in matrices:
-        assert first["stable_rank"][name] == pytest.approx(stable_rank(model[name]), rel=1e-5)
-        assert first["mean_abs_cos"][name] == pytest.approx(sampled_mean_abs_cos(model[name]), rel=1e-5)
-    assert first["sink"] and first["norm_factor"] and first["loss"] > 0
+        assert ranks[name] == pytest.approx(stable_rank(model[name]), rel=1e-5)
+        assert cos[name] == pytest.approx(sampled_mean_abs_cos(model[name]), rel=1e-5)
+    assert first.sink and first.norm_factor and first.loss > 0
     # the γ the weights started with, read from each matrix gathered whole (a rank holds (0,) slices)
     start = json.loads((folder / "monitor.json").read_text())["gamma_at_start"]
     assert start["matrices"] == 16 and not start["not_read"], start
     assert start["low"] == pytest.approx(1.0, abs=0.1) and start["high"] == pytest.approx(1.0, abs=0.1)
-    assert recs[-1]["stable_rank"] != first["stable_rank"]  # measured again after training steps
+    assert recs[-1].by_matrix("stable_rank") != ranks  # measured again after training steps
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["params"] == sum(p.numel() for p in model.values())  # the full size, not the slices
     assert main(["report", str(tmp_path / "runs/zero3")]) == 0

@@ -15,9 +15,9 @@ from smallinit.config import ModelConfig
 from smallinit.measures.activations import measure_activations
 from smallinit.measures.sink import attention_roles
 from smallinit.model import Transformer
+from smallinit.monitor.runs import Run
 from smallinit.study.judging.claims import Runs, sink_formed
 from smallinit.study.planning.recipes import RECIPES_DIR, run_recipe
-from smallinit.study.running.runs import Run
 
 T, HD = (
     32,
@@ -130,8 +130,8 @@ def test_the_sink_recipe_reports_every_arm_along_training(tmp_path):
     for gate, row in along.items():
         records = [r for r in Run.load(out / "grid" / "cells" / f"gamma-1.0_gate-{gate}_seed-0").analysis]
         assert row["steps"] == [r.step for r in records] == [0, 3, 6]
-        assert row["per_layer"] == [list(r.sink) for r in records]
-        assert row["share_above"] == [{str(eps): v for eps, v in r.sink_share.items()} for r in records]
+        assert row["per_layer"] == [list(r.sink.per_layer) for r in records]
+        assert row["share_above"] == [{str(eps): v for eps, v in r.sink.share_above.items()} for r in records]
     assert {row["gate"] for row in findings["sinks"]} == {"none", "headwise"}
     assert all(set(row["share_above"]) == {"0.3", "0.8"} for row in findings["sinks"])
     assert list(findings["optimal_loss"]) == ["builtin:sink?alpha=0.1"]

@@ -16,8 +16,9 @@ from smallinit import Monitor, gamma_init_, set_norm_eps_
 from smallinit.config import Config
 from smallinit.errors import ConfigError, ModelError
 from smallinit.measures.activations import measure_activations
+from smallinit.monitor.records import parse_record
+from smallinit.monitor.runs import find_runs
 from smallinit.report import build_report
-from smallinit.study.running.runs import find_runs
 from smallinit.train import Trainer
 
 transformers = pytest.importorskip("transformers")
@@ -76,7 +77,9 @@ def test_a_plain_loop_is_measured_and_reported(tmp_path):
     again = measure_activations(model, held_out[:, :-1], held_out[:, 1:])
     assert recs[-1]["residual_flow"] == pytest.approx(again.residual_flow, rel=1e-6)
     assert recs[-1]["loss"] == pytest.approx(again.loss, rel=1e-6) and recs[-1]["loss"] < recs[0]["loss"] - 1
-    assert set(recs[0]["sink"]) == {"0", "1"} and recs[0]["stable_rank"] and recs[0]["norm_factor"]
+    first = parse_record(recs[0])
+    assert len(first.sink.per_layer) == 2 and first.matrices and first.norm_factor
+    assert len(first.max_attention_logit) == 2 and len(first.massive.ratio) == 2
     val = [
         r for r in records(out, None) if "val_loss" in r
     ]  # the held-out loss, as the report's validation curve
@@ -210,13 +213,12 @@ def test_a_step_due_for_both_returns_the_full_record_and_a_dropped_monitor_frees
 
 
 def test_analyze_averages_ragged_heads_and_norms_some_batches_missed():
-    from smallinit.measures.activations import Activations, SinkResult
+    from smallinit.measures.activations import Activations
+    from smallinit.measures.sink import Sink
 
-    a = Activations(
-        SinkResult((0.2, 0.5), ((0.1, 0.3), (0.5,))), norm_factor={"n1": 1.0, "n2": 0.5}, notes=("x",)
-    )
+    a = Activations(Sink((0.2, 0.5), ((0.1, 0.3), (0.5,))), norm_factor={"n1": 1.0, "n2": 0.5}, notes=("x",))
     b = Activations(
-        SinkResult((0.4, 0.7), ((0.3, 0.5), (0.7,))), norm_factor={"n1": 0.0}, not_measured={"n2": "why"}
+        Sink((0.4, 0.7), ((0.3, 0.5), (0.7,))), norm_factor={"n1": 0.0}, not_measured={"n2": "why"}
     )
     mean = Activations.mean([a, b])
     assert [list(h) for h in mean.sink.per_head] == [pytest.approx([0.2, 0.4]), pytest.approx([0.6])]

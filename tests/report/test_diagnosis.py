@@ -11,9 +11,13 @@ import pytest
 import torch
 from test_integrations import hf_trainer
 
+from helpers import TINY_MODEL
 from smallinit import gamma_init_, measure_gamma
+from smallinit.cli import main
+from smallinit.measures.norm_factor import relative_factor
+from smallinit.monitor.runs import Run, find_runs
 from smallinit.report import build_report
-from smallinit.study.running.runs import find_runs
+from smallinit.report.diagnosis import diagnose
 
 transformers = pytest.importorskip("transformers")
 
@@ -90,3 +94,27 @@ def test_a_run_the_claims_can_judge_keeps_the_claims_table(tmp_path):
             )
     page = build_report(tmp_path).read_text()
     assert "Claims and verdicts" in page and "Your run:" not in page
+
+
+def test_an_emulated_run_is_diagnosed_at_the_epsilon_its_norms_used(tmp_path):
+    """ε = 1e-5 emulated from width 2048 at d = 32: the norms use ε·(2048/32)^2, saturate, and the formula the
+    diagnosis prints agrees with them; at the nominal ε it would say 0.98 and blame ε for a chosen saturation."""
+    run = tmp_path / "emulated"
+    sets = [
+        *TINY_MODEL,
+        "model.gamma=1.0",
+        "model.norm_eps=1e-5",
+        "model.norm_eps_width=2048",
+        "train.steps=1",
+        "analysis.every=1",
+        "analysis.batch_size=2",
+    ]
+    assert main(["train", "--out", str(run), *sum((["--set", s] for s in sets), [])]) == 0
+    norm = next(f for f in diagnose(Run.load(run)).observations if f.what == "RMSNorm factor at step 0")
+    eps = 1e-5 * (2048 / 32) ** 2
+    formula = relative_factor(1.0, eps, 32)
+    assert formula < 0.5 < relative_factor(1.0, 1e-5, 32)  # the two ε tell apart
+    assert f"ε {eps:g}, d 32: {formula:.2f}" in norm.reference
+    measured = float(norm.value.split("mean ")[1].split()[0])
+    assert measured == pytest.approx(formula, abs=0.1)  # the norms agree with the formula it prints
+    assert "as this run emulates" in norm.meaning and "set_norm_eps_" not in norm.meaning

@@ -24,11 +24,11 @@ from smallinit.analysis.measure import held_out_batches
 from smallinit.analysis.result import AnalysisResult
 from smallinit.cli import main
 from smallinit.data import load_tokenizer
+from smallinit.monitor.runs import Run, find_runs
 from smallinit.report import figures, model_figures
 from smallinit.report.arrange import Groups, arm_keys, grids, varying_keys
 from smallinit.report.condensation import HEATMAPS_SHOWN
 from smallinit.report.markup import PAGE_WIDTH_PX, num, token_text
-from smallinit.study.running.runs import Run, find_runs
 
 # -- the report --------------------------------------------------------------------------------------------------
 
@@ -219,12 +219,14 @@ def test_analyze_says_what_each_number_is(report_dir, tmp_path, capsys):
         and "d^(1−γ), here 1 for d = 32" in lines[3]
     )
     assert lines[4].startswith("min norm factor ") and "at initialisation this config gives" in lines[4]
-    assert lines[5].startswith("stable rank ‖W‖_F²/‖W‖_2²: median ") and "of min(m, n) over" in lines[5]
+    assert lines[5].startswith("largest attention logit ") and "before softmax" in lines[5]
+    assert lines[6].startswith("massive activations: max |h| / median |h| ") and "Sun et al." in lines[6]
+    assert lines[7].startswith("stable rank ‖W‖_F²/‖W‖_2²: median ") and "of min(m, n) over" in lines[7]
     assert (
         "this loss is on 2 windows of 32 tokens from the start of the validation split, training's val "
         "loss on 32 windows of 32 tokens, so the two differ a little; to measure on training's windows "
         "add --set train.eval_batches=8 --set train.batch_size=4 --set data.seq_len=32"
-    ) in lines[6:]
+    ) in lines[8:]
 
 
 def test_report_refuses_an_empty_folder(tmp_path, capsys):

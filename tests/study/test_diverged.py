@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 from test_verdicts import FIXED, PARAMS, _srank_records, make_run
 
+from smallinit.monitor.runs import Run
 from smallinit.report.claims import claims_section, render_claims
 from smallinit.study.judging.claims import Runs, claim_c4, claim_c6, loss_comparison
 from smallinit.study.judging.findings_file import Findings
 from smallinit.study.judging.verdicts import INCONCLUSIVE, NOT_TESTABLE, verdict_table
-from smallinit.study.running.runs import Run
 
 # L(γ.5) − L(γ1) per seed: seed 3 is the one where γ = 1 did worst; without it the other three agree
 GAPS = [0.10, 0.11, 0.09, -0.30]

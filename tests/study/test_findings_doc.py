@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 
 from smallinit.analysis.saturation import SaturatedShare, steps_to_unsaturate
+from smallinit.measures.sink import sink_threshold
 from smallinit.study.judging.claims.c5 import FLOW_TOLERANCE
 from smallinit.study.judging.claims.c7 import DESCRIPTIVE, claim_c7
 from smallinit.study.judging.claims.comparison import PRIMARY, ClaimResult, Comparison, judge_table
 from smallinit.study.judging.emulation import Emulation, paper_scale_share
-from smallinit.study.judging.power import SINK_TOKENS, mde_line, sd_upper_bound, sink_threshold
+from smallinit.study.judging.power import SINK_TOKENS, mde_line, sd_upper_bound
 from smallinit.study.judging.verdicts import NOT_TESTABLE, holm
 from smallinit.study.planning.recipes import Scale, apply_budget, customise, load_recipe
 from smallinit.study.running.spec import resolve_config

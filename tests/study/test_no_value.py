@@ -10,10 +10,10 @@ import math
 import numpy as np
 from test_verdicts import FIXED, PARAMS, _c3_runs, _srank_records, make_run
 
+from smallinit.monitor.runs import Run
 from smallinit.report.html import build_report
 from smallinit.study.judging.claims import Runs, claim_c3, claim_c4, claim_c5, claim_c6
 from smallinit.study.judging.verdicts import AGREE, NOT_TESTABLE, paired_t, region_p, verdict_table
-from smallinit.study.running.runs import Run
 
 
 def _flow(last: float) -> dict:

@@ -8,12 +8,10 @@ import math
 import numpy as np
 from scipy import stats
 
-from smallinit.study.judging.power import (
-    CLAIM_ALPHA,
-    minimum_detectable_effect,
-    power_of_test,
-    seeds_for_power,
-)
+from smallinit.study.judging.claims import CLAIMS
+from smallinit.study.judging.power import ALPHA, minimum_detectable_effect, power_of_test, seeds_for_power
+
+TABLE_ALPHA = ALPHA / len(CLAIMS)  # Holm's first step over every registered claim
 
 
 def _simulated_power(effect: float, sd: float, n: int, alpha: float, draws: int = 20000) -> float:
@@ -23,7 +21,7 @@ def _simulated_power(effect: float, sd: float, n: int, alpha: float, draws: int 
 
 
 def test_mde_has_the_stated_power_by_simulation():
-    for n, alpha in ((3, 0.05), (6, CLAIM_ALPHA), (12, CLAIM_ALPHA)):
+    for n, alpha in ((3, 0.05), (6, TABLE_ALPHA), (12, TABLE_ALPHA)):
         mde = minimum_detectable_effect(0.04, n, alpha)
         assert abs(_simulated_power(mde, 0.04, n, alpha) - 0.8) < 0.015, (n, alpha, mde)
 
@@ -35,8 +33,12 @@ def test_mde_approaches_the_normal_formula_with_many_seeds():
 
 
 def test_seeds_for_power_is_the_fewest_that_reach_it():
-    n = seeds_for_power(0.05, 0.07)
-    assert power_of_test(0.05, 0.07, n) >= 0.8 > power_of_test(0.05, 0.07, n - 1)
-    assert minimum_detectable_effect(0.07, n) <= 0.05 < minimum_detectable_effect(0.07, n - 1)
-    assert seeds_for_power(1e-6, 1.0, max_seeds=50) == 51
-    assert minimum_detectable_effect(1.0, 1) == math.inf
+    n = seeds_for_power(0.05, 0.07, TABLE_ALPHA)
+    assert power_of_test(0.05, 0.07, n, TABLE_ALPHA) >= 0.8 > power_of_test(0.05, 0.07, n - 1, TABLE_ALPHA)
+    assert (
+        minimum_detectable_effect(0.07, n, TABLE_ALPHA)
+        <= 0.05
+        < minimum_detectable_effect(0.07, n - 1, TABLE_ALPHA)
+    )
+    assert seeds_for_power(1e-6, 1.0, TABLE_ALPHA, max_seeds=50) == 51
+    assert minimum_detectable_effect(1.0, 1, TABLE_ALPHA) == math.inf

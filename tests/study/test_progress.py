@@ -10,7 +10,7 @@ import time
 import pytest
 
 from smallinit.study.planning.recipes import run_recipe
-from smallinit.study.running import Progress
+from smallinit.study.running import SweepProgress
 
 RECIPE = """
 [recipe]
@@ -41,7 +41,7 @@ analysis = "fig1"
 
 
 def test_eta_models_a_fixed_overhead_plus_compute():
-    p = Progress("x", {"small": 1.0, "big": 10.0, "skipped": 5.0})
+    p = SweepProgress("x", {"small": 1.0, "big": 10.0, "skipped": 5.0})
     assert p.eta() is None  # nothing measured yet
     p.drop("skipped")
     assert p.total == 2
@@ -55,7 +55,7 @@ def test_eta_models_a_fixed_overhead_plus_compute():
 
 def test_side_by_side_cells_shorten_the_eta():
     """Two cells of 10 s each finished in 10 s of wall: the rest also runs two at a time."""
-    p = Progress("x", {k: 1.0 for k in "abcd"})
+    p = SweepProgress("x", {k: 1.0 for k in "abcd"})
     p.t0 = time.monotonic() - 10.0
     p.finish("a", 10.0, 8.0)
     p.finish("b", 10.0, 8.0)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from smallinit.monitor.runs import Run
 from smallinit.study.judging.claims import (
     EMULATED,
     FIXED,
@@ -38,7 +39,6 @@ from smallinit.study.judging.verdicts import (
     t_test,
     verdict_table,
 )
-from smallinit.study.running.runs import Run
 
 PARAMS = 1000  # non-embedding parameters of every synthetic run; 1 × 10 tokens per step → 1 token/param per 100 steps
 NO_GATE = {"model.norm_eps": 1e-12, "model.gate": "none"}  # ε fixed, no gate (FIXED has both fixes)

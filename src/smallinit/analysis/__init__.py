@@ -26,7 +26,7 @@ from smallinit.measures.norm_factor import (
     saturation_gamma,
 )
 from smallinit.measures.residual_flow import ResidualFlowSweep, residual_flow_ratio, residual_flow_sweep
-from smallinit.measures.sink import SinkScores, sink_scores
+from smallinit.measures.sink import Sink, sink_scores
 from smallinit.monitor import load_snapshots
 from smallinit.train.callbacks import AnalysisCallback
 
@@ -36,7 +36,7 @@ __all__ = [
     "MatrixStat",
     "ResidualFlowSweep",
     "RowCosine",
-    "SinkScores",
+    "Sink",
     "TokenGapResult",
     "analyze_checkpoint",
     "analyze_model",

@@ -9,26 +9,22 @@ kind raises TypeError rather than reading as something else.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from smallinit.config import Config
-from smallinit.fields import Fields
+from smallinit.fields import from_json
 from smallinit.measures.activations import Activations
 from smallinit.measures.condensation import MatrixStat
 
-MEASURED = ("sink", "residual_flow", "norm_factor")  # an analysis has matrices and at least one of these
-
-
-def _matrix(raw: Any) -> MatrixStat:
-    if not isinstance(raw, Mapping):
-        raise TypeError(f"a matrix is {raw!r}, not a table")
-    f = Fields(raw, strict=True)
-    shape = tuple(int(n) for n in raw["shape"])
-    return MatrixStat(
-        str(raw["name"]), shape, f.number("stable_rank", required=True), f.number("mean_abs_cos")
-    )
+MEASURED = (
+    "sink",
+    "residual_flow",
+    "norm_factor",
+    "max_attention_logit",
+    "massive",
+)  # an analysis has matrices and at least one of these
 
 
 @dataclass(frozen=True)
@@ -76,24 +72,4 @@ class AnalysisResult(Activations):
     def from_dict(raw: Mapping[str, Any]) -> AnalysisResult:
         if "matrices" not in raw or not any(k in raw for k in MEASURED):
             raise ValueError("not an analysis: it has no matrices, or none of " + ", ".join(MEASURED))
-        mats = raw["matrices"]
-        if not isinstance(mats, Sequence):
-            raise TypeError(f"matrices is {mats!r}, not a list")
-        for key in ("config", "hf_config"):
-            if raw.get(key) is not None and not isinstance(raw[key], Mapping):
-                raise TypeError(f"{key} is {raw[key]!r}, not a table")
-        f = Fields(raw, strict=True)
-        return AnalysisResult(
-            **Activations.fields_from(raw),
-            tokens=f.integer("tokens"),
-            seq_len=f.integer("seq_len"),
-            matrices=tuple(_matrix(m) for m in mats),
-            matrices_left_out=f.table("matrices_left_out", str),
-            checkpoint=f.text("checkpoint"),
-            step=f.integer("step"),
-            config=raw.get("config"),
-            hf_config=raw.get("hf_config"),
-            data=f.text("data"),
-            note=f.text("note"),
-            norm_factor_analytic=f.number("norm_factor_analytic"),
-        )
+        return from_json(AnalysisResult, raw, strict=True)

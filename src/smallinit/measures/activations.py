@@ -1,12 +1,17 @@
 """All activation measurements of one model from one forward pass, through its adapter, as one type:
-:class:`Activations`, which the Monitor's record (``smallinit.monitor.records.AnalysisRecord``) and the saved
-model's result (``smallinit.analysis.result.AnalysisResult``) both hold. A new measurement is a field here and
-a line in :func:`measure_activations`; both records then carry it.
+:class:`Activations`. The Monitor's record (``smallinit.monitor.records.AnalysisRecord``) and the saved model's
+result (``smallinit.analysis.result.AnalysisResult``) both extend it with their own context, and both are written
+and read by one codec over the dataclass fields (smallinit.fields), so a new measurement is a module here, a
+field below and a line in :func:`measure_activations`: the Monitor's metrics.jsonl, analyze's analysis.json, the
+mean over batches and the readers then carry it with no further edit.
 
 Reading is strict: a field of the wrong kind raises TypeError rather than reading as something else."""
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,43 +20,22 @@ import numpy as np
 import torch
 
 from smallinit.adapters import as_adapter
-from smallinit.fields import Fields, to_json
+from smallinit.errors import ModelError
+from smallinit.fields import from_json, to_json
+from smallinit.measures.attention_logits import max_attention_logits
+from smallinit.measures.massive import MassiveActivations, massive_activations
 from smallinit.measures.norm_factor import norm_factors_from_observed
 from smallinit.measures.residual_flow import flow_from_hidden
-from smallinit.measures.sink import sink_from_attention
+from smallinit.measures.sink import Sink, sink_from_attention
 
 # the observation each measurement is made from
-MEASURED_FROM = {"sink": "attention", "residual_flow": "residual", "norm_factor": "norms"}
-
-
-@dataclass(frozen=True)
-class SinkResult:
-    """Attention on the first token (smallinit.measures.sink), averaged over the measured batches."""
-
-    per_layer: tuple[float, ...]  # the sink score per layer, first layer first
-    per_head: tuple[tuple[float, ...], ...] = ()  # per layer, that layer's heads
-    mean: float | None = None  # over layers
-    layers: tuple[str, ...] = ()  # the attention modules, in order
-    uniform: float | None = None  # the score uniform attention would give, averaged over layers
-    uniform_per_layer: tuple[float, ...] = ()  # the same per layer, from each layer's own mask
-    # Sink_ε: ε → share of (layer, head) pairs above ε
-    share_above: dict[float, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return to_json(self)
-
-    @staticmethod
-    def from_dict(raw: Mapping[str, Any]) -> SinkResult:
-        f = Fields(raw, strict=True, where="sink.")
-        return SinkResult(
-            per_layer=f.numbers("per_layer"),
-            per_head=f.rows("per_head"),
-            mean=f.number("mean"),
-            layers=tuple(str(n) for n in raw.get("layers") or ()),
-            uniform=f.number("uniform"),
-            uniform_per_layer=f.numbers("uniform_per_layer"),
-            share_above={float(eps): v for eps, v in f.table("share_above").items()},
-        )
+MEASURED_FROM = {
+    "sink": "attention",
+    "residual_flow": "residual",
+    "norm_factor": "norms",
+    "max_attention_logit": "attention",
+    "massive": "residual",
+}
 
 
 @dataclass(frozen=True)
@@ -61,107 +45,117 @@ class Activations:
     how a measurement was obtained where it is not the usual way (h_L taken as the last layer's output,
     attention read from eager probabilities)."""
 
-    sink: SinkResult | None = None
+    sink: Sink | None = None
     residual_flow: float | None = None  # ‖h_L − e‖/‖e‖
     norm_factor: dict[str, float] = field(default_factory=dict)  # norm → measured factor / ideal 1/σ
+    max_attention_logit: tuple[float, ...] = ()  # per layer, the largest scale·q·k a query may see
+    massive: MassiveActivations | None = None  # per layer, max |h| / median |h| and where
     loss: float | None = None  # nats/token, where targets were given
     not_measured: dict[str, str] = field(default_factory=dict)  # measurement → why not
     notes: tuple[str, ...] = ()
 
     def measurements(self) -> dict[str, Any]:
-        """The measurements as analysis.json writes them: those that apply, then what did not and the notes."""
-        out: dict[str, Any] = {}
-        if self.sink is not None:
-            out["sink"] = self.sink.to_dict()
-        for key in ("residual_flow", "norm_factor", "loss"):
-            if getattr(self, key) not in (None, {}):
-                out[key] = getattr(self, key)
-        out["not_measured"] = self.not_measured
-        if self.notes:
-            out["notes"] = list(self.notes)
+        """The measurements as the files hold them: those that apply, then what did not and the notes."""
+        out = {
+            f.name: value
+            for f in dataclasses.fields(Activations)
+            if (value := to_json(self)[f.name]) not in (None, {}, [])
+        }
+        out["not_measured"] = out.pop("not_measured", {})
+        if "notes" in out:
+            out["notes"] = out.pop("notes")
         return out
 
     @staticmethod
     def fields_from(raw: Mapping[str, Any]) -> dict[str, Any]:
         """The measurement fields of a record that holds them as :meth:`measurements` wrote them."""
-        f = Fields(raw, strict=True)
-        return dict(
-            sink=SinkResult.from_dict(raw["sink"]) if raw.get("sink") else None,  # an empty one is none
-            residual_flow=f.number("residual_flow"),
-            norm_factor=f.table("norm_factor"),
-            loss=f.number("loss"),
-            not_measured=f.table("not_measured", str),
-            notes=tuple(str(n) for n in raw.get("notes") or ()),
-        )
+        acts = from_json(Activations, raw, strict=True)
+        return {f.name: getattr(acts, f.name) for f in dataclasses.fields(Activations)}
 
     @staticmethod
     def mean(batches: Sequence[Activations]) -> Activations:
         """The measurements averaged over ``batches`` (equal-sized batches weigh equally): a norm one batch did
-        not reach is the mean over those that did; what did not apply, and the notes, are their union."""
-        mean = _mean_dicts(
-            [
-                {k: v for k, v in b.measurements().items() if k not in ("not_measured", "notes")}
-                for b in batches
-            ]
-        )
-        not_measured = {k: v for b in batches for k, v in b.not_measured.items()}
-        notes = dict.fromkeys(n for b in batches for n in b.notes)
-        return Activations(
-            **Activations.fields_from({**mean, "not_measured": not_measured, "notes": list(notes)})
-        )
+        not reach is the mean over those that did; what did not apply, the notes, and the dimensions of massive
+        activations are their union."""
+        return _mean(Activations, list(batches))
 
 
-def _mean_dicts(items: list[Any]) -> Any:
-    """Element-wise mean of nested dicts / lists of numbers; a key missing from some batches is the mean over
-    those that have it, and ragged rows (heads per layer) are averaged row by row."""
-    first = items[0]
-    if isinstance(first, dict):
-        return {
-            k: _mean_dicts([it[k] for it in items if k in it])
-            for k in dict.fromkeys(k for it in items for k in it)
-        }
-    if isinstance(first, list) and first and isinstance(first[0], str):
-        return first  # names, the same in every batch
-    if isinstance(first, list) and first and isinstance(first[0], list):
-        return [_mean_dicts([it[i] for it in items]) for i in range(len(first))]
-    return np.mean(np.asarray(items, dtype=float), axis=0).tolist()
+def _mean(kind: Any, values: list[Any]) -> Any:
+    """The mean of ``values`` of the annotated ``kind``, field by field: numbers averaged, names and reasons
+    united in order of first appearance."""
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        present = [v for v in values if v is not None]
+        return _mean(args[0], present) if present else None
+    if dataclasses.is_dataclass(kind):
+        hints = typing.get_type_hints(kind)
+        return kind(
+            **{
+                f.name: _mean(hints[f.name], [getattr(v, f.name) for v in values])
+                for f in dataclasses.fields(kind)
+            }
+        )
+    if kind is float:
+        return float(np.mean(values))
+    origin = typing.get_origin(kind)
+    if origin is dict:
+        keys = dict.fromkeys(k for v in values for k in v)
+        if args[1] is str:
+            return {k: next(v[k] for v in values if k in v) for k in keys}
+        return {k: _mean(float, [v[k] for v in values if k in v]) for k in keys}
+    item = args[0]
+    if item in (str, int):  # names, reasons, dimensions: united
+        return tuple(dict.fromkeys(x for v in values for x in v))
+    rows = max((len(v) for v in values), default=0)
+    return tuple(_mean(item, [v[i] for v in values if i < len(v)]) for i in range(rows))
 
 
 @torch.no_grad()
 def measure_activations(
     model, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, chunk: int = 256
 ) -> Activations:
-    """Sink scores, residual flow and measured norm factors of ``model`` (any model an adapter reads) on
-    ``tokens`` (one forward; with ``targets`` also the loss). Each measurement stands on its own: one that
-    does not apply to the model (no softmax attention, no decoder layers to read the residual stream at, a
-    norm that cannot be run) is None or empty and named in ``not_measured``."""
+    """Every activation measurement of ``model`` (any model an adapter reads) on ``tokens`` (one forward; with
+    ``targets`` also the loss). Each measurement stands on its own: one that does not apply to the model (no
+    softmax attention, no decoder layers to read the residual stream at, a norm that cannot be run) is None or
+    empty and named in ``not_measured``."""
     adapter = as_adapter(model)
-    out = adapter.observe(tokens, targets, kinds=tuple(MEASURED_FROM.values()))
+    out = adapter.observe(tokens, targets, kinds=tuple(dict.fromkeys(MEASURED_FROM.values())))
     not_measured = {key: out.missing[kind] for key, kind in MEASURED_FROM.items() if kind in out.missing}
-    sink = flow = None
-    if "sink" not in not_measured:
-        if out.attention:
-            sink = SinkResult.from_dict(sink_from_attention(out.attention, chunk=chunk).to_dict())
-        else:
-            not_measured["sink"] = (
-                f"no softmax attention: {type(adapter.module).__name__} made no attention call"
-            )
-    if "residual_flow" not in not_measured:
-        if out.residual:
-            flow = flow_from_hidden(out.residual)
-        else:
-            not_measured["residual_flow"] = (
-                f"the adapter of {type(adapter.module).__name__} observed no residual stream"
-            )
+    name = type(adapter.module).__name__
+    seen = {
+        "attention": out.attention or f"no softmax attention: {name} made no attention call",
+        "residual": out.residual or f"the adapter of {name} observed no residual stream",
+    }
+    measures = {
+        "sink": lambda: sink_from_attention(out.attention, chunk=chunk),
+        "residual_flow": lambda: flow_from_hidden(out.residual),
+        "max_attention_logit": lambda: max_attention_logits(out.attention, chunk=chunk),
+        "massive": lambda: massive_activations(out.residual),
+    }
+    measured: dict[str, Any] = {}
+    for key, measure in measures.items():
+        observed = seen[MEASURED_FROM[key]]
+        if key in not_measured:
+            continue
+        if isinstance(observed, str):
+            not_measured[key] = observed
+            continue
+        try:
+            measured[key] = measure()
+        except ModelError as e:
+            not_measured[key] = str(e)
     factors, unmeasured = norm_factors_from_observed(adapter, out)
     if not factors and "norm_factor" not in not_measured and not unmeasured:
         not_measured["norm_factor"] = "no norm layer ran in the forward"
     not_measured.update({f"norm_factor:{name}": why for name, why in unmeasured.items()})
+    notes: dict[str, str] = {}  # one per observation, under the first measurement made from it
+    for key, kind in MEASURED_FROM.items():
+        if kind in out.notes:
+            notes.setdefault(kind, f"{key}: {out.notes[kind]}")
     return Activations(
-        sink=sink,
-        residual_flow=flow,
+        **measured,
         norm_factor=factors,
         loss=None if out.loss is None else out.loss.item(),
         not_measured=not_measured,
-        notes=tuple(f"{key}: {out.notes[kind]}" for key, kind in MEASURED_FROM.items() if kind in out.notes),
+        notes=tuple(notes.values()),
     )

@@ -123,9 +123,9 @@ class MatrixStat:
     mean_abs_cos: float | None  # None when not asked for
 
     @property
-    def stable_rank_fraction(self) -> float:
-        """Stable rank over its maximum min(m, n)."""
-        return self.stable_rank / min(self.shape)
+    def stable_rank_fraction(self) -> float | None:
+        """Stable rank over its maximum min(m, n) (None where the shape was not recorded: older files)."""
+        return self.stable_rank / min(self.shape) if self.shape else None
 
     def to_dict(self) -> dict:
         return {

@@ -20,49 +20,46 @@ whose mean attention on the first token exceeds ε (they report ε = 0.3), so nu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
 from smallinit.adapters import AttentionInputs, as_adapter
 from smallinit.errors import ModelError
+from smallinit.fields import from_json, to_json
 
 
-@dataclass
-class SinkScores:
-    per_layer: list[float]  # one score per layer
-    per_head: np.ndarray  # (layers, heads); NaN past a layer's own heads where layers differ in heads
-    layers: list[str] = field(default_factory=list)  # the attention modules, in order
-    uniform_per_layer: list[float] = field(default_factory=list)  # the score uniform attention would give
+@dataclass(frozen=True)
+class Sink:
+    """Sink scores of one model: per layer and per head, with their uniform reference (what even attention over
+    the same keys gives) and Sink_ε. One forward's, or the mean over batches (:meth:`Activations.mean`)."""
 
-    @property
-    def uniform(self) -> float:
-        """The score uniform attention would give, averaged over layers as :attr:`mean` is."""
-        return float(np.mean(self.uniform_per_layer)) if self.uniform_per_layer else float("nan")
+    per_layer: tuple[float, ...]  # the sink score per layer, first layer first
+    per_head: tuple[tuple[float, ...], ...] = ()  # per layer, that layer's heads
+    mean: float | None = None  # over layers
+    layers: tuple[str, ...] = ()  # the attention modules, in order
+    uniform: float | None = None  # the score uniform attention would give, averaged over layers
+    uniform_per_layer: tuple[float, ...] = ()  # the same per layer, from each layer's own mask
+    # Sink_ε: ε → share of (layer, head) pairs whose mean attention on the first token exceeds ε
+    share_above: dict[float, float] = field(default_factory=dict)
 
-    @property
-    def mean(self) -> float:
-        return float(np.mean(self.per_layer))
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
 
-    def share_above(self, eps: float) -> float:
-        """Sink_ε: the share of (layer, head) pairs whose mean attention on the first token exceeds ε."""
-        heads = self.per_head[~np.isnan(self.per_head)]
-        return float(np.mean(heads > eps))
+    @staticmethod
+    def from_dict(raw: Mapping[str, Any], *, strict: bool = True) -> Sink:
+        return from_json(Sink, raw, strict=strict, where="sink.")
 
-    def to_dict(self) -> dict:
-        return {
-            "per_layer": self.per_layer,
-            "per_head": [row[~np.isnan(row)].tolist() for row in self.per_head],
-            "mean": self.mean,
-            "layers": self.layers,
-            "uniform": self.uniform,
-            "uniform_per_layer": self.uniform_per_layer,
-            "share_above": {str(eps): self.share_above(eps) for eps in SINK_EPS},
-        }
+    def formed(self, seq_len: int) -> bool:
+        """Whether a sink formed: some layer above :data:`SINK_RATIO` × uniform attention on ``seq_len`` tokens."""
+        return max(self.per_layer) > sink_threshold(seq_len)
 
 
 SINK_EPS = (0.3, 0.8)  # the thresholds Gu et al. report
+SINK_RATIO = 3.0  # a sink has formed when some layer exceeds this multiple of uniform attention
 
 
 def uniform_sink(seq_len: int, window: int | None = None) -> float:
@@ -75,6 +72,18 @@ def uniform_sink(seq_len: int, window: int | None = None) -> float:
     return float(np.mean([1 / i for i in range(2, last + 1)]))
 
 
+def sink_shares(per_head) -> dict[float, float]:
+    """Sink_ε for each ε of :data:`SINK_EPS`: the share of (layer, head) pairs whose score (``per_head``, per layer
+    that layer's heads) exceeds ε."""
+    heads = np.concatenate([np.asarray(h, dtype=float) for h in per_head])
+    return {eps: float(np.mean(heads > eps)) for eps in SINK_EPS}
+
+
+def sink_threshold(seq_len: int) -> float:
+    """The sink score some layer must exceed for a sink to count as formed."""
+    return SINK_RATIO * uniform_sink(seq_len)
+
+
 def key0_weights(
     att: AttentionInputs, *, chunk: int = 256
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -84,7 +93,7 @@ def key0_weights(
     as in the model."""
     if att.probs is not None:
         B, H, T, S = att.probs.shape
-        allowed = _allowed(att, 0, T, S, att.probs.device).expand(B, H, T, S)
+        allowed = allowed_keys(att, 0, T, S, att.probs.device).expand(B, H, T, S)
         sees = allowed[..., 0]
         return att.probs[..., 0].float() * sees, sees, sees / allowed.sum(-1).clamp_min(1)
     q, k = att.q.float(), att.k.float()
@@ -102,7 +111,7 @@ def key0_weights(
             s = att.softcap * torch.tanh(s / att.softcap)
         if att.mask is not None and att.mask.dtype != torch.bool:
             s = s + att.mask[..., lo:hi, :].float()
-        allowed = _allowed(att, lo, hi, S, q.device).expand_as(s)
+        allowed = allowed_keys(att, lo, hi, S, q.device).expand_as(s)
         s = s.masked_fill(~allowed, float("-inf"))
         lse = torch.logsumexp(s, dim=-1)
         if att.sink_logits is not None:
@@ -114,7 +123,7 @@ def key0_weights(
     return weight, sees, uniform
 
 
-def _allowed(att: AttentionInputs, lo: int, hi: int, S: int, device: torch.device) -> torch.Tensor:
+def allowed_keys(att: AttentionInputs, lo: int, hi: int, S: int, device: torch.device) -> torch.Tensor:
     """Which keys queries lo…hi−1 may attend to, broadcastable to (B, H, hi−lo, S)."""
     if att.mask is None:
         T = att.q.shape[-2] if att.q is not None else att.probs.shape[-2]
@@ -132,7 +141,7 @@ def _allowed(att: AttentionInputs, lo: int, hi: int, S: int, device: torch.devic
 
 
 @torch.no_grad()
-def sink_scores(model, tokens: torch.Tensor, *, chunk: int = 256) -> SinkScores:
+def sink_scores(model, tokens: torch.Tensor, *, chunk: int = 256) -> Sink:
     """Per-layer and per-head sink scores of ``model`` (any model an adapter reads) on ``tokens`` (B, T), T ≥ 2."""
     if tokens.dim() != 2 or tokens.shape[1] < 2:
         raise ValueError(f"sink_scores needs tokens of shape (batch, T ≥ 2), got {tuple(tokens.shape)}")
@@ -141,7 +150,7 @@ def sink_scores(model, tokens: torch.Tensor, *, chunk: int = 256) -> SinkScores:
     return sink_from_attention(observed.attention, chunk=chunk)
 
 
-def sink_from_attention(attention: list[AttentionInputs], *, chunk: int = 256) -> SinkScores:
+def sink_from_attention(attention: list[AttentionInputs], *, chunk: int = 256) -> Sink:
     """Sink scores from observed attention calls (``Observed.attention``), one layer per call."""
     if not attention:
         raise ModelError("no softmax attention was observed, so there is no sink score")
@@ -151,14 +160,14 @@ def sink_from_attention(attention: list[AttentionInputs], *, chunk: int = 256) -
         w, sees, even = w[:, :, 1:], sees[:, :, 1:], even[:, :, 1:]  # queries i ≥ 2 (1-based)
         per_head.append((w.double().sum(dim=(0, 2)) / sees.sum(dim=(0, 2))).cpu().numpy())
         uniform.append((even.double().sum() / sees.sum()).item())
-    heads = np.full((len(per_head), max(len(h) for h in per_head)), np.nan)
-    for i, h in enumerate(per_head):
-        heads[i, : len(h)] = h
-    return SinkScores(
-        per_layer=[float(h.mean()) for h in per_head],
-        per_head=heads,
-        layers=[a.name for a in attention],
-        uniform_per_layer=uniform,
+    return Sink(
+        per_layer=tuple(float(h.mean()) for h in per_head),
+        per_head=tuple(tuple(h.tolist()) for h in per_head),
+        mean=float(np.mean([h.mean() for h in per_head])),
+        layers=tuple(a.name for a in attention),
+        uniform=float(np.mean(uniform)),
+        uniform_per_layer=tuple(uniform),
+        share_above=sink_shares(per_head),
     )
 
 

@@ -45,7 +45,13 @@ from smallinit.errors import ConfigError
 from smallinit.init import GammaEstimate, measure_gamma, param_roles
 from smallinit.init.partitioned import full_numel, gathered, is_partitioned
 from smallinit.measures.activations import measure_activations
-from smallinit.measures.condensation import named_matrices, row_cosine, sampled_mean_abs_cos, stable_rank
+from smallinit.measures.condensation import (
+    MatrixStat,
+    named_matrices,
+    row_cosine,
+    sampled_mean_abs_cos,
+    stable_rank,
+)
 from smallinit.measures.norm_factor import SATURATED, norm_factors_from_observed
 from smallinit.monitor.lock import RunLock
 from smallinit.monitor.metrics import append_record, set_aside_metrics, truncate_metrics
@@ -277,11 +283,13 @@ class Monitor:
         with _eval_mode(self.module):
             acts = measure_activations(self.adapter, self.tokens, self.targets)
         mats = self._gathered()  # once FSDP2's sharded parameters are registered again
-        rec = AnalysisRecord.of(
-            step,
-            acts,
-            stable_rank={n: stable_rank(W) for n, W in mats.items()},
-            mean_abs_cos={n: sampled_mean_abs_cos(W, max_rows=COS_ROWS) for n, W in mats.items()},
+        rec = AnalysisRecord(
+            **vars(acts),
+            step=step,
+            matrices=tuple(
+                MatrixStat(n, tuple(W.shape), stable_rank(W), sampled_mean_abs_cos(W, max_rows=COS_ROWS))
+                for n, W in mats.items()
+            ),
         )
         self.last_loss = rec.loss
         self._guard(step, rec.norm_factor)
@@ -391,21 +399,24 @@ def scalars(record: dict[str, Any], prefix: str = "smallinit/") -> dict[str, flo
     out: dict[str, float] = {}
     if full:
         for key, value in (
-            ("sink_mean", rec.sink_mean),
+            ("sink_mean", rec.sink.mean if rec.sink else None),
             ("residual_flow", rec.residual_flow),
             ("loss", rec.loss),
+            ("max_attention_logit", max(rec.max_attention_logit, default=None)),
+            ("massive_ratio", max(rec.massive.ratio, default=None) if rec.massive else None),
         ):
             if value is not None:
                 out[prefix + key] = value
-        if rec.sink_share:
-            out[prefix + "sink_share_0.3"] = rec.sink_share[0.3]
+        if rec.sink and 0.3 in rec.sink.share_above:
+            out[prefix + "sink_share_0.3"] = rec.sink.share_above[0.3]
     factors = rec.norm_factor if isinstance(rec, (AnalysisRecord, NormFactorRecord)) else {}
     if factors:
         out[prefix + "norm_factor_min"] = min(factors.values())
         out[prefix + "norm_factor_mean"] = float(np.mean(list(factors.values())))
-    for stat in ("stable_rank", "mean_abs_cos") if full else ():
-        for name, v in getattr(rec, stat).items():
-            out[f"{prefix}{stat}/{name}"] = v
+    for m in rec.matrices if full else ():
+        out[f"{prefix}stable_rank/{m.name}"] = m.stable_rank
+        if m.mean_abs_cos is not None:
+            out[f"{prefix}mean_abs_cos/{m.name}"] = m.mean_abs_cos
     return out
 
 

@@ -8,7 +8,7 @@ one a later version adds) parses to None and is skipped, not read as another kin
     {"step", "loss", "lr", "grad_norm", "tokens_per_s"}     StepRecord: a logged training step
     {"event": "nonfinite", "step", "loss", ...}              StepRecord(nonfinite=True): the step went non-finite
     {"step", "val_loss"}                                     EvalRecord: a held-out evaluation
-    {"event": "analysis", "step", "sink", ...}               AnalysisRecord: the monitor's measurements
+    {"event": "analysis", "step", "sink", ..., "matrices"}   AnalysisRecord: Activations at a step, matrices
     {"event": "norm_factor", "step", "norm_factor"}          NormFactorRecord: the norm factors alone
 """
 
@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
-from smallinit.fields import Fields, to_json
-
-if TYPE_CHECKING:
-    from smallinit.measures.activations import Activations
+from smallinit.fields import Fields, from_json, to_json
+from smallinit.measures.activations import Activations
+from smallinit.measures.condensation import MatrixStat
 
 ANALYSIS = "analysis"
 NORM_FACTOR = "norm_factor"
@@ -91,84 +90,56 @@ class EvalRecord:
         return None if step is None or val is None else EvalRecord(step, val)
 
 
-@dataclass(frozen=True)
-class AnalysisRecord:
-    """The monitor's measurements at one step. A measurement that did not apply to the model is empty (or None)
-    and named in ``not_measured`` with why; a file written before a field existed reads it the same way."""
+@dataclass(frozen=True, kw_only=True)
+class AnalysisRecord(Activations):
+    """The monitor's measurements at one step: one forward's (:class:`Activations`, every field of it) and the
+    matrices'. A measurement that did not apply to the model is empty (or None) and named in ``not_measured``
+    with why; a file written before a field existed reads it the same way, and a file of the layout before
+    records held :class:`Activations` whole (the sink per layer as {"0": …}, stable ranks as a table) still
+    reads."""
 
     step: int
-    sink: tuple[float, ...] = ()  # the sink score per layer, first layer first
-    sink_mean: float | None = None  # their mean
-    # Sink_ε: ε → share of (layer, head) pairs above ε
-    sink_share: dict[float, float] = field(default_factory=dict)
-    residual_flow: float | None = None
-    # norm → measured factor / ideal 1/σ, module order
-    norm_factor: dict[str, float] = field(default_factory=dict)
-    loss: float | None = None  # the loss on the monitor's held-out batch
-    stable_rank: dict[str, float] = field(default_factory=dict)  # matrix → stable rank
-    mean_abs_cos: dict[str, float] = field(default_factory=dict)  # matrix → mean |cos| between rows
-    not_measured: dict[str, str] = field(default_factory=dict)  # measurement → why not
+    matrices: tuple[MatrixStat, ...] = ()  # stable rank and mean |cos| of rows per weight matrix
 
-    @staticmethod
-    def of(
-        step: int, acts: Activations, stable_rank: dict[str, float], mean_abs_cos: dict[str, float]
-    ) -> AnalysisRecord:
-        """The record of the measurements at ``step``: one forward's (the sink per layer, as this file has
-        always held it) and the matrices'."""
-        sink = acts.sink
-        return AnalysisRecord(
-            step,
-            sink=sink.per_layer if sink else (),
-            sink_mean=sink.mean if sink else None,
-            sink_share=sink.share_above if sink else {},
-            residual_flow=acts.residual_flow,
-            norm_factor=acts.norm_factor,
-            loss=acts.loss,
-            stable_rank=stable_rank,
-            mean_abs_cos=mean_abs_cos,
-            not_measured=acts.not_measured,
-        )
+    def by_matrix(self, stat: str) -> dict[str, float]:
+        """One statistic ("stable_rank", "mean_abs_cos") of every matrix that has it, by name."""
+        return {m.name: v for m in self.matrices if (v := getattr(m, stat)) is not None}
 
     @property
     def mean_norm_factor(self) -> float | None:
         return math.fsum(self.norm_factor.values()) / len(self.norm_factor) if self.norm_factor else None
 
     def to_dict(self) -> dict[str, Any]:
-        rec: dict[str, Any] = {"event": ANALYSIS, "step": self.step}
-        if self.sink:
-            rec.update(
-                sink={str(i): v for i, v in enumerate(self.sink)},
-                sink_mean=self.sink_mean,
-                sink_share={str(eps): v for eps, v in self.sink_share.items()},
-            )
-        for key in ("residual_flow", "norm_factor", "loss"):
-            if getattr(self, key) not in (None, {}):
-                rec[key] = getattr(self, key)
-        rec.update(
-            not_measured=self.not_measured, stable_rank=self.stable_rank, mean_abs_cos=self.mean_abs_cos
-        )
-        return rec
+        return {
+            "event": ANALYSIS,
+            "step": self.step,
+            **self.measurements(),
+            "matrices": [m.to_dict() for m in self.matrices],
+        }
 
     @staticmethod
     def from_dict(raw: Mapping[str, Any]) -> AnalysisRecord | None:
-        f = Fields(raw, strict=False)
-        step = f.integer("step")
-        if step is None or raw.get("event") != ANALYSIS:
+        if not isinstance(raw.get("step"), int) or raw.get("event") != ANALYSIS:
             return None
-        sink = f.table("sink")
-        layers = sorted(sink, key=int) if all(k.isdigit() for k in sink) else []  # per layer, "0", "1", …
-        return AnalysisRecord(
-            step,
-            tuple(sink[k] for k in layers),
-            f.number("sink_mean"),
-            {float(eps): v for eps, v in f.table("sink_share").items()},
-            f.number("residual_flow"),
-            f.table("norm_factor"),
-            f.number("loss"),
-            f.table("stable_rank"),
-            f.table("mean_abs_cos"),
-            f.table("not_measured", str),
-        )
+        return from_json(AnalysisRecord, _current_layout(raw), strict=False)
+
+
+def _current_layout(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An analysis line as this version writes it: older files held the sink per layer as {"0": s0, …} beside
+    sink_mean and sink_share, and the matrices as stable_rank and mean_abs_cos tables."""
+    out, sink, ranks = dict(raw), raw.get("sink"), raw.get("stable_rank")
+    if isinstance(sink, Mapping) and sink and all(str(k).isdigit() for k in sink):
+        out["sink"] = {
+            "per_layer": [sink[k] for k in sorted(sink, key=int)],
+            "mean": raw.get("sink_mean"),
+            "share_above": raw.get("sink_share"),
+        }
+    if isinstance(ranks, Mapping) and "matrices" not in raw:
+        cos = raw.get("mean_abs_cos") if isinstance(raw.get("mean_abs_cos"), Mapping) else {}
+        out["matrices"] = [
+            {"name": n, "shape": [], "stable_rank": v, "mean_abs_cos": cos.get(n)} for n, v in ranks.items()
+        ]
+    return out
 
 
 @dataclass(frozen=True)

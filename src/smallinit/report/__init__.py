@@ -14,6 +14,7 @@ from smallinit.analysis.result import AnalysisResult
 from smallinit.analysis.tokens import TokenGapResult
 from smallinit.io import write_result
 from smallinit.measures.condensation import MatrixStat
+from smallinit.measures.massive import MASSIVE_RATIO
 from smallinit.measures.residual_flow import ResidualFlowSweep
 from smallinit.measures.sink import uniform_sink
 from smallinit.report import figures, model_figures
@@ -78,6 +79,21 @@ def analysis_lines(result: AnalysisResult, seq_len: int | None) -> list[str]:
         lines.append(
             f"min norm factor {min(result.norm_factor.values()):.4f}: the smallest norm factor over the "
             f"ideal 1/σ of its input (1 = the norm sees the input's scale{factor_init})"
+        )
+    if result.max_attention_logit:
+        top = max(result.max_attention_logit)
+        layer = result.max_attention_logit.index(top) + 1
+        lines.append(
+            f"largest attention logit {top:.4g} (layer {layer}): max scale·q·k before softmax over the keys a "
+            "query may see; one that grows along training saturates the softmax"
+        )
+    if result.massive:
+        ratio = max(result.massive.ratio)
+        dims = list(dict.fromkeys(d for layer in result.massive.dims for d in layer))
+        lines.append(
+            f"massive activations: max |h| / median |h| of the residual stream {ratio:.4g} at its largest "
+            f"layer; {f'dimensions {dims} hold' if dims else 'no dimension holds'} an activation ≥ "
+            f"{MASSIVE_RATIO:g}× the median (Sun et al. 2024)"
         )
     lines += _stable_rank_lines(result.matrices)
     lines += [f"not measured, {key}: {why}" for key, why in result.not_measured.items()]

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from smallinit.study.running.runs import Run
+from smallinit.monitor.runs import Run
 from smallinit.train.distributed import LAYOUT_KEYS
 
 _LAYOUT = {f"train.{k}" for k in LAYOUT_KEYS}

@@ -10,13 +10,13 @@ from pathlib import Path
 
 from smallinit.analysis.tokens import TokenGapResult
 from smallinit.measures.residual_flow import ResidualFlowSweep
+from smallinit.monitor.runs import Run
 from smallinit.report import figures
 from smallinit.report.diagnosis import Diagnosis
 from smallinit.report.markup import details, esc, h2, img, note, prose_table, verdict_badge
 from smallinit.study.judging.claims import Runs, gaps_from_compares, judge_all
 from smallinit.study.judging.findings_file import Findings, JudgedClaim, JudgedComparison
 from smallinit.study.judging.verdicts import AGREE, DISAGREE, INCONCLUSIVE, NOT_TESTABLE
-from smallinit.study.running.runs import Run
 
 JUDGED_HERE = "the paper's claims, judged from the runs in this folder"
 
@@ -179,7 +179,7 @@ def render_diagnoses(diagnoses: list[Diagnosis]) -> list[str]:
         parts.append(  # prose that wraps, as the claims table's: a reader sees every column at any width
             prose_table(
                 ("measured", "value", "against", "what it means for this run"),
-                [[esc(f.what), esc(f.value), esc(f.reference), esc(f.meaning)] for f in dg.findings],
+                [[esc(f.what), esc(f.value), esc(f.reference), esc(f.meaning)] for f in dg.observations],
             )
         )
     parts.append(

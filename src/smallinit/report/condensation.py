@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from smallinit.monitor import load_snapshots
+from smallinit.monitor.runs import Run
 from smallinit.report import figures
 from smallinit.report.arrange import Groups
 from smallinit.report.markup import esc, h2, img, note, table
 from smallinit.study.judging.claims import BASELINE, EMULATED, FIXED, Runs, reference_lr
-from smallinit.study.running.runs import Run
 
 HEATMAPS_SHOWN = 2  # settings whose row-cosine heatmaps are open; the others are folded away
 
@@ -57,16 +57,16 @@ def condensation_section(groups: Groups) -> CondensationSection | None:
     panels: dict[str, dict[str, dict[str, list]]] = {}
     rows = []
     for panel, curve, group in groups.items():
-        recs = [r.analysis for r in group if r.analysis and r.analysis[0].stable_rank]
+        recs = [r.analysis for r in group if r.analysis and r.analysis[0].matrices]
         if not recs:
             continue
         c = {
             "stable_rank": [
-                [(a.step, statistics.fmean(a.stable_rank.values())) for a in rr if a.stable_rank]
+                [(a.step, statistics.fmean(s.values())) for a in rr if (s := a.by_matrix("stable_rank"))]
                 for rr in recs
             ],
             "mean_abs_cos": [
-                [(a.step, statistics.fmean(a.mean_abs_cos.values())) for a in rr if a.mean_abs_cos]
+                [(a.step, statistics.fmean(c.values())) for a in rr if (c := a.by_matrix("mean_abs_cos"))]
                 for rr in recs
             ],
         }
@@ -101,7 +101,7 @@ def render_condensation(s: CondensationSection) -> list[str]:
     if s.panels:
         parts.append(
             img(
-                figures.condensation_figure(s.panels, s.legend_title),
+                figures.courses_figure(s.panels, figures.CONDENSATION, s.legend_title),
                 "stable rank and mean cos over training",
             )
         )

@@ -11,16 +11,16 @@ from dataclasses import dataclass
 from smallinit.init.scale import ONE_GAMMA
 from smallinit.io import read_json
 from smallinit.measures.norm_factor import SATURATED, relative_factor
+from smallinit.measures.sink import SINK_RATIO, sink_threshold, uniform_sink
 from smallinit.monitor.monitor import MONITOR_FILE
-from smallinit.study.judging.power import SINK_RATIO, sink_threshold, uniform_sink
-from smallinit.study.running.runs import Run
+from smallinit.monitor.runs import Run
 
 CONDENSED = 0.7  # stable rank fallen below this share of its start: the rows align along fewer directions
 BALANCED = 2.0  # a flow ratio within this factor of 1: branch and embedding balance (the γ = 1 regime)
 
 
 @dataclass(frozen=True)
-class Finding:
+class Observation:
     """One measurement of the run, what it is held against, and what it means for this run."""
 
     what: str
@@ -32,10 +32,10 @@ class Finding:
 @dataclass(frozen=True)
 class Diagnosis:
     run: str
-    findings: tuple[Finding, ...]
+    observations: tuple[Observation, ...]
 
 
-def _gamma(run: Run) -> tuple[float | None, Finding]:
+def _gamma(run: Run) -> tuple[float | None, Observation]:
     """The γ the model started with: the caller's, and the one read from the weights at step 0."""
     given = run.config.get("model.gamma")
     known = read_json(run.path / MONITOR_FILE) if run.monitored else None
@@ -53,14 +53,14 @@ def _gamma(run: Run) -> tuple[float | None, Finding]:
             )
         else:
             meaning = _gamma_meaning(median)
-        return (given if given is not None else median), Finding(
+        return (given if given is not None else median), Observation(
             "γ at step 0", value, "σ = d_in^(−γ)", meaning
         )
     if given is not None:
-        return given, Finding(
+        return given, Observation(
             "γ at step 0", f"{given:g} (as the run was configured)", "σ = d_in^(−γ)", _gamma_meaning(given)
         )
-    return None, Finding(
+    return None, Observation(
         "γ at step 0",
         "unknown",
         "σ = d_in^(−γ)",
@@ -77,38 +77,46 @@ def _gamma_meaning(gamma: float) -> str:
     return f"γ = {gamma:.2f}: the paper's loss is best at γ = 1 and worse above it"
 
 
-def _norm(run: Run, gamma: float | None, d: int | None) -> Finding | None:
+def _norm(run: Run, gamma: float | None, d: int | None) -> Observation | None:
     factors = next((a.norm_factor for a in run.analysis if a.step == 0 and a.norm_factor), None)
     factors = factors or next(
         (n.norm_factor for n in run.norm_records if n.step == 0 and n.norm_factor), None
     )
     if not factors:
         return None
-    eps = run.config.get("model.norm_eps")
+    eps = run.norm_eps  # the ε the norms used, scaled where the run emulates a wider model
     low, mean = min(factors.values()), statistics.fmean(factors.values())
     saturated = sum(f < SATURATED for f in factors.values())
     ref = f"< {SATURATED}: ε sets the scale"
     if gamma is not None and d and isinstance(eps, (int, float)):
         ref += f"; the formula at γ {gamma:.2f}, ε {eps:g}, d {d}: {relative_factor(gamma, eps, d):.2f}"
-    eps_words = f"ε = {eps:g}" if isinstance(eps, (int, float)) else "their ε"
-    meaning = (
-        f"{saturated} of {len(factors)} norms saturated: {eps_words}, not the input, sets their scale and undoes "
-        "the small init; smallinit.set_norm_eps_(model, 1e-12)"
-        if saturated
-        else f"every norm sees the init scale: {eps_words} is small enough for this γ and width"
-    )
-    return Finding(
+    eps_words = f"ε = {eps:g}" if eps is not None else "their ε"
+    width = run.config.get("model.norm_eps_width")
+    if saturated and width:  # the run chose this saturation: it emulates a wider model's, so no fix to advise
+        meaning = (
+            f"{saturated} of {len(factors)} norms saturated, as this run emulates: {eps_words} "
+            f"(model.norm_eps {run.config['model.norm_eps']:g} at width {width}, scaled to d = {d}) sets their "
+            "scale, as it would at that width"
+        )
+    elif saturated:
+        meaning = (
+            f"{saturated} of {len(factors)} norms saturated: {eps_words}, not the input, sets their scale and "
+            "undoes the small init; smallinit.set_norm_eps_(model, 1e-12)"
+        )
+    else:
+        meaning = f"every norm sees the init scale: {eps_words} is small enough for this γ and width"
+    return Observation(
         "RMSNorm factor at step 0", f"min {low:.3f}, mean {mean:.3f} over {len(factors)} norms", ref, meaning
     )
 
 
-def _sink(run: Run) -> Finding | None:
+def _sink(run: Run) -> Observation | None:
     measured = [a for a in run.analysis if a.sink]
     tokens = run.config.get("data.seq_len")
     if not measured or not isinstance(tokens, int) or tokens < 2:
         return None
     first, last = measured[0], measured[-1]
-    top = max(last.sink)
+    top = max(last.sink.per_layer)
     threshold = sink_threshold(tokens)
     gate = run.config.get("model.gate")
     if top > threshold:
@@ -120,17 +128,17 @@ def _sink(run: Run) -> Finding | None:
         )
     else:
         meaning = "no sink so far: attention on the first token stays near uniform"
-    return Finding(
+    return Observation(
         "attention sink along training",
-        f"largest layer {top:.3f} at step {last.step} (mean over layers {first.sink_mean:.3f} at step "
-        f"{first.step} → {last.sink_mean:.3f})",
+        f"largest layer {top:.3f} at step {last.step} (mean over layers {first.sink.mean:.3f} at step "
+        f"{first.step} → {last.sink.mean:.3f})",
         f"uniform attention {uniform_sink(tokens):.3f} on {tokens} tokens; formed above {SINK_RATIO:g}× = "
         f"{threshold:.3f}",
         meaning,
     )
 
 
-def _flow(run: Run, gamma: float | None, d: int | None) -> Finding | None:
+def _flow(run: Run, gamma: float | None, d: int | None) -> Observation | None:
     at_start = next((a for a in run.analysis if a.step == 0 and a.residual_flow is not None), None)
     if at_start is None:
         return None
@@ -148,19 +156,20 @@ def _flow(run: Run, gamma: float | None, d: int | None) -> Finding | None:
         )
     else:
         meaning = "branch and embedding balance at init, as the paper predicts at γ = 1"
-    return Finding("residual flow ‖h_L − e‖/‖e‖ at step 0", f"{ratio:.3f}", ref, meaning)
+    return Observation("residual flow ‖h_L − e‖/‖e‖ at step 0", f"{ratio:.3f}", ref, meaning)
 
 
-def _condensation(run: Run) -> Finding | None:
-    ranked = [a for a in run.analysis if a.stable_rank]
+def _condensation(run: Run) -> Observation | None:
+    ranked = [a for a in run.analysis if a.matrices]
     if len(ranked) < 2:
         return None
-    names = [n for n in ranked[0].stable_rank if all(n in a.stable_rank for a in ranked)]
+    ranks = {a.step: a.by_matrix("stable_rank") for a in ranked}
+    names = [n for n in ranks[ranked[0].step] if all(n in r for r in ranks.values())]
     if not names:
         return None
 
     def mean_rank(a) -> float:
-        return statistics.fmean(a.stable_rank[n] for n in names)
+        return statistics.fmean(ranks[a.step][n] for n in names)
 
     start, end = mean_rank(ranked[0]), mean_rank(ranked[-1])
     low = min(ranked, key=mean_rank)
@@ -175,7 +184,7 @@ def _condensation(run: Run) -> Finding | None:
         )
     else:
         meaning = "no condensation so far: the stable rank stays near its start"
-    return Finding(
+    return Observation(
         "condensation: stable rank",
         f"mean over {len(names)} matrices {course}",
         f"condensed below {CONDENSED:g}× its start",

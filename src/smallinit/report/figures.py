@@ -11,6 +11,7 @@ import io
 import math
 import textwrap
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -346,25 +347,48 @@ def residual_sweep_figure(sweep: ResidualFlowSweep) -> Figure:
     return fig
 
 
-def condensation_figure(
-    panels: Mapping[str, Mapping[str, Mapping[str, Sequence[Series]]]], legend_title: str | None = None
+@dataclass(frozen=True)
+class Course:
+    """One measure drawn over training: its key in a curve's table, its axis label and title, its scale."""
+
+    key: str
+    ylabel: str
+    title: str
+    log: bool = False
+
+
+CONDENSATION = (
+    Course("stable_rank", "stable rank ‖W‖_F²/‖W‖_2²", "stable rank"),
+    Course("mean_abs_cos", "mean |cos| between rows", "row alignment"),
+)
+OUTLIERS = (
+    Course("max_attention_logit", "largest scale·q·k over layers", "attention logits"),
+    Course("massive", "max |h| / median |h|, largest layer", "massive activations", log=True),
+)
+
+
+def courses_figure(
+    panels: Mapping[str, Mapping[str, Mapping[str, Sequence[Series]]]],
+    courses: Sequence[Course],
+    legend_title: str | None = None,
 ) -> Figure:
-    """Stable rank and mean |cos| over training, one row of two axes per panel title:
-    ``{panel: {curve: {"stable_rank": [per-seed [(step, v)]], "mean_abs_cos": [...]}}}`` (each value averaged
-    over the logged matrices); the line is the mean over seeds, the band their range."""
-    fig, rows, colors = _panels(panels, ncols_per_panel=2, w=4.6, h=3.2)
+    """Measures over training, one row of axes per panel title and one axes per course:
+    ``{panel: {curve: {course.key: [per-seed [(step, v)]]}}}``; the line is the mean over seeds, the band their
+    range (:data:`CONDENSATION`: stable rank and mean |cos|, averaged over the logged matrices; :data:`OUTLIERS`:
+    the largest attention logit and the massive-activation ratio, each the largest over layers)."""
+    fig, rows, colors = _panels(panels, ncols_per_panel=len(courses), w=4.6, h=3.2)
     for (title, curves), axes in zip(panels.items(), rows):
         for label, s in curves.items():
-            for ax, key in zip(axes, ("stable_rank", "mean_abs_cos")):
-                if s.get(key):
-                    _plot_seeds(ax, s[key], colors[label], label, marker=".")
-        axes[0].set_ylabel("stable rank ‖W‖_F²/‖W‖_2²")
-        axes[1].set_ylabel("mean |cos| between rows")
-        axes[0].set_title(f"{title}: stable rank".lstrip(": "), fontsize=10)
-        axes[1].set_title(f"{title}: row alignment".lstrip(": "), fontsize=10)
-        for ax in axes:
+            for ax, c in zip(axes, courses):
+                if s.get(c.key):
+                    _plot_seeds(ax, s[c.key], colors[label], label, marker=".")
+        for ax, c in zip(axes, courses):
+            ax.set_ylabel(c.ylabel)
+            ax.set_title(f"{title}: {c.title}".lstrip(": "), fontsize=10)
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
+            if c.log:
+                ax.set_yscale("log")
     shared_legend(fig, legend_title)
     return fig
 

@@ -25,6 +25,7 @@ from smallinit.analysis.tokens import TokenGapResult
 from smallinit.errors import SmallinitError
 from smallinit.io import make_folder, read_json, write_text_atomic
 from smallinit.measures.residual_flow import ResidualFlowSweep
+from smallinit.monitor.runs import Run, find_runs
 from smallinit.report.arrange import Groups, arm_keys, varying_keys
 from smallinit.report.claims import a_study, claims_section, judge_folder, render_claims, render_diagnoses
 from smallinit.report.condensation import condensation_section, render_condensation
@@ -38,6 +39,7 @@ from smallinit.report.measures import (
     residual_section,
     sink_section,
 )
+from smallinit.report.outliers import outliers_section, render_outliers
 from smallinit.report.outputs import (
     analyses_section,
     eval_rows,
@@ -50,7 +52,6 @@ from smallinit.report.runs import loss_section, render_losses, render_runs, runs
 from smallinit.report.tokens import render_tokens, token_section
 from smallinit.study.judging.findings import FINDINGS_FILE
 from smallinit.study.judging.findings_file import Findings, JudgedClaim
-from smallinit.study.running.runs import Run, find_runs
 from smallinit.version import __version__
 
 REPORT_FILE = "report.html"
@@ -173,6 +174,7 @@ def _sections(
         (sink_section(groups, analyses), render_sink),
         (residual_section(runs, arm_keys(runs), sweeps, claims.get("C5")), render_residual),
         (condensation_section(groups), render_condensation),
+        (outliers_section(groups, analyses), render_outliers),
         (token_section(compares, claims.get("C7")), render_tokens),
         (checks, render_coordchecks),
         (analyses_section(analyses), render_analyses),

@@ -15,12 +15,12 @@ from smallinit.measures.norm_factor import init_variance, relative_factor, rmsno
 from smallinit.measures.residual_flow import ResidualFlowSweep
 from smallinit.measures.sink import uniform_sink
 from smallinit.monitor.records import AnalysisRecord
+from smallinit.monitor.runs import Run
 from smallinit.report import figures, model_figures
 from smallinit.report.arrange import SIZE_KEYS, Groups, distinct, distinguishing, setting
 from smallinit.report.claims import caveat
 from smallinit.report.markup import h2, img, note, or_dash, p, table
 from smallinit.study.judging.findings_file import JudgedClaim
-from smallinit.study.running.runs import Run
 
 PAPER_WIDTH = 2048  # the paper's Fig. 1c
 GAMMAS = (0.5, 0.6, 0.75, 1.0, 1.25)  # the rows of the analytic table
@@ -118,13 +118,13 @@ def sink_section(groups: Groups, analyses: list[tuple[str, AnalysisResult]]) -> 
         measured = [r for r in group if r.analysis and r.analysis[-1].sink]
         lasts = [r.analysis[-1] for r in measured]
         if lasts:
-            seeds = [list(a.sink) for a in lasts]
+            seeds = [list(a.sink.per_layer) for a in lasts]
             panels.setdefault(panel, {})[curve] = seeds
             lengths = sorted(
                 {int(r.config["data.seq_len"]) for r in measured}
             )  # the callback's batch; no window
             refs.setdefault(panel, {}).update((figures.uniform_label(T), uniform_sink(T)) for T in lengths)
-            found = [a.sink_share for a in lasts if a.sink_share]
+            found = [a.sink.share_above for a in lasts if a.sink.share_above]
             rows.append(
                 [
                     Groups.name(panel, curve),

@@ -6,10 +6,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from smallinit.monitor.runs import Run
 from smallinit.report import figures
 from smallinit.report.arrange import Groups, changing_with, grids, short_key, value
 from smallinit.report.markup import esc, h2, img, note, p, table
-from smallinit.study.running.runs import Run
 
 
 def status(run: Run) -> str:

@@ -27,8 +27,8 @@ from smallinit.analysis.saturation import (
 )
 from smallinit.config import Config, flatten, read_toml
 from smallinit.monitor.records import AnalysisRecord, NormFactorRecord
+from smallinit.monitor.runs import Run, config_from_flat
 from smallinit.study.running.budget import budget_schedule, budget_steps
-from smallinit.study.running.runs import Run, config_from_flat
 
 PAPER_RECIPE = Path(__file__).resolve().parents[1] / "planning" / "recipes" / "paper-fig1.toml"
 PAPER_SCALE = "gpu"

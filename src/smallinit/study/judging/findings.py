@@ -138,7 +138,7 @@ def sink_table(runs: Runs) -> list[dict[str, Any]]:
 
 def _mean_shares(records: list[AnalysisRecord]) -> dict[str, float]:
     """Sink_ε per ε ("0.3" → share), averaged over analysis records (of several seeds)."""
-    shares = [rec.sink_share for rec in records if rec.sink_share]
+    shares = [rec.sink.share_above for rec in records if rec.sink and rec.sink.share_above]
     return {str(eps): float(np.mean([s[eps] for s in shares])) for eps in (shares[0] if shares else {})}
 
 
@@ -153,7 +153,7 @@ def sink_along_training(runs: Runs) -> list[dict[str, Any]]:
     for k, group in sorted(groups.items()):
         by_step = [{rec.step: rec for rec in r.analysis} for r in group]
         steps = sorted(set.intersection(*[set(b) for b in by_step]))
-        per_layer = [np.mean([b[t].sink for b in by_step], axis=0) for t in steps]
+        per_layer = [np.mean([b[t].sink.per_layer for b in by_step], axis=0) for t in steps]
         rows.append(
             {
                 **_size_fields(k[0]),
@@ -399,8 +399,9 @@ def trajectories(runs: Runs) -> list[dict[str, Any]]:
     out = []
     for r in runs:
         recs = r.analysis
-        if not recs or not recs[0].stable_rank:
+        if not recs or not recs[0].matrices:
             continue
+        ranks, cos = ([x.by_matrix(stat) for x in recs] for stat in ("stable_rank", "mean_abs_cos"))
         out.append(
             {
                 "cell": r.name,
@@ -409,8 +410,8 @@ def trajectories(runs: Runs) -> list[dict[str, Any]]:
                 "gamma": float(r.config["model.gamma"]),
                 "seed": r.seed,
                 "steps": [x.step for x in recs],
-                "stable_rank": {m: [x.stable_rank[m] for x in recs] for m in recs[0].stable_rank},
-                "mean_abs_cos": {m: [x.mean_abs_cos[m] for x in recs] for m in recs[0].mean_abs_cos},
+                "stable_rank": {m: [x[m] for x in ranks] for m in ranks[0]},
+                "mean_abs_cos": {m: [x[m] for x in cos] for m in cos[0]},
             }
         )
     return out

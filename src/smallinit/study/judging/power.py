@@ -17,31 +17,17 @@ from scipy import optimize, stats
 ALPHA = 0.05  # the table-level error rate: Holm over the claims' primary estimates
 POWER = 0.8
 SD_BOUND = 0.8  # one-sided confidence of the seed sd's upper bound, for the MDE a study could be sure of
-N_CLAIMS = 7  # C1–C7: the size of the table's family
-# the level each primary is guaranteed under Holm over the table (its first step)
-CLAIM_ALPHA = ALPHA / N_CLAIMS
 
 MIN_TOKENS_PER_PARAM = 20.0  # every loss comparison: tokens seen per non-embedding parameter
 MIN_EVALS = 4  # evaluations along training, for the gap's trend
 MIN_SEEDS = 2  # paired seeds, for a spread to judge against
-SINK_RATIO = 3.0  # C3: a sink has formed when some layer exceeds this multiple of uniform attention
 SINK_SEQS, SINK_TOKENS = 16, 256  # C3: the sink is measured on at least this many sequences of this length
 MAX_SIZE_RATIO = 10.0  # C4: an N_eff/N outside [1/10, 10] is an artefact of the fit, not an estimate
 MIN_SIZES = 3  # C4: sizes for the effective-size fit
 LATE_MINIMUM = 2 / 3  # C6: a stable-rank minimum after this fraction of training has nothing to rebound from
 
 
-def uniform_sink(seq_len: int) -> float:
-    """The sink score of uniform causal attention: mean over query positions i = 2..T of 1/i."""
-    return (sum(1.0 / i for i in range(1, seq_len + 1)) - 1.0) / (seq_len - 1)
-
-
-def sink_threshold(seq_len: int) -> float:
-    """The sink score some layer must exceed for a sink to count as formed (C3)."""
-    return SINK_RATIO * uniform_sink(seq_len)
-
-
-def power_of_test(effect: float, sd: float, n: int, alpha: float = CLAIM_ALPHA) -> float:
+def power_of_test(effect: float, sd: float, n: int, alpha: float) -> float:
     """P(the two-sided paired t-test at level ``alpha`` rejects) with n seeds, true mean ``effect``."""
     if n < MIN_SEEDS:
         return 0.0
@@ -51,7 +37,7 @@ def power_of_test(effect: float, sd: float, n: int, alpha: float = CLAIM_ALPHA) 
     return float(upper + (lower if math.isfinite(lower) else 0.0))  # scipy gives NaN for a vanishing far tail
 
 
-def minimum_detectable_effect(sd: float, n: int, alpha: float = CLAIM_ALPHA, power: float = POWER) -> float:
+def minimum_detectable_effect(sd: float, n: int, alpha: float, power: float = POWER) -> float:
     """The smallest true mean the two-sided paired t-test over n seeds detects with probability ``power``
     (exact, with the noncentral t), in the units of ``sd``; infinite below 2 seeds."""
     if n < MIN_SEEDS or not math.isfinite(sd):
@@ -77,7 +63,7 @@ def minimum_detectable_by(power_of: Callable[[float], float], power: float = POW
 
 
 def seeds_for_power(
-    effect: float, sd: float, alpha: float = CLAIM_ALPHA, power: float = POWER, max_seeds: int = 1000
+    effect: float, sd: float, alpha: float, power: float = POWER, max_seeds: int = 1000
 ) -> int:
     """The fewest seeds (≥ 2) whose paired t-test detects ``effect`` with probability ``power``; ``max_seeds``
     + 1 when even that many do not."""

@@ -24,7 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from smallinit.config import Config, flatten
+from smallinit.measures.condensation import MatrixStat
+from smallinit.measures.sink import Sink
 from smallinit.monitor.records import AnalysisRecord, EvalRecord, NormFactorRecord
+from smallinit.monitor.runs import Run
 from smallinit.study.judging.claims import NOT_RUN, ClaimResult, Comparison, Runs, registered
 from smallinit.study.judging.findings import flow_design, token_gap_pairs
 from smallinit.study.judging.power import (
@@ -37,7 +40,6 @@ from smallinit.study.judging.power import (
     seeds_for_power,
 )
 from smallinit.study.judging.verdicts import seeds_problem
-from smallinit.study.running.runs import Run
 
 # The seed sd of a paired final-loss gap, when neither --seed-sd nor the recipe gives one: the median sd over
 # 3 seeds of the 15 paired loss gaps of the CPU study's earlier run (docs/findings-cpu.md, its verdict table), in nats.
@@ -114,7 +116,9 @@ class PlannedRun(Run):
         cfg = self.planned_cfg
         return [
             AnalysisRecord(
-                s, sink=(UNKNOWN,) * cfg.model.n_layers, sink_mean=UNKNOWN, stable_rank={"unknown": UNKNOWN}
+                step=s,
+                sink=Sink((UNKNOWN,) * cfg.model.n_layers, mean=UNKNOWN),
+                matrices=(MatrixStat("unknown", (), UNKNOWN, None),),
             )
             for s in cfg.analysis.steps(cfg.train.steps)
         ]

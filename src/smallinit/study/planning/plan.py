@@ -10,6 +10,7 @@ from typing import Any
 
 from smallinit.config import flatten
 from smallinit.errors import ExperimentError, SmallinitError
+from smallinit.monitor.runs import model_shape
 from smallinit.study.judging.claims import PAPER, Runs, judge
 from smallinit.study.planning.cost import CellPlan, Hardware, Shapes, hours, plan_cell, ranks_per_cell
 from smallinit.study.planning.decidability import (
@@ -22,7 +23,6 @@ from smallinit.study.planning.decidability import (
 )
 from smallinit.study.planning.recipes import Recipe, Scale, apply_budget, customise, load_recipe
 from smallinit.study.running import Sweep, resolve_config
-from smallinit.study.running.runs import model_shape
 from smallinit.study.running.sbatch import SlurmOptions
 
 

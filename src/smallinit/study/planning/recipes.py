@@ -46,19 +46,19 @@ from smallinit.config import flatten, parse_override, read_toml
 from smallinit.errors import ConfigError, ExperimentError, Preempted, SmallinitError
 from smallinit.io import write_json_atomic
 from smallinit.monitor.monitor import MONITOR_FILE
+from smallinit.monitor.runs import model_shape
 from smallinit.study.judging.claims import CLAIMS, NOT_RUN
 from smallinit.study.judging.findings import FINDINGS, FINDINGS_FILE
 from smallinit.study.running import (
-    Progress,
     Sweep,
     SweepOutcome,
+    SweepProgress,
     cell_dir,
     cell_work,
     resolve_config,
     run_sweep,
 )
 from smallinit.study.running.budget import budget_schedule, budget_steps
-from smallinit.study.running.runs import model_shape
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 _RECIPE_SECTIONS = ("recipe", "base", "scales")
@@ -391,7 +391,7 @@ def run_recipe(
         },
     )
     t0 = time.monotonic()
-    progress = Progress(
+    progress = SweepProgress(
         recipe.name,
         {k: w for k, w in work.items() if not (Path(k) / "summary.json").is_file()},
         after=", then the analysis",

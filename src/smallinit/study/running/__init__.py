@@ -10,7 +10,7 @@
 """
 
 from smallinit.study.running.packing import available_cores, compile_cache_env, default_jobs
-from smallinit.study.running.progress import Progress, cell_work
+from smallinit.study.running.progress import SweepProgress, cell_work
 from smallinit.study.running.results import cell_states, format_table, load_cells, sweep_rows
 from smallinit.study.running.runner import SweepOutcome, SweepRunner, run_sweep
 from smallinit.study.running.slurm import sweep_status
@@ -18,7 +18,7 @@ from smallinit.study.running.spec import Cell, Sweep, cell_dir, resolve_config
 
 __all__ = [
     "Cell",
-    "Progress",
+    "SweepProgress",
     "Sweep",
     "SweepOutcome",
     "SweepRunner",

@@ -21,7 +21,7 @@ def cell_work(cfg: Config) -> float:
     )
 
 
-class Progress:
+class SweepProgress:
     """How far a session of cells has come (one sweep, or every sweep of a recipe) and the time it has left.
 
     ``work`` maps each cell to run (by key) to its ``cell_work``. A cell's time is modelled as a fixed overhead

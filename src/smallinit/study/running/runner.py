@@ -40,7 +40,7 @@ from smallinit.study.running.packing import (
     compile_choices,
     default_jobs,
 )
-from smallinit.study.running.progress import Progress, cell_work
+from smallinit.study.running.progress import SweepProgress, cell_work
 from smallinit.study.running.results import cell_row, error_line, write_results
 from smallinit.study.running.sbatch import SCRIPT, SlurmOptions
 from smallinit.study.running.slurm import (
@@ -150,7 +150,7 @@ class SweepRunner:
         retry_failed: bool = False,
         echo: TextIO | None = None,
         python: str = sys.executable,
-        progress: Progress | None = None,
+        progress: SweepProgress | None = None,
         slurm: SlurmOptions | None = None,
     ):
         self.sweep, self.dir = sweep, Path(sweep_dir)
@@ -436,7 +436,7 @@ class SweepRunner:
     def _loop(self, todo: list[tuple[int, Cell]]) -> None:
         running: list[_Running] = []
         signalled = False
-        progress = Progress("sweep", {self._key(c): cell_work(self.configs[c.id]) for _, c in todo})
+        progress = SweepProgress("sweep", {self._key(c): cell_work(self.configs[c.id]) for _, c in todo})
         try:
             while todo or running:
                 while todo and len(running) < self.jobs and not self.stop:
@@ -480,7 +480,7 @@ def run_sweep(
     retry_failed: bool = False,
     echo: TextIO | None = None,
     launcher: str | None = None,
-    progress: Progress | None = None,
+    progress: SweepProgress | None = None,
     slurm: dict[str, Any] | None = None,
 ) -> SweepOutcome:
     """Run (or continue) a sweep into ``sweep_dir``; ``echo`` receives progress lines.

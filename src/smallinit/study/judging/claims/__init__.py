@@ -41,6 +41,7 @@ import importlib
 import pkgutil
 
 from smallinit.measures.norm_factor import SATURATED
+from smallinit.measures.sink import SINK_RATIO, uniform_sink
 from smallinit.study.judging.claims.c1 import claim_c1
 from smallinit.study.judging.claims.c2 import claim_c2
 from smallinit.study.judging.claims.c3 import claim_c3
@@ -68,7 +69,6 @@ from smallinit.study.judging.claims.selection import (
     FIXED,
     Run,
     Runs,
-    effective_eps,
     measured_factor_at_init,
     paired,
     reference_lr,
@@ -81,10 +81,8 @@ from smallinit.study.judging.power import (
     MAX_SIZE_RATIO,
     MIN_EVALS,
     MIN_TOKENS_PER_PARAM,
-    SINK_RATIO,
     SINK_SEQS,
     SINK_TOKENS,
-    uniform_sink,
 )
 
 __all__ = [
@@ -120,7 +118,6 @@ __all__ = [
     "claim_c5",
     "claim_c6",
     "claim_c7",
-    "effective_eps",
     "gap_trajectory",
     "gaps_from_compares",
     "PAPER",

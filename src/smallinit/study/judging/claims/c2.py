@@ -22,7 +22,6 @@ from smallinit.study.judging.claims.selection import (
     EMULATED_WIDTH,
     Runs,
     baselines,
-    effective_eps,
     measured_factor_at_init,
     reference_lr,
     size_label,
@@ -55,7 +54,7 @@ def claim_c2(
         b05, f05 = base.where({"model.gamma": 0.5, "size": n}), fixd.where({"model.gamma": 0.5, "size": n})
         if not (len(b1) and len(f1) and len(b05) and len(f05)):
             continue
-        analytic = float(np.mean([relative_factor(1.0, effective_eps(r), n[0]) for r in b1]))
+        analytic = float(np.mean([relative_factor(1.0, r.norm_eps, n[0]) for r in b1]))
         measured = [m for m in (measured_factor_at_init(r) for r in b1) if m is not None]
         m = float(np.mean(measured)) if measured else math.nan
         # the design measures the factor at init if the analysis runs at step 0; its value is the runs', so a

@@ -94,8 +94,7 @@ def has_course(*courses: list, planned: bool = False) -> bool:
     a point either side; a NaN anywhere in the course would move its minimum, its rebound or its path length). On a
     plan's runs every stable rank is unknown (NaN) by design: only the records are counted."""
     return all(
-        len(recs) >= 3
-        and all(r.stable_rank and (planned or math.isfinite(mean_stable_rank(r))) for r in recs)
+        len(recs) >= 3 and all(r.matrices and (planned or math.isfinite(mean_stable_rank(r))) for r in recs)
         for recs in courses
     )
 

@@ -14,17 +14,11 @@ from typing import Any
 import numpy as np
 
 from smallinit.measures.norm_factor import SATURATED
+from smallinit.measures.sink import SINK_RATIO, sink_threshold, uniform_sink
+from smallinit.monitor.runs import Run
 from smallinit.study.judging.claims.selection import Runs, sink_layers, sink_share
 from smallinit.study.judging.emulation import pooled, run_emulation
-from smallinit.study.judging.power import (
-    MIN_EVALS,
-    SINK_RATIO,
-    SINK_SEQS,
-    SINK_TOKENS,
-    sink_threshold,
-    uniform_sink,
-)
-from smallinit.study.running.runs import Run
+from smallinit.study.judging.power import MIN_EVALS, SINK_SEQS, SINK_TOKENS
 
 
 def regime_problem(runs: Iterable[Run], traj: dict[str, Any] | None, min_tpp: float) -> str:

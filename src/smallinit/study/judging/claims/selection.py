@@ -14,10 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from smallinit.config import emulated_eps
 from smallinit.monitor.records import AnalysisRecord
+from smallinit.monitor.runs import Run
 from smallinit.study.running import cell_dir, cell_states, load_cells
-from smallinit.study.running.runs import Run
 
 EMULATED_WIDTH = 2048  # the paper's width at 1.5B, whose saturation the emulated baseline reproduces
 BASELINE = {"model.norm_eps": 1e-5, "model.gate": "none", "model.norm_eps_width": 0}
@@ -228,29 +227,18 @@ def last_analysis(run: Run) -> AnalysisRecord | None:
 def sink_mean(run: Run) -> float | None:
     """Mean sink score over layers at the end of training (the analysis record of the last step)."""
     rec = last_analysis(run)
-    return rec.sink_mean if rec else None
+    return rec.sink.mean if rec and rec.sink else None
 
 
 def sink_share(run: Run) -> dict[float, float]:
     """Sink_ε per ε at the end of training; empty where it was not recorded."""
     rec = last_analysis(run)
-    return rec.sink_share if rec else {}
+    return rec.sink.share_above if rec and rec.sink else {}
 
 
 def mean_stable_rank(rec: AnalysisRecord) -> float:
     """The stable rank of an analysis record, averaged over its matrices (NaN if any of them is NaN)."""
-    return float(np.mean(list(rec.stable_rank.values()))) if rec.stable_rank else math.nan
-
-
-def effective_eps(run: Run) -> float:
-    """The ε the run's norms used (``model.norm_eps_width`` scales it)."""
-    c = run.config
-    return emulated_eps(
-        float(c["model.norm_eps"]),
-        int(c.get("model.norm_eps_width") or 0),
-        int(c["model.d_model"]),
-        float(c["model.gamma"]),
-    )
+    return float(np.mean([m.stable_rank for m in rec.matrices])) if rec.matrices else math.nan
 
 
 def measured_factor_at_init(run: Run) -> float | None:
@@ -266,7 +254,7 @@ def sink_layers(run: Run) -> tuple[list[float], int, int] | None:
     if not rec or not rec.sink:
         return None
     return (
-        list(rec.sink),
+        list(rec.sink.per_layer),
         int(run.config.get("analysis.batch_size", 0)),
         int(run.config.get("data.seq_len", 0)),
     )

@@ -14,7 +14,7 @@ from functools import cached_property
 from pathlib import Path, PurePath
 from typing import Any
 
-from smallinit.config import Config, flatten, set_dotted
+from smallinit.config import Config, emulated_eps, flatten, set_dotted
 from smallinit.io import read_json
 from smallinit.model import Transformer
 from smallinit.monitor.metrics import METRICS_FILE, read_metrics
@@ -87,6 +87,22 @@ class Run:
         if self.engine_folder:
             relative = str(PurePath(relative).parent / self.engine_folder)
         return replace(self, name=relative)
+
+    @property
+    def norm_eps(self) -> float | None:
+        """The ε the run's norms used: ``model.norm_eps``, scaled by ``model.norm_eps_width`` where the run
+        emulates a wider model's saturation (smallinit.config.emulated_eps); None where the config lacks it."""
+        c = self.config
+        if not all(
+            isinstance(c.get(k), (int, float)) for k in ("model.norm_eps", "model.d_model", "model.gamma")
+        ):
+            return None
+        return emulated_eps(
+            float(c["model.norm_eps"]),
+            int(c.get("model.norm_eps_width") or 0),
+            int(c["model.d_model"]),
+            float(c["model.gamma"]),
+        )
 
     @cached_property
     def cfg(self) -> Config | None:
