@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ import torch
 
 from smallinit.adapters import as_adapter
 from smallinit.errors import ModelError
-from smallinit.fields import from_json, to_json
+from smallinit.fields import plain
 from smallinit.measures.attention_logits import max_attention_logits
 from smallinit.measures.massive import MassiveActivations, massive_activations
 from smallinit.measures.norm_factor import norm_factors_from_observed
@@ -55,22 +55,15 @@ class Activations:
     notes: tuple[str, ...] = ()
 
     def measurements(self) -> dict[str, Any]:
-        """The measurements as the files hold them: those that apply, then what did not and the notes."""
+        """The measurements as the files hold them: those that apply, then what did not (always) and the notes."""
+        written = {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(Activations)}
         out = {
-            f.name: value
-            for f in dataclasses.fields(Activations)
-            if (value := to_json(self)[f.name]) not in (None, {}, [])
+            k: v for k, v in written.items() if v not in (None, {}, []) and k not in ("not_measured", "notes")
         }
-        out["not_measured"] = out.pop("not_measured", {})
-        if "notes" in out:
-            out["notes"] = out.pop("notes")
+        out["not_measured"] = written["not_measured"]
+        if written["notes"]:
+            out["notes"] = written["notes"]
         return out
-
-    @staticmethod
-    def fields_from(raw: Mapping[str, Any]) -> dict[str, Any]:
-        """The measurement fields of a record that holds them as :meth:`measurements` wrote them."""
-        acts = from_json(Activations, raw, strict=True)
-        return {f.name: getattr(acts, f.name) for f in dataclasses.fields(Activations)}
 
     @staticmethod
     def mean(batches: Sequence[Activations]) -> Activations:
