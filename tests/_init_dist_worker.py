@@ -16,8 +16,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-import hf_tiny
 from smallinit import gamma_init_, param_roles
+from support import hf_tiny
 
 ARCHS = ("gpt2", "mixtral", "gemma")
 META_ARCHS = ("qwen3_moe", "mixtral")

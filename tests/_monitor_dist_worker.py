@@ -15,8 +15,8 @@ import torch.distributed as dist
 
 from smallinit import Monitor, gamma_init_, set_norm_eps_
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "monitor"))  # run as a script: its room's helpers
-from test_monitor import tiny_qwen3, tokens  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the tests' support package
+from support.monitor import tiny_qwen3, tokens  # noqa: E402
 
 
 def main(layout: str, out: str, steps: int) -> None:

@@ -8,12 +8,9 @@ from pathlib import Path
 
 import pytest
 
-# tests/ mirrors the package's rooms; a test may use another room's helpers (from test_monitor import records)
-sys.path[:0] = [
-    str(d)
-    for d in sorted(Path(__file__).resolve().parent.iterdir())
-    if d.is_dir() and any(d.glob("test_*.py"))
-]
+# the helpers test files share are one package, tests/support (from support.runs import TINY_MODEL); test files
+# never import one another
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

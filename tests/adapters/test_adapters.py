@@ -16,182 +16,9 @@ from smallinit.adapters import as_adapter  # noqa: E402
 from smallinit.analysis import measured_norm_factors, residual_flow_ratio, sink_scores  # noqa: E402
 from smallinit.errors import ModelError  # noqa: E402
 from smallinit.measures.activations import measure_activations  # noqa: E402
-
-GET_INTERFACE = transformers.AttentionInterface.__dict__["get_interface"]  # as transformers defines it
-T, WINDOW = 16, 6  # a sliding window shorter than the sequence: queries 7… cannot see token 1
-
-
-@dataclasses.dataclass
-class Arch:
-    name: str
-    build: object  # () -> config
-    model_class: str
-    final_norm: str
-    offset_norms: bool = False  # norms scale by (1 + w) (the modeling source says so)
-    sliding: tuple[int, ...] = ()  # which layers use the sliding window
-    implementation: str = "sdpa"  # the backend it is loaded with (Gemma-2's soft-cap has no sdpa path)
-
-
-def _common(**kw):
-    return dict(
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=64,
-        **kw,
-    )
-
-
-ARCHS = [
-    Arch(
-        "llama",
-        lambda: transformers.LlamaConfig(**_common(num_key_value_heads=4, rms_norm_eps=1e-3)),
-        "LlamaForCausalLM",
-        "model.norm",
-    ),
-    Arch(
-        "mistral-gqa-sliding",
-        lambda: transformers.MistralConfig(
-            **_common(num_key_value_heads=2, rms_norm_eps=1e-3, sliding_window=WINDOW)
-        ),
-        "MistralForCausalLM",
-        "model.norm",
-        sliding=(0, 1),
-    ),
-    Arch(
-        "gemma3-sliding-1+w",
-        lambda: transformers.Gemma3TextConfig(
-            **_common(
-                num_key_value_heads=2,
-                head_dim=8,
-                rms_norm_eps=1e-3,
-                sliding_window=WINDOW,
-                layer_types=["sliding_attention", "full_attention"],
-                query_pre_attn_scalar=16,
-            )
-        ),
-        "Gemma3ForCausalLM",
-        "model.norm",
-        offset_norms=True,
-        sliding=(0,),
-    ),
-    Arch(
-        "gemma2-softcap",
-        lambda: transformers.Gemma2Config(
-            **_common(
-                num_key_value_heads=2,
-                head_dim=8,
-                rms_norm_eps=1e-3,
-                sliding_window=WINDOW,
-                attn_logit_softcapping=2.0,
-                layer_types=["sliding_attention", "full_attention"],
-            )
-        ),
-        "Gemma2ForCausalLM",
-        "model.norm",
-        offset_norms=True,
-        sliding=(0,),
-        implementation="eager",
-    ),
-    Arch(
-        "qwen3-moe",
-        lambda: transformers.Qwen3MoeConfig(
-            **_common(
-                num_key_value_heads=2,
-                head_dim=8,
-                rms_norm_eps=1e-3,
-                num_experts=4,
-                num_experts_per_tok=2,
-                moe_intermediate_size=32,
-            )
-        ),
-        "Qwen3MoeForCausalLM",
-        "model.norm",
-    ),
-    Arch(
-        "mixtral",
-        lambda: transformers.MixtralConfig(
-            **_common(num_key_value_heads=2, rms_norm_eps=1e-3, num_local_experts=4, num_experts_per_tok=2)
-        ),
-        "MixtralForCausalLM",
-        "model.norm",
-    ),
-    Arch(
-        "qwen3-next-gated",
-        lambda: transformers.Qwen3NextConfig(
-            **_common(
-                num_key_value_heads=2,
-                head_dim=8,
-                rms_norm_eps=1e-3,
-                num_experts=4,
-                num_experts_per_tok=2,
-                moe_intermediate_size=32,
-                shared_expert_intermediate_size=32,
-                linear_num_key_heads=2,
-                linear_num_value_heads=4,
-                linear_key_head_dim=8,
-                linear_value_head_dim=8,
-                layer_types=["linear_attention", "full_attention"],
-            )
-        ),
-        "Qwen3NextForCausalLM",
-        "model.norm",
-        offset_norms=True,
-    ),
-    Arch(
-        "gpt-oss-sinks",
-        lambda: transformers.GptOssConfig(
-            **_common(
-                num_key_value_heads=2,
-                head_dim=8,
-                rms_norm_eps=1e-3,
-                sliding_window=WINDOW,
-                num_local_experts=4,
-                num_experts_per_tok=2,
-                layer_types=["sliding_attention", "full_attention"],
-            )
-        ),
-        "GptOssForCausalLM",
-        "model.norm",
-        sliding=(0,),
-        implementation="eager",
-    ),
-    Arch(
-        "gpt2",
-        lambda: transformers.GPT2Config(
-            vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64, layer_norm_epsilon=1e-3
-        ),
-        "GPT2LMHeadModel",
-        "transformer.ln_f",
-    ),
-]
-
-
-def _model(arch: Arch):
-    torch.manual_seed(0)
-    config = arch.build()
-    config._attn_implementation = arch.implementation
-    model = getattr(transformers, arch.model_class)(config).eval()
-    with torch.no_grad():
-        for m in as_adapter(
-            model
-        ).norms():  # norm weights away from their neutral value: the (1 + w) form matters
-            w = model.get_submodule(m).weight
-            w.copy_(torch.rand(w.shape, generator=torch.Generator().manual_seed(1)) + 0.5)
-        for name, p in model.named_parameters():  # peaked attention, so scale, soft-cap and mask all matter
-            if any(k in name for k in ("q_proj.weight", "k_proj.weight", "c_attn.weight")):
-                p.mul_(12.0)
-            if name.endswith("sinks"):  # learned sink logits that take a visible share
-                p.copy_(torch.linspace(-1.0, 2.0, p.numel()))
-    return model
-
-
-def _ids(batch: int = 2):
-    return torch.randint(
-        1, 96, (batch, T), generator=torch.Generator().manual_seed(0)
-    )  # 0 pads: a zero embedding
+from support.hf_archs import ARCHS, GET_INTERFACE, WINDOW, Arch, T  # noqa: E402
+from support.hf_archs import ids as ids_of  # noqa: E402
+from support.hf_archs import model as model_of  # noqa: E402
 
 
 def _sink_by_hand(arch: Arch, model, ids) -> np.ndarray:
@@ -216,7 +43,7 @@ def _sink_by_hand(arch: Arch, model, ids) -> np.ndarray:
 
 @pytest.mark.parametrize("arch", ARCHS, ids=lambda a: a.name)
 def test_sink_flow_and_norm_factor_match_independent_references(arch):
-    model, ids = _model(arch), _ids()
+    model, ids = model_of(arch), ids_of()
     with torch.no_grad():
         plain = model(ids).logits
 
@@ -268,7 +95,7 @@ def test_sink_flow_and_norm_factor_match_independent_references(arch):
 
 
 def test_one_measurement_forward_on_hf_equals_the_separate_ones():
-    model, ids = _model(ARCHS[1]), _ids()
+    model, ids = model_of(ARCHS[1]), ids_of()
     both = measure_activations(model, ids, ids)
     assert both.sink.per_layer == pytest.approx(sink_scores(model, ids).per_layer, abs=1e-12)
     assert both.residual_flow == pytest.approx(residual_flow_ratio(model, ids), abs=1e-12)
@@ -282,7 +109,7 @@ def test_one_measurement_forward_on_hf_equals_the_separate_ones():
 
 
 def test_eager_backend_gives_the_same_sink_as_sdpa():
-    model, ids = _model(ARCHS[2]), _ids()
+    model, ids = model_of(ARCHS[2]), ids_of()
     sdpa = sink_scores(model, ids).per_head
     model.config._attn_implementation = "eager"
     np.testing.assert_allclose(sink_scores(model, ids).per_head, sdpa, atol=1e-6)
@@ -331,8 +158,8 @@ class _ScaleNorm(torch.nn.Module):  # named a norm, but its output follows its i
 
 def test_what_cannot_be_observed_is_said_and_the_rest_measured():
     with pytest.raises(ModelError, match=r"cannot run Linear\(tokens\) on token ids .*; pass call="):
-        sink_scores(torch.nn.Linear(3, 3), _ids())
-    model, ids = _model(ARCHS[0]), _ids()
+        sink_scores(torch.nn.Linear(3, 3), ids_of())
+    model, ids = model_of(ARCHS[0]), ids_of()
     with torch.no_grad():
         model.model.embed_tokens.weight.mul_(1e-3)  # inputs near ε, so that ε is felt
     model.model.norm = _EpsilonlessNorm(32)  # ε read from the forward
@@ -430,7 +257,7 @@ def test_our_transformer_against_eager_attention_of_its_hf_twin(overrides):
     twin = getattr(transformers, architecture)(hf_config(cfg, architecture, 0)).eval()
     twin.load_state_dict(hf_tensors(ours.state_dict(), cfg, architecture), strict=False)
     twin.config._attn_implementation = "eager"
-    ids = _ids()
+    ids = ids_of()
     with torch.no_grad():
         assert torch.allclose(twin(ids).logits, ours(ids).logits, atol=1e-5)
         probs = twin(ids, output_attentions=True).attentions
@@ -485,10 +312,10 @@ def test_analyze_and_compare_read_an_exported_run_as_they_read_the_run(corpus, t
     (Qwen3-Next: gated attention, (1 + w) norms): the two adapters give the same measurements."""
     import json
 
-    from helpers import TINY_GQA
     from smallinit.cli import main
     from smallinit.config import Config
     from smallinit.train import Trainer
+    from support.runs import TINY_GQA
 
     cfg = Config.load(
         overrides=[
@@ -597,7 +424,7 @@ def test_matrix_stats_read_conv1d_and_experts_out_by_in():
     from smallinit.analysis.measure import analyze_model
     from smallinit.measures.condensation import named_matrices, unoriented_matrices
 
-    gpt2 = _model(ARCHS[-1])
+    gpt2 = model_of(ARCHS[-1])
     fc = gpt2.transformer.h[0].mlp.c_fc  # Conv1D: stored (in = 32, out = 128), applied as x @ W
     mats = named_matrices(gpt2)
     assert torch.equal(mats["transformer.h.0.mlp.c_fc.weight"], fc.weight.T)
@@ -609,7 +436,7 @@ def test_matrix_stats_read_conv1d_and_experts_out_by_in():
 
     # fused experts either way round: Qwen3-MoE stores (E, out, in), GPT-OSS (E, in, out) and applies x @ W
     for arch, read in ((ARCHS[4], lambda w: w), (ARCHS[7], lambda w: w.T)):
-        model = _model(arch)
+        model = model_of(arch)
         stored = model.model.layers[0].mlp.experts.down_proj[1]
         assert torch.equal(named_matrices(model)["model.layers.0.mlp.experts.down_proj.1"], read(stored)), (
             arch.name
@@ -623,7 +450,7 @@ def test_matrix_stats_read_conv1d_and_experts_out_by_in():
     assert "transformer.h.0.mlp.extra.mixing" in left and not any(
         n.startswith(tuple(left)) for n in named_matrices(gpt2)
     )
-    result = analyze_model(gpt2, [(_ids(), _ids())])
+    result = analyze_model(gpt2, [(ids_of(), ids_of())])
     assert result.matrices_left_out == left and left["transformer.h.0.mlp.extra.mixing"]  # with its reason
     assert "transformer.h.0.mlp.c_fc.weight" in {m.name for m in result.matrices}
 

@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanochat_style import GPT, Config
 from smallinit import Monitor, set_norm_eps_
 from smallinit.analysis.measure import analyze_model
 from smallinit.init.eps import NormEpsError
 from smallinit.measures.activations import measure_activations
+from support.nanochat_style import GPT, Config
 
 FP32_EPS = torch.finfo(torch.float32).eps
 

@@ -217,15 +217,15 @@ def test_a_forward_that_cannot_be_run_on_token_ids_says_what_to_pass():
 
 
 transformers = pytest.importorskip("transformers")
-test_adapters = pytest.importorskip("test_adapters")  # its architectures, built as its tests build them
-hf_tiny = pytest.importorskip("hf_tiny")
+hf_archs = pytest.importorskip("support.hf_archs")  # its architectures, built as its tests build them
+hf_tiny = pytest.importorskip("support.hf_tiny")
 
 
 @pytest.mark.parametrize(
     "arch",
     [
         a
-        for a in test_adapters.ARCHS
+        for a in hf_archs.ARCHS
         if a.name in ("mistral-gqa-sliding", "gemma2-softcap", "gpt-oss-sinks", "gpt2")
     ],
     ids=lambda a: a.name,
@@ -234,7 +234,7 @@ def test_hf_architectures_read_from_their_forward_agree_with_their_own_adapter(a
     """SDPA with GQA and windows, eager softmax with soft-capping or learned sinks, gated norms, (1 + w)
     norms, GPT-2's Conv1D: found from the forward, the numbers are those of the Hugging Face adapter, whose
     tests check them against eager probabilities and each norm's formula."""
-    model, ids = test_adapters._model(arch), test_adapters._ids()
+    model, ids = hf_archs.model(arch), hf_archs.ids()
     own = measure_activations(HFAdapter(model), ids, ids)
     found = measure_activations(TracedAdapter(model), ids, ids)
     assert own.not_measured == {}

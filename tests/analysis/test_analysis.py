@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import TINY_MODEL
 from smallinit import ModelConfig, Transformer
 from smallinit.analysis import (
     Sink,
@@ -39,6 +38,7 @@ from smallinit.measures.norm_factor import init_variance
 from smallinit.measures.sink import sink_shares
 from smallinit.monitor.records import parse_record
 from smallinit.train import load_model
+from support.runs import TINY_MODEL
 
 TINY = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, vocab_size=97, max_seq_len=64)
 

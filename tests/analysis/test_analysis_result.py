@@ -12,12 +12,12 @@ import statistics
 import numpy as np
 import pytest
 
-from helpers import TINY_MODEL
 from smallinit.analysis.result import AnalysisResult
 from smallinit.cli import main
 from smallinit.measures.sink import Sink
 from smallinit.report import build_report
 from smallinit.report.markup import num
+from support.runs import TINY_MODEL
 
 # the order analyze has always written a run's analysis.json in (a reader diffing two files relies on it)
 RUN_KEYS = [

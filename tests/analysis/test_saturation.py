@@ -5,7 +5,6 @@ import math
 
 import pytest
 
-from helpers import TINY_MODEL
 from smallinit import Config, Transformer
 from smallinit.analysis.saturation import (
     MEAN,
@@ -23,6 +22,7 @@ from smallinit.study.judging.claims.preconditions import lr_bracket_problem
 from smallinit.study.judging.emulation import emulation, paper_scale_config, paper_scale_share
 from smallinit.study.judging.findings import norm_factor_table
 from smallinit.study.judging.verdicts import AGREE, NOT_TESTABLE
+from support.runs import TINY_MODEL
 
 
 def test_share_is_bracketed_by_the_measurement_spacing():

@@ -10,9 +10,6 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import TINY_MODEL
-from hf_tiny import build, tokens
-from nanochat_style import GPT, Config
 from smallinit import gamma_init_
 from smallinit.analysis.measure import load_run
 from smallinit.auditing import audit, audit_path
@@ -20,6 +17,9 @@ from smallinit.auditing.matrices import edge_limit, matrix_rows
 from smallinit.cli import main
 from smallinit.config import ModelConfig
 from smallinit.init import param_roles
+from support.hf_tiny import build, tokens
+from support.nanochat_style import GPT, Config
+from support.runs import TINY_MODEL
 
 IDS = torch.zeros(1, 8, dtype=torch.long)
 

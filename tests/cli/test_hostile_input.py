@@ -26,7 +26,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import smallinit
-from helpers import TINY_MODEL, snapshot
 from smallinit import AnalysisConfig, Config, DataConfig, ModelConfig, MoEConfig, TrainConfig, load_model
 from smallinit.cli import main
 from smallinit.data import load_tokenizer
@@ -37,6 +36,7 @@ from smallinit.study.planning.recipes import load_recipe
 from smallinit.study.running import Sweep, resolve_config
 from smallinit.train import Trainer
 from smallinit.train import checkpoint as ckpt
+from support.runs import TINY_MODEL, snapshot
 
 FAST = settings(
     max_examples=40,

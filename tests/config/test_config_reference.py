@@ -9,10 +9,10 @@ import pytest
 import tomllib
 import torch
 
-from helpers import TINY_MODEL, final_tensors
 from smallinit import Config
 from smallinit.cli import main
 from smallinit.config import config_keys
+from support.runs import TINY_MODEL, final_tensors
 
 ROOT = Path(__file__).resolve().parents[2]
 ROW = re.compile(r"^\| `(?P<key>[a-z0-9_.]+)` \| (?P<type>[^|]+) \| `(?P<default>.*)` \| (?P<doc>.+) \|$")

@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from helpers import TINY_MODEL
 from smallinit import Config
 from smallinit.data import get_batch, iter_eval_batches, load_data, load_tokenizer
 from smallinit.data.batching import document_starts
 from smallinit.errors import DataError
 from smallinit.train import Trainer
+from support.runs import TINY_MODEL
 
 EOS = 9
 

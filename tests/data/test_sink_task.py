@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import final_tensors
 from smallinit import Config
 from smallinit.data import iter_documents, load_data, load_tokenizer
 from smallinit.data.sink import BOS, SinkData, SinkTask
 from smallinit.errors import DataError
 from smallinit.train import Callback, Trainer
+from support.runs import final_tensors
 
 TASK = SinkTask(symbols=16, triggers=2, rate=0.2, alpha=0.5, val=64, seed=3)
 

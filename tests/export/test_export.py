@@ -15,12 +15,12 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from helpers import TINY_GQA  # noqa: E402
 from smallinit.cli import main  # noqa: E402
 from smallinit.config import Config  # noqa: E402
 from smallinit.data import EOS_TOKEN, load_tokenizer  # noqa: E402
 from smallinit.export.hf import ExportError, export_hf, init_hf  # noqa: E402
 from smallinit.train import Trainer, load_model  # noqa: E402
+from support.runs import TINY_GQA  # noqa: E402
 
 TINY = [
     *TINY_GQA,

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import TINY_GQA
 from smallinit import Transformer, load_pretrained
 from smallinit.cli import main
 from smallinit.config import Config, ModelConfig, MoEConfig
@@ -22,6 +21,7 @@ from smallinit.data.tokenizer import bytes_tokenizer
 from smallinit.errors import CheckpointError, ConfigError
 from smallinit.generate import Sampling, generate, generate_ids, next_token
 from smallinit.train import Trainer
+from support.runs import TINY_GQA
 
 TINY = [
     *TINY_GQA,

@@ -10,15 +10,15 @@ import math
 
 import pytest
 import torch
-from test_integrations import Rows
 from torch import nn
 
-from hf_tiny import build, tokens, transformers
 from smallinit import add_attention_gate_, load_gated
 from smallinit.config import ModelConfig
 from smallinit.errors import SmallinitError
 from smallinit.init.gate import GateError
 from smallinit.model import Transformer
+from support.hf_tiny import build, tokens, transformers
+from support.trainers import Rows
 
 FAMILIES = ["llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "olmo2", "phi3", "gpt2"]
 

@@ -250,7 +250,7 @@ def test_norm_forms_probed_not_named():
 
 
 def hf_tiny_build(arch):
-    return pytest.importorskip("hf_tiny").build(arch)
+    return pytest.importorskip("support.hf_tiny").build(arch)
 
 
 # -- the paths large models take ---------------------------------------------------------------------------
@@ -396,7 +396,7 @@ def test_post_branch_norms_found_from_the_forward_and_noted(gamma):
         for layer in layers
     ]
     with torch.no_grad():
-        model(pytest.importorskip("hf_tiny").tokens(model))
+        model(pytest.importorskip("support.hf_tiny").tokens(model))
     for h in hooks:
         h.remove()
     for i, (h_in, h_out) in enumerate(ends):
@@ -416,7 +416,7 @@ def test_no_post_branch_note_for_pre_norm_models(arch):
 def test_init_hf_prints_the_post_branch_note(arch, noted, tmp_path, capsys):
     from smallinit.cli import main
 
-    hf_tiny = pytest.importorskip("hf_tiny")
+    hf_tiny = pytest.importorskip("support.hf_tiny")
     hf_tiny.tiny_config(arch).save_pretrained(tmp_path / "cfg")
     assert main(["init-hf", str(tmp_path / "cfg"), "--out", str(tmp_path / "out"), "--keep-norm-eps"]) == 0
     out = capsys.readouterr().out
@@ -431,7 +431,7 @@ def test_meta_plan_and_roles_are_the_cpu_ones_for_moe(arch):
     from smallinit import param_roles
     from smallinit.init import init_plan
 
-    hf_tiny = pytest.importorskip("hf_tiny")
+    hf_tiny = pytest.importorskip("support.hf_tiny")
     cpu, meta = hf_tiny.build(arch), hf_tiny.build(arch, "meta")
     plan = init_plan(meta, 1.0)
     assert [(r.name, r.rule, r.fan_in) for r in plan.rows] == [
@@ -451,7 +451,7 @@ def test_meta_plan_and_roles_are_the_cpu_ones_for_moe(arch):
 def test_roles_never_depend_on_weight_values():
     from smallinit import param_roles
 
-    hf_tiny = pytest.importorskip("hf_tiny")
+    hf_tiny = pytest.importorskip("support.hf_tiny")
     transformers = pytest.importorskip("transformers")
     cfg = hf_tiny.tiny_config("jetmoe")
     roles = []

@@ -8,7 +8,7 @@ suite runs a representative set of families; the rest run under ``-m slow``.
 import pytest
 import torch
 
-hf_tiny = pytest.importorskip("hf_tiny")
+hf_tiny = pytest.importorskip("support.hf_tiny")
 from smallinit import gamma_init_  # noqa: E402
 
 FAST = [

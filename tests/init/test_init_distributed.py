@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-hf_tiny = pytest.importorskip("hf_tiny")
+hf_tiny = pytest.importorskip("support.hf_tiny")
 from smallinit import gamma_init_  # noqa: E402
 
 WORKER = str(Path(__file__).parents[1] / "_init_dist_worker.py")

@@ -120,7 +120,7 @@ def test_inkling_relative_position_projection_drawn_with_d_rel():
     # proj (d_rel, rel_extent) = (16, 512) is applied as relative_states @ proj: the forward contracts d_rel;
     # each distance's bias then gathers one column. Measured on the valid distances only (the rest are
     # masked to 0 and would dilute the gain), d_in is d_rel, not rel_extent.
-    hf_tiny = pytest.importorskip("hf_tiny")
+    hf_tiny = pytest.importorskip("support.hf_tiny")
     model = hf_tiny.build("inkling_text")
     report = gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0)).by_name()
     rel = model.model.layers[0].self_attn.rel_logits_proj

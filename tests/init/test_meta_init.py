@@ -7,7 +7,7 @@ from torch import nn
 
 from smallinit import SmallinitError, gamma_init_
 
-hf_tiny = pytest.importorskip("hf_tiny")
+hf_tiny = pytest.importorskip("support.hf_tiny")
 
 
 def test_mamba_built_on_meta_gets_the_cpu_draw_and_the_architectures_own_init():

@@ -88,7 +88,7 @@ def test_no_scales_draws_what_it_drew_before():
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen3_moe"])
 def test_hugging_face_architectures_draw_each_role_at_its_scale(arch):
-    hf_tiny = pytest.importorskip("hf_tiny")
+    hf_tiny = pytest.importorskip("support.hf_tiny")
     model = hf_tiny.build(arch)
     text = model.config.get_text_config()
     tied = getattr(text, "tie_word_embeddings", False)

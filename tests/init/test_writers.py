@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_tiny import build
-from nanochat_style import GPT, Config
 from smallinit.config import ModelConfig
 from smallinit.init.writers import residual_writers
 from smallinit.model import Transformer
+from support.hf_tiny import build
+from support.nanochat_style import GPT, Config
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 
 import pytest
-from test_monitor import records
 
 from smallinit.cli import main
+from support.monitor import records
 
 pytest.importorskip("transformers")
 DOC = Path(__file__).resolve().parents[2] / "docs" / "integrations.md"

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_monitor import records
 
 from _zero3_worker import config
 from smallinit.cli import main
 from smallinit.measures.condensation import sampled_mean_abs_cos, stable_rank
 from smallinit.monitor.records import parse_record
+from support.monitor import records
 
 pytestmark = pytest.mark.engines
 pytest.importorskip("deepspeed")

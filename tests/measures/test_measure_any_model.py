@@ -14,7 +14,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-hf_tiny = pytest.importorskip("hf_tiny")
+hf_tiny = pytest.importorskip("support.hf_tiny")
 
 from smallinit.adapters import AttentionInputs, norm_forms  # noqa: E402
 from smallinit.analysis import residual_flow_ratio, sink_scores  # noqa: E402

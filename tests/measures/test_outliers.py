@@ -17,7 +17,7 @@ from smallinit.measures.activations import measure_activations
 from smallinit.measures.massive import MASSIVE_RATIO, massive_activations
 
 transformers = pytest.importorskip("transformers")
-hf_tiny = pytest.importorskip("hf_tiny")
+hf_tiny = pytest.importorskip("support.hf_tiny")
 
 VOCAB, D, HEADS, HD, T = 61, 32, 4, 8, 16
 

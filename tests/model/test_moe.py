@@ -8,13 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import final_tensors
 from smallinit import Config, ModelConfig, MoEConfig, Transformer, gamma_init_, load_model
 from smallinit.cli import main
 from smallinit.errors import ConfigError
 from smallinit.model import MoE, SwiGLU
 from smallinit.model.moe import load_balancing_loss, router_z_loss
 from smallinit.train import Callback, Trainer
+from support.runs import final_tensors
 
 DISPATCH = ["grouped", "loop"]
 

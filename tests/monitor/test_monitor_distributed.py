@@ -77,7 +77,7 @@ def test_two_ranks_record_what_one_process_records(tmp_path, single, layout):
 
 
 def test_smallinits_trainer_measures_under_fsdp_as_in_one_process(tmp_path):
-    from helpers import TINY_MODEL
+    from support.runs import TINY_MODEL
 
     sets = [
         a

@@ -9,7 +9,6 @@ import math
 
 import pytest
 
-from helpers import TINY_MODEL
 from smallinit.analysis.result import AnalysisResult
 from smallinit.cli import main
 from smallinit.config import Config
@@ -20,6 +19,7 @@ from smallinit.measures.sink import Sink
 from smallinit.monitor.metrics import append_record
 from smallinit.monitor.records import AnalysisRecord, EvalRecord, NormFactorRecord, StepRecord, parse_record
 from smallinit.monitor.runs import Run
+from support.runs import TINY_MODEL
 
 
 @pytest.fixture(scope="module")

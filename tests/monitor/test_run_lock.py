@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TINY_MODEL, snapshot
 from smallinit.cli import main
+from support.runs import TINY_MODEL, snapshot
 
 TINY = [
     *TINY_MODEL,

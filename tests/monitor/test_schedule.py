@@ -9,7 +9,6 @@ import json
 import pytest
 import torch
 
-from helpers import TINY_MODEL
 from smallinit import Monitor
 from smallinit.config import AnalysisConfig, Config, TrainConfig
 from smallinit.model import Transformer
@@ -19,6 +18,7 @@ from smallinit.study.planning.plan import plan_recipe
 from smallinit.study.planning.recipes import apply_budget, customise, load_recipe
 from smallinit.study.running import resolve_config
 from smallinit.train import Callback, Trainer
+from support.runs import TINY_MODEL
 
 TINY = [
     *TINY_MODEL,

@@ -9,15 +9,15 @@ import re
 
 import pytest
 import torch
-from test_integrations import hf_trainer
 
-from helpers import TINY_MODEL
 from smallinit import gamma_init_, measure_gamma
 from smallinit.cli import main
 from smallinit.measures.norm_factor import relative_factor
 from smallinit.monitor.runs import Run, find_runs
 from smallinit.report import build_report
 from smallinit.report.diagnosis import diagnose
+from support.runs import TINY_MODEL
+from support.trainers import hf_trainer
 
 transformers = pytest.importorskip("transformers")
 
@@ -82,11 +82,11 @@ def test_a_monitored_trainer_run_is_diagnosed_not_judged(tmp_path):
 
 def test_a_run_the_claims_can_judge_keeps_the_claims_table(tmp_path):
     """Two seeds of γ 0.5 and 1: the folder is a study, so its claims come first and no run is diagnosed."""
-    from test_report import _fake_run
+    from support.report import fake_run
 
     for gamma in (0.5, 1.0):
         for seed in (0, 1):
-            _fake_run(
+            fake_run(
                 tmp_path / f"g{gamma}-s{seed}",
                 4.0 - gamma / 10 + seed / 100,
                 f"model.gamma={gamma}",

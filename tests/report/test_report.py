@@ -18,7 +18,6 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
-from helpers import TINY_MODEL
 from smallinit.analysis import load_run, residual_flow_ratio
 from smallinit.analysis.measure import held_out_batches
 from smallinit.analysis.result import AnalysisResult
@@ -29,6 +28,8 @@ from smallinit.report import figures, model_figures
 from smallinit.report.arrange import Groups, arm_keys, grids, varying_keys
 from smallinit.report.condensation import HEATMAPS_SHOWN
 from smallinit.report.markup import PAGE_WIDTH_PX, num, token_text
+from support.report import fake_run, gap_result
+from support.runs import TINY_MODEL
 
 # -- the report --------------------------------------------------------------------------------------------------
 
@@ -560,23 +561,6 @@ def test_loss_gaps_along_training_are_drawn_from_the_findings(tmp_path):
 # -- what the figures pool ---------------------------------------------------------------------------------------
 
 
-def _fake_run(folder, loss: float, *sets: str, finished: bool = True) -> None:
-    """A run folder as training leaves it (config, a validation curve, the summary once finished), with a
-    planted final loss."""
-    from smallinit import Config
-
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(
-        json.dumps(Config.load(overrides=[*TINY_MODEL, "train.steps=4", *sets]).to_dict())
-    )
-    last = 4 if finished else 2
-    (folder / "metrics.jsonl").write_text(
-        f'{{"step": 0, "val_loss": 5.5}}\n{{"step": {last}, "val_loss": {loss}}}\n'
-    )
-    if finished:
-        (folder / "summary.json").write_text(json.dumps({"step": 4, "val_loss": loss}))
-
-
 def _loss_rows(page: str, section: str) -> list[list[float]]:
     """The losses (numbers > 1.5: γ and ε are smaller) of each row of the tables in one section of the page."""
     part = page.split(f"<h2>{section}", 1)[1].split("<h2>", 1)[0]
@@ -591,7 +575,7 @@ def test_a_width_effect_is_not_shown_as_an_epsilon_effect(tmp_path):
     for gamma in (0.5, 1.0):
         for seed in (0, 1):
             for d, eps in ((16, 1e-5), (16, 1e-12), (24, 1e-12)):
-                _fake_run(
+                fake_run(
                     tmp_path / f"d{d}-eps{eps:g}-g{gamma}-s{seed}",
                     3.0 if d == 16 else 2.6,
                     f"model.d_model={d}",
@@ -599,7 +583,7 @@ def test_a_width_effect_is_not_shown_as_an_epsilon_effect(tmp_path):
                     f"model.norm_eps={eps}",
                     f"train.seed={seed}",
                 )
-    _fake_run(
+    fake_run(
         tmp_path / "stopped",
         9.0,
         "model.d_model=16",
@@ -678,7 +662,7 @@ def test_the_flow_legend_names_every_setting_that_separates_the_arms(tmp_path):
     for arm, sets in arms.items():
         for gamma in (0.5, 1.0):
             folder = tmp_path / f"{arm}-{gamma}"
-            _fake_run(folder, 3.0, f"model.gamma={gamma}", *sets)
+            fake_run(folder, 3.0, f"model.gamma={gamma}", *sets)
             with open(folder / "metrics.jsonl", "a") as f:
                 f.write(
                     json.dumps(
@@ -712,7 +696,7 @@ def test_heatmaps_of_the_judged_arm_come_first_with_a_colour_bar(tmp_path):
     groups = []
     for arm, sets in arms.items():
         for gamma in (0.5, 1.0):
-            _fake_run(tmp_path / f"{arm}-{gamma}", 3.0, f"model.gamma={gamma}", *sets)
+            fake_run(tmp_path / f"{arm}-{gamma}", 3.0, f"model.gamma={gamma}", *sets)
             groups.append(find_runs(tmp_path / f"{arm}-{gamma}"))
     judged = c6_judged(groups)
     assert sorted(judged.values()) == [0, 1] and {id(groups[2]), id(groups[3])} == set(judged)
@@ -734,7 +718,7 @@ def test_the_judged_heatmaps_are_at_the_reference_learning_rate(tmp_path):
         for gamma in (0.5, 1.0):
             for seed in seeds:
                 name = f"lr{lr}-g{gamma}-s{seed}"
-                _fake_run(
+                fake_run(
                     tmp_path / name,
                     3.0,
                     f"model.gamma={gamma}",
@@ -749,43 +733,9 @@ def test_the_judged_heatmaps_are_at_the_reference_learning_rate(tmp_path):
     assert set(judged) == {id(groups[0.003, 0.5]), id(groups[0.003, 1.0])}
 
 
-def _gap_result(seed: int, shift: float):
-    from smallinit.analysis.tokens import DifficultyBin, TokenGapResult
-
-    bins = [
-        DifficultyBin(
-            lo=i,
-            hi=i + 1,
-            count=100,
-            mean_difficulty=i + 0.5,
-            mean_delta_sym=shift + 0.1 * i,
-            se_delta_sym=0.01,
-            mean_loss_diff=shift + 0.2 * i,
-            se_loss_diff=0.02,
-        )
-        for i in range(4)
-    ]
-    settings = [{"model.gamma": g, "model.d_model": 16, "train.seed": seed} for g in (1.0, 0.5)]
-    return TokenGapResult(
-        tokens=400,
-        mean_delta_sym=shift,
-        mean_loss_a=3.0,
-        mean_loss_b=3.1,
-        bins=bins,
-        top_a=[],
-        top_b=[],
-        meta={
-            "label_a": f"γ=1 (seed {seed})",
-            "label_b": f"γ=0.5 (seed {seed})",
-            "settings_a": settings[0],
-            "settings_b": settings[1],
-        },
-    )
-
-
 def test_token_comparisons_of_several_seeds_are_pooled_with_the_seeds_folded(tmp_path):
     for seed, shift in ((0, 0.0), (1, 0.1), (2, 0.2)):
-        _gap_result(seed, shift).save(tmp_path / f"seed{seed}")
+        gap_result(seed, shift).save(tmp_path / f"seed{seed}")
     made = []
     real = model_figures.token_gap_pooled_figure
     with pytest.MonkeyPatch.context() as mp:

@@ -10,9 +10,9 @@ import json
 import re
 
 from PIL import Image
-from test_report import _fake_run, _gap_result
 
 from smallinit.cli import main
+from support.report import fake_run, gap_result
 
 REASON = (
     "descriptive: the bins are chosen by the same models whose profile is judged; and γ=1 is not better on "
@@ -63,7 +63,7 @@ def test_the_flow_figure_says_it_is_not_c5s_test(tmp_path):
     and its verdict stands beside the figure."""
     for gamma in (0.5, 1.0):
         folder = tmp_path / f"g{gamma}"
-        _fake_run(folder, 3.0, f"model.gamma={gamma}")
+        fake_run(folder, 3.0, f"model.gamma={gamma}")
         with open(folder / "metrics.jsonl", "a") as f:
             f.write(json.dumps({"event": "analysis", "step": 0, "residual_flow": 2.0 / gamma}) + "\n")
     _findings(tmp_path, _claim("C5", "inconclusive", "95% t-interval [-0.17, -0.01]; p = 0.11", ("exp γ1",)))
@@ -79,7 +79,7 @@ def test_the_flow_figure_says_it_is_not_c5s_test(tmp_path):
 
 def test_the_token_bars_carry_c7s_caveat(tmp_path):
     for seed, shift in ((0, 0.0), (1, 0.1), (2, 0.2)):
-        _gap_result(seed, shift).save(tmp_path / f"seed{seed}")
+        gap_result(seed, shift).save(tmp_path / f"seed{seed}")
     _findings(tmp_path, _claim("C7", "not testable here", REASON, ("mid−easy",)))
     tokens = _section(_report(tmp_path), "<h2>Token level: γ = 1 vs γ = 0.5 (3 seeds pooled)</h2>")
     figure = tokens.index('alt="token gap by difficulty, seeds pooled"')

@@ -8,13 +8,13 @@ import math
 from pathlib import Path
 
 import numpy as np
-from test_verdicts import FIXED, PARAMS, _srank_records, make_run
 
 from smallinit.monitor.runs import Run
 from smallinit.report.claims import claims_section, render_claims
 from smallinit.study.judging.claims import Runs, claim_c4, claim_c6, loss_comparison
 from smallinit.study.judging.findings_file import Findings
 from smallinit.study.judging.verdicts import INCONCLUSIVE, NOT_TESTABLE, verdict_table
+from support.verdicts import FIXED, PARAMS, make_run, srank_records
 
 # L(γ.5) − L(γ1) per seed: seed 3 is the one where γ = 1 did worst; without it the other three agree
 GAPS = [0.10, 0.11, 0.09, -0.30]
@@ -154,7 +154,7 @@ def test_c6_counts_a_diverged_seed_rather_than_judging_the_rebound_on_the_others
                 seed=seed,
                 arm=FIXED,
                 final=3.0,
-                analysis=_srank_records([20, 5, 4, 6, 8, 10, 12 + 0.3 * seed**2], steps),
+                analysis=srank_records([20, 5, 4, 6, 8, 10, 12 + 0.3 * seed**2], steps),
             )
         )
         runs.append(
@@ -164,7 +164,7 @@ def test_c6_counts_a_diverged_seed_rather_than_judging_the_rebound_on_the_others
                 seed=seed,
                 arm=FIXED,
                 final=3.1,
-                analysis=_srank_records([20 + 0.1 * seed] * 7, steps),
+                analysis=srank_records([20 + 0.1 * seed] * 7, steps),
             )
         )
     runs[6] = _diverge(runs[6])  # γ = 1, seed 3
@@ -186,7 +186,7 @@ def test_c6_names_a_size_whose_whole_gamma1_arm_diverged(tmp_path):
                     seed=seed,
                     arm=FIXED,
                     final=3.0,
-                    analysis=_srank_records([20, 5, 4, 6, 8, 10, 12], steps),
+                    analysis=srank_records([20, 5, 4, 6, 8, 10, 12], steps),
                 )
             )
         )
@@ -197,7 +197,7 @@ def test_c6_names_a_size_whose_whole_gamma1_arm_diverged(tmp_path):
                 seed=seed,
                 arm=FIXED,
                 final=3.1,
-                analysis=_srank_records([20 + 0.1 * seed] * 7, steps),
+                analysis=srank_records([20 + 0.1 * seed] * 7, steps),
             )
         )
     c6 = claim_c6(Runs(runs))

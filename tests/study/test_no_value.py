@@ -8,12 +8,12 @@ import json
 import math
 
 import numpy as np
-from test_verdicts import FIXED, PARAMS, _c3_runs, _srank_records, make_run
 
 from smallinit.monitor.runs import Run
 from smallinit.report.html import build_report
 from smallinit.study.judging.claims import Runs, claim_c3, claim_c4, claim_c5, claim_c6
 from smallinit.study.judging.verdicts import AGREE, NOT_TESTABLE, paired_t, region_p, verdict_table
+from support.verdicts import FIXED, PARAMS, c3_runs, make_run, srank_records
 
 
 def _flow(last: float) -> dict:
@@ -70,7 +70,7 @@ def _c6_runs(root, records: dict[int, int]) -> list:
     runs = []
     for seed in range(6):
         ranks = [20, 5, 4, 6, 8, 10, 12 + 0.3 * seed]
-        recs = _srank_records(ranks, steps)
+        recs = srank_records(ranks, steps)
         runs.append(
             make_run(root, gamma=1.0, seed=seed, arm=FIXED, final=3.0, analysis=recs[: records.get(seed, 7)])
         )
@@ -81,7 +81,7 @@ def _c6_runs(root, records: dict[int, int]) -> list:
                 seed=seed,
                 arm=FIXED,
                 final=3.1,
-                analysis=_srank_records([20 + 0.1 * seed] * 7, steps),
+                analysis=srank_records([20 + 0.1 * seed] * 7, steps),
             )
         )
     return runs
@@ -117,7 +117,7 @@ def test_c6_counts_a_nan_stable_rank_inside_a_record(tmp_path):
 def test_c3_counts_a_seed_without_a_sink_score(tmp_path):
     """A finished no-gate seed whose sink score is NaN: the sink comparisons say so and are not judged on the
     others."""
-    runs = _c3_runs(tmp_path, 0.3)
+    runs = c3_runs(tmp_path, 0.3)
     assert all(
         c.verdict != NOT_TESTABLE for c in claim_c3(Runs(runs)).comparisons if c.label.startswith("sink")
     )

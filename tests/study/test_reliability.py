@@ -25,13 +25,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers import TINY_MODEL, snapshot, tensors_of
 from smallinit import Config, load_model
 from smallinit.cli import main
 from smallinit.errors import SmallinitError, StorageError
 from smallinit.io import sha256_file
 from smallinit.train import Callback, Trainer
 from smallinit.train import checkpoint as ckpt
+from support.runs import TINY_MODEL, snapshot, tensors_of
 
 TINY = [
     *TINY_MODEL,

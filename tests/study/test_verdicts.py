@@ -39,61 +39,7 @@ from smallinit.study.judging.verdicts import (
     t_test,
     verdict_table,
 )
-
-PARAMS = 1000  # non-embedding parameters of every synthetic run; 1 × 10 tokens per step → 1 token/param per 100 steps
-NO_GATE = {"model.norm_eps": 1e-12, "model.gate": "none"}  # ε fixed, no gate (FIXED has both fixes)
-
-
-def make_run(
-    root: Path,
-    *,
-    gamma: float,
-    seed: int,
-    arm: dict,
-    d: int = 16,
-    final: float,
-    start: float = 5.0,
-    tpp: float = 40,
-    evals: int = 8,
-    curve=None,
-    analysis: list[dict] | None = None,
-    lr: float = 3e-3,
-    n_seq: int = 16,
-    seq_len: int = 10,
-) -> Run:
-    """A finished run whose validation loss falls from ``start`` to ``final`` (or follows ``curve(frac)``)."""
-    steps = int(tpp * PARAMS / seq_len)
-    model = {
-        "d_model": d,
-        "n_layers": 4,
-        "n_heads": 2,
-        "n_kv_heads": 2,
-        "d_ff": 3 * d,
-        "gamma": gamma,
-        "norm_eps_width": 0,
-        **{k.split(".")[1]: v for k, v in arm.items()},
-    }
-    cfg = {
-        "model": model,
-        "train": {"seed": seed, "steps": steps, "batch_size": 1, "lr": lr},
-        "data": {"seq_len": seq_len},
-        "analysis": {"batch_size": n_seq},
-    }
-    name = (
-        f"d{d}_g{gamma}_s{seed}_{arm['model.norm_eps']}_{arm['model.gate']}_{model['norm_eps_width']}_lr{lr}"
-    )
-    path = root / name
-    path.mkdir(parents=True)
-    (path / "config.json").write_text(json.dumps(cfg))
-    curve = curve or (lambda f: final + (start - final) * math.exp(-5 * f) - (start - final) * math.exp(-5))
-    every = steps // evals
-    lines = [{"step": s, "val_loss": curve(s / steps)} for s in range(0, steps + 1, every)]
-    lines += [{"event": "analysis", **rec} for rec in (analysis or [])]
-    (path / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
-    (path / "summary.json").write_text(
-        json.dumps({"step": steps, "val_loss": curve(1.0), "params_nonembed": PARAMS})
-    )
-    return Run.load(path)
+from support.verdicts import NO_GATE, PARAMS, c3_runs, make_run, srank_records
 
 
 def pair_runs(root: Path, arm: dict, gaps: list[float], d: int = 16, **kw) -> list[Run]:
@@ -423,52 +369,6 @@ def test_c2_judges_each_size_by_its_own_precondition(tmp_path):
     assert verdicts["ε-fix gain at γ1 @d24×4"] == NOT_TESTABLE
 
 
-def _sink_record(steps: int, per_layer: list[float]) -> list[dict]:
-    return [
-        {
-            "step": steps,
-            "sink": {str(i): v for i, v in enumerate(per_layer)},
-            "sink_mean": float(np.mean(per_layer)),
-        }
-    ]
-
-
-def _c3_runs(folder: Path, sink: float, d: int = 16, seq_len: int = 256, n_seq: int = 16) -> list[Run]:
-    """C3's grid at one size: γ {0.5, 1} × gate {none, elementwise} × 3 seeds. The no-gate γ = 1 runs' first layer
-    has sink score ``sink`` (uniform attention elsewhere); the gate lowers the loss by 0.05."""
-    steps, runs = int(40 * PARAMS / seq_len), []
-    for seed in range(3):
-        for g in (0.5, 1.0):
-            s = sink if g == 1.0 else 0.02
-            runs.append(
-                make_run(
-                    folder,
-                    gamma=g,
-                    seed=seed,
-                    arm=NO_GATE,
-                    d=d,
-                    final=3.05,
-                    seq_len=seq_len,
-                    n_seq=n_seq,
-                    analysis=_sink_record(steps, [s + 0.001 * seed * g, 0.02]),
-                )
-            )
-            runs.append(
-                make_run(
-                    folder,
-                    gamma=g,
-                    seed=seed,
-                    arm=FIXED,
-                    d=d,
-                    final=3.0,
-                    seq_len=seq_len,
-                    n_seq=n_seq,
-                    analysis=_sink_record(steps, [0.02 + 0.0003 * seed**2, 0.02]),
-                )
-            )
-    return runs
-
-
 def test_c3_needs_a_sink_and_enough_tokens(tmp_path):
     uniform = uniform_sink(256)
     assert uniform == pytest.approx(0.0201, abs=1e-4)  # (H_T − 1)/(T − 1); 0.059 at T = 64
@@ -477,7 +377,7 @@ def test_c3_needs_a_sink_and_enough_tokens(tmp_path):
         ("formed", 0.3, 256, 16),
         ("short", 0.3, 64, 4),
     ):
-        c3 = claim_c3(Runs(_c3_runs(tmp_path / label, sink, seq_len=seq_len, n_seq=n_seq)))
+        c3 = claim_c3(Runs(c3_runs(tmp_path / label, sink, seq_len=seq_len, n_seq=n_seq)))
         sinks = [c for c in c3.comparisons if c.label.startswith("sink")]
         assert len(sinks) == 2  # the γ contrast and Fig. 1g (gate vs no gate at γ = 1)
         if label == "formed":
@@ -488,14 +388,9 @@ def test_c3_needs_a_sink_and_enough_tokens(tmp_path):
             assert ("no sink has formed" if label == "none" else "needs ≥ 16 of ≥ 256") in sinks[0].reason
 
 
-def _srank_records(ranks: list[float], steps: int) -> list[dict]:
-    at = np.linspace(0, steps, len(ranks)).astype(int)
-    return [{"step": int(s), "stable_rank": {"m": r}} for s, r in zip(at, ranks)]
-
-
 def test_c3_judges_each_size_by_its_own_sink(tmp_path):
     """A sink at d = 32 and none at d = 16: d = 32's comparisons are judged, d = 16's are not testable."""
-    c3 = claim_c3(Runs(_c3_runs(tmp_path, 0.02, d=16) + _c3_runs(tmp_path, 0.3, d=32)))
+    c3 = claim_c3(Runs(c3_runs(tmp_path, 0.02, d=16) + c3_runs(tmp_path, 0.3, d=32)))
     for c in c3.comparisons:
         if "@d16" in c.label:
             assert c.verdict == NOT_TESTABLE and "no sink has formed" in c.reason, (c.label, c.reason)
@@ -518,7 +413,7 @@ def test_c6_judges_the_rebound_only_after_a_minimum(tmp_path):
                     seed=seed,
                     arm=FIXED,
                     final=3.0,
-                    analysis=_srank_records([r + 0.1 * seed for r in r1], steps),
+                    analysis=srank_records([r + 0.1 * seed for r in r1], steps),
                 )
             )
             runs.append(
@@ -528,7 +423,7 @@ def test_c6_judges_the_rebound_only_after_a_minimum(tmp_path):
                     seed=seed,
                     arm=FIXED,
                     final=3.1,
-                    analysis=_srank_records([20 + 0.1 * seed] * 7, steps),
+                    analysis=srank_records([20 + 0.1 * seed] * 7, steps),
                 )
             )
         rebound = next(c for c in claim_c6(Runs(runs)).comparisons if "rebound" in c.label)
@@ -670,7 +565,7 @@ def test_table_shows_reasons_and_legend(tmp_path):
 
 def test_table_says_a_shared_reason_once(tmp_path):
     """C3 at a size without a sink: its four comparisons share one reason, shown once under the first."""
-    c3 = claim_c3(Runs(_c3_runs(tmp_path, 0.02)))
+    c3 = claim_c3(Runs(c3_runs(tmp_path, 0.02)))
     assert len(c3.comparisons) == 4 and all("no sink has formed" in c.reason for c in c3.comparisons)
     lines = verdict_table([c3.to_dict()]).splitlines()
     reasons = [i for i, line in enumerate(lines) if "↳ no sink has formed" in line]

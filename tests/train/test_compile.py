@@ -7,13 +7,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import TINY_MODEL
 from smallinit import Config, ModelConfig, Transformer
 from smallinit.errors import ConfigError
 from smallinit.study.running import Sweep, SweepRunner, compile_cache_env
 from smallinit.train import Trainer, compiling
 from smallinit.train import checkpoint as ckpt
 from smallinit.train.distributed import compile_for_training
+from support.runs import TINY_MODEL
 
 TINY = [
     *TINY_MODEL,

@@ -18,12 +18,13 @@ import pytest
 import torch
 
 import smallinit
-from helpers import TINY_MODEL, tensors_of
 from smallinit import Config, Transformer
 from smallinit.errors import CheckpointError, ConfigError
 from smallinit.train import Trainer
 from smallinit.train import checkpoint as ckpt
 from smallinit.train.distributed import Runtime, check_layout, eval_pieces, parallelize, with_layout_of
+from support.distributed import cut_at, records, same, torchrun
+from support.runs import TINY_MODEL, tensors_of
 
 WORKER = str(Path(__file__).parents[1] / "_dist_worker.py")
 TINY = [
@@ -47,41 +48,8 @@ def sets(*items: str) -> list[str]:
     return [a for s in items for a in ("--set", s)]
 
 
-def torchrun(*args, timeout: float = 240, ranks: int = 2) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        str(ranks),
-        "--standalone",
-        *map(str, args),
-    ]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
 def final(run: Path) -> dict[str, torch.Tensor]:
     return tensors_of(ckpt.newest_checkpoint(run).path)
-
-
-def cut_at(src: Path, dst: Path, step: int) -> Path:
-    """A copy of run ``src`` as if it had been killed right after the checkpoint of ``step``."""
-    shutil.copytree(src, dst)
-    (dst / "summary.json").unlink(missing_ok=True)
-    for path in ckpt.list_checkpoints(dst):
-        if int(path.name[5:]) > step:
-            shutil.rmtree(path)
-    return dst
-
-
-def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
-    """Bit for bit: the same names, dtypes, shapes and bytes."""
-    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
 
 
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

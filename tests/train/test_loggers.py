@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TINY_MODEL
 from smallinit.cli import main
 from smallinit.config import Config
 from smallinit.train import Trainer
 from smallinit.train.callbacks import Callback
 from smallinit.train.loggers import TensorBoardLogger, scalars
+from support.runs import TINY_MODEL
 
 
 def tiny(corpus: Path) -> list[str]:

@@ -17,10 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_distributed import cut_at, records, same, torchrun
-from test_train import _train_cmd, _wait_for_step
 
-from helpers import TINY_MODEL, final_tensors
 from smallinit import Config, Transformer
 from smallinit.config import ModelConfig, TrainConfig
 from smallinit.train import Trainer
@@ -33,6 +30,9 @@ from smallinit.train.optim import (
     optimizer_split,
     set_lr,
 )
+from support.distributed import cut_at, records, same, torchrun
+from support.runs import TINY_MODEL, final_tensors
+from support.training import train_cmd, wait_for_step
 
 WORKER = str(Path(__file__).parents[1] / "_dist_worker.py")
 TINY = [
@@ -122,10 +122,10 @@ def test_the_cpu_presets_and_an_moe_preset_train_with_muon(tmp_path, preset):
 def test_muon_resumes_bit_exact_after_kill_9(tmp_path):
     args = ("train.steps=30", "train.checkpoint_every=4", "train.eval_every=10", "train.log_every=1")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(_train_cmd(tmp_path / "full", *TINY, *args), check=True, env=env, capture_output=True)
+    subprocess.run(train_cmd(tmp_path / "full", *TINY, *args), check=True, env=env, capture_output=True)
     run = tmp_path / "killed"
-    proc = subprocess.Popen(_train_cmd(run, *TINY, *args), env=env, stdout=subprocess.DEVNULL)
-    _wait_for_step(run, 10)
+    proc = subprocess.Popen(train_cmd(run, *TINY, *args), env=env, stdout=subprocess.DEVNULL)
+    wait_for_step(run, 10)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     assert 8 <= ckpt.latest_checkpoint(run).step < 30
@@ -143,7 +143,7 @@ def test_muon_resumes_bit_exact_after_kill_9(tmp_path):
 
 def test_a_bad_optimizer_name_is_one_line_with_the_choices(tmp_path):
     r = subprocess.run(
-        [*_train_cmd(tmp_path / "run", "train.optimizer=sgd")], capture_output=True, text=True, timeout=120
+        [*train_cmd(tmp_path / "run", "train.optimizer=sgd")], capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "adamw" in r.stderr and "muon" in r.stderr, r.stderr

@@ -7,26 +7,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import TINY_MODEL, final_tensors, snapshot
 from smallinit import Config, load_model
 from smallinit.errors import CheckpointError, ConfigError, Preempted, TrainingError
 from smallinit.train import Callback, Trainer, lr_at
 from smallinit.train import checkpoint as ckpt
-
-TINY = [
-    *TINY_MODEL,
-    "data.corpus=shakespeare",
-    "train.batch_size=8",
-    "train.warmup_steps=5",
-    "train.eval_batches=2",
-    "train.log_every=5",
-]
+from support.runs import TINY_MODEL, final_tensors, snapshot
+from support.training import TINY, train_cmd, wait_for_step
 
 
 def tiny(*extra: str) -> Config:
@@ -91,33 +81,15 @@ def test_resume_in_process_is_bit_exact(tmp_path):
     ]
 
 
-def _train_cmd(run: Path, *extra: str) -> list[str]:
-    sets = [a for s in (*TINY, *extra) for a in ("--set", s)]
-    return [sys.executable, "-m", "smallinit", "train", "--out", str(run), *sets]
-
-
-def _wait_for_step(run: Path, step: int, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if (run / "metrics.jsonl").exists():
-            steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if x]
-            if steps and max(steps) >= step:
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"{run} did not reach step {step}")
-
-
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_signal_then_resume_is_bit_exact(tmp_path, sig):
     """SIGKILL loses the steps since the last checkpoint; SIGTERM checkpoints the current step, exits 75."""
     args = ("train.steps=60", "train.checkpoint_every=4", "train.eval_every=20", "train.log_every=1")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(_train_cmd(tmp_path / "full", *args), check=True, env=env, capture_output=True)
+    subprocess.run(train_cmd(tmp_path / "full", *args), check=True, env=env, capture_output=True)
     run = tmp_path / "killed"
-    proc = subprocess.Popen(
-        _train_cmd(run, *args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    _wait_for_step(run, 10)
+    proc = subprocess.Popen(train_cmd(run, *args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_for_step(run, 10)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     last = ckpt.latest_checkpoint(run).step

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import TINY_MODEL, final_tensors, snapshot
 from smallinit import Config
 from smallinit.cli import main
 from smallinit.errors import ConfigError
 from smallinit.train import Callback, Progress, Trainer
+from support.runs import TINY_MODEL, final_tensors, snapshot
 
 TINY = [
     *TINY_MODEL,
