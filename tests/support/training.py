@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,3 +34,14 @@ def wait_for_step(run: Path, step: int, timeout: float = 120) -> None:
                 return
         time.sleep(0.05)
     raise AssertionError(f"{run} did not reach step {step}")
+
+
+def resume(run: Path, env: dict[str, str]) -> None:
+    """``smallinit train --out RUN --resume`` in a process of its own, which must finish."""
+    resumed = subprocess.run(
+        [sys.executable, "-m", "smallinit", "train", "--out", str(run), "--resume"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert resumed.returncode == 0, resumed.stderr

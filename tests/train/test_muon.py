@@ -12,7 +12,6 @@ import math
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,7 +31,7 @@ from smallinit.train.optim import (
 )
 from support.distributed import cut_at, records, same, torchrun
 from support.runs import TINY_MODEL, final_tensors
-from support.training import train_cmd, wait_for_step
+from support.training import resume, train_cmd, wait_for_step
 
 WORKER = str(Path(__file__).parents[1] / "_dist_worker.py")
 TINY = [
@@ -129,13 +128,7 @@ def test_muon_resumes_bit_exact_after_kill_9(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     assert 8 <= ckpt.latest_checkpoint(run).step < 30
-    resumed = subprocess.run(
-        [sys.executable, "-m", "smallinit", "train", "--out", str(run), "--resume"],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert resumed.returncode == 0, resumed.stderr
+    resume(run, env)
     full, res = final_tensors(tmp_path / "full"), final_tensors(run)
     assert any(k.endswith(".momentum_buffer") for k in full)
     assert same(full, res)

@@ -6,7 +6,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from smallinit.errors import CheckpointError, ConfigError, Preempted, TrainingEr
 from smallinit.train import Callback, Trainer, lr_at
 from smallinit.train import checkpoint as ckpt
 from support.runs import TINY_MODEL, final_tensors, snapshot
-from support.training import TINY, train_cmd, wait_for_step
+from support.training import TINY, resume, train_cmd, wait_for_step
 
 
 def tiny(*extra: str) -> Config:
@@ -102,13 +101,7 @@ def test_signal_then_resume_is_bit_exact(tmp_path, sig):
         )  # not "error:"
         logged = max(json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines())
         assert last == logged  # the step in flight was finished and saved
-    resumed = subprocess.run(
-        [sys.executable, "-m", "smallinit", "train", "--out", str(run), "--resume"],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert resumed.returncode == 0, resumed.stderr
+    resume(run, env)
     full, res = final_tensors(tmp_path / "full"), final_tensors(run)
     assert all(torch.equal(full[k], res[k]) for k in full)
 
