@@ -179,12 +179,18 @@ def test_demo_micro_end_to_end(tmp_path, capsys):
         assert any(line.startswith(c["claim"]) and c["verdict"] in line for line in printed.splitlines())
     assert (out / "verdicts.txt").read_text().strip() in printed
     # the plan finds what the runs found untestable, for the same reasons, but for the preconditions that only the
-    # runs can decide (it assumes they hold; where one failed, the runs' reason replaces the design's)
+    # runs can decide (it assumes they hold; where one failed, the runs' reason replaces the design's). A reason
+    # is its evidence, then what follows from it: the plan's evidence is the formula, the runs' is measured, so
+    # what must agree is the label and the consequence.
     planned = {c.claim: c for c in plan_recipe("demo", "micro", Hardware.make("cpu", 2)).claims}
     outcome = ("no minimum yet to rebound from", "not better on average", "bigram baseline")
 
-    def by_label(failing: dict[str, str]) -> dict[str, str]:  # a located minimum's step is an outcome too
-        return {re.sub(r"step \d+", "step N", label): why for label, why in failing.items()}
+    def by_label(failing: dict[str, str]) -> dict[str, str]:
+        # a located minimum's step is an outcome of the runs; a plan's label names none
+        return {re.sub(r"step \d+, ", "", label): why for label, why in failing.items()}
+
+    def consequence(why: str) -> str:
+        return why.rsplit(": ", 1)[-1]
 
     for c in findings["claims"]:
         real = by_label(
@@ -192,8 +198,8 @@ def test_demo_micro_end_to_end(tmp_path, capsys):
         )
         skip = {label for label, why in real.items() if any(o in why for o in outcome)}
         plan = by_label(planned[c["claim"]].failing)
-        assert {k: v for k, v in plan.items() if k not in skip} == {
-            k: v for k, v in real.items() if k not in skip
+        assert {k: consequence(v) for k, v in plan.items() if k not in skip} == {
+            k: consequence(v) for k, v in real.items() if k not in skip
         }, c["claim"]
 
 
