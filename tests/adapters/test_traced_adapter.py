@@ -5,6 +5,7 @@ eager softmax) and on Hugging Face architectures read through it instead of thei
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 import pytest
@@ -299,6 +300,29 @@ def test_the_monitor_watches_every_matrix_and_each_part_of_a_fused_one(tmp_path,
         Monitor(
             model, every=1, batch=ids, out=tmp_path / "other", matrices=["*.wo.weight", "*.q_proj.weight"]
         )
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["sdpa", "eager-softmax"])
+def test_the_parts_are_followed_once_and_later_observations_keep_no_product_alive(eager):
+    """Following which rows of a fused matrix make q, k and v keeps every product of the forward alive until
+    it ends (on torchtitan's debug model, more memory than a training step): the first observation of
+    attention learns the parts, later ones keep no product the measurements do not read and give the same
+    parts. Read here: whether the first block's w_gate output is still alive when the readout runs."""
+    model, ids = Decoder(eager=eager).eval(), _ids(2)
+    adapter, outputs, alive = TracedAdapter(model), [], []
+    model.stack[0].ffn.w_gate.register_forward_hook(lambda _m, _a, out: outputs.append(weakref.ref(out)))
+    model.readout.register_forward_pre_hook(lambda _m, _a: alive.append(outputs[-1]() is not None))
+    with torch.no_grad():
+        adapter.observe(ids, kinds=("residual",))  # the blocks are found; nothing asks for the parts
+        alive.clear()
+        adapter.observe(ids, kinds=("attention",))
+        parts = {name: {p: r.clone() for p, r in rows.items()} for name, rows in adapter.parts.items()}
+        adapter.observe(ids, kinds=("attention", "residual", "norms"))
+    assert alive == [True, False]  # followed on the first observation, not on the second
+    assert set(parts) == {f"stack.{i}.mix.wqkv.weight" for i in range(3)}
+    assert {n: {p: r.tolist() for p, r in rows.items()} for n, rows in adapter.parts.items()} == {
+        n: {p: r.tolist() for p, r in rows.items()} for n, rows in parts.items()
+    }
 
 
 class SharpDecoder(nn.Module):

@@ -60,8 +60,10 @@ class TracedAdapter:
         self.no_blocks: str | None = None
         embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
         self._vocab = max((m.num_embeddings for m in embeddings), default=None)
-        # per fused matrix (by parameter name), the rows (out × in) that make each part: q, k, v
-        self.parts: dict[str, dict[str, torch.Tensor]] = {}
+        # per fused matrix (by parameter name), the rows (out × in) that make each part: q, k, v; followed
+        # on the first forward that observes attention only: following keeps every product of the forward
+        # alive, which costs more memory than the forward itself, and the parts are the architecture's
+        self.parts: dict[str, dict[str, torch.Tensor]] | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -85,7 +87,7 @@ class TracedAdapter:
         kinds = check_kinds(kinds)
         T = tokens.shape[-1]
 
-        sources, notes = _Sources(self.module), []
+        sources, notes = _Sources(self.module, following=self.parts is None and "attention" in kinds), []
         if _compiled(self.module):
             notes.append("torch.compile'd modules run eagerly while measuring")
 
@@ -109,7 +111,8 @@ class TracedAdapter:
         if targets is not None:
             out.loss = cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
         if "attention" in kinds:
-            self.parts = sources.parts
+            if sources.following and not problems:
+                self.parts = sources.parts
             name = type(self.module).__name__
             if problems:  # one call that cannot be rebuilt would make every layer's mean wrong
                 out.attention, out.missing["attention"] = [], problems[0]
@@ -339,8 +342,8 @@ class _Sources:
 
     DEPTH = 24  # ops a source is followed through: enough for position encoding, not the whole network
 
-    def __init__(self, model: nn.Module):
-        self.model = model
+    def __init__(self, model: nn.Module, following: bool = True):
+        self.model, self.following = model, following
         self.names = {id(p): n for n, p in model.named_parameters()}
         # storage → (matrix name, rows of a product's output (None: read them off the view's strides) or
         # the rows a derived tensor is made of, the product's width, ops since the product)
@@ -350,6 +353,8 @@ class _Sources:
         self.alive: list[torch.Tensor] = []  # what is followed stays alive, so no storage is reused meanwhile
 
     def follow(self, func, args, kwargs, out) -> None:
+        if not self.following:
+            return
         weight = None
         if func is F.linear and len(args) > 1:
             weight = args[1]
@@ -397,7 +402,7 @@ class _Sources:
     def products(self, func, args) -> None:
         """Eager attention's two products: scores q·kᵀ of one matrix's rows (kept by matrix), then the weights
         times v, whose rows of the same matrix, with the scores', are the attention's inputs."""
-        if func not in self.MATMUL or len(args) < 2:
+        if not self.following or func not in self.MATMUL or len(args) < 2:
             return
         a, b = (self.source(t) if isinstance(t, torch.Tensor) else None for t in args[:2])
         if b is not None and b[0] in self.scores:  # the weights (made of the scores) times v
@@ -407,6 +412,8 @@ class _Sources:
             self.scores[a[0]] = (a[1], b[1])
 
     def attention_inputs(self, q, k, v) -> None:
+        if not self.following:
+            return
         found = [self.source(t) if isinstance(t, torch.Tensor) else None for t in (q, k, v)]
         if any(f is None for f in found) or len({f[0] for f in found}) != 1:
             return
