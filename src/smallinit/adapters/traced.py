@@ -23,6 +23,7 @@ forward that cannot be run on token ids is one line saying what to pass (``call=
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
@@ -130,7 +131,8 @@ class TracedAdapter:
             return self.call(self.module, tokens)
         if is_hf_causal_lm(self.module):
             return self.module(input_ids=tokens, use_cache=False)
-        return self.module(tokens)
+        masks = _own_masks(self.module, tokens)
+        return self.module(tokens) if masks is None else self.module(tokens, attention_masks=masks)
 
     def _logits(self, tokens: torch.Tensor) -> torch.Tensor:
         name = type(self.module).__name__
@@ -166,6 +168,20 @@ class TracedAdapter:
                 f"(batch, T, vocabulary); {WHAT_TO_PASS}"
             )
         return logits
+
+
+def _own_masks(model: nn.Module, tokens: torch.Tensor) -> Any:
+    """The attention masks a model builds for itself where its forward takes them from its caller (torchtitan's
+    flex and varlen attention: ``get_attention_masks(positions)``, called as its trainer calls it), for rows
+    that are one document each; None for a model that builds none there."""
+    build = getattr(model, "get_attention_masks", None)
+    if not callable(build) or "attention_masks" not in inspect.signature(model.forward).parameters:
+        return None
+    positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+    try:
+        return build(positions)
+    except TypeError:  # an attention that takes no masks (torchtitan's SDPA): its forward is causal alone
+        return None
 
 
 @contextlib.contextmanager
