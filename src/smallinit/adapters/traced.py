@@ -11,7 +11,7 @@ finds each matrix's d_in: nothing is declared, everything is read off one ordina
   (adapters.norm_calls), at the ε the call used.
 * The attention: every softmax attention call, caught where it is computed: ``F.scaled_dot_product_attention``
   (its queries and keys after position encoding, mask, causal flag and scale), ``flex_attention`` (its
-  ``block_mask`` evaluated on the positions; a ``score_mod`` cannot be rebuilt from q and k and is named),
+  ``block_mask`` and ``score_mod`` evaluated on the positions),
   and an eager softmax over the last axis of a (batch, heads, T, S ≥ T) tensor of scores, whose
   probabilities are kept as they are. ``torch.compile``d modules run eagerly while observed (said in a note),
   and a compiled ``flex_attention`` (torchtitan's) by smallinit's math path of the same attention.
@@ -37,7 +37,15 @@ from smallinit.adapters.eager import attention_scores, visible
 from smallinit.adapters.hf import is_hf_causal_lm
 from smallinit.adapters.hooks import observe_by_hooks
 from smallinit.adapters.norm_calls import NormCalls, record_norm_calls
-from smallinit.adapters.protocol import AttentionInputs, NormForm, Observed, check_kinds, readable_norm_forms
+from smallinit.adapters.protocol import (
+    AttentionInputs,
+    NormForm,
+    Observed,
+    check_kinds,
+    flex_indices,
+    readable_norm_forms,
+    score_modded,
+)
 from smallinit.adapters.stream import residual_blocks
 from smallinit.errors import ModelError
 from smallinit.model.loss import cross_entropy
@@ -307,7 +315,11 @@ def _flex_recorded(model: nn.Module, mode: _AttentionMode) -> Iterator[None]:
                 return flex_attention(
                     query, key, value, score_mod, block_mask, scale, enable_gqa, *args, **kw
                 )
-            return _flex_math(query, key, value, mask, scale, *args, **kw)
+            mode.notes.append(
+                "compiled flex_attention computed by smallinit's math path (softmax(score_mod(q·kᵀ·scale)) "
+                "over the block_mask's mask) while measuring"
+            )
+            return _flex_math(query, key, value, score_mod, mask, scale, *args, **kw)
 
     swapped: list[tuple[Any, str, Any, Callable]] = []
     for cls in {type(m) for m in model.modules()}:
@@ -321,10 +333,6 @@ def _flex_recorded(model: nn.Module, mode: _AttentionMode) -> Iterator[None]:
                     # compiled (torchtitan's): the same attention computed from q, k, v and the mask the
                     # block_mask gives, since the compiled kernel cannot be recorded nor on a CPU always built
                     swapped.append((owner, attr, value, by_math))
-                    mode.notes.append(
-                        f"{cls.__name__}.{attr} (compiled flex_attention) computed by smallinit's math path "
-                        "(softmax(q·kᵀ·scale) over the block_mask's mask) while measuring"
-                    )
     try:
         for owner, attr, _, swap in swapped:
             setattr(owner, attr, staticmethod(swap) if isinstance(owner, type) else swap)
@@ -334,15 +342,16 @@ def _flex_recorded(model: nn.Module, mode: _AttentionMode) -> Iterator[None]:
             setattr(owner, attr, value)
 
 
-def _flex_math(q, k, v, mask, scale, return_lse=False, kernel_options=None, *, return_aux=None):  # noqa: ARG001
-    """flex_attention without score_mod as plain math, over ``mask`` (B, H, T, S) bool: its output, with the
-    log-sum-exp where asked, in flex_attention's return conventions. Keys with fewer heads are shared."""
+def _flex_math(q, k, v, score_mod, mask, scale, return_lse=False, kernel_options=None, *, return_aux=None):  # noqa: ARG001
+    """flex_attention as plain math, its score_mod on the scaled scores, over ``mask`` (B, H, T, S) bool: its
+    output, with the log-sum-exp where asked, in flex_attention's return conventions. Keys with fewer heads
+    are shared."""
     from torch.nn.attention.flex_attention import AuxOutput
 
     rep = q.shape[1] // k.shape[1]
     k, v = (k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)) if rep > 1 else (k, v)
     s = (q.float() @ k.float().transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5)
-    s = s.masked_fill(~mask, float("-inf"))
+    s = score_modded(score_mod, s).masked_fill(~mask, float("-inf"))
     out = (s.softmax(-1) @ v.float()).to(q.dtype)
     lse = torch.logsumexp(s, dim=-1)
     if return_aux is not None:
@@ -454,26 +463,29 @@ def _tensors(args, kwargs) -> list[torch.Tensor]:
 
 
 def _record_flex(mode: _AttentionMode, q, k, score_mod, block_mask, scale) -> torch.Tensor | None:
-    """Record one flex_attention call, and return the mask its block_mask gives (None: not rebuildable)."""
+    """Record one flex_attention call, and return the mask its block_mask gives (None: not rebuildable). Its
+    mask_mod and score_mod are evaluated on index tensors that broadcast over the scores; one that cannot be
+    (Python control flow on the indices' values) is named in problems."""
     name = mode.where()
-    if score_mod is not None:
-        mode.problems.append(f"{name}: flex_attention with a score_mod cannot be rebuilt from q and k")
-        return None
     B, H, T, S = q.shape[0], q.shape[1], q.shape[-2], k.shape[-2]
     mask = torch.ones(1, 1, T, S, dtype=torch.bool, device=q.device)
-    if block_mask is not None:
-        b = torch.arange(B, device=q.device).view(B, 1, 1, 1)
-        h = torch.arange(H, device=q.device).view(1, H, 1, 1)
-        qi = torch.arange(T, device=q.device).view(1, 1, T, 1)
-        ki = torch.arange(S, device=q.device).view(1, 1, 1, S)
-        try:
-            mask = block_mask.mask_mod(b, h, qi, ki).expand(B, H, T, S).bool()
-        except (RuntimeError, TypeError, IndexError) as e:
-            mode.problems.append(
-                f"{name}: the flex_attention block_mask's mask_mod cannot be evaluated ({e})"
-            )
-            return None
-    mode.records.append(AttentionInputs(name=name, q=q.detach(), k=k.detach(), mask=mask, scale=scale))
+    shape = torch.Size((B, H, T, S))
+    first = torch.zeros(B, H, 1, S, dtype=torch.float32, device=q.device)  # the first query's scores
+    try:
+        which = "block_mask's mask_mod"
+        if block_mask is not None:
+            mask = block_mask.mask_mod(*flex_indices(shape, 0, q.device)).expand(shape).bool()
+        which = "score_mod"
+        if score_mod is not None and score_modded(score_mod, first).shape != first.shape:
+            raise ValueError("it does not keep the scores' shape")
+    except (RuntimeError, TypeError, IndexError, ValueError) as e:
+        mode.problems.append(
+            f"{name}: the flex_attention {which} cannot be evaluated on broadcast index tensors ({e})"
+        )
+        return None
+    mode.records.append(
+        AttentionInputs(name=name, q=q.detach(), k=k.detach(), mask=mask, scale=scale, score_mod=score_mod)
+    )
     return mask
 
 
