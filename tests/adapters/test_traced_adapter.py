@@ -5,6 +5,7 @@ eager softmax) and on Hugging Face architectures read through it instead of thei
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 import pytest
@@ -31,12 +32,20 @@ def _rope(x: torch.Tensor) -> torch.Tensor:
     return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
 
 
+_compiled_flex = torch.compile(flex_attention)  # bound in the module, as torchtitan binds its compiled flex
+
+
+def _alibi_capped(score, b, h, q_idx, kv_idx):
+    """A score_mod: ALiBi's per-head penalty on the distance, then soft-capping at 5."""
+    return 5.0 * torch.tanh((score - (h + 1) * 0.5 * (q_idx - kv_idx)) / 5.0)
+
+
 class Mixer(nn.Module):
     def __init__(self, eager: bool):
         super().__init__()
         self.wqkv = nn.Linear(D, (HEADS + 2 * KV_HEADS) * HD, bias=False)
         self.wo = nn.Linear(HEADS * HD, D, bias=False)
-        self.eager, self.probs = eager, None
+        self.eager, self.probs, self.score_mod = eager, None, _alibi_capped
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, L, _ = x.shape
@@ -48,6 +57,11 @@ class Mixer(nn.Module):
         if self.eager == "flex":
             causal = create_block_mask(lambda b, h, i, j: j <= i, None, None, L, L, device="cpu")
             y = flex_attention(q, k, v, block_mask=causal)
+        elif self.eager in ("flex-mod", "flex-mod-eager"):  # compiled, or not: the same attention
+            causal = create_block_mask(lambda b, h, i, j: j <= i, None, None, L, L, device="cpu")
+            self.qk = (q, k)
+            attend = _compiled_flex if self.eager == "flex-mod" else flex_attention
+            y = attend(q, k, v, score_mod=self.score_mod, block_mask=causal)
         elif self.eager:
             s = (q @ k.transpose(-2, -1)) / math.sqrt(HD)
             s = s.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
@@ -299,6 +313,66 @@ def test_the_monitor_watches_every_matrix_and_each_part_of_a_fused_one(tmp_path,
         Monitor(
             model, every=1, batch=ids, out=tmp_path / "other", matrices=["*.wo.weight", "*.q_proj.weight"]
         )
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["sdpa", "eager-softmax"])
+def test_the_parts_are_followed_once_and_later_observations_keep_no_product_alive(eager):
+    """Following which rows of a fused matrix make q, k and v keeps every product of the forward alive until
+    it ends (on torchtitan's debug model, more memory than a training step): the first observation of
+    attention learns the parts, later ones keep no product the measurements do not read and give the same
+    parts. Read here: whether the first block's w_gate output is still alive when the readout runs."""
+    model, ids = Decoder(eager=eager).eval(), _ids(2)
+    adapter, outputs, alive = TracedAdapter(model), [], []
+    model.stack[0].ffn.w_gate.register_forward_hook(lambda _m, _a, out: outputs.append(weakref.ref(out)))
+    model.readout.register_forward_pre_hook(lambda _m, _a: alive.append(outputs[-1]() is not None))
+    with torch.no_grad():
+        adapter.observe(ids, kinds=("residual",))  # the blocks are found; nothing asks for the parts
+        alive.clear()
+        adapter.observe(ids, kinds=("attention",))
+        parts = {name: {p: r.clone() for p, r in rows.items()} for name, rows in adapter.parts.items()}
+        adapter.observe(ids, kinds=("attention", "residual", "norms"))
+    assert alive == [True, False]  # followed on the first observation, not on the second
+    assert set(parts) == {f"stack.{i}.mix.wqkv.weight" for i in range(3)}
+    assert {n: {p: r.tolist() for p, r in rows.items()} for n, rows in adapter.parts.items()} == {
+        n: {p: r.tolist() for p, r in rows.items()} for n, rows in parts.items()
+    }
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_compiled_flex_attention_with_a_score_mod_is_measured_as_flex_computes_it():
+    """A compiled flex_attention with a score_mod (ALiBi's distance penalty, soft-capped), measured on the CPU
+    by smallinit's math path of it: the sink per layer is the weight flex_attention itself puts on token 1
+    (its output for values that are 1 on token 1 and 0 elsewhere, on the q and k of the measured forward),
+    and the logits while measuring are those of the same model with flex_attention uncompiled."""
+    from smallinit.measures.sink import sink_from_attention
+
+    model, ids = Decoder(eager="flex-mod").eval(), _ids(2)
+    with torch.no_grad():
+        observed = TracedAdapter(model).observe(ids, kinds=("attention",))
+        assert not observed.missing and "math path" in observed.notes["attention"], observed.notes
+        sink = sink_from_attention(observed.attention)
+        expected = []
+        for layer in model.stack:
+            q, k = layer.mix.qk
+            ones = torch.zeros_like(k)
+            ones[:, :, 0, 0] = 1.0  # v: 1 on token 1, so the output is the weight on it
+            causal = create_block_mask(lambda b, h, i, j: j <= i, None, None, T, T, device="cpu")
+            weight = flex_attention(q, k, ones, score_mod=_alibi_capped, block_mask=causal)[..., 0]
+            expected.append(weight[:, :, 1:].double().mean().item())
+        assert sink.per_layer == pytest.approx(expected, rel=1e-5)
+        uncompiled = Decoder(eager="flex-mod-eager").eval()
+        torch.testing.assert_close(observed.logits, uncompiled(ids), rtol=1e-5, atol=1e-6)
+    # a score_mod written for one score alone (a reduction over its last axis: the identity there) cannot be
+    # evaluated on all the scores at once: one line, never a number
+    broken = Decoder(eager="flex-mod").eval()
+    for layer in broken.stack:
+        layer.mix.score_mod = lambda score, b, h, q_idx, kv_idx: score.sum(-1, keepdim=True)
+    with torch.no_grad():
+        got = measure_activations(broken, ids)
+    assert (
+        got.sink is None
+        and "score_mod cannot be evaluated on broadcast index tensors" in (got.not_measured["sink"])
+    ), got.not_measured
 
 
 class SharpDecoder(nn.Module):

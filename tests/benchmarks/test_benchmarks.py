@@ -104,3 +104,14 @@ def test_muon_benchmark_times_both_optimizers_in_one_run():
     assert [r.stat.n for r in rows] == [1, 3] and all(
         0 < r.stat.lo <= r.stat.median <= r.stat.hi for r in rows
     )
+
+
+def test_the_engines_benchmark_reads_each_calls_own_peak_memory():
+    """The peak above what was resident, per call: 256 MiB allocated, touched and freed inside a call shows
+    as that much, and a call after it that allocates nothing as none of it (the peak starts again)."""
+    from bench_engines_cost import _with_peak
+
+    peaks: list[float] = []
+    _with_peak(lambda: torch.ones(64, 1024, 1024), peaks)()  # 256 MiB of fp32
+    _with_peak(lambda: None, peaks)()
+    assert 250 < peaks[0] < 300 and peaks[1] < 8, peaks

@@ -48,7 +48,8 @@ def run(args: list[str], cwd: Path) -> None:
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(WORKER.parent),
+        # the workers beside the smallinit this test imports (a checkout on PYTHONPATH, not the installed one)
+        "PYTHONPATH": os.pathsep.join([str(WORKER.parent), *filter(None, [os.environ.get("PYTHONPATH")])]),
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
     }
@@ -158,6 +159,13 @@ def gate_model(engine: str):
             ("qkv_linear", "wo"),
             2048,
         )
+    elif engine == "litgpt":
+        pytest.importorskip("litgpt")
+        from litgpt import GPT
+
+        model = GPT(litgpt_config())
+        gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0))
+        first, projections, vocab = "transformer.h.0.attn", ("qkv", "proj"), 256
     else:
         pytest.importorskip("olmo_core")
         from olmo_core.nn.transformer import TransformerConfig
@@ -174,7 +182,7 @@ def gate_model(engine: str):
     )
 
 
-@pytest.mark.parametrize("engine", ["torchtitan", "OLMo-core"])
+@pytest.mark.parametrize("engine", ["torchtitan", "OLMo-core", "litgpt"])
 def test_the_gate_on_an_engines_model_is_the_papers_and_trains(engine):
     """add_attention_gate_ on the engine's own model: the output projection of the first block reads
     Y ⊙ σ(X W_θ), Y and X taken from the ungated model (its query projection's input, its output projection's
@@ -186,7 +194,8 @@ def test_the_gate_on_an_engines_model_is_the_papers_and_trains(engine):
     model, first, (q, o), tokens = gate_model(engine)
     ungated = copy.deepcopy(model)
     report = add_attention_gate_(model, "elementwise", 1.0, generator=torch.Generator().manual_seed(2))
-    blocks = [n for n, m in model.named_modules() if n.endswith("attention") and hasattr(m, o)]
+    kind = first.rsplit(".", 1)[1]  # what the engine calls its attention blocks
+    blocks = [n for n, m in model.named_modules() if n.endswith(kind) and hasattr(m, o)]
     assert report.blocks == blocks and len(blocks) >= 2 and not report.ungated and not report.kept
     seen = {}
 
@@ -346,10 +355,11 @@ def check_against_references(
     return rec, {"flow": flow, "sink": sinks, "norm_factor": factors}
 
 
-@pytest.mark.parametrize("inner", ["sdpa", "flex"])
+@pytest.mark.parametrize("inner", ["sdpa", "flex", "flex-call"])
 def test_torchtitan_measurements_equal_their_references(tmp_path, inner):
     """SDPA, and torchtitan's default: flex attention, compiled, with its block mask from
-    get_attention_masks (passed by call=), measured on the CPU through smallinit's math path of it, said."""
+    get_attention_masks (built by the adapter as torchtitan's trainer builds it, or passed by call=), measured
+    on the CPU through smallinit's math path of it, said."""
     pytest.importorskip("torchtitan")
     from torchtitan.models.common.attention import ScaledDotProductAttention
     from torchtitan.models.llama3 import model_registry
@@ -400,12 +410,13 @@ def test_torchtitan_measurements_equal_their_references(tmp_path, inner):
         norms=norms,
         fused=fused,
         tmp_path=tmp_path,
-        monitored=TracedAdapter(model, call=with_masks) if inner == "flex" else None,
+        monitored=TracedAdapter(model, call=with_masks) if inner == "flex-call" else None,
     )
     assert not rec.not_measured
-    if inner == "flex":  # and says how
+    if inner != "sdpa":  # and says how
         with torch.no_grad():
-            notes = TracedAdapter(model, call=with_masks).observe(tokens, kinds=("attention",)).notes
+            adapter = TracedAdapter(model, call=with_masks if inner == "flex-call" else None)
+            notes = adapter.observe(tokens, kinds=("attention",)).notes
         assert "math path" in notes["attention"], notes
 
 

@@ -21,7 +21,7 @@ To measure your own module, give an object with these members (``module`` can be
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -52,9 +52,10 @@ class AttentionInputs:
 
     ``mask``: None for causal attention (query i sees keys j ≤ i, and with ``window`` only i − j < window); a
     bool tensor (True: may attend) or a float tensor added to the scores, either broadcastable to
-    (B, H, T, S). ``scale`` multiplies q·k (None: hd^(−1/2)); ``softcap`` c turns a score s into
-    c·tanh(s/c) before the mask; ``sink_logits`` (H,) are extra logits in each head's softmax denominator
-    (learned sinks) that take weight from every key.
+    (B, H, T, S). ``scale`` multiplies q·k (None: hd^(−1/2)); ``score_mod`` (flex_attention's) turns a scaled
+    score into ``score_mod(score, b, h, q_idx, kv_idx)``, evaluated on index tensors that broadcast to the
+    scores; ``softcap`` c turns a score s into c·tanh(s/c) before the mask; ``sink_logits`` (H,) are extra
+    logits in each head's softmax denominator (learned sinks) that take weight from every key.
     """
 
     name: str
@@ -64,8 +65,26 @@ class AttentionInputs:
     mask: torch.Tensor | None = None
     window: int | None = None
     scale: float | None = None
+    score_mod: Callable | None = None
     softcap: float | None = None
     sink_logits: torch.Tensor | None = None
+
+
+def score_modded(score_mod: Callable | None, s: torch.Tensor, lo: int = 0) -> torch.Tensor:
+    """Scaled scores ``s`` (B, H, queries lo…, S) after flex_attention's ``score_mod`` (None: as they are)."""
+    return s if score_mod is None else score_mod(s, *flex_indices(s.shape, lo, s.device))
+
+
+def flex_indices(shape: torch.Size, lo: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """flex_attention's (b, h, q_idx, kv_idx) for scores of ``shape`` (B, H, queries lo…, S), each shaped to
+    broadcast against them."""
+    B, H, n, S = shape
+    return (
+        torch.arange(B, device=device).view(B, 1, 1, 1),
+        torch.arange(H, device=device).view(1, H, 1, 1),
+        torch.arange(lo, lo + n, device=device).view(1, 1, n, 1),
+        torch.arange(S, device=device).view(1, 1, 1, S),
+    )
 
 
 @dataclass

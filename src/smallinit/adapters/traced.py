@@ -11,7 +11,7 @@ finds each matrix's d_in: nothing is declared, everything is read off one ordina
   (adapters.norm_calls), at the ε the call used.
 * The attention: every softmax attention call, caught where it is computed: ``F.scaled_dot_product_attention``
   (its queries and keys after position encoding, mask, causal flag and scale), ``flex_attention`` (its
-  ``block_mask`` evaluated on the positions; a ``score_mod`` cannot be rebuilt from q and k and is named),
+  ``block_mask`` and ``score_mod`` evaluated on the positions),
   and an eager softmax over the last axis of a (batch, heads, T, S ≥ T) tensor of scores, whose
   probabilities are kept as they are. ``torch.compile``d modules run eagerly while observed (said in a note),
   and a compiled ``flex_attention`` (torchtitan's) by smallinit's math path of the same attention.
@@ -23,6 +23,7 @@ forward that cannot be run on token ids is one line saying what to pass (``call=
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
@@ -36,7 +37,15 @@ from smallinit.adapters.eager import attention_scores, visible
 from smallinit.adapters.hf import is_hf_causal_lm
 from smallinit.adapters.hooks import observe_by_hooks
 from smallinit.adapters.norm_calls import NormCalls, record_norm_calls
-from smallinit.adapters.protocol import AttentionInputs, NormForm, Observed, check_kinds, readable_norm_forms
+from smallinit.adapters.protocol import (
+    AttentionInputs,
+    NormForm,
+    Observed,
+    check_kinds,
+    flex_indices,
+    readable_norm_forms,
+    score_modded,
+)
 from smallinit.adapters.stream import residual_blocks
 from smallinit.errors import ModelError
 from smallinit.model.loss import cross_entropy
@@ -60,8 +69,10 @@ class TracedAdapter:
         self.no_blocks: str | None = None
         embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
         self._vocab = max((m.num_embeddings for m in embeddings), default=None)
-        # per fused matrix (by parameter name), the rows (out × in) that make each part: q, k, v
-        self.parts: dict[str, dict[str, torch.Tensor]] = {}
+        # per fused matrix (by parameter name), the rows (out × in) that make each part: q, k, v; followed
+        # on the first forward that observes attention only: following keeps every product of the forward
+        # alive, which costs more memory than the forward itself, and the parts are the architecture's
+        self.parts: dict[str, dict[str, torch.Tensor]] | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -85,7 +96,7 @@ class TracedAdapter:
         kinds = check_kinds(kinds)
         T = tokens.shape[-1]
 
-        sources, notes = _Sources(self.module), []
+        sources, notes = _Sources(self.module, following=self.parts is None and "attention" in kinds), []
         if _compiled(self.module):
             notes.append("torch.compile'd modules run eagerly while measuring")
 
@@ -109,7 +120,8 @@ class TracedAdapter:
         if targets is not None:
             out.loss = cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
         if "attention" in kinds:
-            self.parts = sources.parts
+            if sources.following and not problems:
+                self.parts = sources.parts
             name = type(self.module).__name__
             if problems:  # one call that cannot be rebuilt would make every layer's mean wrong
                 out.attention, out.missing["attention"] = [], problems[0]
@@ -127,7 +139,8 @@ class TracedAdapter:
             return self.call(self.module, tokens)
         if is_hf_causal_lm(self.module):
             return self.module(input_ids=tokens, use_cache=False)
-        return self.module(tokens)
+        masks = _own_masks(self.module, tokens)
+        return self.module(tokens) if masks is None else self.module(tokens, attention_masks=masks)
 
     def _logits(self, tokens: torch.Tensor) -> torch.Tensor:
         name = type(self.module).__name__
@@ -163,6 +176,20 @@ class TracedAdapter:
                 f"(batch, T, vocabulary); {WHAT_TO_PASS}"
             )
         return logits
+
+
+def _own_masks(model: nn.Module, tokens: torch.Tensor) -> Any:
+    """The attention masks a model builds for itself where its forward takes them from its caller (torchtitan's
+    flex and varlen attention: ``get_attention_masks(positions)``, called as its trainer calls it), for rows
+    that are one document each; None for a model that builds none there."""
+    build = getattr(model, "get_attention_masks", None)
+    if not callable(build) or "attention_masks" not in inspect.signature(model.forward).parameters:
+        return None
+    positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+    try:
+        return build(positions)
+    except TypeError:  # an attention that takes no masks (torchtitan's SDPA): its forward is causal alone
+        return None
 
 
 @contextlib.contextmanager
@@ -288,7 +315,11 @@ def _flex_recorded(model: nn.Module, mode: _AttentionMode) -> Iterator[None]:
                 return flex_attention(
                     query, key, value, score_mod, block_mask, scale, enable_gqa, *args, **kw
                 )
-            return _flex_math(query, key, value, mask, scale, *args, **kw)
+            mode.notes.append(
+                "compiled flex_attention computed by smallinit's math path (softmax(score_mod(q·kᵀ·scale)) "
+                "over the block_mask's mask) while measuring"
+            )
+            return _flex_math(query, key, value, score_mod, mask, scale, *args, **kw)
 
     swapped: list[tuple[Any, str, Any, Callable]] = []
     for cls in {type(m) for m in model.modules()}:
@@ -302,10 +333,6 @@ def _flex_recorded(model: nn.Module, mode: _AttentionMode) -> Iterator[None]:
                     # compiled (torchtitan's): the same attention computed from q, k, v and the mask the
                     # block_mask gives, since the compiled kernel cannot be recorded nor on a CPU always built
                     swapped.append((owner, attr, value, by_math))
-                    mode.notes.append(
-                        f"{cls.__name__}.{attr} (compiled flex_attention) computed by smallinit's math path "
-                        "(softmax(q·kᵀ·scale) over the block_mask's mask) while measuring"
-                    )
     try:
         for owner, attr, _, swap in swapped:
             setattr(owner, attr, staticmethod(swap) if isinstance(owner, type) else swap)
@@ -315,15 +342,16 @@ def _flex_recorded(model: nn.Module, mode: _AttentionMode) -> Iterator[None]:
             setattr(owner, attr, value)
 
 
-def _flex_math(q, k, v, mask, scale, return_lse=False, kernel_options=None, *, return_aux=None):  # noqa: ARG001
-    """flex_attention without score_mod as plain math, over ``mask`` (B, H, T, S) bool: its output, with the
-    log-sum-exp where asked, in flex_attention's return conventions. Keys with fewer heads are shared."""
+def _flex_math(q, k, v, score_mod, mask, scale, return_lse=False, kernel_options=None, *, return_aux=None):  # noqa: ARG001
+    """flex_attention as plain math, its score_mod on the scaled scores, over ``mask`` (B, H, T, S) bool: its
+    output, with the log-sum-exp where asked, in flex_attention's return conventions. Keys with fewer heads
+    are shared."""
     from torch.nn.attention.flex_attention import AuxOutput
 
     rep = q.shape[1] // k.shape[1]
     k, v = (k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)) if rep > 1 else (k, v)
     s = (q.float() @ k.float().transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5)
-    s = s.masked_fill(~mask, float("-inf"))
+    s = score_modded(score_mod, s).masked_fill(~mask, float("-inf"))
     out = (s.softmax(-1) @ v.float()).to(q.dtype)
     lse = torch.logsumexp(s, dim=-1)
     if return_aux is not None:
@@ -339,8 +367,8 @@ class _Sources:
 
     DEPTH = 24  # ops a source is followed through: enough for position encoding, not the whole network
 
-    def __init__(self, model: nn.Module):
-        self.model = model
+    def __init__(self, model: nn.Module, following: bool = True):
+        self.model, self.following = model, following
         self.names = {id(p): n for n, p in model.named_parameters()}
         # storage → (matrix name, rows of a product's output (None: read them off the view's strides) or
         # the rows a derived tensor is made of, the product's width, ops since the product)
@@ -350,6 +378,8 @@ class _Sources:
         self.alive: list[torch.Tensor] = []  # what is followed stays alive, so no storage is reused meanwhile
 
     def follow(self, func, args, kwargs, out) -> None:
+        if not self.following:
+            return
         weight = None
         if func is F.linear and len(args) > 1:
             weight = args[1]
@@ -397,7 +427,7 @@ class _Sources:
     def products(self, func, args) -> None:
         """Eager attention's two products: scores q·kᵀ of one matrix's rows (kept by matrix), then the weights
         times v, whose rows of the same matrix, with the scores', are the attention's inputs."""
-        if func not in self.MATMUL or len(args) < 2:
+        if not self.following or func not in self.MATMUL or len(args) < 2:
             return
         a, b = (self.source(t) if isinstance(t, torch.Tensor) else None for t in args[:2])
         if b is not None and b[0] in self.scores:  # the weights (made of the scores) times v
@@ -407,6 +437,8 @@ class _Sources:
             self.scores[a[0]] = (a[1], b[1])
 
     def attention_inputs(self, q, k, v) -> None:
+        if not self.following:
+            return
         found = [self.source(t) if isinstance(t, torch.Tensor) else None for t in (q, k, v)]
         if any(f is None for f in found) or len({f[0] for f in found}) != 1:
             return
@@ -431,26 +463,29 @@ def _tensors(args, kwargs) -> list[torch.Tensor]:
 
 
 def _record_flex(mode: _AttentionMode, q, k, score_mod, block_mask, scale) -> torch.Tensor | None:
-    """Record one flex_attention call, and return the mask its block_mask gives (None: not rebuildable)."""
+    """Record one flex_attention call, and return the mask its block_mask gives (None: not rebuildable). Its
+    mask_mod and score_mod are evaluated on index tensors that broadcast over the scores; one that cannot be
+    (Python control flow on the indices' values) is named in problems."""
     name = mode.where()
-    if score_mod is not None:
-        mode.problems.append(f"{name}: flex_attention with a score_mod cannot be rebuilt from q and k")
-        return None
     B, H, T, S = q.shape[0], q.shape[1], q.shape[-2], k.shape[-2]
     mask = torch.ones(1, 1, T, S, dtype=torch.bool, device=q.device)
-    if block_mask is not None:
-        b = torch.arange(B, device=q.device).view(B, 1, 1, 1)
-        h = torch.arange(H, device=q.device).view(1, H, 1, 1)
-        qi = torch.arange(T, device=q.device).view(1, 1, T, 1)
-        ki = torch.arange(S, device=q.device).view(1, 1, 1, S)
-        try:
-            mask = block_mask.mask_mod(b, h, qi, ki).expand(B, H, T, S).bool()
-        except (RuntimeError, TypeError, IndexError) as e:
-            mode.problems.append(
-                f"{name}: the flex_attention block_mask's mask_mod cannot be evaluated ({e})"
-            )
-            return None
-    mode.records.append(AttentionInputs(name=name, q=q.detach(), k=k.detach(), mask=mask, scale=scale))
+    shape = torch.Size((B, H, T, S))
+    first = torch.zeros(B, H, 1, S, dtype=torch.float32, device=q.device)  # the first query's scores
+    try:
+        which = "block_mask's mask_mod"
+        if block_mask is not None:
+            mask = block_mask.mask_mod(*flex_indices(shape, 0, q.device)).expand(shape).bool()
+        which = "score_mod"
+        if score_mod is not None and score_modded(score_mod, first).shape != first.shape:
+            raise ValueError("it does not keep the scores' shape")
+    except (RuntimeError, TypeError, IndexError, ValueError) as e:
+        mode.problems.append(
+            f"{name}: the flex_attention {which} cannot be evaluated on broadcast index tensors ({e})"
+        )
+        return None
+    mode.records.append(
+        AttentionInputs(name=name, q=q.detach(), k=k.detach(), mask=mask, scale=scale, score_mod=score_mod)
+    )
     return mask
 
 

@@ -8,10 +8,10 @@ forward pre-hooks apply it, one on the query projection (which keeps X) and one 
 (which gates its input), so the architecture's own forward is not edited. W_θ is drawn with σ = d_model^(−γ).
 
 An attention block is a module with a query projection and an output projection among its children (the names
-Hugging Face's families and GPT-2's Conv1D use, torchtitan's qkv_linear/wo and OLMo-core's w_q/w_out); one
-forward on example inputs checks that a softmax runs between the two, so linear attention and state-space
-mixers are left ungated, said, and that no sigmoid already gates it (Qwen3-Next's attention is kept as it
-is, said).
+Hugging Face's families and GPT-2's Conv1D use, torchtitan's qkv_linear/wo, OLMo-core's w_q/w_out, litgpt's
+qkv/proj); one forward on example inputs checks that a softmax runs between the two, so linear attention and
+state-space mixers are left ungated, said, and that no sigmoid already gates it (Qwen3-Next's attention is
+kept as it is, said).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ KINDS = ("elementwise", "headwise")
 QUERY = (
     "q_proj",
     "qkv_proj",
+    "qkv",
     "c_attn",
     "query_key_value",
     "Wqkv",
@@ -40,7 +41,7 @@ QUERY = (
     "w_q",
     "att_proj",
 )
-OUTPUT = ("o_proj", "c_proj", "out_proj", "dense", "wo", "w_out", "attn_out")
+OUTPUT = ("o_proj", "c_proj", "out_proj", "dense", "wo", "w_out", "attn_out", "proj")
 HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head")
 SOFTMAX = ("softmax", "scaled_dot_product_attention", "flex_attention")
 GATE = "g_proj"

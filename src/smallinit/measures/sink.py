@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from smallinit.adapters import AttentionInputs, as_adapter
+from smallinit.adapters.protocol import score_modded
 from smallinit.errors import ModelError
 from smallinit.fields import from_json, to_json
 
@@ -106,7 +107,9 @@ def key0_weights(
     sees = torch.zeros(B, H, T, dtype=torch.bool, device=q.device)
     for lo in range(0, T, chunk):
         hi = min(lo + chunk, T)
-        s = (q[:, :, lo:hi] @ k.transpose(-2, -1)) * scale  # (B, H, hi−lo, S)
+        s = score_modded(
+            att.score_mod, (q[:, :, lo:hi] @ k.transpose(-2, -1)) * scale, lo
+        )  # (B, H, hi−lo, S)
         if att.softcap:
             s = att.softcap * torch.tanh(s / att.softcap)
         if att.mask is not None and att.mask.dtype != torch.bool:

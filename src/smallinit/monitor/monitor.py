@@ -333,7 +333,7 @@ class Monitor:
                 n: W.full_tensor() if hasattr(W, "full_tensor") else W.clone() if copy else W
                 for n, W in mats.items()
             }
-        for name, rows in getattr(self.adapter, "parts", {}).items():
+        for name, rows in (getattr(self.adapter, "parts", None) or {}).items():
             if name in whole:
                 whole.update(
                     {f"{name}[{part}]": whole[name][r.to(whole[name].device)] for part, r in rows.items()}
