@@ -161,12 +161,14 @@ def fit_recipe(rows: list[MatrixRow], vocab: int | None) -> Recipe:
     out = fits.get("output projections")
     if base is not None and base.rule in ("fixed std", "fan-in γ", "either") and out is not None:
         writers = [r for r in by_role["output projections"] if r.sigma]
+        # the ratios spread by what sampling gives the writers' σ as well as the rule's SPREAD
+        slack = max(map(_noise, writers), default=0.0)
         for reading in (0, 1):  # σ over one reading of the matrices' rule (fixed std, then fan-in γ)
             ratios = [r.sigma / p[min(reading, len(p) - 1)] for r in writers if (p := _predictions(base, r))]
             if (
                 out.rule not in ("zero", "not read")
                 and ratios
-                and max(ratios) / min(ratios) < math.exp(SPREAD)
+                and max(ratios) / min(ratios) < math.exp(SPREAD + slack)
             ):
                 ratio = statistics.median(ratios)
                 break
