@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -16,12 +17,15 @@ from smallinit.auditing import audit, audit_path
 from smallinit.auditing.matrices import edge_limit, matrix_rows
 from smallinit.cli import main
 from smallinit.config import ModelConfig
-from smallinit.init import param_roles
+from smallinit.init import init_plan, param_roles
+from smallinit.model import Transformer
 from support.hf_tiny import build, tokens
 from support.nanochat_style import GPT, Config
 from support.runs import TINY_MODEL
 
 IDS = torch.zeros(1, 8, dtype=torch.long)
+# the matrices each architecture's modeling source adds to the residual stream
+OUTPUT = re.compile(r"\.(o_proj|down_proj|c_proj)(\.weight)?$")
 
 
 def _nanochat(tied: bool = False) -> GPT:
@@ -214,3 +218,19 @@ def test_a_fresh_hugging_face_checkpoint_fails_the_fresh_random_check(tmp_path, 
     saved = json.loads((tmp_path / "audit.json").read_text())
     assert len(saved["fresh_random"]) == len(saved["matrices"]) == 16
     assert err.strip().splitlines()[-1].startswith("audit failed: fresh-random: 16 of 16 matrices")
+
+
+@pytest.mark.parametrize("name", ["dense", "moe", "llama", "gpt2", "qwen3_moe", "gemma2", "nanochat"])
+def test_the_audit_and_role_scales_find_the_same_output_projections(name):
+    """One finder of the matrices that write into the residual stream, whatever the model: the audit's flags
+    and the matrices ``output=zero`` zeroes are the output projections its modeling source adds, with no
+    example inputs given (a row of token ids, the one builder both use)."""
+    if name in ("dense", "moe"):
+        model = Transformer(ModelConfig.preset("cpu-1m" if name == "dense" else "cpu-moe-1m"))
+    else:
+        model = _nanochat() if name == "nanochat" else build(name)
+    expected = {n for n, p in model.named_parameters() if OUTPUT.search(n) and p.dim() >= 2}
+    assert len(expected) >= 4  # attention and MLP of each block: the names this test expects exist
+    plan = init_plan(model, 1.0, scales=["output=zero"])
+    assert {r.name for r in plan.rows if r.role == "output"} == expected
+    assert {r.name for r in audit(model).matrices if r.writes_residual} == expected

@@ -25,8 +25,8 @@ from smallinit.data import load_tokenizer
 from smallinit.errors import CheckpointError, ConfigError, ModelError
 from smallinit.fields import to_json
 from smallinit.init import param_roles
+from smallinit.init.branches import residual_writers
 from smallinit.init.norm_calls import NormCalls, norm_call_sites
-from smallinit.init.writers import residual_writers
 from smallinit.io import make_folder, write_json_atomic
 from smallinit.measures.norm_factor import SATURATED, norm_factors_from_observed, relative_factor
 from smallinit.model import Transformer
