@@ -114,6 +114,34 @@ def test_the_recipe_named_for_hugging_face_defaults_gamma_init_and_nanochat():
     assert r.roles["head"].sigma == pytest.approx(0.001, rel=0.05)
 
 
+def test_torch_s_default_init_is_named_as_such():
+    """nn.Linear's own init (uniform in ±1/√d_in, σ = 1/√(3·d_in)) at d_in 48 and 192 reads as fan-in γ ≈ 0.62
+    under the γ rule; the recipe names it torch's default in every role but the embedding (nn.Embedding's own
+    N(0, 1)), from σ·√(3·d_in) = 1 and uniform entries computed here."""
+    model = _nanochat()
+    torch.manual_seed(0)
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            m.reset_parameters()
+    result = audit(model, torch.randint(0, 300, (2, 16)))
+    linear = [r for r in result.matrices if r.kind == "matrix"]
+    assert {r.d_in for r in linear} == {48, 192}
+    for r in linear:
+        w = dict(model.named_parameters())[r.name].detach().double()
+        assert r.sigma * math.sqrt(3 * r.d_in) == pytest.approx(1.0, abs=0.05)
+        assert w.abs().max() <= r.d_in**-0.5  # the uniform bound
+    r = result.recipe
+    fits = {role: fit.rule for role, fit in r.roles.items()}
+    assert fits == {
+        "embedding": "either",
+        "head": "torch default",
+        "output projections": "torch default",
+        "matrices": "torch default",
+    }
+    assert r.summary.startswith("matrices and head, output projections: torch default: uniform ±1/√d_in")
+    assert [d.split(":")[0] for d in r.disagree] == ["embedding"]
+
+
 def test_norm_factors_of_a_hugging_face_model_against_their_inputs():
     model = build("llama")
     ids = tokens(model)
