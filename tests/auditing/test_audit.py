@@ -92,6 +92,46 @@ def test_fresh_random_flags_every_drawn_matrix_and_no_spiked_one(shape):
     assert edge_limit(m, n) < 1.5
 
 
+def test_each_expert_of_a_fused_tensor_is_judged_on_its_own():
+    """Eight experts (8, 64, 64) as drawn are fresh-random (12 draws: normal, uniform, truncated normal); expert 0
+    given a rank-one spike 1.2× its own bulk edge (what training adds to the one expert tokens reach): stacked
+    as one 512 × 64 matrix the spike stays inside the taller stack's bulk edge; judged per expert, the tensor is
+    no longer fresh-random and experts 1–7 are named."""
+    model = Transformer(ModelConfig.preset("cpu-moe-1m"))
+    name = "blocks.0.mlp.down_proj"
+    w = dict(model.named_parameters())[name]
+    E, m, n = w.shape
+    roles, block = {"down_proj": param_roles(model, model.example_inputs())[name]}, model.blocks[0].mlp
+    g = torch.Generator().manual_seed(0)
+    for i in range(12):
+        if i % 3 == 0:
+            x = torch.randn(E, m, n, generator=g)
+        elif i % 3 == 1:
+            x = torch.rand(E, m, n, generator=g) * 2 - 1
+        else:
+            x = nn.init.trunc_normal_(torch.empty(E, m, n), a=-2, b=2, generator=g)
+        with torch.no_grad():
+            w.copy_(x)
+        (row,) = matrix_rows(block, roles, set())
+        assert row.fresh_random and row.fresh_parts == (), i
+    u, v = torch.randn(m, 1, generator=g), torch.randn(1, n, generator=g)
+    with torch.no_grad():
+        w[0] += 1.2 * w[0].std() * (m**0.5 + n**0.5) * (u / u.norm()) @ (v / v.norm())
+    result = audit(model)
+    row = next(r for r in result.matrices if r.name == name)
+    assert not row.fresh_random and row.fresh_parts == tuple(range(1, E))
+    experts = w.detach().double()
+    edges = [
+        torch.linalg.matrix_norm(e - e.mean(), ord=2).item() / (e.std().item() * (m**0.5 + n**0.5))
+        for e in experts
+    ]
+    assert row.edge == pytest.approx(max(edges), rel=2e-2) and max(edges) > edge_limit(m, n)
+    stacked = experts.reshape(E * m, n)
+    top = torch.linalg.matrix_norm(stacked - stacked.mean(), ord=2).item()
+    assert top / (stacked.std().item() * ((E * m) ** 0.5 + n**0.5)) < edge_limit(E * m, n)  # hidden stacked
+    assert "fresh-random experts: 7 of 8 (1, 2, 3, 4, 5, 6, …)" in result.table()
+
+
 def test_the_recipe_named_for_hugging_face_defaults_gamma_init_and_nanochat():
     llama = build("llama")
     r = audit(llama, tokens(llama)).recipe

@@ -108,6 +108,7 @@ class AuditResult:
                 f
                 for f, on in (
                     ("fresh-random", r.fresh_random),
+                    (_fresh_parts(r), bool(r.fresh_parts)),
                     ("zero", r.zero),
                     ("writes residual", r.writes_residual),
                     (f"tied: {', '.join(r.tied)}", bool(r.tied)),
@@ -150,6 +151,11 @@ class AuditResult:
             )
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines).rstrip() + "\n"
+
+
+def _fresh_parts(row: MatrixRow) -> str:
+    shown = ", ".join(map(str, row.fresh_parts[:6])) + (", …" if len(row.fresh_parts) > 6 else "")
+    return f"fresh-random experts: {len(row.fresh_parts)} of {row.shape[0]} ({shown})"
 
 
 def _default_tokens(vocab: int) -> tuple[torch.Tensor | None, str]:
