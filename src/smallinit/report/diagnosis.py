@@ -51,15 +51,16 @@ def _gamma(run: Run, start: AuditResult | None) -> tuple[float | None, Observati
         value = f"{median:.2f} from the weights at step 0 ({low:.2f}–{high:.2f} over {n} matrices)"
         if given is not None:
             value += f"; given {given:g}"
+        base = start.recipe.roles.get("matrices") if start is not None else None
         if start is not None:
-            base = start.recipe.roles.get("matrices")
             one_rule = base is not None and base.rule in ("fan-in γ", "either")
         else:
             one_rule = high - low < ONE_GAMMA
         if not one_rule:
+            drawn = base.describe if base is not None else "a fixed std, as most libraries draw"
             meaning = (
-                "the matrices follow no one γ: their stds do not scale as d_in^(−γ) (a fixed std, as most "
-                "libraries draw); smallinit.gamma_init_(model, gamma=1.0) draws every matrix by the rule"
+                f"the matrices follow no one γ: their stds do not scale as d_in^(−γ) ({drawn}); "
+                "smallinit.gamma_init_(model, gamma=1.0) draws every matrix by the rule"
             )
         else:
             meaning = _gamma_meaning(median)
