@@ -106,13 +106,18 @@ def _values(name: str, p: torch.Tensor, role: ParamRole, gamma: float | None) ->
     m, n = parts.shape[-2:]
     if min(m, n) < 8:  # too small for the bulk edge to mean anything
         return out
-    centred = parts - parts.mean(dim=(-2, -1), keepdim=True)
-    second = centred.square().mean(dim=(-2, -1))
-    sigmas = second.sqrt()
-    if parts.shape[0] > 1 and not bool((sigmas > 0).all()):
-        return out  # an expert of zeros: not judged
+    if parts.shape[0] == 1:  # one matrix: centred, its moments known
+        centred = parts
+        sigmas = torch.tensor([second**0.5], dtype=torch.float64)
+        kurtoses = torch.tensor([out["kurtosis"]], dtype=torch.float64)
+    else:  # each expert on its own mean and σ
+        centred = parts - parts.mean(dim=(-2, -1), keepdim=True)
+        seconds = centred.square().mean(dim=(-2, -1))
+        sigmas = seconds.sqrt()
+        if not bool((sigmas > 0).all()):
+            return out  # an expert of zeros: not judged
+        kurtoses = centred.pow(4).mean(dim=(-2, -1)) / seconds.square() - 3.0
     edges = _top_singular(centred) / (sigmas * (math.sqrt(m) + math.sqrt(n)))
-    kurtoses = centred.pow(4).mean(dim=(-2, -1)) / second.square() - 3.0
     fresh = (edges <= edge_limit(m, n)) & (kurtoses <= KURTOSIS_SLACK)
     out["edge"] = float(edges.max())
     out["fresh_random"] = bool(fresh.all())
