@@ -117,6 +117,17 @@ def test_written_out_norms_are_measured_and_their_eps_refused():
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
 
 
+def test_set_norm_eps_finds_the_calls_of_the_forward_as_it_is_now():
+    """Why set_norm_eps_ follows the forward on every call rather than caching a model's norm calls: which norms
+    a forward calls can hang on Python state no cache key sees. The same modules and weights, with the config
+    flag flipped to written-out norms after a first set_norm_eps_, must be refused, not told "done"."""
+    model = _model(norm_eps=1e-5)
+    assert len(set_norm_eps_(model, 1e-12)) == 8
+    model.cfg.norm = "hand"  # no module, parameter or buffer changes
+    with pytest.raises(NormEpsError, match="8 norms are written out"):
+        set_norm_eps_(model, 1e-12)
+
+
 def test_norm_layers_are_not_counted_again_as_calls():
     """nn.RMSNorm calls F.rms_norm inside its own forward: that call is the layer's, measured once."""
 

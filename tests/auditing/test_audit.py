@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -16,12 +17,15 @@ from smallinit.auditing import audit, audit_path
 from smallinit.auditing.matrices import edge_limit, matrix_rows
 from smallinit.cli import main
 from smallinit.config import ModelConfig
-from smallinit.init import param_roles
+from smallinit.init import init_plan, param_roles
+from smallinit.model import Transformer
 from support.hf_tiny import build, tokens
 from support.nanochat_style import GPT, Config
 from support.runs import TINY_MODEL
 
 IDS = torch.zeros(1, 8, dtype=torch.long)
+# the matrices each architecture's modeling source adds to the residual stream
+OUTPUT = re.compile(r"\.(o_proj|down_proj|c_proj)(\.weight)?$")
 
 
 def _nanochat(tied: bool = False) -> GPT:
@@ -88,6 +92,46 @@ def test_fresh_random_flags_every_drawn_matrix_and_no_spiked_one(shape):
     assert edge_limit(m, n) < 1.5
 
 
+def test_each_expert_of_a_fused_tensor_is_judged_on_its_own():
+    """Eight experts (8, 64, 64) as drawn are fresh-random (12 draws: normal, uniform, truncated normal); expert 0
+    given a rank-one spike 1.2× its own bulk edge (what training adds to the one expert tokens reach): stacked
+    as one 512 × 64 matrix the spike stays inside the taller stack's bulk edge; judged per expert, the tensor is
+    no longer fresh-random and experts 1–7 are named."""
+    model = Transformer(ModelConfig.preset("cpu-moe-1m"))
+    name = "blocks.0.mlp.down_proj"
+    w = dict(model.named_parameters())[name]
+    E, m, n = w.shape
+    roles, block = {"down_proj": param_roles(model, model.example_inputs())[name]}, model.blocks[0].mlp
+    g = torch.Generator().manual_seed(0)
+    for i in range(12):
+        if i % 3 == 0:
+            x = torch.randn(E, m, n, generator=g)
+        elif i % 3 == 1:
+            x = torch.rand(E, m, n, generator=g) * 2 - 1
+        else:
+            x = nn.init.trunc_normal_(torch.empty(E, m, n), a=-2, b=2, generator=g)
+        with torch.no_grad():
+            w.copy_(x)
+        (row,) = matrix_rows(block, roles, set())
+        assert row.fresh_random and row.fresh_parts == (), i
+    u, v = torch.randn(m, 1, generator=g), torch.randn(1, n, generator=g)
+    with torch.no_grad():
+        w[0] += 1.2 * w[0].std() * (m**0.5 + n**0.5) * (u / u.norm()) @ (v / v.norm())
+    result = audit(model)
+    row = next(r for r in result.matrices if r.name == name)
+    assert not row.fresh_random and row.fresh_parts == tuple(range(1, E))
+    experts = w.detach().double()
+    edges = [
+        torch.linalg.matrix_norm(e - e.mean(), ord=2).item() / (e.std().item() * (m**0.5 + n**0.5))
+        for e in experts
+    ]
+    assert row.edge == pytest.approx(max(edges), rel=2e-2) and max(edges) > edge_limit(m, n)
+    stacked = experts.reshape(E * m, n)
+    top = torch.linalg.matrix_norm(stacked - stacked.mean(), ord=2).item()
+    assert top / (stacked.std().item() * ((E * m) ** 0.5 + n**0.5)) < edge_limit(E * m, n)  # hidden stacked
+    assert "fresh-random experts: 7 of 8 (1, 2, 3, 4, 5, 6, …)" in result.table()
+
+
 def test_the_recipe_named_for_hugging_face_defaults_gamma_init_and_nanochat():
     llama = build("llama")
     r = audit(llama, tokens(llama)).recipe
@@ -108,6 +152,34 @@ def test_the_recipe_named_for_hugging_face_defaults_gamma_init_and_nanochat():
     r = audit(_nanochat(), torch.randint(0, 300, (2, 16))).recipe
     assert "output projections: zero-init" in r.disagree
     assert r.roles["head"].sigma == pytest.approx(0.001, rel=0.05)
+
+
+def test_torch_s_default_init_is_named_as_such():
+    """nn.Linear's own init (uniform in ±1/√d_in, σ = 1/√(3·d_in)) at d_in 48 and 192 reads as fan-in γ ≈ 0.62
+    under the γ rule; the recipe names it torch's default in every role but the embedding (nn.Embedding's own
+    N(0, 1)), from σ·√(3·d_in) = 1 and uniform entries computed here."""
+    model = _nanochat()
+    torch.manual_seed(0)
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            m.reset_parameters()
+    result = audit(model, torch.randint(0, 300, (2, 16)))
+    linear = [r for r in result.matrices if r.kind == "matrix"]
+    assert {r.d_in for r in linear} == {48, 192}
+    for r in linear:
+        w = dict(model.named_parameters())[r.name].detach().double()
+        assert r.sigma * math.sqrt(3 * r.d_in) == pytest.approx(1.0, abs=0.05)
+        assert w.abs().max() <= r.d_in**-0.5  # the uniform bound
+    r = result.recipe
+    fits = {role: fit.rule for role, fit in r.roles.items()}
+    assert fits == {
+        "embedding": "either",
+        "head": "torch default",
+        "output projections": "torch default",
+        "matrices": "torch default",
+    }
+    assert r.summary.startswith("matrices and head, output projections: torch default: uniform ±1/√d_in")
+    assert [d.split(":")[0] for d in r.disagree] == ["embedding"]
 
 
 def test_norm_factors_of_a_hugging_face_model_against_their_inputs():
@@ -214,3 +286,19 @@ def test_a_fresh_hugging_face_checkpoint_fails_the_fresh_random_check(tmp_path, 
     saved = json.loads((tmp_path / "audit.json").read_text())
     assert len(saved["fresh_random"]) == len(saved["matrices"]) == 16
     assert err.strip().splitlines()[-1].startswith("audit failed: fresh-random: 16 of 16 matrices")
+
+
+@pytest.mark.parametrize("name", ["dense", "moe", "llama", "gpt2", "qwen3_moe", "gemma2", "nanochat"])
+def test_the_audit_and_role_scales_find_the_same_output_projections(name):
+    """One finder of the matrices that write into the residual stream, whatever the model: the audit's flags
+    and the matrices ``output=zero`` zeroes are the output projections its modeling source adds, with no
+    example inputs given (a row of token ids, the one builder both use)."""
+    if name in ("dense", "moe"):
+        model = Transformer(ModelConfig.preset("cpu-1m" if name == "dense" else "cpu-moe-1m"))
+    else:
+        model = _nanochat() if name == "nanochat" else build(name)
+    expected = {n for n, p in model.named_parameters() if OUTPUT.search(n) and p.dim() >= 2}
+    assert len(expected) >= 4  # attention and MLP of each block: the names this test expects exist
+    plan = init_plan(model, 1.0, scales=["output=zero"])
+    assert {r.name for r in plan.rows if r.role == "output"} == expected
+    assert {r.name for r in audit(model).matrices if r.writes_residual} == expected

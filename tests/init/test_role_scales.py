@@ -115,8 +115,12 @@ def test_a_role_that_matches_nothing_is_refused_in_one_line():
     with pytest.raises(InitScaleError, match=r"no parameter has role head \(the head is tied") as e:
         init_plan(model, 1.0, example_inputs=model.example_inputs(), scales=["head=zero"])
     assert "\n" not in str(e.value)
-    with pytest.raises(InitScaleError, match="needs one forward"):
-        init_plan(model, 1.0, scales=["output=zero"])  # no inputs: output cannot be told from hidden
+    with pytest.raises(
+        InitScaleError, match="needs one forward"
+    ):  # no inputs: output cannot be told from hidden
+        init_plan(
+            torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)), 1.0, scales=["output=zero"]
+        )
     with pytest.raises(ConfigError, match="no parameter has role head"):
         Transformer(ModelConfig.preset("cpu-1m", n_layers=1, init_scales=["head=zero"]))
 

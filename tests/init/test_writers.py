@@ -1,4 +1,4 @@
-"""The matrices that write into the residual stream, found from the forward (smallinit.init.writers), on
+"""The matrices that write into the residual stream, found from the forward (smallinit.init.branches), on
 Hugging Face architectures from tiny configs (dense, Conv1D, fused MoE experts, sandwich norms), a
 nanochat-style model and smallinit's own (gated attention, RoPE, MoE)."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from smallinit.config import ModelConfig
-from smallinit.init.writers import residual_writers
+from smallinit.init.branches import residual_writers
 from smallinit.model import Transformer
 from support.hf_tiny import build
 from support.nanochat_style import GPT, Config

@@ -118,3 +118,51 @@ def test_an_emulated_run_is_diagnosed_at_the_epsilon_its_norms_used(tmp_path):
     measured = float(norm.value.split("mean ")[1].split()[0])
     assert measured == pytest.approx(formula, abs=0.1)  # the norms agree with the formula it prints
     assert "as this run emulates" in norm.meaning and "set_norm_eps_" not in norm.meaning
+
+
+def _train(out, *sets: str) -> Run:
+    assert main(["train", "--out", str(out), *sum((["--set", s] for s in (*TINY_MODEL, *sets)), [])]) == 0
+    return Run.load(out)
+
+
+def test_a_run_is_diagnosed_from_the_audit_of_its_weights(tmp_path):
+    """Output projections drawn at 1/√(2L) of the γ rule and ε = 0.1 (saturating at d = 32): the diagnosis names
+    the recipe the step-0 weights follow, each norm's factor and ε at step 0 as the Monitor measured them on those
+    very weights during training, and, 20 steps on, no matrix still as drawn."""
+    run = _train(
+        tmp_path / "depth",
+        'model.init_scales=["output=depth"]',
+        "model.norm_eps=0.1",
+        "data.corpus=shakespeare",
+        "train.batch_size=8",
+        "train.warmup_steps=2",
+        "train.steps=20",
+        "train.lr=0.01",
+        "analysis.every=20",
+        "analysis.batch_size=2",
+    )
+    seen = {o.what: o for o in diagnose(run).observations}
+    recipe = seen["init recipe at step 0"]
+    k = float(re.search(r"1/√\(([\d.]+)·L\), L = 2", recipe.value).group(1))
+    assert k == pytest.approx(2.0, rel=0.15) and "output projections" in recipe.meaning
+    # the Monitor's own step-0 record, measured in training: the audit rebuilt exactly those weights and batch
+    factors = next(a.norm_factor for a in run.analysis if a.step == 0)
+    norm = seen["RMSNorm factor at step 0"]
+    low, mean = min(factors.values()), sum(factors.values()) / len(factors)
+    assert norm.value == f"min {low:.3f}, mean {mean:.3f} over {len(factors)} norms"
+    assert "ε = 0.1" in norm.meaning and f"{len(factors)} of {len(factors)} norms saturated" in norm.meaning
+    fresh = seen["matrices still fresh-random at step 20"]
+    assert fresh.value == "0 of 17 matrices" and "every matrix" in fresh.meaning
+
+
+def test_matrices_a_run_did_not_move_are_named(tmp_path):
+    """Two steps at a learning rate of 1e-8 leave every matrix as drawn: the diagnosis says so, per matrix,
+    without a Monitor (analysis.every = 0): the audit reads the weights, not the records."""
+    run = _train(tmp_path / "still", "train.steps=2", "train.lr=1e-8", "analysis.every=0")
+    assert not run.analysis
+    seen = {o.what: o for o in diagnose(run).observations}
+    fresh = seen["matrices still fresh-random at step 2"]
+    assert fresh.value.startswith("17 of 17 matrices (embed.weight, ")
+    assert "not trained" in fresh.meaning
+    assert seen["init recipe at step 0"].value == "fan-in γ = 1.000 in every role"
+    assert seen["RMSNorm factor at step 0"].value.startswith("min 1.000")  # ε = 1e-12 at γ = 1

@@ -20,16 +20,17 @@ from smallinit.analysis.measure import held_out_batches, hf_batches, load_measur
 from smallinit.analysis.tokens import text_batches
 from smallinit.auditing.matrices import MatrixRow, matrix_rows
 from smallinit.auditing.recipe import Recipe, fit_recipe
-from smallinit.config import DataConfig, ModelConfig
+from smallinit.config import Config, DataConfig, ModelConfig
 from smallinit.data import load_tokenizer
 from smallinit.errors import CheckpointError, ConfigError, ModelError
 from smallinit.fields import to_json
 from smallinit.init import param_roles
+from smallinit.init.branches import residual_writers
 from smallinit.init.norm_calls import NormCalls, norm_call_sites
-from smallinit.init.writers import residual_writers
 from smallinit.io import make_folder, write_json_atomic
 from smallinit.measures.norm_factor import SATURATED, norm_factors_from_observed, relative_factor
 from smallinit.model import Transformer
+from smallinit.train.checkpoint import latest_checkpoint, load_weights, resolve_checkpoint
 
 FAIL_ON = ("saturated", "fresh-random")
 
@@ -61,6 +62,7 @@ class AuditResult:
     data: str  # the text the norm factors were measured on, or why none
     notes: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    step: int | None = None  # the training step the weights are of, where known
 
     @property
     def fresh_random(self) -> list[str]:
@@ -106,6 +108,7 @@ class AuditResult:
                 f
                 for f, on in (
                     ("fresh-random", r.fresh_random),
+                    (_fresh_parts(r), bool(r.fresh_parts)),
                     ("zero", r.zero),
                     ("writes residual", r.writes_residual),
                     (f"tied: {', '.join(r.tied)}", bool(r.tied)),
@@ -150,6 +153,11 @@ class AuditResult:
         return "\n".join(lines).rstrip() + "\n"
 
 
+def _fresh_parts(row: MatrixRow) -> str:
+    shown = ", ".join(map(str, row.fresh_parts[:6])) + (", …" if len(row.fresh_parts) > 6 else "")
+    return f"fresh-random experts: {len(row.fresh_parts)} of {row.shape[0]} ({shown})"
+
+
 def _default_tokens(vocab: int) -> tuple[torch.Tensor | None, str]:
     """A batch of the builtin corpus through smallinit's default tokenizer (or bytes) where the model's
     vocabulary holds its ids."""
@@ -170,6 +178,7 @@ def audit(
     config: ModelConfig | None = None,
     source: str = "in memory",
     data: str | None = None,
+    step: int | None = None,
 ) -> AuditResult:
     """The audit of ``model`` (any model an adapter reads). ``tokens``: the batch the norm factors are
     measured on (default: the builtin corpus where the model's vocabulary holds it); ``trained``: whether
@@ -208,6 +217,7 @@ def audit(
         claims_trained=trained,
         data=norms[1],
         notes=tuple(notes + norms[2]),
+        step=step,
     )
 
 
@@ -325,4 +335,28 @@ def audit_path(
         config=run.config.model,
         source=f"{path} (step {run.step})",
         data=text,
+        step=run.step,
     )
+
+
+def audit_start(cfg: Config, *, source: str = "a run's start") -> AuditResult:
+    """The weights a smallinit run started from, built as its trainer built them (the model of its config drawn
+    from train.seed, or train.init_from's weights), with the norm factors on the batch its Monitor measures (the
+    first analysis.batch_size sequences of the validation split): the run's step 0, which no checkpoint keeps."""
+    model = Transformer(cfg.model, seed=cfg.train.seed)
+    if cfg.train.init_from:
+        load_weights(model, resolve_checkpoint(cfg.train.init_from))
+    x, _ = next(
+        held_out_batches(
+            cfg, load_tokenizer(cfg.data.tokenizer), batches=1, batch_size=cfg.analysis.batch_size
+        )
+    )
+    return audit(
+        model, x, trained=False, config=cfg.model, source=f"{source} (step 0)",
+        data=f"the Monitor's held-out batch of the validation split of {cfg.data.corpus}", step=0,
+    )  # fmt: skip
+
+
+def audit_latest(run_dir: str | os.PathLike) -> AuditResult | None:
+    """The audit of a run folder's newest intact checkpoint; None where it holds none."""
+    return audit_path(run_dir) if latest_checkpoint(Path(run_dir)) is not None else None

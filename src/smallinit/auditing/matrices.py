@@ -7,6 +7,9 @@ random-matrix (Marchenko–Pastur) bulk: its largest singular value is σ(√m +
 fluctuations, whatever the entries' distribution (normal, truncated normal, torch's uniform default). Training
 adds structure that stands out of the bulk (outlier singular values) and heavy tails; a matrix with neither,
 on a checkpoint that claims to be trained, was drawn again and never trained (a silent re-init on load).
+A fused tensor of experts (E, out, in) is E matrices: each is judged on its own (stacked, one trained expert
+hides in the taller stack's wider bulk), and the tensor is fresh-random where every expert is; the experts that
+are, where not all, are named (an expert no token was routed to stays as drawn).
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ POWER_STEPS = 30  # power iterations for the top singular value: it converges fa
 class MatrixRow:
     """One weight matrix (or embedding table). ``sigma`` None where the values cannot be read (meta);
     ``gamma`` = −ln σ / ln d_in; ``truncation`` = max|w − mean|/σ (≈ 2 for trunc_normal_ at ±2σ, ≈ √3 for
-    a uniform draw, 4–6 for an untruncated normal of this size); ``edge`` = top singular value over σ(√m + √n);
-    ``fresh_random`` None where not judged (meta, zero, too small); ``writes_residual``: its output is added
+    a uniform draw, 4–6 for an untruncated normal of this size); ``edge`` = top singular value over σ(√m + √n)
+    (of a fused tensor, its experts' largest, each over its own σ); ``fresh_random`` None where not judged (meta, zero, too small); ``writes_residual``: its output is added
     to the residual stream (found from the forward)."""
 
     name: str
@@ -50,6 +53,7 @@ class MatrixRow:
     kurtosis: float | None = None  # excess kurtosis of the entries
     edge: float | None = None
     fresh_random: bool | None = None
+    fresh_parts: tuple[int, ...] = ()  # a fused tensor's experts that look freshly drawn, where not all do
     tied: tuple[str, ...] = ()  # the other names the same tensor has
     writes_residual: bool = False
     not_read: str = ""
@@ -62,19 +66,15 @@ class MatrixRow:
         return to_json(self)
 
 
-def _top_singular(w: torch.Tensor) -> float:
-    """The largest singular value of a 2-D ``w`` (power iteration from a seeded start)."""
-    v = torch.randn(w.shape[1], generator=torch.Generator().manual_seed(0), dtype=w.dtype)
-    v = v / v.norm()
-    s = 0.0
+def _top_singular(w: torch.Tensor) -> torch.Tensor:
+    """The largest singular value of each matrix of ``w`` (..., m, n), by power iteration from a seeded start."""
+    v = torch.randn(w.shape[-1], generator=torch.Generator().manual_seed(0), dtype=w.dtype)
+    v = (v / v.norm()).expand(*w.shape[:-2], -1).unsqueeze(-1)
     for _ in range(POWER_STEPS):
         u = w @ v
-        s = float(u.norm())
-        if s == 0.0:
-            return 0.0
-        v = w.T @ (u / s)
-        v = v / v.norm()
-    return float((w @ v).norm())
+        v = w.mT @ u
+        v = v / v.norm(dim=-2, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
+    return (w @ v).norm(dim=-2).squeeze(-1)
 
 
 def edge_limit(m: int, n: int) -> float:
@@ -102,12 +102,27 @@ def _values(name: str, p: torch.Tensor, role: ParamRole, gamma: float | None) ->
         mat = as_out_in(c, role) if role.in_dim is not None else c.reshape(-1, role.fan_in)
     except (ValueError, RuntimeError):
         return out
-    mat = mat.reshape(-1, mat.shape[-1])
-    m, n = mat.shape
+    parts = mat.reshape(-1, *mat.shape[-2:])  # one matrix, or a fused tensor's experts
+    m, n = parts.shape[-2:]
     if min(m, n) < 8:  # too small for the bulk edge to mean anything
         return out
-    out["edge"] = _top_singular(mat) / (sigma * (math.sqrt(m) + math.sqrt(n)))
-    out["fresh_random"] = out["edge"] <= edge_limit(m, n) and out["kurtosis"] <= KURTOSIS_SLACK
+    if parts.shape[0] == 1:  # one matrix: centred, its moments known
+        centred = parts
+        sigmas = torch.tensor([second**0.5], dtype=torch.float64)
+        kurtoses = torch.tensor([out["kurtosis"]], dtype=torch.float64)
+    else:  # each expert on its own mean and σ
+        centred = parts - parts.mean(dim=(-2, -1), keepdim=True)
+        seconds = centred.square().mean(dim=(-2, -1))
+        sigmas = seconds.sqrt()
+        if not bool((sigmas > 0).all()):
+            return out  # an expert of zeros: not judged
+        kurtoses = centred.pow(4).mean(dim=(-2, -1)) / seconds.square() - 3.0
+    edges = _top_singular(centred) / (sigmas * (math.sqrt(m) + math.sqrt(n)))
+    fresh = (edges <= edge_limit(m, n)) & (kurtoses <= KURTOSIS_SLACK)
+    out["edge"] = float(edges.max())
+    out["fresh_random"] = bool(fresh.all())
+    if parts.shape[0] > 1 and bool(fresh.any()) and not out["fresh_random"]:
+        out["fresh_parts"] = tuple(int(i) for i in fresh.nonzero().flatten())
     return out
 
 

@@ -1,7 +1,9 @@
 """The init recipe a model's weights look like, from each matrix's σ and d_in, with how well each rule fits.
 
 The candidates: a fixed std (σ the same whatever d_in: 0.02, most libraries' default), fan-in γ (σ =
-d_in^(−γ): one γ in every matrix), output projections depth-scaled below that rule (σ times 1/√(k·L), GPT-2's
+d_in^(−γ): one γ in every matrix), torch's default (nn.Linear's kaiming_uniform_(a=√5): uniform entries in
+±1/√d_in, σ = 1/√(3·d_in): γ = 0.5 with the constant factor 1/√3, which read as fan-in γ looks like a γ near
+0.65 that drifts with d_in), output projections depth-scaled below that rule (σ times 1/√(k·L), GPT-2's
 k = 2), zero-init, and mixes of these by role. The roles: embedding tables, the head (the matrix whose
 output has the vocabulary's size), the output projections (the matrices that write into the residual stream,
 found from the forward) and the other matrices. Each role is fitted on its own; where roles follow different
@@ -9,7 +11,9 @@ rules, the recipe says which.
 
 A rule fits a role where the matrices' ln σ (fixed std) or γ (fan-in) spread by less than SPREAD, plus what
 sampling alone spreads a small matrix's σ by, and a real difference of recipe (d_in from 64 to 4096 moves a fixed std's γ by 0.5)
-far above. With one d_in in a role the two rules cannot be told apart, and both are named.
+far above. With one d_in in a role the two rules cannot be told apart, and both are named. Torch's default is
+named where every matrix of a role has σ·√(3·d_in) = 1 to the same tolerance and uniform entries (excess
+kurtosis below UNIFORM), whatever its d_in: no other recipe draws uniform entries at exactly that σ.
 """
 
 from __future__ import annotations
@@ -24,12 +28,16 @@ from smallinit.fields import to_json
 from smallinit.init.scale import ONE_GAMMA
 
 SPREAD = ONE_GAMMA  # in γ for fan-in, in ln σ for a fixed std
+# excess kurtosis below this: uniform entries (−1.2; a normal truncated at ±2σ has −0.63, a normal 0)
+UNIFORM = -0.9
+TORCH_DEFAULT = "torch default"
 ROLES = ("embedding", "head", "output projections", "matrices")
 
 
 @dataclass(frozen=True)
 class RoleFit:
-    """How one role's matrices were drawn: ``rule`` ("fixed std", "fan-in γ", "either" (one d_in), "zero",
+    """How one role's matrices were drawn: ``rule`` ("fixed std", "fan-in γ", "either" (one d_in), "torch
+    default" (uniform, σ = 1/√(3·d_in)), "zero",
     "depth-scaled", "none"), its number (σ or γ), and the spreads each candidate leaves (ln σ and γ)."""
 
     role: str
@@ -92,6 +100,11 @@ def fit_role(role: str, rows: list[MatrixRow]) -> RoleFit:
     fits_std = s_spread < SPREAD + slack
     fits_gamma = g_spread is not None and g_spread < SPREAD + slack / math.log(min(r.d_in or 2 for r in read))
     n = len(rows)
+    if _torch_default(read, slack):
+        return RoleFit(
+            role, n, TORCH_DEFAULT, 0.5, sigma, gamma, s_spread, g_spread,
+            "torch default: uniform ±1/√d_in, σ = 1/√(3·d_in) (γ = 0.5 × 1/√3; nn.Linear's own init)",
+        )  # fmt: skip
     if fits_std and fits_gamma and one_d_in:
         return RoleFit(
             role, n, "either", sigma, sigma, gamma, s_spread, g_spread,
@@ -109,6 +122,17 @@ def fit_role(role: str, rows: list[MatrixRow]) -> RoleFit:
     if gammas:
         shown += f", γ {min(gammas):.3f}–{max(gammas):.3f}"
     return RoleFit(role, n, "none", None, sigma, gamma, s_spread, g_spread, f"no one rule ({shown})")
+
+
+def _torch_default(read: list[MatrixRow], slack: float) -> bool:
+    """Every matrix drawn as nn.Linear draws by default: uniform entries with σ = 1/√(3·d_in)."""
+    return all(
+        r.d_in
+        and r.kurtosis is not None
+        and r.kurtosis < UNIFORM
+        and abs(math.log(r.sigma * math.sqrt(3 * r.d_in))) < SPREAD + slack
+        for r in read
+    )
 
 
 def _noise(row: MatrixRow) -> float:
@@ -130,6 +154,8 @@ def _predictions(fit: RoleFit, row: MatrixRow) -> list[float]:
         out.append(fit.sigma)
     if fit.rule in ("fan-in γ", "either") and row.d_in and fit.gamma is not None:
         out.append(row.d_in ** (-fit.gamma))
+    if fit.rule == TORCH_DEFAULT and row.d_in:
+        out.append((3 * row.d_in) ** -0.5)
     return out
 
 
@@ -159,14 +185,20 @@ def fit_recipe(rows: list[MatrixRow], vocab: int | None) -> Recipe:
     ratio = k = None
     layers = _layers(rows)
     out = fits.get("output projections")
-    if base is not None and base.rule in ("fixed std", "fan-in γ", "either") and out is not None:
+    if (
+        base is not None
+        and base.rule in ("fixed std", "fan-in γ", "either", TORCH_DEFAULT)
+        and out is not None
+    ):
         writers = [r for r in by_role["output projections"] if r.sigma]
+        # the ratios spread by what sampling gives the writers' σ as well as the rule's SPREAD
+        slack = max(map(_noise, writers), default=0.0)
         for reading in (0, 1):  # σ over one reading of the matrices' rule (fixed std, then fan-in γ)
             ratios = [r.sigma / p[min(reading, len(p) - 1)] for r in writers if (p := _predictions(base, r))]
             if (
                 out.rule not in ("zero", "not read")
                 and ratios
-                and max(ratios) / min(ratios) < math.exp(SPREAD)
+                and max(ratios) / min(ratios) < math.exp(SPREAD + slack)
             ):
                 ratio = statistics.median(ratios)
                 break

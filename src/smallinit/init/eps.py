@@ -24,7 +24,12 @@ def set_norm_eps_(module: nn.Module, eps: float, example_inputs=None) -> list[st
 
     Raises NormEpsError, naming them, when a norm's ε cannot be set (a layer without an ε attribute, an
     x·rsqrt(mean(x²) + ε) written out): setting ε on the others only would give a model that silently runs
-    with two ε."""
+    with two ε.
+
+    Each call follows the forward again (one forward of the example inputs), rather than keeping a model's
+    calls from an earlier one: which norms a forward calls can hang on Python state that no cache key sees (a
+    config flag, the inputs' control flow), and a stale list would report ε set where a norm now keeps its
+    own."""
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
         raise ConfigError(f"norm eps must be a positive number such as 1e-12, got {eps!r}")
     norms = norm_layers(module)

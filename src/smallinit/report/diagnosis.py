@@ -1,13 +1,19 @@
-"""What a report says of a run that no study judges: the γ and ε its model started with, whether its norms
-saturated (→ ε), whether a sink formed (→ the gate), its residual flow against d^(1−γ) at its own width, and
-how its matrices condensed — each measured from the run's own records, with one line on what it means for
-this run. Built here as data; ``smallinit.report.html`` renders it."""
+"""What a report says of a run that no study judges: the γ, init recipe and ε its model started with, whether its
+norms saturated (→ ε), whether its matrices still look freshly drawn, whether a sink formed (→ the gate), its
+residual flow against d^(1−γ) at its own width, and how its matrices condensed — each measured from the run's own
+records and weights, with one line on what it means for this run. What the weights say (γ, recipe, each norm's ε
+and factor at step 0, fresh-random matrices) is read from the audit (smallinit.auditing) of the weights the run
+started from and of its newest checkpoint; a folder a Monitor wrote beside another engine, whose weights are not
+here, is told from its records. Built here as data; ``smallinit.report.html`` renders it."""
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
 
+from smallinit.auditing import AuditResult
+from smallinit.auditing.audit import audit_latest, audit_start
+from smallinit.errors import SmallinitError
 from smallinit.init.scale import ONE_GAMMA
 from smallinit.io import read_json
 from smallinit.measures.norm_factor import SATURATED, relative_factor
@@ -35,21 +41,26 @@ class Diagnosis:
     observations: tuple[Observation, ...]
 
 
-def _gamma(run: Run) -> tuple[float | None, Observation]:
-    """The γ the model started with: the caller's, and the one read from the weights at step 0."""
+def _gamma(run: Run, start: AuditResult | None) -> tuple[float | None, Observation]:
+    """The γ the model started with: the caller's, and the one read from the weights at step 0 (the audit's, else
+    what a Monitor read at its start); whether the matrices follow one γ is the audit's recipe where there is one."""
     given = run.config.get("model.gamma")
-    known = read_json(run.path / MONITOR_FILE) if run.monitored else None
-    read = known.get("gamma_at_start") if isinstance(known, dict) else None
-    median = read.get("median") if isinstance(read, dict) else None
-    if isinstance(median, (int, float)):
-        low, high, n = read["low"], read["high"], read["matrices"]
+    read = _gamma_read(run, start)
+    if read is not None:
+        median, low, high, n = read
         value = f"{median:.2f} from the weights at step 0 ({low:.2f}–{high:.2f} over {n} matrices)"
         if given is not None:
             value += f"; given {given:g}"
-        if high - low >= ONE_GAMMA:
+        base = start.recipe.roles.get("matrices") if start is not None else None
+        if start is not None:
+            one_rule = base is not None and base.rule in ("fan-in γ", "either")
+        else:
+            one_rule = high - low < ONE_GAMMA
+        if not one_rule:
+            drawn = base.describe if base is not None else "a fixed std, as most libraries draw"
             meaning = (
-                "the matrices follow no one γ: their stds do not scale as d_in^(−γ) (a fixed std, as most "
-                "libraries draw); smallinit.gamma_init_(model, gamma=1.0) draws every matrix by the rule"
+                f"the matrices follow no one γ: their stds do not scale as d_in^(−γ) ({drawn}); "
+                "smallinit.gamma_init_(model, gamma=1.0) draws every matrix by the rule"
             )
         else:
             meaning = _gamma_meaning(median)
@@ -69,6 +80,65 @@ def _gamma(run: Run) -> tuple[float | None, Observation]:
     )
 
 
+def _gamma_read(run: Run, start: AuditResult | None) -> tuple[float, float, float, int] | None:
+    """(median, low, high, matrices) of the γ the weights at step 0 imply, or None where they were not read."""
+    if start is not None:
+        gammas = [r.gamma for r in start.matrices if r.gamma is not None]
+        if gammas:
+            return statistics.median(gammas), min(gammas), max(gammas), len(gammas)
+        return None
+    known = read_json(run.path / MONITOR_FILE) if run.monitored else None
+    read = known.get("gamma_at_start") if isinstance(known, dict) else None
+    median = read.get("median") if isinstance(read, dict) else None
+    if isinstance(median, (int, float)):
+        return median, read["low"], read["high"], read["matrices"]
+    return None
+
+
+def _recipe(start: AuditResult) -> Observation:
+    """The rule each role's σ follows at step 0, as the audit names it."""
+    recipe = start.recipe
+    base = recipe.roles.get("matrices")
+    if recipe.disagree:
+        roles = ", ".join(d.split(":", 1)[0] for d in recipe.disagree)
+        meaning = (
+            f"the roles follow different rules ({roles}): each role's scale sets how much its matrices "
+            "move the residual stream at the start, beside γ"
+        )
+    elif base is not None and base.rule in ("fan-in γ", "either"):
+        meaning = "one γ rule in every role, as smallinit.gamma_init_ draws"
+    else:
+        meaning = "no one γ rule: smallinit.gamma_init_(model, gamma=1.0) draws every matrix by it"
+    return Observation(
+        "init recipe at step 0",
+        recipe.summary,
+        "fixed std, fan-in γ (σ = d_in^(−γ)), depth-scaled 1/√(k·L), zero, per role",
+        meaning,
+    )
+
+
+def _fresh(latest: AuditResult) -> Observation:
+    """The matrices of the newest checkpoint that still look as an init draws them."""
+    judged = [r for r in latest.matrices if r.fresh_random is not None]
+    fresh = latest.fresh_random
+    shown = f" ({', '.join(fresh[:3])}{', …' if len(fresh) > 3 else ''})" if fresh else ""
+    if not fresh:
+        meaning = "training moved every matrix off its random draw"
+    elif not latest.step:
+        meaning = "the newest checkpoint is of step 0: nothing was trained yet"
+    else:
+        meaning = (
+            f"after {latest.step} steps these matrices are still as an init draws them: not trained (frozen, "
+            "outside the optimizer, a learning rate too small to move them) or re-initialised on load"
+        )
+    return Observation(
+        f"matrices still fresh-random at step {latest.step}",
+        f"{len(fresh)} of {len(judged)} matrices{shown}",
+        "an i.i.d. draw: top singular value inside the random-matrix bulk, no heavy tails",
+        meaning,
+    )
+
+
 def _gamma_meaning(gamma: float) -> str:
     if abs(gamma - 1) < 0.1:
         return "the paper's small init: it pays off with both fixes, a small ε and a gated attention"
@@ -77,20 +147,32 @@ def _gamma_meaning(gamma: float) -> str:
     return f"γ = {gamma:.2f}: the paper's loss is best at γ = 1 and worse above it"
 
 
-def _norm(run: Run, gamma: float | None, d: int | None) -> Observation | None:
-    factors = next((a.norm_factor for a in run.analysis if a.step == 0 and a.norm_factor), None)
-    factors = factors or next(
-        (n.norm_factor for n in run.norm_records if n.step == 0 and n.norm_factor), None
-    )
-    if not factors:
-        return None
-    eps = run.norm_eps  # the ε the norms used, scaled where the run emulates a wider model
+def _norm(run: Run, gamma: float | None, d: int | None, start: AuditResult | None) -> Observation | None:
+    """Each norm's factor at step 0 and the ε it used: the audit's (each norm's own ε), else the Monitor's
+    step-0 record with the config's ε."""
+    measured = [n for n in start.norms if n.factor is not None] if start is not None else []
+    if measured:
+        factors = {n.name: n.factor for n in measured}
+        saturated = sum(bool(n.saturated) for n in measured)
+        used = sorted({n.eps for n in measured if n.eps is not None})
+        eps = used[0] if len(used) == 1 else None
+        eps_words = (
+            f"ε = {eps:g}" if eps is not None else f"ε {used[0]:g}–{used[-1]:g}" if used else "their ε"
+        )
+    else:
+        factors = next((a.norm_factor for a in run.analysis if a.step == 0 and a.norm_factor), None)
+        factors = factors or next(
+            (n.norm_factor for n in run.norm_records if n.step == 0 and n.norm_factor), None
+        )
+        if not factors:
+            return None
+        saturated = sum(f < SATURATED for f in factors.values())
+        eps = run.norm_eps  # the ε the norms used, scaled where the run emulates a wider model
+        eps_words = f"ε = {eps:g}" if eps is not None else "their ε"
     low, mean = min(factors.values()), statistics.fmean(factors.values())
-    saturated = sum(f < SATURATED for f in factors.values())
     ref = f"< {SATURATED}: ε sets the scale"
     if gamma is not None and d and isinstance(eps, (int, float)):
         ref += f"; the formula at γ {gamma:.2f}, ε {eps:g}, d {d}: {relative_factor(gamma, eps, d):.2f}"
-    eps_words = f"ε = {eps:g}" if eps is not None else "their ε"
     width = run.config.get("model.norm_eps_width")
     if saturated and width:  # the run chose this saturation: it emulates a wider model's, so no fix to advise
         meaning = (
@@ -192,10 +274,30 @@ def _condensation(run: Run) -> Observation | None:
     )
 
 
+def _audits(run: Run) -> tuple[AuditResult | None, AuditResult | None, Observation | None]:
+    """The audits of the weights ``run`` started from and of its newest checkpoint (None: not here), or why
+    they could not be read."""
+    if run.monitored:  # the weights are the engine's, not in this folder
+        return None, None, None
+    try:
+        return audit_start(run.cfg, source=run.name), audit_latest(run.path), None
+    except SmallinitError as e:
+        return None, None, Observation("the weights (smallinit audit)", "not read", "", str(e))
+
+
 def diagnose(run: Run) -> Diagnosis:
     """The run's own measurements, each with what it means; those its records lack are left out."""
     d = run.config.get("model.d_model")
     d = d if isinstance(d, int) and d > 1 else None
-    gamma, first = _gamma(run)
-    rest = (_norm(run, gamma, d), _sink(run), _flow(run, gamma, d), _condensation(run))
+    start, latest, unread = _audits(run)
+    gamma, first = _gamma(run, start)
+    rest = (
+        unread,
+        _recipe(start) if start is not None else None,
+        _norm(run, gamma, d, start),
+        _fresh(latest) if latest is not None else None,
+        _sink(run),
+        _flow(run, gamma, d),
+        _condensation(run),
+    )
     return Diagnosis(run.name, (first, *(f for f in rest if f is not None)))
