@@ -36,7 +36,6 @@ that training callbacks read and reset through ``pop_stats``; the forward result
 from __future__ import annotations
 
 import contextlib
-
 from dataclasses import dataclass
 
 import torch
@@ -100,7 +99,9 @@ def expert_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, *, how
         if how == "op":
             return expert_mm(x, w, counts)
         offs = counts.cumsum(0).to(torch.int32)
-        if x.device.type == "meta":  # shapes only (smallinit info's trace): grouped_mm's meta kernel takes bf16
+        if (
+            x.device.type == "meta"
+        ):  # shapes only (smallinit info's trace): grouped_mm's meta kernel takes bf16
             return F.grouped_mm(x.bfloat16(), w.transpose(-2, -1).bfloat16(), offs=offs).to(dtype)
         return F.grouped_mm(x, w.transpose(-2, -1), offs=offs)
     # one matmul per expert; .tolist() waits for the counts (a host sync on GPUs). unbind, not w[e]: the
