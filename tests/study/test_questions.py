@@ -124,12 +124,12 @@ def test_a_primary_judged_by_a_resampling_test_takes_its_p_and_holms_level():
 
 
 def test_sigma_eta_lambda_reaches_1_where_the_schedule_says():
-    """At a constant rate Σηλ reaches 1 after ⌈1/(ηλ)⌉ steps; the recipe's cosine schedule (η 1e-2, λ 1.5, 16
-    warmup steps of 320) at step 76; never when training ends first or λ = 0."""
+    """At a constant rate Σηλ reaches 1 after ⌈1/(ηλ)⌉ steps; the recipe's cosine schedule (η 1e-2, λ 2, 10
+    warmup steps of 200) at step 57; never when training ends first or λ = 0."""
     const = TrainConfig(steps=1000, warmup_steps=0, schedule="constant", lr=0.01, weight_decay=0.5)
     assert equilibrium_step(const) == 200 and equilibrium_step(const, lr_scale=2.0) == 100
-    cosine = TrainConfig(steps=320, warmup_steps=16, lr=0.01, weight_decay=1.5)
-    assert equilibrium_step(cosine) == 76
+    cosine = TrainConfig(steps=200, warmup_steps=10, lr=0.01, weight_decay=2.0)
+    assert equilibrium_step(cosine) == 57
     assert equilibrium_step(dataclasses.replace(cosine, weight_decay=0.1)) is None
     assert equilibrium_step(dataclasses.replace(cosine, weight_decay=0.0)) is None
 
@@ -146,7 +146,7 @@ def test_the_recipes_plan_decides_both_and_labels_them_as_smallinits(tmp_path):
     small = plan_recipe("muon", "cpu", Hardware.make("cpu", 2), overrides=["train.weight_decay=0.1"])
     (q2,) = (c for c in small.claims if c.claim == "Q2")
     assert not q2.decides
-    assert any("Σηλ stays below 1 over the 320 steps" in why for why in q2.failing.values())
+    assert any("Σηλ stays below 1 over the 200 steps" in why for why in q2.failing.values())
 
 
 def test_the_verdict_table_labels_a_question_as_smallinits():
