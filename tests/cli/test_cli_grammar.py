@@ -283,7 +283,10 @@ def test_a_set_a_model_reading_command_does_not_read_is_refused(tmp_path, capsys
         == 2
     )
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "reads only model.gamma, model.norm_eps, model.gate, train.seed" in err
+    assert (
+        err.count("\n") == 1
+        and "reads only model.gamma, model.norm_eps, model.gate, model.init_scales, train.seed" in err
+    )
     assert (
         main(["init-hf", str(tmp_path / "c.json"), "--out", str(tmp_path / "o"), "--set", "train.seed=x"])
         == 2

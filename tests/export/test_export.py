@@ -315,3 +315,35 @@ def test_init_hf_errors_are_one_line(tmp_path, capsys):
         assert main(["init-hf", str(tmp_path / arg), "--out", str(tmp_path / "out")]) == 2
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_init_hf_takes_per_role_scales(tmp_path, capsys):
+    """--set model.init_scales overrides the γ rule by role as gamma_init_ does: the embedding at σ 1, the output
+    projections (o_proj, down_proj) zero, every other matrix d_in^(−γ); a role the model lacks and a value that is
+    no list are one line each, exit 2, with nothing written."""
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "tie_word_embeddings": False}))
+    out = tmp_path / "out"
+    scales = '["embedding=std:1", "output=zero"]'
+    args = [
+        "init-hf",
+        str(tmp_path / "config.json"),
+        "--out",
+        str(out),
+        "--set",
+        f"model.init_scales={scales}",
+    ]
+    assert main(args) == 0
+    assert "output=zero" in capsys.readouterr().out
+    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Embedding):
+            assert abs(mod.weight.std().item() - 1) < 0.1, name
+        elif isinstance(mod, torch.nn.Linear) and name.endswith(("o_proj", "down_proj")):
+            assert not mod.weight.any(), name
+        elif isinstance(mod, torch.nn.Linear):
+            assert abs(mod.weight.std().item() * mod.in_features - 1) < 0.1, name
+    capsys.readouterr()  # transformers' loading bar
+    for bad in ('["tail=zero"]', "output=zero"):
+        dest = tmp_path / f"bad-{len(bad)}"
+        assert main([*args[:2], "--out", str(dest), "--set", f"model.init_scales={bad}"]) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1 and not dest.exists()

@@ -156,3 +156,27 @@ def test_info_shows_the_table_and_refuses_a_role_that_matches_nothing():
     assert re.search(r"blocks\.\*\.attn\.o_proj\.weight +6 \(64, 64\) +output +zeros", r.stdout)
     r = subprocess.run([*run, "--set", 'model.init_scales=["head=zero"]'], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no parameter has role head" in r.stderr
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["experts", "shared-expert"])
+def test_info_on_an_moe_config_traces_the_writers_on_the_meta_device(shared):
+    """`smallinit info` builds the model on the meta device: the MoE forward runs there too (no autocast region on
+    a device without autocast, the experts' grouped matmul on shapes alone), so its table of roles and σ is the
+    one gamma_init_ draws the real model by, the experts' down_proj an output projection."""
+    import dataclasses
+
+    scales = ["embedding=std:1", "output=depth"]
+    cfg = ModelConfig.preset("cpu-moe-1m")
+    cfg = dataclasses.replace(cfg, n_layers=2, moe=dataclasses.replace(cfg.moe, shared_expert=shared))
+    with torch.device("meta"):
+        meta = Transformer(cfg, init=False)
+    plan = init_plan(meta, 1.0, example_inputs=meta.example_inputs(), scales=scales)
+    real = Transformer(cfg, seed=0)
+    drawn = gamma_init_(real, 1.0, example_inputs=real.example_inputs(), scales=scales)
+    assert [(r.name, r.role, r.rule, r.std) for r in plan.rows] == [
+        (r.name, r.role, r.rule, r.std) for r in drawn.rows
+    ]
+    roles = {r.name: r.role for r in plan.rows}
+    assert roles["blocks.0.mlp.down_proj"] == "output" and roles["blocks.0.mlp.up_proj"] == "hidden"
+    if shared:
+        assert roles["blocks.1.mlp.shared_expert.down_proj.weight"] == "output"

@@ -194,3 +194,37 @@ def test_analyze_averages_ragged_heads_and_norms_some_batches_missed():
     assert mean.sink.per_layer == pytest.approx((0.3, 0.6))
     assert mean.norm_factor == {"n1": 0.5, "n2": 0.5} and mean.not_measured == {"n2": "why"}
     assert mean.notes == ("x",)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_each_matrix_rms_is_recorded_beside_the_steady_state_of_its_optimizer(tmp_path, optimizer):
+    """The RMS read back from metrics.jsonl is the weights' own at that step (the last record against the final
+    checkpoint), and √(η/λ) is that of the optimizer holding the matrix: Muon's rate under Muon."""
+    out = tmp_path / "run"
+    cfg = Config.load(
+        None,
+        overrides=[
+            *TINY_MODEL,
+            "train.steps=4",
+            "train.batch_size=2",
+            "train.eval_every=0",
+            "train.warmup_steps=1",
+            "train.lr=0.004",
+            "train.muon_lr=0.016",
+            "train.weight_decay=0.25",
+            f"train.optimizer={optimizer}",
+            "analysis.every=4",
+            'analysis.matrices=["*.attn.q_proj.weight", "*.mlp.down_proj.weight"]',
+        ],
+    )
+    trainer = Trainer(cfg, out, callbacks=[])
+    trainer.fit()
+    last = parse_record(records(out)[-1])
+    assert last.step == 4 and len(last.matrices) == 4
+    params = dict(trainer.model.named_parameters())
+    eta = 0.016 if optimizer == "muon" else 0.004
+    for m in last.matrices:
+        W = params[m.name].detach().double()
+        assert m.rms == pytest.approx(W.pow(2).mean().sqrt().item(), rel=1e-9)
+        assert m.steady_rms == pytest.approx((eta / 0.25) ** 0.5)
+        assert m.rms_ratio == pytest.approx(m.rms / m.steady_rms)

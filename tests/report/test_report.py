@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import math
 import re
 import statistics
 import warnings
@@ -158,11 +159,26 @@ def test_report_is_self_contained_and_escaped(report_dir):
         "Attention sink per layer",
         "Residual flow",
         "Condensation",
+        "Weight norms: matrix RMS over training",
         "Token level",
         "Coordinate check",
         "Single-model analyses",
     ):
         assert section in page, section
+
+
+def test_the_weight_norms_table_is_each_runs_recorded_matrix_rms(report_dir):
+    """The weight-RMS section's last row of a setting is the mean over its seeds of the median over the matrices of
+    the RMS each run's Monitor wrote, and the same over √(η/λ) (AdamW's lr and weight decay)."""
+    page = (report_dir / "report.html").read_text(encoding="utf-8")
+    section = page.split("Weight norms: matrix RMS over training", 1)[1].split("<h2>", 1)[0]
+    last = [Run.load(report_dir / "runs" / name).analysis[-1] for name in ("g1.0", "g1.0-seed1")]
+    rms, ratio = (
+        statistics.fmean(statistics.median(a.by_matrix(k).values()) for a in last)
+        for k in ("rms", "rms_ratio")
+    )
+    assert f"<td>d = 32 · γ = 1</td><td>4</td><td>{num(rms)}</td><td>{num(ratio)}</td>" in section
+    assert ratio == pytest.approx(rms / math.sqrt(3e-3 / 0.1), rel=1e-6)
 
 
 def test_report_numbers_come_from_the_files(report_dir):

@@ -45,7 +45,17 @@ def test_findings_from_another_version_read_with_defaults_and_other_files_are_re
 def test_every_analysis_registers_itself_once():
     from smallinit.study.judging.findings import FINDINGS, analysis
 
-    assert list(FINDINGS) == ["claims", "fig1", "fig2", "fig3", "condensation", "tokens", "reasoning", "sink"]
+    assert list(FINDINGS) == [
+        "claims",
+        "fig1",
+        "fig2",
+        "fig3",
+        "muon",
+        "condensation",
+        "tokens",
+        "reasoning",
+        "sink",
+    ]
     assert all(fn.__name__ == f"{name}_findings" for name, fn in FINDINGS.items())
     with pytest.raises(ValueError, match="fig1 is registered twice"):
         analysis("fig1")(lambda out, claims, options, say: {})

@@ -22,7 +22,21 @@ from smallinit.study.planning.recipes import (
 )
 from smallinit.study.running import resolve_config
 
-SHIPPED = ["condensation", "demo", "paper-fig1", "paper-fig2", "paper-fig3", "reasoning", "sink", "tokens"]
+SHIPPED = [
+    "condensation",
+    "demo",
+    "muon",
+    "paper-fig1",
+    "paper-fig2",
+    "paper-fig3",
+    "reasoning",
+    "sink",
+    "tokens",
+]
+SCALES = {  # the scales of a recipe other than micro, cpu and gpu
+    "demo": {"micro", "quick", "full", "cpu-long", "gpu"},
+    "muon": {"micro", "cpu"},  # smallinit's questions Q1, Q2: no GPU scale designed yet
+}
 
 
 def test_every_shipped_scale_resolves():
@@ -30,10 +44,7 @@ def test_every_shipped_scale_resolves():
     vocab: dict[str, int] = {}
     for name in SHIPPED:
         recipe = load_recipe(name)
-        expected = (
-            {"micro", "quick", "full", "cpu-long", "gpu"} if name == "demo" else {"micro", "cpu", "gpu"}
-        )
-        assert set(recipe.scales) == expected, name
+        assert set(recipe.scales) == SCALES.get(name, {"micro", "cpu", "gpu"}), name
         for scale in recipe.scales.values():
             assert scale.description
             for sweep in scale.sweeps.values():

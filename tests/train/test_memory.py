@@ -88,6 +88,28 @@ def test_state_terms_follow_the_parameters():
     assert fsdp.activations == ddp.activations
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=["elementwise", "headwise-gqa", "no-gate", "moe"])
+def test_the_optimizer_state_is_what_each_optimizer_keeps_after_a_step(shape):
+    """AdamW keeps two moments per parameter; under train.optimizer=muon, Muon keeps one momentum buffer for the
+    hidden matrices it holds (an MoE's fused experts stay with AdamW): the estimate's optimizer bytes are the
+    bytes of the real optimizers' state tensors after one step, deep configs counted from one period."""
+    from smallinit.config import TrainConfig
+    from smallinit.train.optim import build_optimizer, optimizers
+
+    cfg = from_dict(ModelConfig, shape, "model")
+    for name in ("adamw", "muon"):
+        model = Transformer(cfg, seed=0)
+        opt = build_optimizer(model, TrainConfig(optimizer=name))
+        x = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+        model(x, x).loss.backward()
+        opt.step()
+        kept = sum(
+            t.nbytes for o in optimizers(opt) for st in o.state.values() for t in st.values() if t.dim() > 0
+        )
+        est = estimate_memory(cfg, micro_batch=2, seq_len=16, precision="fp32", optimizer=name)
+        assert est.optimizer == kept, name
+
+
 def test_describe_memory_checks_the_split():
     cfg = Config.load(overrides=["train.batch_size=8"])
     assert "fsdp × 2" in describe_memory(cfg, 2)

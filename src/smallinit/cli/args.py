@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from smallinit.cli.deprecated import notice, old, store
+from smallinit.config.overrides import parse_override
 from smallinit.errors import ConfigError, did_you_mean
 
 
@@ -63,10 +64,17 @@ def model_sets(args: argparse.Namespace, keys: dict[str, tuple[type, object]]) -
         try:
             values[key] = kind(text)
         except ValueError:
-            raise ConfigError(
-                f"--set {item}: {key} takes {'a whole number' if kind is int else 'a number'}"
-            ) from None
+            what = {int: "a whole number", string_list: 'a list of strings such as ["output=zero"]'}
+            raise ConfigError(f"--set {item}: {key} takes {what.get(kind, 'a number')}") from None
     return values
+
+
+def string_list(text: str) -> list[str]:
+    """A --set value that is a list of strings, read as a config's is (a TOML literal: ["a", "b"])."""
+    _, value = parse_override(f"v={text}")
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(text)
+    return value
 
 
 def out_arg(p: argparse.ArgumentParser, help: str, **kwargs) -> None:

@@ -14,6 +14,7 @@ from smallinit.cli.args import (
     positional_out,
     required_out,
     set_arg,
+    string_list,
 )
 from smallinit.cli.base import Command
 from smallinit.cli.deprecated import old, to_set
@@ -111,6 +112,7 @@ INIT_HF_KEYS = {
     "model.gamma": (float, 1.0),
     "model.norm_eps": (float, 1e-12),
     "model.gate": (str, "none"),
+    "model.init_scales": (string_list, []),
     "train.seed": (int, 0),
 }
 
@@ -122,7 +124,9 @@ def add_init_hf(p: argparse.ArgumentParser) -> None:
         p,
         "model.gamma=G: σ = d_in^(−γ) (default 1, the paper's choice); model.norm_eps=E: ε of every norm "
         "(default 1e-12); model.gate=elementwise|headwise|none: the attention output gate σ(X W_θ) on every "
-        "softmax attention (default none); train.seed=N: seed of the weights (default 0)",
+        'softmax attention (default none); model.init_scales=["ROLE=RULE", ...]: per-role overrides of the γ '
+        'rule, e.g. ["embedding=std:1", "output=zero"] (docs/muon-and-role-scales.md); train.seed=N: seed of '
+        "the weights (default 0)",
     )
     p.add_argument(
         "--keep-norm-eps",
@@ -155,6 +159,7 @@ def cmd_init_hf(args: argparse.Namespace) -> int:
             seed=sets["train.seed"],
             tokenizer=args.tokenizer,
             gate=sets["model.gate"],
+            scales=sets["model.init_scales"] or None,
         )
     )
     return 0

@@ -435,8 +435,10 @@ def init_hf(
     seed: int = 0,
     tokenizer: str | Path | None = None,
     gate: str = "none",
+    scales: list[str] | None = None,
 ) -> InitHFResult:
-    """Build a causal LM from a Hugging Face config, γ-init it, set every norm's ε (None: keep the
+    """Build a causal LM from a Hugging Face config, γ-init it (``scales``: per-role overrides of the γ rule,
+    ROLE=RULE as ``gamma_init_`` takes them), set every norm's ε (None: keep the
     architecture's), add the attention output gate (``gate``: elementwise, headwise or none; W_θ drawn from the
     same seeded generator), save it to ``out_dir`` with a tokenizer (``tokenizer``, else a builtin one that
     covers the vocabulary, else none, said in the result). ε that cannot be set or saved and a gate that cannot
@@ -465,7 +467,7 @@ def init_hf(
             f"{config_or_dir}: no causal-LM class for this config ({str(e).splitlines()[0]})"
         ) from None
     generator = torch.Generator().manual_seed(seed)
-    report = gamma_init_(model, gamma, generator=generator)
+    report = gamma_init_(model, gamma, generator=generator, scales=scales)
     norms: list[str] = []
     if norm_eps is not None:
         try:

@@ -15,6 +15,7 @@ The Lanczos value agrees with ``torch.linalg.svdvals`` to ~1e-6 relative (tests 
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,12 +116,26 @@ def row_cosine(W: torch.Tensor, *, max_rows: int = 1024, seed: int = 0, cluster:
     )
 
 
+def rms(W: torch.Tensor) -> float:
+    """The root mean square of W's entries (float64: exact enough for a matrix of any size)."""
+    return torch.linalg.vector_norm(W.detach().double()).item() / math.sqrt(W.numel())
+
+
 @dataclass
 class MatrixStat:
     name: str
     shape: tuple[int, ...]
     stable_rank: float
     mean_abs_cos: float | None  # None when not asked for
+    rms: float | None = None  # None in files written before it was recorded
+    # √(η/λ) of its optimizer (peak rate η, weight decay λ): the scale weight decay drives the weights towards;
+    # None where the matrix does not decay or its optimizer is not known
+    steady_rms: float | None = None
+
+    @property
+    def rms_ratio(self) -> float | None:
+        """RMS / √(η/λ): near a constant once weight decay has driven the norm to its steady state."""
+        return self.rms / self.steady_rms if self.rms is not None and self.steady_rms else None
 
     @property
     def stable_rank_fraction(self) -> float | None:
@@ -134,6 +149,9 @@ class MatrixStat:
             "stable_rank": self.stable_rank,
             "stable_rank_fraction": self.stable_rank_fraction,
             "mean_abs_cos": self.mean_abs_cos,
+            "rms": self.rms,
+            "steady_rms": self.steady_rms,
+            "rms_ratio": self.rms_ratio,
         }
 
 
@@ -181,9 +199,9 @@ def unoriented_matrices(model: nn.Module) -> dict[str, str]:
 def matrix_stats(
     model: nn.Module, pattern: list[str] | str | None = None, *, cosine: bool = True, max_rows: int = 1024
 ) -> list[MatrixStat]:
-    """Stable rank (and mean |cos| of rows, sampled above ``max_rows`` rows) of every matrix of ``model``."""
+    """Stable rank, RMS (and mean |cos| of rows, sampled above ``max_rows`` rows) of every matrix of ``model``."""
     stats = []
     for name, W in named_matrices(model, pattern).items():
         cos = sampled_mean_abs_cos(W, max_rows=max_rows) if cosine else None
-        stats.append(MatrixStat(name, tuple(W.shape), stable_rank(W), cos))
+        stats.append(MatrixStat(name, tuple(W.shape), stable_rank(W), cos, rms(W)))
     return stats

@@ -35,6 +35,7 @@ that training callbacks read and reset through ``pop_stats``; the forward result
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -72,7 +73,7 @@ def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
 
 def matmul_dtype(x: torch.Tensor, w: torch.Tensor) -> torch.dtype | None:
     """The dtype a matmul of x and w computes in: autocast's if it is on, else theirs (None if they differ)."""
-    if torch.is_autocast_enabled(x.device.type):
+    if torch.amp.is_autocast_available(x.device.type) and torch.is_autocast_enabled(x.device.type):
         return torch.get_autocast_dtype(x.device.type)
     return x.dtype if x.dtype == w.dtype else None
 
@@ -97,7 +98,12 @@ def expert_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, *, how
         x, w = x.to(dtype), w.to(dtype)
         if how == "op":
             return expert_mm(x, w, counts)
-        return F.grouped_mm(x, w.transpose(-2, -1), offs=counts.cumsum(0).to(torch.int32))
+        offs = counts.cumsum(0).to(torch.int32)
+        if (
+            x.device.type == "meta"
+        ):  # shapes only (smallinit info's trace): grouped_mm's meta kernel takes bf16
+            return F.grouped_mm(x.bfloat16(), w.transpose(-2, -1).bfloat16(), offs=offs).to(dtype)
+        return F.grouped_mm(x, w.transpose(-2, -1), offs=offs)
     # one matmul per expert; .tolist() waits for the counts (a host sync on GPUs). unbind, not w[e]: the
     # backward of each w[e] would write a full-size gradient of w, E times over
     return torch.cat([xe @ we.T for xe, we in zip(x.split(counts.tolist()), w.unbind(0))])
@@ -188,7 +194,9 @@ class MoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Router logits and probabilities (N, E), top-k weights and expert indices (N, k), all fp32."""
-        with torch.autocast(x.device.type, enabled=False):
+        # no autocast region where the device has none (the meta device, on which `smallinit info` traces)
+        off = torch.amp.is_autocast_available(x.device.type)
+        with torch.autocast(x.device.type, enabled=False) if off else contextlib.nullcontext():
             logits = F.linear(x.float(), self.router.weight.float())
         if self.score == "softmax":
             scores = logits.softmax(-1)
@@ -252,6 +260,8 @@ class MoE(nn.Module):
         # under torch.compile, grouped_mm's tracing kernel takes bf16 only and the loop breaks the graph
         if torch.compiler.is_compiling():
             return "op"
+        if x.device.type == "meta":  # shapes only: the loop cannot split by counts it does not hold
+            return "grouped"
         # eagerly on GPUs the grouped path is not verified yet: the loop
         dtype = matmul_dtype(x, self.gate_proj)
         cpu = x.device.type == "cpu"

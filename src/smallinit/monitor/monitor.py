@@ -48,6 +48,7 @@ from smallinit.measures.activations import measure_activations
 from smallinit.measures.condensation import (
     MatrixStat,
     named_matrices,
+    rms,
     row_cosine,
     sampled_mean_abs_cos,
     stable_rank,
@@ -82,7 +83,10 @@ class Monitor:
     continues the records of a resumed run (later ones are dropped); ``name`` is what a report calls the run
     (default: the folder's name; the integrations give their engine's folder); ``settings`` (e.g.
     ``{"model.gamma": 1.0}``) are what the report groups runs by; ``guard=False`` silences the saturation
-    warning where saturation is asked for. Without ``cfg``, ``every`` is 100.
+    warning where saturation is asked for. ``steady_rms`` (parameter name → √(η/λ), its optimizer's peak rate
+    over its weight decay, for the parameters that decay: :func:`smallinit.train.optim.steady_rms` gives it for
+    a torch optimizer) puts each recorded matrix's RMS beside the norm weight decay drives it to. Without
+    ``cfg``, ``every`` is 100.
     """
 
     def __init__(
@@ -101,6 +105,7 @@ class Monitor:
         name: str | None = None,
         guard: bool = True,
         kept: io.Kept | None = None,
+        steady_rms: Mapping[str, float] | None = None,
         **fields: Any,
     ):
         cfg_given = cfg is not None
@@ -113,6 +118,7 @@ class Monitor:
                 f"the monitor needs every or norm_every ≥ 1, got {cfg.every} and {cfg.norm_every}"
             )
         self.cfg, self.total_steps, self.start_step, self.kept = cfg, total_steps, start_step, kept
+        self.steady_rms = dict(steady_rms or {})
         self.adapter = as_adapter(_unwrapped(model))
         self.module = self.adapter.module
         self.writes = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
@@ -287,7 +293,14 @@ class Monitor:
             **vars(acts),
             step=step,
             matrices=tuple(
-                MatrixStat(n, tuple(W.shape), stable_rank(W), sampled_mean_abs_cos(W, max_rows=COS_ROWS))
+                MatrixStat(
+                    n,
+                    tuple(W.shape),
+                    stable_rank(W),
+                    sampled_mean_abs_cos(W, max_rows=COS_ROWS),
+                    rms(W),
+                    self._steady(n),
+                )
                 for n, W in mats.items()
             ),
         )
@@ -313,6 +326,14 @@ class Monitor:
         rec = NormFactorRecord(step, factors).to_dict()
         self._log(rec)
         return rec
+
+    def _steady(self, matrix: str) -> float | None:
+        """√(η/λ) of the parameter a recorded matrix is (NAME) or is part of (NAME.i: an expert, NAME[q]: a
+        fused part), where the caller gave it."""
+        for name, value in self.steady_rms.items():
+            if matrix == name or matrix.startswith((name + ".", name + "[")):
+                return value
+        return None
 
     def _gathered(self) -> dict[str, torch.Tensor]:
         """The recorded matrices, whole (a sharded or ZeRO-3 partitioned tensor is gathered: every rank takes

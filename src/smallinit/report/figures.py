@@ -361,6 +361,10 @@ CONDENSATION = (
     Course("stable_rank", "stable rank ‖W‖_F²/‖W‖_2²", "stable rank"),
     Course("mean_abs_cos", "mean |cos| between rows", "row alignment"),
 )
+WEIGHT_RMS = (
+    Course("rms", "median over matrices of RMS(W)", "weight RMS", log=True),
+    Course("rms_ratio", "median over matrices of RMS(W) / √(η/λ)", "against weight decay's √(η/λ)"),
+)
 OUTLIERS = (
     Course("max_attention_logit", "largest scale·q·k over layers", "attention logits"),
     Course("massive", "max |h| / median |h|, largest layer", "massive activations", log=True),
@@ -375,7 +379,8 @@ def courses_figure(
     """Measures over training, one row of axes per panel title and one axes per course:
     ``{panel: {curve: {course.key: [per-seed [(step, v)]]}}}``; the line is the mean over seeds, the band their
     range (:data:`CONDENSATION`: stable rank and mean |cos|, averaged over the logged matrices; :data:`OUTLIERS`:
-    the largest attention logit and the massive-activation ratio, each the largest over layers)."""
+    the largest attention logit and the massive-activation ratio, each the largest over layers; :data:`WEIGHT_RMS`:
+    the logged matrices' median RMS, alone and over √(η/λ))."""
     fig, rows, colors = _panels(panels, ncols_per_panel=len(courses), w=4.6, h=3.2)
     for (title, curves), axes in zip(panels.items(), rows):
         for label, s in curves.items():

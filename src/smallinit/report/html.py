@@ -50,6 +50,7 @@ from smallinit.report.outputs import (
 )
 from smallinit.report.runs import loss_section, render_losses, render_runs, runs_section
 from smallinit.report.tokens import render_tokens, token_section
+from smallinit.report.weights import render_weights, weights_section
 from smallinit.study.judging.findings import FINDINGS_FILE
 from smallinit.study.judging.findings_file import Findings, JudgedClaim
 from smallinit.version import __version__
@@ -174,6 +175,7 @@ def _sections(
         (sink_section(groups, analyses), render_sink),
         (residual_section(runs, arm_keys(runs), sweeps, claims.get("C5")), render_residual),
         (condensation_section(groups), render_condensation),
+        (weights_section(groups), render_weights),
         (outliers_section(groups, analyses), render_outliers),
         (token_section(compares, claims.get("C7")), render_tokens),
         (checks, render_coordchecks),

@@ -13,7 +13,7 @@ from smallinit.config import AnalysisConfig
 from smallinit.errors import ConfigError
 from smallinit.monitor import Monitor
 from smallinit.train.checkpoint import kept
-from smallinit.train.optim import describe_split
+from smallinit.train.optim import describe_split, steady_rms
 
 if TYPE_CHECKING:
     from smallinit.train.trainer import Trainer
@@ -140,6 +140,7 @@ class AnalysisCallback(Callback):
             start_step=trainer.step,
             guard=not trainer.cfg.model.norm_eps_width,  # ε emulation saturates on purpose
             kept=kept(trainer.run_dir),
+            steady_rms=steady_rms(trainer.model, trainer.optimizer, trainer.cfg.train),
         )
         if trainer.step == 0:
             self.monitor(0)

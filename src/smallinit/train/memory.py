@@ -1,10 +1,12 @@
-"""How much memory one GPU needs to train a model: weights, gradients, AdamW state, activations.
+"""How much memory one GPU needs to train a model: weights, gradients, optimizer state, activations.
 
 An estimate from the shapes, per GPU, in bytes (P = parameters, N = ranks, a = bytes of an activation
 element: 2 under bf16, 4 in fp32; per token of the micro-batch, per layer):
 
-    DDP:    weights 4P + gradients 4P + AdamW 8P, and under bf16 autocast a 2P copy of the weights
-    FSDP:   (4P + 4P + 8P) / N, plus the gathered fp32 parameters in flight, 4·(P_root + 2·P_block) (the
+    DDP:    weights 4P + gradients 4P + optimizer state O, and under bf16 autocast a 2P copy of the weights;
+            O = 8P under AdamW (two moments), 8·(P − P_muon) + 4·P_muon under train.optimizer = "muon" (Muon
+            keeps one momentum buffer for the P_muon parameters of the hidden matrices it holds)
+    FSDP:   (4P + 4P + O) / N, plus the gathered fp32 parameters in flight, 4·(P_root + 2·P_block) (the
             root stays gathered; one block computes while the next is fetched), plus one unsharded gradient
             in compute precision and in fp32 for the reduce-scatter, (a + 4)·max(P_root, P_block), and
             under bf16 autocast the same 2P of bf16 weight copies as DDP (each matmul keeps its cast weight
@@ -42,9 +44,10 @@ from pathlib import Path
 
 import torch
 
-from smallinit.config import PRESETS, Config, ModelConfig
+from smallinit.config import PRESETS, Config, ModelConfig, TrainConfig
 from smallinit.errors import ConfigError
 from smallinit.model import Transformer
+from smallinit.train.optim import MUON, optimizer_split
 
 GIB = 1024**3
 
@@ -76,14 +79,22 @@ def _over_layers(cfg: ModelConfig, per_period: list[float]) -> float:
     return whole * sum(per_period) + sum(per_period[:rest])
 
 
-def _shapes(cfg: ModelConfig) -> tuple[int, int, int]:
-    """Total, largest-block and root (embedding, final norm, head) parameter counts, from a meta model of one
-    period of layers, so that a deep config is as quick to estimate as a shallow one."""
+def _shapes(cfg: ModelConfig) -> tuple[int, int, int, int]:
+    """Total, largest-block and root (embedding, final norm, head) parameter counts, and the parameters Muon
+    would hold (train.optimizer = "muon"), from a meta model of one period of layers, so that a deep config is as
+    quick to estimate as a shallow one."""
     with torch.device("meta"):
         model = Transformer(dataclasses.replace(cfg, n_layers=_period(cfg)), init=False)
     blocks = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
     root = model.num_params() - sum(blocks)
-    return root + int(_over_layers(cfg, blocks)), max(blocks), root
+    split = optimizer_split(model, TrainConfig(optimizer=MUON))
+    params = dict(model.named_parameters())
+    held = [
+        sum(params[n].numel() for n, how in split.items() if how == MUON and n.startswith(f"blocks.{i}."))
+        for i in range(len(blocks))
+    ]
+    muon = sum(p.numel() for n, p in params.items() if split.get(n) == MUON) - sum(held)  # the root's
+    return root + int(_over_layers(cfg, blocks)), max(blocks), root, muon + int(_over_layers(cfg, held))
 
 
 def layer_bytes_per_token(cfg: ModelConfig, act_bytes: int) -> list[float]:
@@ -124,12 +135,15 @@ def estimate_memory(
     parallel: str = "ddp",
     precision: str = "bf16",
     activation_checkpointing: bool = False,
+    optimizer: str = "adamw",
 ) -> MemoryEstimate:
-    """Per-GPU training memory for micro-batches of ``micro_batch`` sequences of ``seq_len`` tokens."""
+    """Per-GPU training memory for micro-batches of ``micro_batch`` sequences of ``seq_len`` tokens, trained with
+    ``optimizer`` (train.optimizer)."""
     if parallel not in ("none", "ddp", "fsdp"):
         raise ValueError(f"parallel must be none, ddp or fsdp, got {parallel!r}")
     a = 2 if precision == "bf16" else 4
-    P, p_block, p_root = _shapes(cfg)
+    P, p_block, p_root, p_muon = _shapes(cfg)
+    state = 8 * P - 4 * p_muon if optimizer == MUON else 8 * P
     tokens = micro_batch * seq_len
     acts = tokens * activation_bytes_per_token(cfg, a, activation_checkpointing=activation_checkpointing)
     flight = tokens * (6 if a == 2 else 4) * cfg.vocab_size  # the loss's fp32 gradient (+ its bf16 cast)
@@ -139,13 +153,13 @@ def estimate_memory(
     if parallel == "fsdp" and world_size > 1:
         n = world_size
         gathered = 4 * (p_root + 2 * p_block) + (a + 4) * max(p_root, p_block)
-        return MemoryEstimate(P, 4 * P / n, 4 * P / n, 8 * P / n, acts, gathered + cast + flight)
-    return MemoryEstimate(P, 4 * P, 4 * P, 8 * P, acts, cast + flight)
+        return MemoryEstimate(P, 4 * P / n, 4 * P / n, state / n, acts, gathered + cast + flight)
+    return MemoryEstimate(P, 4 * P, 4 * P, state, acts, cast + flight)
 
 
 def format_estimates(rows: list[tuple[str, MemoryEstimate]]) -> str:
     """A table in GiB: one row per (label, estimate)."""
-    head = f"{'layout':<28} {'params':>8} {'weights':>8} {'grads':>8} {'AdamW':>8} {'activ.':>8} {'flight':>8} {'total':>8}"
+    head = f"{'layout':<28} {'params':>8} {'weights':>8} {'grads':>8} {'optim.':>8} {'activ.':>8} {'flight':>8} {'total':>8}"
     lines = [head, "-" * len(head)]
     for label, e in rows:
         cells = (e.weights, e.grads, e.optimizer, e.activations, e.in_flight, e.total)
@@ -194,7 +208,13 @@ def describe_memory(cfg: Config, gpus: int = 1) -> str:
         )
     micro = tc.batch_size // (gpus * tc.grad_accum)
     precision = "fp32" if tc.precision == "fp32" else "bf16"
-    common = dict(micro_batch=micro, seq_len=cfg.data.seq_len, world_size=gpus, precision=precision)
+    common = dict(
+        micro_batch=micro,
+        seq_len=cfg.data.seq_len,
+        world_size=gpus,
+        precision=precision,
+        optimizer=tc.optimizer,
+    )
     layouts = (
         [("ddp", tc.activation_checkpointing)]
         if gpus == 1
@@ -209,7 +229,7 @@ def describe_memory(cfg: Config, gpus: int = 1) -> str:
             (label, estimate_memory(cfg.model, parallel=parallel, activation_checkpointing=ac, **common))
         )
     return (
-        f"memory per GPU (GiB, estimate): {precision}, micro-batch {micro} × {cfg.data.seq_len} tokens "
+        f"memory per GPU (GiB, estimate): {precision}, {tc.optimizer}, micro-batch {micro} × {cfg.data.seq_len} tokens "
         f"(train.batch_size {tc.batch_size} / {gpus} GPUs / grad_accum {tc.grad_accum})\n"
         + format_estimates(rows)
     )
@@ -240,6 +260,7 @@ def check_fits(cfg: Config, device: torch.device, world_size: int, amp_dtype: to
         parallel=tc.parallel,
         precision="bf16" if amp_dtype is not None else "fp32",
         activation_checkpointing=tc.activation_checkpointing,
+        optimizer=tc.optimizer,
     )
     have = device_memory(device)
     if est.total <= have:
@@ -248,7 +269,7 @@ def check_fits(cfg: Config, device: torch.device, world_size: int, amp_dtype: to
     state = est.weights + est.grads + est.optimizer
     if state > have:
         raise ConfigError(
-            f"the model's weights, gradients and AdamW state alone need ≈ {state / GIB:,.1f} GiB per {where} "
+            f"the model's weights, gradients and optimizer state alone need ≈ {state / GIB:,.1f} GiB per {where} "
             f"({est.params:,} parameters) but this {where} has {have / GIB:,.1f} GiB; choose a smaller model "
             "(or train.parallel=fsdp over more GPUs)"
         )

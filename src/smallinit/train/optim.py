@@ -156,6 +156,33 @@ def _adamw(groups: list[dict], cfg: TrainConfig) -> torch.optim.AdamW:
     )
 
 
+def steady_rms(model: nn.Module, optimizer, cfg: TrainConfig) -> dict[str, float]:
+    """Parameter name → √(η/λ), its group's peak rate over its weight decay, for every parameter that decays:
+    the RMS that decoupled weight decay drives a matrix's entries towards (up to a factor of the optimizer's
+    update size), whatever the init. The Monitor records each matrix's RMS against it."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {
+        names[id(p)]: math.sqrt(cfg.lr * group.get("lr_scale", 1.0) / group["weight_decay"])
+        for opt in optimizers(optimizer)
+        for group in opt.param_groups
+        if group.get("weight_decay", 0.0) > 0
+        for p in group["params"]
+        if id(p) in names
+    }
+
+
+def equilibrium_step(cfg: TrainConfig, lr_scale: float = 1.0) -> int | None:
+    """The first step by which the weight decay has multiplied the init's share of a matrix by 1/e: where
+    Σ_s η_s·λ reaches 1, i.e. 1/(ηλ) steps at a constant rate η (the schedule's, times ``lr_scale``); None when
+    training ends first (or λ = 0)."""
+    total = 0.0
+    for step in range(cfg.steps):
+        total += lr_at(step, cfg) * lr_scale * cfg.weight_decay
+        if total >= 1.0:
+            return step + 1
+    return None
+
+
 def set_lr(optimizer, step: int, cfg: TrainConfig) -> float:
     """Set every group's learning rate for optimizer step ``step``; returns the schedule's (AdamW's) rate."""
     lr = lr_at(step, cfg)

@@ -79,7 +79,8 @@ def _load(out: Path, say: Say) -> Runs:
 
 
 def _group_key(run: Run) -> tuple:
-    """The size and arm of a run, which its seeds share: γ, ε and the width it is emulated at, the gate, the lr."""
+    """The size and arm of a run, which its seeds share: γ, ε and the width it is emulated at, the gate, the lr,
+    the optimizer and its weight decay."""
     c = run.config
     return (
         run.size,
@@ -88,12 +89,14 @@ def _group_key(run: Run) -> tuple:
         int(c.get("model.norm_eps_width") or 0),
         c["model.gate"],
         float(c["train.lr"]),
+        c.get("train.optimizer", "adamw"),  # runs from before Muon trained with AdamW
+        float(c.get("train.weight_decay", 0.1)),
     )
 
 
 def _arm_fields(arm: tuple) -> dict[str, Any]:
     """A group key without its size, as named fields."""
-    return dict(zip(("gamma", "norm_eps", "norm_eps_width", "gate", "lr"), arm))
+    return dict(zip(("gamma", "norm_eps", "norm_eps_width", "gate", "lr", "optimizer", "weight_decay"), arm))
 
 
 def _size_fields(size: tuple) -> dict[str, Any]:
@@ -415,6 +418,41 @@ def trajectories(runs: Runs) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def weight_rms(runs: Runs) -> list[dict[str, Any]]:
+    """Per run whose Monitor recorded matrix RMS: its arm, and at each analysis step the median over the recorded
+    matrices of the RMS and of RMS / √(η/λ) (None where no matrix decays)."""
+    out = []
+    for r in runs:
+        recs = [x for x in r.analysis if x.by_matrix("rms")]
+        if not recs:
+            continue
+        ratios = [x.by_matrix("rms_ratio") for x in recs]
+        out.append(
+            {
+                "cell": r.name,
+                **_size_fields(r.size),
+                **_arm_fields(_group_key(r)[1:]),
+                "seed": r.seed,
+                "steps": [x.step for x in recs],
+                "rms": [float(np.median(list(x.by_matrix("rms").values()))) for x in recs],
+                "rms_ratio": [float(np.median(list(v.values()))) if v else None for v in ratios],
+            }
+        )
+    return out
+
+
+@analysis("muon")
+def muon_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
+    """smallinit's questions Q1 and Q2 (not claims of the paper), with each run's weight RMS along training."""
+    runs = _load(out, say)
+    return {
+        "claims": _claims(judge(claims, runs, {}, options)),
+        "losses": loss_table(runs),
+        "weight_rms": weight_rms(runs),
+        "n_runs": len(runs),
+    }
 
 
 @analysis("condensation")

@@ -171,7 +171,8 @@ def holm_levels(p_values: Sequence[float], alpha: float = ALPHA) -> list[float]:
 
 
 LEGEND = """\
-Notation: C1–C7 are the paper's claims; d16×4 is a model of width 16 and 4 layers; γ.5, γ1 are γ = 0.5, 1;
+Notation: C1–C7 are the paper's claims, Q1 and Q2 smallinit's own questions (not claims of the paper: their
+"paper" column says what > 0 means); d16×4 is a model of width 16 and 4 layers; γ.5, γ1 are γ = 0.5, 1;
 L is the final validation loss (nats); srank the stable rank ‖W‖_F²/‖W‖_2²; Δ_sym = (p_A − p_B)/(p_A + p_B)
 per token. Each number is the mean ± sd over seeds of a paired difference, signed so that > 0 is the paper's
 direction, at the budget stated (tokens per non-embedding parameter). The paper column gives its number in

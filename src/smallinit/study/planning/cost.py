@@ -171,9 +171,9 @@ class Shapes:
         return self.numbers[key]
 
     def memory_gib(self, cfg: Config, **layout: Any) -> float:
-        key = (self.key(cfg), tuple(sorted(layout.items())))
+        key = (self.key(cfg), cfg.train.optimizer, tuple(sorted(layout.items())))
         if key not in self.memory:
-            self.memory[key] = estimate_memory(cfg.model, **layout).total / GIB
+            self.memory[key] = estimate_memory(cfg.model, optimizer=cfg.train.optimizer, **layout).total / GIB
         return self.memory[key]
 
 

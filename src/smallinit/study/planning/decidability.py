@@ -186,9 +186,8 @@ def claim_plans(
         sd, source = (
             (claim_sd[key], f"--seed-sd {key}={claim_sd[key]:g}")
             if key in claim_sd
-            else loss_sd
-            if unit == "nats"
-            else claim.seed_sd or (None, "")
+            else primary.planned_sd  # its quantity's own (Q1's best-lr gap)
+            or (loss_sd if unit == "nats" else claim.seed_sd or (None, ""))
         )
         dropped = res.untestable.removeprefix(f"{NOT_RUN}: ") if res.untestable.startswith(NOT_RUN) else ""
         plans.append(

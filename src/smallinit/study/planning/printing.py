@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from smallinit.study.judging.claims import CLAIMS, NOT_RUN
+from smallinit.study.judging.claims import CLAIMS, NOT_RUN, QUESTION
 from smallinit.study.judging.power import ALPHA, POWER
 from smallinit.study.planning.cost import CellPlan, hours
 from smallinit.study.planning.plan import Plan
@@ -74,6 +74,8 @@ def format_plan(plan: Plan) -> str:
                 f"  {c.claim:<12} cannot decide: its primary ({c.primary}) fails a precondition by design"
                 + (f"; {len(c.testable)} secondary comparison(s) testable" if c.testable else "")
             )
+        if CLAIMS[c.claim.split()[0]].question:
+            lines.append(f"      ({QUESTION})")
         for reason in _distinct(c.failing):
             lines.append(f"      ↳ {reason}")
     outcome = [

@@ -61,7 +61,7 @@ from smallinit.study.judging.claims.comparison import (
 from smallinit.study.judging.claims.judge import PAPER, judge_all, with_contrasts
 from smallinit.study.judging.claims.loss import gap_trajectory, loss_comparison
 from smallinit.study.judging.claims.preconditions import regime_problem, sink_formed
-from smallinit.study.judging.claims.registry import CLAIMS, Claim, judge, register, registered
+from smallinit.study.judging.claims.registry import CLAIMS, QUESTION, Claim, judge, register, registered
 from smallinit.study.judging.claims.selection import (
     BASELINE,
     EMULATED,
@@ -121,6 +121,7 @@ __all__ = [
     "gap_trajectory",
     "gaps_from_compares",
     "PAPER",
+    "QUESTION",
     "judge",
     "judge_all",
     "judge_table",

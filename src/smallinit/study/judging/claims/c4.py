@@ -103,8 +103,11 @@ def best_lr_power(effect_sds: float, alpha: float, *, seeds: int) -> float:
     return power_of_test(effect_sds, 1.0, seeds, alpha) if smallest_p(seeds) <= alpha else 0.0
 
 
-def best_lr_comparison(runs: Runs, size: tuple, min_tpp: float) -> tuple[Comparison, str] | None:
-    """L(γ.5) − L(γ1) with each γ at its best learning rate (fixed arm), and a note of the rates chosen.
+def best_lr_comparison(
+    runs: Runs, size: tuple, min_tpp: float, arm: str = "fixed"
+) -> tuple[Comparison, str] | None:
+    """L(γ.5) − L(γ1) with each γ at its best learning rate (fixed arm), and a note of the rates chosen; ``arm``
+    names the runs in the label (Q1 passes only Muon's).
 
     Each seed is tested at the rate the other seeds' mean loss chose, so the seed that is tested did not pick its
     own rate. That leaves the seeds' gaps dependent (a seed's losses chose the others' rates), so the verdict is a
@@ -126,7 +129,7 @@ def best_lr_comparison(runs: Runs, size: tuple, min_tpp: float) -> tuple[Compari
         for lr in lrs
         if any(r.seed in seeds for g in GAMMAS for r in cells[g, lr].lost)
     )
-    label = f"L(γ.5)−L(γ1) fixed @{size_label(size)}, each γ at its best lr"
+    label = f"L(γ.5)−L(γ1) {arm} @{size_label(size)}, each γ at its best lr"
     if lost or (len(seeds) < 2 and not planned(at)):  # the rates were never chosen: no number stands for them
         why = lost_problem(lost) or "1 seed run at every rate: its best lr cannot be chosen on other seeds"
         not_chosen = f"best lr not chosen: {'a run was lost' if lost else '1 seed'}"
@@ -160,7 +163,7 @@ def best_lr_comparison(runs: Runs, size: tuple, min_tpp: float) -> tuple[Compari
         )
     if planned(at):
         c.power = functools.partial(best_lr_power, seeds=len(seeds))
-        c.power_why = f"sign-flip test over the {len(seeds)} seeds run at every rate, uncorrected"
+        c.power_why = f"sign-flip test over the {len(seeds)} seeds run at every rate"
         c.planned_sd = BEST_LR_SD
         return c, note
     c.untestable = c.untestable or lr_bracket_problem(lr, lrs)  # the best lr is an outcome

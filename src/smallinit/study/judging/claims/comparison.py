@@ -6,6 +6,7 @@ decide, the smallest effect its seeds could have seen; the others are secondary.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -256,7 +257,11 @@ class ClaimResult:
             return self.untestable
         if c.interval_verdict:
             return "a primary must be a paired test over seeds"
-        return c.test()
+        t = c.test()
+        if isinstance(t, TTest) and c.resampled_p is not None:  # its resampling test decides (a best-lr gap)
+            outcome = AGREE if t.mean > 0 else DISAGREE
+            return dataclasses.replace(t, p=c.resampled_p, outcome=outcome, why=c.resampled_why)
+        return t
 
     def judge(self) -> None:
         """Every comparison's verdict and reason: secondaries by their own test at α = 0.05, the primary at

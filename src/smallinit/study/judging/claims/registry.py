@@ -20,6 +20,10 @@ from smallinit.errors import ExperimentError
 from smallinit.study.judging.claims.comparison import ClaimResult, not_run
 from smallinit.study.judging.claims.selection import Run, Runs
 
+QUESTION = (
+    "smallinit's question, not a claim of the paper"  # how a question (Q1, …) is labelled wherever shown
+)
+
 # beside the runs: "flow" (the residual-flow sweep), "gaps" (token comparisons), "anchor"
 Measured = dict[str, Any]
 Judge = Callable[[Runs, Measured, dict[str, Any]], ClaimResult]
@@ -37,6 +41,12 @@ class Claim:
     seed_sd: tuple[float, str] | None = (
         None  # its primary's seed sd in ``unit`` where one was measured, and where
     )
+    question: bool = False  # smallinit's own question (QUESTION), not a claim of the paper
+
+    @property
+    def label(self) -> str:
+        """The key, and for a question that it is smallinit's (the plan and the tables print this)."""
+        return f"{self.key} ({QUESTION})" if self.question else self.key
 
 
 CLAIMS: dict[str, Claim] = {}
