@@ -309,9 +309,10 @@ def token_gaps(
     return gaps
 
 
-def _claims(results: list[ClaimResult]) -> list[dict[str, Any]]:
-    """The claims of one table, their primaries judged together (Holm over the table)."""
-    judge_table(results)
+def _claims(results: list[ClaimResult], design: float | None = None) -> list[dict[str, Any]]:
+    """The claims of one table, their primaries judged together (Holm over the table); ``design`` the recipe's
+    design effect (nats), at which a loss primary says the power it had."""
+    judge_table(results, design=design)
     return [c.to_dict() for c in results]
 
 
@@ -326,7 +327,9 @@ def claims_findings(
     gaps = token_gaps(runs, options, out, say) if "gaps" in needs else None
     say(f"judging the claims ({int(options.get('n_boot', 1000))} bootstrap resamples for C4)")
     return {
-        "claims": _claims(judge(claims, runs, {"flow": flow, "gaps": gaps}, options)),
+        "claims": _claims(
+            judge(claims, runs, {"flow": flow, "gaps": gaps}, options), options.get("design_effect")
+        ),
         "losses": loss_table(runs),
         "sinks": sink_table(runs),
         "norm_factors": norm_factor_table(runs),
