@@ -18,6 +18,7 @@ from smallinit.study.judging.power import ALPHA, minimum_detectable_effect, powe
 from smallinit.study.planning.cost import CPU_CORE_FLOPS, Hardware
 from smallinit.study.planning.decidability import CPU_STUDY_SEED_SD
 from smallinit.study.planning.plan import plan_recipe, plan_sweep
+from smallinit.study.planning.printing import format_plan
 from smallinit.study.planning.recipes import load_recipe, recipe_names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -344,3 +345,21 @@ def test_the_demo_scales_are_planned_with_their_emulation():
     assert not quick["C1"].decides and "0.24 % at d = 2048" in quick["C1"].not_run  # the arm is not run
     c2 = next(c for c in plan_recipe("demo", "cpu-long", Hardware.make("cpu", 2)).claims if c.claim == "C2")
     assert not c2.decides and any("does not stand for the paper's scale" in f for f in c2.failing.values())
+
+
+@pytest.mark.slow  # it trains 4 short runs
+def test_a_cpu_plan_is_timed_on_this_machine():
+    """On this machine's cores the plan trains each kind of cell for a few steps before pricing (the micro demo has
+    two: the baseline arm without the gate and the fixed arm with it); every run is priced from them and each sweep
+    packs its runs as the runner does. A rate the user gives, or other cores than these, keeps the FLOPs' price."""
+    hw = Hardware.make("cpu")
+    plan = plan_recipe("demo", "micro", hw, timed=True)
+    timing = plan.timing
+    assert timing is not None and timing.kinds == 2 and timing.jobs == min(len(plan.cells), hw.devices)
+    assert sorted(timing.cells) == sorted(f"{c.sweep}/{c.cell}" for c in plan.cells)
+    assert all(s > 0 for s in timing.cells.values()) and plan.wall_s == timing.wall_s
+    assert plan.wall_s == pytest.approx(sum(timing.cells.values()) / timing.jobs)
+    assert "timed on this machine: 2 kind(s) of cell" in format_plan(plan)
+    assert plan_recipe("demo", "micro", hw).timing is None
+    other = plan_recipe("demo", "micro", Hardware.make("cpu", hw.devices + 1), timed=True)
+    assert other.timing is None and any("priced by FLOPs" in n for n in other.notes)

@@ -178,6 +178,9 @@ def test_demo_micro_end_to_end(tmp_path, capsys):
         assert c["verdict"] == primary["verdict"]
         assert any(line.startswith(c["claim"]) and c["verdict"] in line for line in printed.splitlines())
     assert (out / "verdicts.txt").read_text().strip() in printed
+    # its plan, timed on this machine before the runs, printed beside the time it took
+    said = json.loads((out / "demo.json").read_text())["plan_wall_s"]
+    assert said > 0 and f"(its plan said {said / 60:.1f} min)" in printed and "[demo] plan: " in captured.err
     # the plan finds what the runs found untestable, for the same reasons, but for the preconditions that only the
     # runs can decide (it assumes they hold; where one failed, the runs' reason replaces the design's)
     planned = {c.claim: c for c in plan_recipe("demo", "micro", Hardware.make("cpu", 2)).claims}

@@ -73,9 +73,14 @@ def _plan_args(p: argparse.ArgumentParser, hide: tuple[str, ...] = ()) -> None:
         "effects; repeatable (default: the recipe's pilot, else the CPU study's)",
     )
     add("--json", action="store_true", help="the plan as JSON")
+    add(
+        "--untimed",
+        action="store_true",
+        help="on this machine's CPU, price by FLOPs instead of training each kind of cell for a few steps first",
+    )
 
 
-PLAN_FLAGS = ("--num-devices", "--accelerator", "--mfu", "--tokens-per-s", "--seed-sd", "--json")
+PLAN_FLAGS = ("--num-devices", "--accelerator", "--mfu", "--tokens-per-s", "--seed-sd", "--json", "--untimed")
 
 
 def _hardware(args: argparse.Namespace):
@@ -159,6 +164,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             seed_sd=loss_sd,
             claim_sd=claim_sd,
             slurm=slurm(args),
+            timed=not (args.untimed or args.mfu or args.tokens_per_s),  # a rate given is the user's price
         )
     print(json.dumps(plan.to_dict(), indent=1) if args.json else format_plan(plan))
     return 0
@@ -332,9 +338,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return demo.result.exit_code
     a = demo.result.analysis
     cpu_min = (a["cells_cpu_s"] + a["analysis_cpu_s"]) / 60
+    planned = f" (its plan said {demo.plan_wall_s / 60:.1f} min)" if demo.plan_wall_s else ""
     print(
-        f"\nsmallinit demo ({args.scale}): {demo.wall_s / 60:.1f} min wall, {cpu_min:.1f} CPU-min of training "
-        "and analysis; verdicts computed from the runs and their seed spread"
+        f"\nsmallinit demo ({args.scale}): {demo.wall_s / 60:.1f} min wall{planned}, {cpu_min:.1f} CPU-min of "
+        "training and analysis; verdicts computed from the runs and their seed spread"
     )
     print(demo.table)
     print(f"report: {demo.report}" if demo.report else f"findings: {demo.result.out / 'findings.json'}")

@@ -322,7 +322,8 @@ def claims_findings(
 ) -> dict[str, Any]:
     """The recipe's claims (the demo's: C1–C7), with the residual flow and the token gaps where they need them."""
     runs = _load(out, say)
-    needs = {need for key in claims for need in registered(key).needs}  # measure only what the claims read
+    dropped = options.get("dropped", {})  # measure only what the claims this design runs read
+    needs = {need for key in claims if key not in dropped for need in registered(key).needs}
     flow = flow_sweep(options, out, say) if "flow" in needs else None
     gaps = token_gaps(runs, options, out, say) if "gaps" in needs else None
     say(f"judging the claims ({int(options.get('n_boot', 1000))} bootstrap resamples for C4)")

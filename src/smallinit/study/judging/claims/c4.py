@@ -160,7 +160,9 @@ def best_lr_comparison(runs: Runs, size: tuple, min_tpp: float) -> tuple[Compari
         )
     if planned(at):
         c.power = functools.partial(best_lr_power, seeds=len(seeds))
-        c.power_why = f"sign-flip test over the {len(seeds)} seeds run at every rate, uncorrected"
+        c.power_why = (
+            f"sign-flip test over the {len(seeds)} seeds run at every rate, Holm over the claim's secondaries"
+        )
         c.planned_sd = BEST_LR_SD
         return c, note
     c.untestable = c.untestable or lr_bracket_problem(lr, lrs)  # the best lr is an outcome
