@@ -78,6 +78,12 @@ def format_plan(plan: Plan) -> str:
             )
         for reason in _distinct(c.failing):
             lines.append(f"      ↳ {reason}")
+    short = _short_of_power(plan)
+    if short:
+        lines.append(
+            f"short of {POWER:.0%} power at the design effect with the seeds this design runs: "
+            + "; ".join(short)
+        )
     outcome = [
         k for k in (c.claim.split()[0] for c in plan.claims if c.decides) if CLAIMS[k].decided_by_the_runs
     ]
@@ -129,6 +135,25 @@ def _slurm_lines(plan: Plan, opts: SlurmOptions) -> list[str]:
         f"{sum(secs) * hw.devices / 3600:,.1f} {unit}-hours"
     )
     return lines
+
+
+def _short_of_power(plan: Plan) -> list[str]:
+    """Each decided claim's primary and secondary whose power at the recipe's design effect is below 80 %."""
+    out = []
+    for c in plan.claims:
+        if not c.decides:
+            continue
+        lines = [("▶", c.primary, c.design, c.seeds)] + [
+            ("·", label, s["design"], s["seeds"]) for label, s in c.secondaries.items()
+        ]
+        for mark, label, design, seeds in lines:
+            if design and design["power"] < POWER:
+                need = design["seeds_for_80"]
+                out.append(
+                    f"{c.claim.split()[0]} {mark} {label} (power {design['power']:.2f} with {seeds} seeds; "
+                    + (f"{need} needed)" if need <= 10_000 else "more than 10,000 needed)")
+                )
+    return out
 
 
 def _design_line(design: dict | None, seeds: int, unit: str) -> list[str]:
