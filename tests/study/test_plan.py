@@ -217,12 +217,12 @@ def test_each_claim_is_planned_in_its_own_unit_from_a_seed_sd_of_that_quantity(c
     )  # 3 locating seeds rise from a minimum beyond noise only for a large rebound
     assert main(["plan", "reasoning", "--scale", "cpu", "--seed-sd", "C6=0.1"]) == 2
     assert "recipe reasoning --scale cpu does not judge C6" in capsys.readouterr().err
-    assert main(["plan", "reasoning", "--scale", "cpu"]) == 0
+    assert main(["plan", "reasoning", "--scale", "cpu", "--untimed"]) == 0
     out = capsys.readouterr().out
     assert (
         "MDE 3.26 seed sds (no seed sd of accuracy measured: pass --seed-sd R=X)" in out and "nats" not in out
     )
-    assert main(["plan", "reasoning", "--scale", "cpu", "--seed-sd", "R=0.05"]) == 0
+    assert main(["plan", "reasoning", "--scale", "cpu", "--seed-sd", "R=0.05", "--untimed"]) == 0
     assert "(0.163 accuracy at seed sd 0.05)" in capsys.readouterr().out
 
 
@@ -283,7 +283,20 @@ def test_a_bad_recipe_table_is_one_line(tmp_path, capsys, meta, message):
 def test_cli_plan_json_and_plan_flags(tmp_path, capsys):
     recipe = tiny_recipe(tmp_path)
     assert (
-        main(["plan", str(recipe), "--scale", "s", "--accelerator", "cpu", "--num-devices", "2", "--json"])
+        main(
+            [
+                "plan",
+                str(recipe),
+                "--scale",
+                "s",
+                "--accelerator",
+                "cpu",
+                "--num-devices",
+                "2",
+                "--json",
+                "--untimed",
+            ]
+        )
         == 0
     )
     data = json.loads(capsys.readouterr().out)
@@ -297,7 +310,7 @@ def test_cli_plan_json_and_plan_flags(tmp_path, capsys):
         '[base]\n"model.preset" = "cpu-1m"\n"data.tokenizer" = "bytes"\n"train.steps" = 5\n'
         '[grid]\n"model.gamma" = [0.5, 1.0]\n'
     )
-    assert main(["plan", str(sweep), "--accelerator", "cpu"]) == 0
+    assert main(["plan", str(sweep), "--accelerator", "cpu", "--untimed"]) == 0
     assert "total: 2 runs" in capsys.readouterr().out
     assert plan_sweep(sweep, Hardware.make("cpu", 1)).claims  # C1–C7 judged as the demo judges
 

@@ -147,13 +147,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise ExperimentError("pass a sweep file to plan: smallinit plan SWEEP.toml")
     loss_sd, claim_sd = _seed_sd(args.seed_sd)
     scale, presets, overrides = getattr(args, "scale", None), _presets(args), getattr(args, "overrides", [])
+    timed = not (args.untimed or args.mfu or args.tokens_per_s)  # a rate given is the user's price
     if is_sweep_file(args.target):
         given = [flag for flag, v in (("--scale", scale), ("--presets", presets), ("--set", overrides)) if v]
         if given:
             raise ConfigError(
                 f"{given[0]} is for recipes; a sweep file has no scales: change its [base] or [grid]"
             )
-        plan = plan_sweep(args.target, _hardware(args), seed_sd=loss_sd, claim_sd=claim_sd, slurm=slurm(args))
+        plan = plan_sweep(
+            args.target, _hardware(args), seed_sd=loss_sd, claim_sd=claim_sd, slurm=slurm(args), timed=timed
+        )
     else:
         plan = plan_recipe(
             args.target,
@@ -164,7 +167,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             seed_sd=loss_sd,
             claim_sd=claim_sd,
             slurm=slurm(args),
-            timed=not (args.untimed or args.mfu or args.tokens_per_s),  # a rate given is the user's price
+            timed=timed,
         )
     print(json.dumps(plan.to_dict(), indent=1) if args.json else format_plan(plan))
     return 0
@@ -201,7 +204,9 @@ def add_recipe(p: argparse.ArgumentParser) -> None:
     slurm_args(p)
     old(p, "--list", nargs=0, new="smallinit recipes", then=verb(cmd_recipes))
     old(p, "--plan", nargs=0, new="smallinit plan RECIPE", then=verb(cmd_plan))
-    _plan_args(p, hide=("--seed-sd", "--json"))  # the hardware of the [plan] line printed before a run
+    _plan_args(
+        p, hide=("--seed-sd", "--json", "--untimed")
+    )  # the hardware of the [plan] line printed before a run
 
 
 def cmd_recipe(args: argparse.Namespace) -> int:

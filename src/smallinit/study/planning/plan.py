@@ -121,9 +121,10 @@ def plan_sweep(
     seed_sd: float | None = None,
     claim_sd: dict[str, float] | None = None,
     slurm: dict[str, Any] | None = None,
+    timed: bool = False,
 ) -> Plan:
     """The plan of a sweep file: its cost, and which of C1–C7 its runs could decide (judged as the demo judges);
-    ``slurm`` (the SLURM flags, see plan_recipe) over the file's [slurm] table."""
+    ``slurm`` (the SLURM flags, see plan_recipe) over the file's [slurm] table; ``timed`` as plan_recipe's."""
     sweep = Sweep.load(path)
     recipe = Recipe(
         Path(path).stem,
@@ -134,7 +135,7 @@ def plan_sweep(
         Path(path),
     )
     opts = None if slurm is None else sweep.slurm.merged(slurm)
-    return plan_recipe(recipe, "sweep", hardware, seed_sd=seed_sd, claim_sd=claim_sd, slurm=opts)
+    return plan_recipe(recipe, "sweep", hardware, seed_sd=seed_sd, claim_sd=claim_sd, slurm=opts, timed=timed)
 
 
 def plan_recipe(
