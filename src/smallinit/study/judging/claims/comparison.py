@@ -298,7 +298,8 @@ class ClaimResult:
         spent = sum(1 - c.interval_level for c in self.comparisons if c.interval_verdict and not c.same_as)
         alpha = max(0.0, ALPHA - spent)
         p = [x[1] for x in tested]
-        family = f"Holm over the claim's {len(tested)} tested secondaries at α = {alpha:.3g}" + (
+        some = f"{len(tested)} tested secondar{'y' if len(tested) == 1 else 'ies'}"
+        family = f"Holm over the claim's {some} at α = {alpha:.3g}" + (
             f" (α = {ALPHA:g} less {spent:.3g} spent on interval lines)" if spent else ""
         )
         for (c, pc, outcome, why), level, rejected in zip(tested, holm_levels(p, alpha), holm(p, alpha)):
