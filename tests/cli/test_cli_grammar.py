@@ -47,9 +47,18 @@ COMMANDS = _commands(build_parser())
 HIDDEN_ON_PURPOSE = {
     ("recipe", "--seed-sd"),
     ("recipe", "--json"),
+    ("recipe", "--untimed"),
     *(
         ("sweep", flag)
-        for flag in ("--num-devices", "--accelerator", "--mfu", "--tokens-per-s", "--seed-sd", "--json")
+        for flag in (
+            "--num-devices",
+            "--accelerator",
+            "--mfu",
+            "--tokens-per-s",
+            "--seed-sd",
+            "--json",
+            "--untimed",
+        )
     ),
 }
 
@@ -242,10 +251,10 @@ def test_an_old_spelling_parses_as_its_new_one_and_says_so_once(old, new, capsys
 def test_plan_takes_a_recipe_and_a_sweep_file(tmp_path, capsys):
     sweep = tmp_path / "grid.toml"
     sweep.write_text(SWEEP)
-    assert main(["plan", str(sweep), "--accelerator", "cpu", "--num-devices", "2"]) == 0
+    assert main(["plan", str(sweep), "--accelerator", "cpu", "--num-devices", "2", "--untimed"]) == 0
     out = capsys.readouterr().out
     assert "total: 2 runs" in out and "2 CPU cores" in out
-    assert main(["plan", "reasoning", "--scale", "cpu"]) == 0
+    assert main(["plan", "reasoning", "--scale", "cpu", "--untimed"]) == 0
     assert capsys.readouterr().out.startswith("plan: recipe reasoning --scale cpu")
     assert (
         main(["plan", str(sweep), "--scale", "cpu"]) == 2
@@ -257,11 +266,11 @@ def test_plan_takes_a_recipe_and_a_sweep_file(tmp_path, capsys):
 def test_the_old_plan_spellings_still_plan(tmp_path, capsys):
     sweep = tmp_path / "grid.toml"
     sweep.write_text(SWEEP)
-    assert main(["sweep", str(sweep), "--plan", "--gpu", "cpu"]) == 0
+    assert main(["sweep", str(sweep), "--plan", "--gpu", "cpu", "--untimed"]) == 0
     captured = capsys.readouterr()
     assert "total: 2 runs" in captured.out and captured.err.count("deprecated") == 2  # --plan and --gpu
     assert "'smallinit plan SWEEP.toml'" in captured.err and not (tmp_path / "runs").exists()
-    assert main(["recipe", "reasoning", "--plan"]) == 0
+    assert main(["recipe", "reasoning", "--plan", "--untimed"]) == 0
     captured = capsys.readouterr()
     assert captured.out.startswith("plan: recipe reasoning --scale cpu") and captured.err.count("\n") == 1
 

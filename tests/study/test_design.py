@@ -10,6 +10,7 @@ import pytest
 
 from smallinit.errors import ExperimentError
 from smallinit.study.judging.claims import NOT_RUN, PRIMARY, ClaimResult, Comparison, judge_table, not_run
+from smallinit.study.judging.power import ALPHA, minimum_detectable_effect
 from smallinit.study.judging.verdicts import NOT_TESTABLE, verdict_table
 from smallinit.study.planning.cost import Hardware
 from smallinit.study.planning.plan import plan_recipe
@@ -25,7 +26,7 @@ def test_the_full_demo_runs_only_what_it_can_decide():
     for c in plan.claims:
         descriptive = any(r.startswith("descriptive") for r in c.failing.values())
         assert c.decides or c.not_run or descriptive, (c.claim, c.failing)
-    assert {c.claim for c in plan.claims if c.not_run} == {"C1", "C2", "C3"}
+    assert {c.claim for c in plan.claims if c.not_run} == {"C1", "C2", "C3", "C7"}
     text = format_plan(plan)
     assert re.search(r"C1\s+not run by design: on the emulated-ε arm", text)
     assert "not run by design C1, C2, C3" in plan.headline()
@@ -119,3 +120,37 @@ def test_a_plan_says_the_emulation_is_predicted(tmp_path):
         reason.startswith("the embedding's norm would stay saturated for ≥ ")
         and "was saturated" not in reason
     )
+
+
+def test_every_secondary_is_priced_at_its_familys_level_and_its_own_sd(tmp_path):
+    """Each testable secondary judged over seeds is priced at Holm's first step over its claim's secondaries and
+    at the sd of its own quantity (a loss gap in nats under C5, whose unit is a flow exponent); one short of 80 %
+    power at the design effect is listed as such. The full demo's former γ ranking (2 seeds per γ) was."""
+    plan = plan_recipe("demo", "full", Hardware.make("cpu", 2))
+    c6 = next(c for c in plan.claims if c.claim.startswith("C6"))
+    assert set(c6.secondaries) == set(c6.testable) - {c6.primary} and len(c6.secondaries) == 2
+    for s in c6.secondaries.values():
+        assert s["alpha"] == ALPHA / 2 and s["unit"] == "stable rank"
+        assert s["mde_sds"] == pytest.approx(minimum_detectable_effect(1.0, s["seeds"], ALPHA / 2))
+    gamma = """
+[scales.full.sweeps.gamma.base]
+"model.d_model" = 16
+"model.n_heads" = 2
+"model.n_kv_heads" = 2
+"model.d_ff" = 48
+[scales.full.sweeps.gamma.grid]
+"model.gamma" = [0.25, 0.75, 1.25]
+"train.seed" = [0, 1]
+[scales.full.sweeps.gamma.arms.fixed]
+"model.norm_eps" = 1e-12
+"model.gate" = "elementwise"
+"""
+    path = tmp_path / "demo-gamma.toml"
+    path.write_text(DEMO.replace("# -- quick --", gamma + "\n# -- quick --"))
+    plan = plan_recipe(load_recipe(path), "full", Hardware.make("cpu", 2))
+    c5 = next(c for c in plan.claims if c.claim.startswith("C5"))
+    ranking = c5.secondaries["L(γ0.25)−L(γ1) @d16×4"]
+    assert ranking["unit"] == "nats" and ranking["seed_sd"] == plan.seed_sd and ranking["seeds"] == 2
+    assert ranking["alpha"] == ALPHA / len(c5.secondaries) and ranking["design"]["power"] < 0.05
+    short = next(line for line in format_plan(plan).splitlines() if line.startswith("short of 80% power"))
+    assert "C5 · L(γ0.25)−L(γ1) @d16×4 (power 0.0" in short and "with 2 seeds" in short

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from smallinit.study.judging.claims import ClaimResult, Comparison
-from smallinit.study.judging.claims.comparison import PRIMARY
+from smallinit.study.judging.claims.comparison import PRIMARY, judge_table
 from smallinit.study.judging.power import ALPHA, SD_BOUND, mde_line, minimum_detectable_effect
+from smallinit.study.judging.verdicts import region_p
 
 DRAWS = 4000
 
@@ -41,3 +42,19 @@ def test_the_verdict_line_prints_the_bound_and_does_not_promise():
     assert c.mde == point and upper > 2 * point  # 3 seeds: the bound doubles it
     assert f"{upper:.3g} if it is as large as its 80% upper bound" in c.magnitude
     assert "smaller effects may have been missed" in c.magnitude and "cannot see" not in c.magnitude
+
+
+def test_a_loss_verdict_says_the_power_it_had_at_the_design_effect():
+    """A loss primary judged in a table with the recipe's design effect says its power at it, and that number is
+    what the rule does: simulated tables with the true effect 0.05 and the seeds' sd agree that often."""
+    n, sd, design = 8, 0.06, 0.05
+    z = np.random.default_rng(3).normal(0.0, 1.0, n)
+    samples = 0.02 + sd * (z - z.mean()) / z.std(ddof=1)  # sample sd exactly 0.06
+    res = ClaimResult("C4", "s", "p", [Comparison("gap", samples.tolist(), unit="nats", role=PRIMARY)])
+    judge_table([res], design=design)
+    said = float(res.primary.magnitude.split("power at the design's +0.05 nats ")[1].split(" ")[0])
+    draws = np.random.default_rng(4).normal(design, sd, (DRAWS, n))
+    p, agrees = region_p(draws.mean(-1), draws.std(-1, ddof=1) / np.sqrt(n), n - 1)
+    rate = float(np.mean((p <= ALPHA) & agrees))
+    print(f"\n{n} seeds, sd {sd}: printed power {said}, simulated {rate:.3f}")
+    assert abs(rate - said) <= 3 * np.sqrt(said * (1 - said) / DRAWS) + 0.005

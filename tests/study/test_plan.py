@@ -18,6 +18,7 @@ from smallinit.study.judging.power import ALPHA, minimum_detectable_effect, powe
 from smallinit.study.planning.cost import CPU_CORE_FLOPS, Hardware
 from smallinit.study.planning.decidability import CPU_STUDY_SEED_SD
 from smallinit.study.planning.plan import plan_recipe, plan_sweep
+from smallinit.study.planning.printing import format_plan
 from smallinit.study.planning.recipes import load_recipe, recipe_names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,12 +217,12 @@ def test_each_claim_is_planned_in_its_own_unit_from_a_seed_sd_of_that_quantity(c
     )  # 3 locating seeds rise from a minimum beyond noise only for a large rebound
     assert main(["plan", "reasoning", "--scale", "cpu", "--seed-sd", "C6=0.1"]) == 2
     assert "recipe reasoning --scale cpu does not judge C6" in capsys.readouterr().err
-    assert main(["plan", "reasoning", "--scale", "cpu"]) == 0
+    assert main(["plan", "reasoning", "--scale", "cpu", "--untimed"]) == 0
     out = capsys.readouterr().out
     assert (
         "MDE 3.26 seed sds (no seed sd of accuracy measured: pass --seed-sd R=X)" in out and "nats" not in out
     )
-    assert main(["plan", "reasoning", "--scale", "cpu", "--seed-sd", "R=0.05"]) == 0
+    assert main(["plan", "reasoning", "--scale", "cpu", "--seed-sd", "R=0.05", "--untimed"]) == 0
     assert "(0.163 accuracy at seed sd 0.05)" in capsys.readouterr().out
 
 
@@ -282,7 +283,20 @@ def test_a_bad_recipe_table_is_one_line(tmp_path, capsys, meta, message):
 def test_cli_plan_json_and_plan_flags(tmp_path, capsys):
     recipe = tiny_recipe(tmp_path)
     assert (
-        main(["plan", str(recipe), "--scale", "s", "--accelerator", "cpu", "--num-devices", "2", "--json"])
+        main(
+            [
+                "plan",
+                str(recipe),
+                "--scale",
+                "s",
+                "--accelerator",
+                "cpu",
+                "--num-devices",
+                "2",
+                "--json",
+                "--untimed",
+            ]
+        )
         == 0
     )
     data = json.loads(capsys.readouterr().out)
@@ -296,7 +310,7 @@ def test_cli_plan_json_and_plan_flags(tmp_path, capsys):
         '[base]\n"model.preset" = "cpu-1m"\n"data.tokenizer" = "bytes"\n"train.steps" = 5\n'
         '[grid]\n"model.gamma" = [0.5, 1.0]\n'
     )
-    assert main(["plan", str(sweep), "--accelerator", "cpu"]) == 0
+    assert main(["plan", str(sweep), "--accelerator", "cpu", "--untimed"]) == 0
     assert "total: 2 runs" in capsys.readouterr().out
     assert plan_sweep(sweep, Hardware.make("cpu", 1)).claims  # C1–C7 judged as the demo judges
 
@@ -344,3 +358,21 @@ def test_the_demo_scales_are_planned_with_their_emulation():
     assert not quick["C1"].decides and "0.24 % at d = 2048" in quick["C1"].not_run  # the arm is not run
     c2 = next(c for c in plan_recipe("demo", "cpu-long", Hardware.make("cpu", 2)).claims if c.claim == "C2")
     assert not c2.decides and any("does not stand for the paper's scale" in f for f in c2.failing.values())
+
+
+@pytest.mark.slow  # it trains 4 short runs
+def test_a_cpu_plan_is_timed_on_this_machine():
+    """On this machine's cores the plan trains each kind of cell for a few steps before pricing (the micro demo has
+    two: the baseline arm without the gate and the fixed arm with it); every run is priced from them and each sweep
+    packs its runs as the runner does. A rate the user gives, or other cores than these, keeps the FLOPs' price."""
+    hw = Hardware.make("cpu")
+    plan = plan_recipe("demo", "micro", hw, timed=True)
+    timing = plan.timing
+    assert timing is not None and timing.kinds == 2 and timing.jobs == min(len(plan.cells), hw.devices)
+    assert sorted(timing.cells) == sorted(f"{c.sweep}/{c.cell}" for c in plan.cells)
+    assert all(s > 0 for s in timing.cells.values()) and plan.wall_s == timing.wall_s
+    assert plan.wall_s == pytest.approx(sum(timing.cells.values()) / timing.jobs)
+    assert "timed on this machine: 2 kind(s) of cell" in format_plan(plan)
+    assert plan_recipe("demo", "micro", hw).timing is None
+    other = plan_recipe("demo", "micro", Hardware.make("cpu", hw.devices + 1), timed=True)
+    assert other.timing is None and any("priced by FLOPs" in n for n in other.notes)

@@ -57,25 +57,26 @@ def test_every_shipped_scale_resolves():
                     assert sweep.launcher.startswith("torchrun")
 
 
-def test_budget_sets_steps_by_tokens_per_parameter():
+@pytest.mark.parametrize(("name", "tpp_", "shapes"), [("full", 20, 1), ("cpu-long", 100, 3)])
+def test_budget_sets_steps_by_tokens_per_parameter(name, tpp_, shapes):
     """Every run of a shape sees the budget's tokens per non-embedding parameter, the same in every arm."""
-    scale = apply_budget(load_recipe("demo").scale("full"))
+    scale = apply_budget(load_recipe("demo").scale(name))
     steps: dict[tuple, set[int]] = {}
     for sweep in scale.sweeps.values():
         for cell in sweep.cells():
             cfg = resolve_config(cell)
             n = Transformer.count_params(cfg.model)[1]
             tpp = cfg.train.steps * cfg.train.batch_size * cfg.data.seq_len / n
-            assert 20 <= tpp < 20 * 1.3, (cell.id, tpp)  # the gate's parameters are the only difference
+            assert tpp_ <= tpp < tpp_ * 1.3, (cell.id, tpp)  # the gate's parameters are the only difference
             assert cfg.train.steps // cfg.train.eval_every >= 8 and cfg.analysis.every > 0
             steps.setdefault((cfg.model.d_model, cfg.model.n_layers), set()).add(cfg.train.steps)
-    assert all(len(v) == 1 for v in steps.values()) and len(steps) == 2
+    assert all(len(v) == 1 for v in steps.values()) and len(steps) == shapes
 
 
 def test_demo_seeds_come_from_power():
     """The full demo's C4 primary gets the seeds seeds_for_power gives for the design effect and the CPU study's
-    seed sd (docs/findings-cpu.md) at the table's strictest level α/7, its best-lr secondary (judged uncorrected) at
-    α at every rate. The claims it does not run have no runs."""
+    seed sd (docs/findings-cpu.md) at the table's strictest level α/7, its best-lr secondary (its claim's only
+    testable secondary, so Holm's first step is α) at α at every rate. The claims it does not run have no runs."""
     scale = load_recipe("demo").scale("full")
     seeds = {
         (name, g): len({c.values["train.seed"] for c in sw.cells() if c.values["model.gamma"] == g})
@@ -84,8 +85,8 @@ def test_demo_seeds_come_from_power():
     }
     assert seeds["fixed", 1.0] == seeds["fixed", 0.5] == seeds_for_power(0.05, 0.048, ALPHA / 7)  # C4
     assert seeds["lr", 1.0] == seeds["lr", 0.5] == seeds_for_power(0.05, 0.048, ALPHA)  # C4 at its best lr
-    assert set(scale.options["dropped"]) == {"C1", "C2", "C3"}
-    assert not {"baseline", "eps-only", "eps-only-g05", "plain"} & set(scale.sweeps)
+    assert set(scale.options["dropped"]) == {"C1", "C2", "C3", "C7"}
+    assert not {"baseline", "eps-only", "eps-only-g05", "plain", "fixed-d32", "gamma"} & set(scale.sweeps)
 
 
 def test_presets_and_overrides():
@@ -189,6 +190,9 @@ def test_demo_micro_end_to_end(tmp_path, capsys):
         assert c["verdict"] == primary["verdict"]
         assert any(line.startswith(c["claim"]) and c["verdict"] in line for line in printed.splitlines())
     assert (out / "verdicts.txt").read_text().strip() in printed
+    # its plan, timed on this machine before the runs, printed beside the time it took
+    said = json.loads((out / "demo.json").read_text())["plan_wall_s"]
+    assert said > 0 and f"(its plan said {said / 60:.1f} min)" in printed and "[demo] plan: " in captured.err
     # the plan finds what the runs found untestable, for the same reasons, but for the preconditions that only the
     # runs can decide (it assumes they hold; where one failed, the runs' reason replaces the design's). A reason
     # is its evidence, then what follows from it: the plan's evidence is the formula, the runs' is measured, so

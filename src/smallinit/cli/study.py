@@ -73,9 +73,14 @@ def _plan_args(p: argparse.ArgumentParser, hide: tuple[str, ...] = ()) -> None:
         "effects; repeatable (default: the recipe's pilot, else the CPU study's)",
     )
     add("--json", action="store_true", help="the plan as JSON")
+    add(
+        "--untimed",
+        action="store_true",
+        help="on this machine's CPU, price by FLOPs instead of training each kind of cell for a few steps first",
+    )
 
 
-PLAN_FLAGS = ("--num-devices", "--accelerator", "--mfu", "--tokens-per-s", "--seed-sd", "--json")
+PLAN_FLAGS = ("--num-devices", "--accelerator", "--mfu", "--tokens-per-s", "--seed-sd", "--json", "--untimed")
 
 
 def _hardware(args: argparse.Namespace):
@@ -142,13 +147,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise ExperimentError("pass a sweep file to plan: smallinit plan SWEEP.toml")
     loss_sd, claim_sd = _seed_sd(args.seed_sd)
     scale, presets, overrides = getattr(args, "scale", None), _presets(args), getattr(args, "overrides", [])
+    timed = not (args.untimed or args.mfu or args.tokens_per_s)  # a rate given is the user's price
     if is_sweep_file(args.target):
         given = [flag for flag, v in (("--scale", scale), ("--presets", presets), ("--set", overrides)) if v]
         if given:
             raise ConfigError(
                 f"{given[0]} is for recipes; a sweep file has no scales: change its [base] or [grid]"
             )
-        plan = plan_sweep(args.target, _hardware(args), seed_sd=loss_sd, claim_sd=claim_sd, slurm=slurm(args))
+        plan = plan_sweep(
+            args.target, _hardware(args), seed_sd=loss_sd, claim_sd=claim_sd, slurm=slurm(args), timed=timed
+        )
     else:
         plan = plan_recipe(
             args.target,
@@ -159,6 +167,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             seed_sd=loss_sd,
             claim_sd=claim_sd,
             slurm=slurm(args),
+            timed=timed,
         )
     print(json.dumps(plan.to_dict(), indent=1) if args.json else format_plan(plan))
     return 0
@@ -195,7 +204,9 @@ def add_recipe(p: argparse.ArgumentParser) -> None:
     slurm_args(p)
     old(p, "--list", nargs=0, new="smallinit recipes", then=verb(cmd_recipes))
     old(p, "--plan", nargs=0, new="smallinit plan RECIPE", then=verb(cmd_plan))
-    _plan_args(p, hide=("--seed-sd", "--json"))  # the hardware of the [plan] line printed before a run
+    _plan_args(
+        p, hide=("--seed-sd", "--json", "--untimed")
+    )  # the hardware of the [plan] line printed before a run
 
 
 def cmd_recipe(args: argparse.Namespace) -> int:
@@ -332,9 +343,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return demo.result.exit_code
     a = demo.result.analysis
     cpu_min = (a["cells_cpu_s"] + a["analysis_cpu_s"]) / 60
+    planned = f" (its plan said {demo.plan_wall_s / 60:.1f} min)" if demo.plan_wall_s else ""
     print(
-        f"\nsmallinit demo ({args.scale}): {demo.wall_s / 60:.1f} min wall, {cpu_min:.1f} CPU-min of training "
-        "and analysis; verdicts computed from the runs and their seed spread"
+        f"\nsmallinit demo ({args.scale}): {demo.wall_s / 60:.1f} min wall{planned}, {cpu_min:.1f} CPU-min of "
+        "training and analysis; verdicts computed from the runs and their seed spread"
     )
     print(demo.table)
     print(f"report: {demo.report}" if demo.report else f"findings: {demo.result.out / 'findings.json'}")

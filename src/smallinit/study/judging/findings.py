@@ -312,9 +312,10 @@ def token_gaps(
     return gaps
 
 
-def _claims(results: list[ClaimResult]) -> list[dict[str, Any]]:
-    """The claims of one table, their primaries judged together (Holm over the table)."""
-    judge_table(results)
+def _claims(results: list[ClaimResult], design: float | None = None) -> list[dict[str, Any]]:
+    """The claims of one table, their primaries judged together (Holm over the table); ``design`` the recipe's
+    design effect (nats), at which a loss primary says the power it had."""
+    judge_table(results, design=design)
     return [c.to_dict() for c in results]
 
 
@@ -324,12 +325,15 @@ def claims_findings(
 ) -> dict[str, Any]:
     """The recipe's claims (the demo's: C1–C7), with the residual flow and the token gaps where they need them."""
     runs = _load(out, say)
-    needs = {need for key in claims for need in registered(key).needs}  # measure only what the claims read
+    dropped = options.get("dropped", {})  # measure only what the claims this design runs read
+    needs = {need for key in claims if key not in dropped for need in registered(key).needs}
     flow = flow_sweep(options, out, say) if "flow" in needs else None
     gaps = token_gaps(runs, options, out, say) if "gaps" in needs else None
     say(f"judging the claims ({int(options.get('n_boot', 1000))} bootstrap resamples for C4)")
     return {
-        "claims": _claims(judge(claims, runs, {"flow": flow, "gaps": gaps}, options)),
+        "claims": _claims(
+            judge(claims, runs, {"flow": flow, "gaps": gaps}, options), options.get("design_effect")
+        ),
         "losses": loss_table(runs),
         "sinks": sink_table(runs),
         "norm_factors": norm_factor_table(runs),

@@ -15,11 +15,13 @@ with n − 1 degrees of freedom. The paper's claim is a region for the true mean
   primaries of a table form one family: Holm–Bonferroni at α = 0.05 over those that are testable (sort the
   k p-values; reject while p_(i) ≤ α/(k − i + 1)), so that over the whole table a false agree or disagree
   happens at most 5 % of the time, and for each claim at most 2.5 % each way.
-* the other comparisons are **secondary**: each is shown with its own verdict at α = 0.05, uncorrected, and
-  none vetoes or decides the claim. A comparison judged by an interval from elsewhere (a bootstrap) is
-  always secondary. As a family they are not controlled, so the table prints their chance of one false line
-  (:func:`secondary_family`): with m of them and no effect anywhere, 1 − (1 − α)^m if independent, at most
-  m·α however they depend. A secondary that is another claim's primary (the same gap) shows that verdict.
+* the other comparisons are **secondary**: none vetoes or decides the claim, and each claim's secondaries are
+  judged together as one family at α = 0.05, so that with no effect some secondary line of a claim reads agree
+  or disagree at most 5 % of the time: one judged by an interval from elsewhere (a bootstrap, always secondary)
+  is computed at level 1 − α/m for m secondaries and spends α/m, and Holm over the others' p-values spends what
+  is left. Over the table, with K claims holding secondaries, that chance is at most K·α (printed by
+  :func:`secondary_family`). A secondary that is another claim's primary (the same gap) shows that verdict and is
+  not a member of its own claim's family.
 * **not testable here**: a precondition of the test failed (fewer than 2 seeds, a run trained too
   briefly, a mechanism that cannot act at this width); it says which, with the number. A claim whose
   primary is not testable is not testable here, whatever its secondaries say.
@@ -180,8 +182,8 @@ the same units and sign, at the model size in brackets (0.1B … 1.5B parameters
 ▶ marks each claim's pre-declared primary estimate, which alone decides its verdict: agree / disagree when
 its t-interval at the level shown lies inside / outside the paper's region (> 0, or within ±tol), Holm over
 the table's primaries at α = 0.05; inconclusive otherwise, with the smallest effect its seeds could see at
-80 % power. · marks secondary comparisons, each with its own uncorrected 95 % verdict: shown, never deciding
-(their chance of one false line is printed above); one that is another claim's primary shows that verdict.
+80 % power. · marks secondary comparisons: shown, never deciding, each claim's judged together at α = 0.05
+(Holm); one that is another claim's primary shows that verdict.
 not testable here: a precondition failed (reason below the line). A loss gap's trend: its per-seed slope
 against log tokens over the second half of training, tested across seeds (settled / moving / undetermined);
 a moving gap crossed 0 there, is closing (a crossing extrapolated only while it is still moving at the end),
@@ -189,21 +191,25 @@ closing with its crossing not extrapolated (not shown to be still moving at the 
 
 
 def secondary_family(claims: list[dict[str, Any]]) -> str:
-    """The table's secondaries as a family: how many were judged at α alone, and the chance that at least one of
-    them reads agree or disagree when nothing has an effect ("" when none was judged)."""
-    m = sum(
-        comp.get("role") != "primary"
-        and comp["verdict"] in (AGREE, DISAGREE, INCONCLUSIVE)
-        and not comp.get("same_as")
+    """The table's secondaries as families: how many were judged in how many claims, and the chance that at least
+    one of them reads agree or disagree when nothing has an effect ("" when none was judged)."""
+    per_claim = [
+        sum(
+            comp.get("role") != "primary"
+            and comp["verdict"] in (AGREE, DISAGREE, INCONCLUSIVE)
+            and not comp.get("same_as")
+            for comp in c["comparisons"]
+        )
         for c in claims
-        for comp in c["comparisons"]
-    )
+    ]
+    m, k = sum(per_claim), sum(n > 0 for n in per_claim)
     if not m:
         return ""
     return (
-        f"Secondary lines (·): {m} judged, each alone at α = {ALPHA:g}. With no effect anywhere, the chance that "
-        f"at least one of them reads agree or disagree is {1 - (1 - ALPHA) ** m:.0%} if they are independent, "
-        f"at most {min(1.0, m * ALPHA):.0%} however they depend: a secondary line points, it does not find."
+        f"Secondary lines (·): {m} judged in {k} claim{'s' if k > 1 else ''}, each claim's together at α = "
+        f"{ALPHA:g} (Holm). With no effect anywhere, the chance that some line of a claim reads agree or disagree "
+        f"is at most {ALPHA:.0%}; that some line of the table does, at most {1 - (1 - ALPHA) ** k:.0%} if the claims "
+        f"are independent, {min(1.0, k * ALPHA):.0%} however they depend: a secondary line points, it does not find."
     )
 
 
@@ -226,6 +232,8 @@ def verdict_table(claims: list[dict[str, Any]]) -> str:
         for i, comp in enumerate(comps):
             primary = comp.get("role") == "primary"
             arrow = f" → {comp['verdict']}" if comp["verdict"] else ""
+            if comp.get("same_as"):  # one gap, one verdict, said once: where it was judged
+                arrow += f" (as {comp['same_as']} ▶)"
             mark = "▶ " if primary else "· "
             rows.append(
                 (

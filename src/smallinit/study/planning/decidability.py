@@ -70,8 +70,9 @@ class ClaimPlan:
     testable: list[str] = field(default_factory=list)
     not_run: str = ""  # why the design does not run the claim at all (the recipe scale's options.dropped)
     rule: str = ""  # the primary's rule where it is more than a paired t-test (its MDE is then that rule's)
-    # secondaries judged by a rule of their own (a resampling test): label → seeds, alpha, mde_sds, mde, rule,
-    # seed_sd and its source, and the power at the recipe's design effect with the seeds 80 % needs
+    # each testable secondary judged over seeds: label → seeds, alpha (Holm's first step over the claim's
+    # secondaries), mde_sds, mde, unit, rule, the seed sd of its own quantity and its source, and the power at the
+    # recipe's design effect with the seeds 80 % needs (a loss gap)
     secondaries: dict[str, dict[str, Any]] = field(default_factory=dict)
     design: dict[str, Any] | None = None  # the primary's power at the recipe's design effect (nats claims)
 
@@ -140,7 +141,8 @@ class PlannedRun(Run):
 def planned_measurements(runs: Runs, claims: list[str], options: dict[str, Any]) -> dict[str, Any]:
     """What the analysis will measure beside the runs for these claims, as the findings would choose it (which γ,
     widths and seeds; which model pairs), every value unknown."""
-    needs = {need for key in claims for need in registered(key).needs}
+    dropped = options.get("dropped", {})
+    needs = {need for key in claims if key not in dropped for need in registered(key).needs}
     out: dict[str, Any] = {}
     if "anchor" in needs:
         out["anchor"] = {
@@ -210,22 +212,32 @@ def claim_plans(
             )
         )
         powers.append(primary.power)
-        for c in testable:
-            if c.power is not None and c is not primary:  # a secondary: judged at α, uncorrected
-                mde_sds = minimum_detectable_by(functools.partial(c.power, alpha=ALPHA))
-                own, own_source = c.planned_sd or (sd, source)
-                plans[-1].secondaries[c.label] = {
-                    "seeds": _seeds(c),
-                    "alpha": ALPHA,
-                    "mde_sds": finite(mde_sds),
-                    "mde": finite(mde_sds * own) if own is not None else None,
-                    "rule": c.power_why,
-                    "seed_sd": own,
-                    "seed_sd_source": own_source,
-                    "design": _at_design(
-                        design, own, unit, c.power(design / own, ALPHA) if design and own else 0.0
-                    ),
-                }
+        secondaries = [c for c in testable if c is not primary]
+        level = ALPHA / max(
+            1, len(secondaries)
+        )  # Holm's first step over the claim's secondaries (or α/m spent)
+        for c in secondaries:
+            if c.estimate is not None:  # a bootstrap interval: the runs' fit decides it, not the seeds
+                continue
+            own, own_source = c.planned_sd or (loss_sd if c.unit == "nats" else (sd, source))
+            own_unit = c.unit or unit
+            power = functools.partial(c.power, alpha=level) if c.power is not None else None
+            mde_sds = minimum_detectable_by(power) if power else _mde(1.0, _seeds(c), level)
+            if own is not None and design and own_unit == "nats":
+                had = power(design / own) if power else power_of_test(design, own, _seeds(c), level)
+            else:
+                had = 0.0
+            plans[-1].secondaries[c.label] = {
+                "seeds": _seeds(c),
+                "alpha": level,
+                "mde_sds": finite(mde_sds),
+                "mde": finite(mde_sds * own) if own is not None else None,
+                "unit": own_unit,
+                "rule": c.power_why or f"paired t-test, Holm over the claim's {len(secondaries)} secondaries",
+                "seed_sd": own,
+                "seed_sd_source": own_source,
+                "design": _at_design(design, own, own_unit, had, level),
+            }
     alpha = ALPHA / max(1, sum(c.decides for c in plans))
     for c, power in zip(plans, powers):
         c.alpha = alpha

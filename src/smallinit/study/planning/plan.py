@@ -22,7 +22,9 @@ from smallinit.study.planning.decidability import (
     planned_measurements,
 )
 from smallinit.study.planning.recipes import Recipe, Scale, apply_budget, customise, load_recipe
+from smallinit.study.planning.timing import Timing, time_sweeps
 from smallinit.study.running import Sweep, resolve_config
+from smallinit.study.running.packing import available_cores
 from smallinit.study.running.sbatch import SlurmOptions
 
 
@@ -37,6 +39,7 @@ class Plan:
     claims: list[ClaimPlan]
     notes: list[str] = field(default_factory=list)
     slurm: SlurmOptions | None = None  # run as SLURM jobs of these options; the hardware is one job's
+    timing: Timing | None = None  # the cells timed on this machine: the wall time is theirs, not the FLOPs'
 
     @property
     def flops(self) -> float:
@@ -44,7 +47,15 @@ class Plan:
 
     @property
     def wall_s(self) -> float:
+        if self.timing is not None:
+            return self.timing.wall_s
         return self.hardware.seconds(self.flops, sum(c.tokens for c in self.cells))
+
+    def group_wall_s(self, cells: list[CellPlan]) -> float:
+        """The wall time of some of its cells (one sweep's, of one size)."""
+        if self.timing is not None:
+            return self.timing.packed([self.timing.cells[f"{c.sweep}/{c.cell}"] for c in cells])
+        return self.hardware.seconds(sum(c.flops for c in cells), sum(c.tokens for c in cells))
 
     @property
     def device_hours(self) -> float:
@@ -85,6 +96,7 @@ class Plan:
             "flops": self.flops,
             "wall_s": self.wall_s,
             "device_hours": self.device_hours,
+            "timing": self.timing and asdict(self.timing),
             "cells": [asdict(c) for c in self.cells],
             "claims": [
                 {**asdict(c), "mde": finite(c.mde), "mde_sds": finite(c.mde_sds)} for c in self.claims
@@ -109,9 +121,10 @@ def plan_sweep(
     seed_sd: float | None = None,
     claim_sd: dict[str, float] | None = None,
     slurm: dict[str, Any] | None = None,
+    timed: bool = False,
 ) -> Plan:
     """The plan of a sweep file: its cost, and which of C1–C7 its runs could decide (judged as the demo judges);
-    ``slurm`` (the SLURM flags, see plan_recipe) over the file's [slurm] table."""
+    ``slurm`` (the SLURM flags, see plan_recipe) over the file's [slurm] table; ``timed`` as plan_recipe's."""
     sweep = Sweep.load(path)
     recipe = Recipe(
         Path(path).stem,
@@ -122,7 +135,7 @@ def plan_sweep(
         Path(path),
     )
     opts = None if slurm is None else sweep.slurm.merged(slurm)
-    return plan_recipe(recipe, "sweep", hardware, seed_sd=seed_sd, claim_sd=claim_sd, slurm=opts)
+    return plan_recipe(recipe, "sweep", hardware, seed_sd=seed_sd, claim_sd=claim_sd, slurm=opts, timed=timed)
 
 
 def plan_recipe(
@@ -135,11 +148,13 @@ def plan_recipe(
     seed_sd: float | None = None,
     claim_sd: dict[str, float] | None = None,
     slurm: SlurmOptions | dict[str, Any] | None = None,
+    timed: bool = False,
 ) -> Plan:
-    """The cost and decidability of ``recipe --scale scale`` on ``hardware``; trains nothing. ``seed_sd``: the loss
-    gaps' seed sd (nats); ``claim_sd``: a claim's own (C6: a stable rank), over the CPU study's. ``slurm``: each
-    cell a SLURM job of these options (or flags over the defaults), on all of one job's devices (``hardware``:
-    one job's, by default its GPUs as H100s, or its CPU cores)."""
+    """The cost and decidability of ``recipe --scale scale`` on ``hardware``; trains nothing unless ``timed``.
+    ``seed_sd``: the loss gaps' seed sd (nats); ``claim_sd``: a claim's own (C6: a stable rank), over the CPU
+    study's. ``slurm``: each cell a SLURM job of these options (or flags over the defaults), on all of one job's
+    devices (``hardware``: one job's, by default its GPUs as H100s, or its CPU cores). ``timed``: on this machine's
+    CPU, each kind of cell is trained for a few steps first and the wall time is theirs (:mod:`.timing`)."""
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     recipe.scale(scale)  # an unknown scale: one clear line
     if isinstance(slurm, dict):
@@ -154,6 +169,7 @@ def plan_recipe(
     vocab: dict[str, int] = {}
     sc = apply_budget(customise(recipe.scale(scale), presets=presets, overrides=list(overrides)), vocab)
     cells, runs, shapes = [], [], Shapes()
+    to_time: dict[str, list] = {}
     for name, sw in sc.sweeps.items():
         ranks = ranks_per_cell(
             "torchrun" if slurm is not None and slurm.gpus else sw.launcher or "", hardware
@@ -164,6 +180,7 @@ def plan_recipe(
             size = cell.size or f"d{shape[0]}×{shape[1]}"
             cells.append(plan_cell(name, cell.id, size, cfg, ranks, hardware, shapes))
             runs.append(PlannedRun(name, cell.id, cfg, cells[-1].params_nonembed))
+            to_time.setdefault(name, []).append((cell, cfg))
     all_runs = Runs(runs)
     sd, source = (
         (seed_sd, "--seed-sd")
@@ -195,7 +212,15 @@ def plan_recipe(
                 f"> {hardware.memory_gib:g} GiB: set train.parallel=fsdp, raise train.grad_accum or set "
                 "train.activation_checkpointing=true"
             )
-    return Plan(recipe.name, sc.name, hardware, sd, source, cells, claims, notes, slurm)
+    timing = None
+    if timed and hardware.kind == "cpu" and slurm is None:
+        if hardware.devices == available_cores():
+            timing = time_sweeps(to_time)
+        else:  # the cells would run packed on other cores than these
+            notes.append(
+                f"priced by FLOPs: planning for {hardware.devices} cores, this machine has {available_cores()}"
+            )
+    return Plan(recipe.name, sc.name, hardware, sd, source, cells, claims, notes, slurm, timing)
 
 
 def scale_headline(recipe: Recipe, scale: str) -> str:

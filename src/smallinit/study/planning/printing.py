@@ -14,6 +14,8 @@ from smallinit.study.running.sbatch import SlurmOptions
 def format_plan(plan: Plan) -> str:
     hw = plan.hardware
     lines = [f"plan: recipe {plan.recipe} --scale {plan.scale} on {hw.describe()}"]
+    if plan.timing is not None:
+        lines.append(f"  wall time {plan.timing.describe()}")
     head = (
         f"  {'sweep':<12} {'size':<10} {'runs':>5} {'params':>9} {'non-emb':>9} {'tokens/run':>11} {'tok/param':>9} "
         f"{'evals':>5} {'FLOPs/run':>10} {'GiB/dev':>8} {'wall':>9}"
@@ -24,7 +26,7 @@ def format_plan(plan: Plan) -> str:
         groups.setdefault((c.sweep, c.size), []).append(c)
     for (sweep, size), cs in groups.items():
         c = max(cs, key=lambda x: x.flops)
-        wall = hw.seconds(sum(x.flops for x in cs), sum(x.tokens for x in cs))
+        wall = plan.group_wall_s(cs)
         lines.append(
             f"  {sweep:<12} {size:<10} {len(cs):>5} {_si(c.params):>9} {_si(c.params_nonembed):>9} "
             f"{_si(c.tokens):>11} {min(x.tokens_per_param for x in cs):>9.1f} {c.evaluations:>5} "
@@ -56,7 +58,7 @@ def format_plan(plan: Plan) -> str:
             )
             lines += _design_line(c.design, c.seeds, c.unit)
             for label, s in c.secondaries.items():
-                at = f" = {s['mde']:.3g} {c.unit}" if s["mde"] is not None else ""
+                at = f" = {s['mde']:.3g} {s['unit']}" if s["mde"] is not None else ""
                 own = (
                     f" at seed sd {s['seed_sd']:g} ({s['seed_sd_source']})"
                     if s["seed_sd"] is not None and s["seed_sd"] != c.seed_sd
@@ -64,9 +66,9 @@ def format_plan(plan: Plan) -> str:
                 )
                 lines.append(
                     f"      · {label}: {s['seeds']} seeds, MDE {s['mde_sds'] or math.inf:.2f} seed sds{at}{own} at "
-                    f"α = {s['alpha']:g} ({s['rule']})"
+                    f"α = {s['alpha']:.3g} ({s['rule']})"
                 )
-                lines += ["  " + x for x in _design_line(s["design"], s["seeds"], c.unit)]
+                lines += ["  " + x for x in _design_line(s["design"], s["seeds"], s["unit"])]
         elif c.not_run:
             lines.append(f"  {c.claim:<12} {NOT_RUN}: {c.not_run}")
         else:
@@ -78,6 +80,12 @@ def format_plan(plan: Plan) -> str:
             lines.append(f"      ({QUESTION})")
         for reason in _distinct(c.failing):
             lines.append(f"      ↳ {reason}")
+    short = _short_of_power(plan)
+    if short:
+        lines.append(
+            f"short of {POWER:.0%} power at the design effect with the seeds this design runs: "
+            + "; ".join(short)
+        )
     outcome = [
         k for k in (c.claim.split()[0] for c in plan.claims if c.decides) if CLAIMS[k].decided_by_the_runs
     ]
@@ -129,6 +137,25 @@ def _slurm_lines(plan: Plan, opts: SlurmOptions) -> list[str]:
         f"{sum(secs) * hw.devices / 3600:,.1f} {unit}-hours"
     )
     return lines
+
+
+def _short_of_power(plan: Plan) -> list[str]:
+    """Each decided claim's primary and secondary whose power at the recipe's design effect is below 80 %."""
+    out = []
+    for c in plan.claims:
+        if not c.decides:
+            continue
+        lines = [("▶", c.primary, c.design, c.seeds)] + [
+            ("·", label, s["design"], s["seeds"]) for label, s in c.secondaries.items()
+        ]
+        for mark, label, design, seeds in lines:
+            if design and design["power"] < POWER:
+                need = design["seeds_for_80"]
+                out.append(
+                    f"{c.claim.split()[0]} {mark} {label} (power {design['power']:.2f} with {seeds} seeds; "
+                    + (f"{need} needed)" if need <= 10_000 else "more than 10,000 needed)")
+                )
+    return out
 
 
 def _design_line(design: dict | None, seeds: int, unit: str) -> list[str]:

@@ -374,6 +374,8 @@ def run_recipe(
         for cell in sw.cells():
             work[str(cell_dir(out / name, cell.id))] = cell_work(resolve_config(cell, vocab))
     out.mkdir(parents=True, exist_ok=True)
+    # the analysis reads the design effect beside the scale's options: a loss verdict says its power at it
+    options = {**sc.options, **({"design_effect": recipe.design_effect} if recipe.design_effect else {})}
     write_json_atomic(
         out / "recipe.json",
         {
@@ -383,7 +385,7 @@ def run_recipe(
             "description": sc.description,
             "claims": recipe.claims,
             "analysis": recipe.analysis,
-            "options": sc.options,
+            "options": options,
             "budget": sc.budget,
             "presets": presets,
             "overrides": list(overrides),
@@ -421,7 +423,7 @@ def run_recipe(
         print(f"[recipe] {recipe.name}: analysis", file=echo, flush=True)
     train_wall = time.monotonic() - t0
     cpu0 = time.process_time()
-    analysis = FINDINGS[recipe.analysis](out, recipe.claims, sc.options, _stage_printer(echo))
+    analysis = FINDINGS[recipe.analysis](out, recipe.claims, options, _stage_printer(echo))
     cells_cpu = sum(r.get("cpu_s") or 0.0 for o in outcomes.values() for r in o.rows)
     if echo is not None:
         print(f"[analysis] done in {time.monotonic() - t0 - train_wall:.0f} s", file=echo, flush=True)

@@ -239,7 +239,9 @@ def _effective_size(res: ClaimResult, g05: Runs, g1: Runs, n_boot: int, min_tpp:
             "a scaling law at matched training",
             paper,
         )
-    level = 1 - ALPHA  # a secondary comparison, judged by its own interval
+    # a secondary judged by its own interval: its Bonferroni share of the claim's secondaries' α (the others,
+    # and itself, are the claim's comparisons but the primary)
+    level = 1 - ALPHA / len(res.comparisons)
     if planned(g05):  # the fit and its sanity are the runs'
         return Comparison.interval(
             f"{label} (bootstrap over seeds)", math.nan, math.nan, math.nan, level, paper

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from smallinit.study.judging.power import ALPHA, mde_line
+from smallinit.study.judging.power import ALPHA, mde_line, power_of_test
 from smallinit.study.judging.verdicts import (
     AGREE,
     DISAGREE,
@@ -53,6 +53,7 @@ class Comparison:
     lo: float = math.nan
     hi: float = math.nan
     interval_verdict: str = ""
+    interval_level: float = 1 - ALPHA  # that interval's: it spends 1 − level of its claim's secondaries' α
     trajectory: dict[str, Any] | None = None
     trend: dict[str, Any] | None = None
     paper_value: float | None = None
@@ -76,6 +77,7 @@ class Comparison:
     # varies with the rates chosen as well as with the seed), and where it was measured
     planned_sd: tuple[float, str] | None = None
     same_as: str = ""  # the claim whose primary is this very gap (a secondary shown again, judged there)
+    unit: str = ""  # "nats" for a loss gap: the unit a recipe's design effect is stated in
 
     def __post_init__(self) -> None:
         kept = [i for i, x in enumerate(self.samples) if x is not None and math.isfinite(x)]
@@ -127,6 +129,7 @@ class Comparison:
             lo=lo,
             hi=hi,
             interval_verdict=v,
+            interval_level=level,
             reason=why,
             paper_value=paper_value,
         )
@@ -242,6 +245,7 @@ class ClaimResult:
     alpha: float = ALPHA
     family: int = 1
     held: bool = False  # below its level, but Holm stopped before it
+    design: float | None = None  # the loss gap (nats) the recipe sized its seeds for: the power a verdict had
 
     @property
     def primary(self) -> Comparison:
@@ -264,8 +268,8 @@ class ClaimResult:
         return t
 
     def judge(self) -> None:
-        """Every comparison's verdict and reason: secondaries by their own test at α = 0.05, the primary at
-        ``alpha`` with its magnitude and, when inconclusive, its minimum detectable effect."""
+        """Every comparison's verdict and reason: the secondaries as one family (:meth:`_judge_secondaries`), the
+        primary at ``alpha`` with its magnitude and, when inconclusive, its minimum detectable effect."""
         for c in self.comparisons:
             if self.untestable:
                 c.verdict, c.reason = NOT_TESTABLE, self.untestable
@@ -275,20 +279,42 @@ class ClaimResult:
                 c.verdict, c.reason = NOT_TESTABLE, c.untestable
             elif c.interval_verdict:
                 c.verdict = c.interval_verdict
-            elif c.resampled_p is not None:
-                rejected = c.resampled_p <= ALPHA
-                c.verdict = (AGREE if c.mean > 0 else DISAGREE) if rejected else INCONCLUSIVE
-                c.reason = f"{c.resampled_why}: p = {c.resampled_p:.2g}, uncorrected"
-                if c.verdict == INCONCLUSIVE and len(c.samples) >= 2:  # the power it had, at its own spread
-                    c.mde, _, c.magnitude = mde_line(c.sd, len(c.samples), ALPHA)
-            elif c.role == SECONDARY:
-                t = c.test()
-                if isinstance(t, str):
-                    c.verdict, c.reason = NOT_TESTABLE, t
-                else:
-                    c.verdict = t.outcome_at(ALPHA)
-                    c.reason = f"95% t-interval [{t.lo:+.3g}, {t.hi:+.3g}]; p = {t.p:.2g}, uncorrected"
+        if not self.untestable:
+            self._judge_secondaries()
         self._judge_primary()
+
+    def _judge_secondaries(self) -> None:
+        """The claim's secondaries together, so that with no effect some line of this claim reads agree or disagree
+        at most α of the time: one judged by an interval of its own spends 1 − its level of α (Bonferroni), and
+        Holm over the p-values of the others spends what is left. A secondary that is another claim's primary
+        (``same_as``) is judged there, outside this family."""
+        tested: list[tuple[Comparison, float, str, str]] = []  # each with p, what a rejection means, the test
+        for c in self.comparisons:
+            if c.role != SECONDARY or c.same_as or c.verdict == NOT_TESTABLE or c.interval_verdict:
+                continue
+            if c.resampled_p is not None:
+                tested.append((c, c.resampled_p, AGREE if c.mean > 0 else DISAGREE, c.resampled_why))
+                continue
+            t = c.test()
+            if isinstance(t, str):
+                c.verdict, c.reason = NOT_TESTABLE, t
+            else:
+                tested.append((c, t.p, t.outcome, f"95% t-interval [{t.lo:+.3g}, {t.hi:+.3g}]"))
+        spent = sum(1 - c.interval_level for c in self.comparisons if c.interval_verdict and not c.same_as)
+        alpha = max(0.0, ALPHA - spent)
+        p = [x[1] for x in tested]
+        some = f"{len(tested)} tested secondar{'y' if len(tested) == 1 else 'ies'}"
+        family = f"Holm over the claim's {some} at α = {alpha:.3g}" + (
+            f" (α = {ALPHA:g} less {spent:.3g} spent on interval lines)" if spent else ""
+        )
+        for (c, pc, outcome, why), level, rejected in zip(tested, holm_levels(p, alpha), holm(p, alpha)):
+            c.verdict = outcome if rejected else INCONCLUSIVE
+            held = not rejected and pc <= level
+            c.reason = f"{why}; p = {pc:.2g} against {level:.3g}, its level under {family}" + (
+                "; not rejected: Holm stopped at a smaller p" if held else ""
+            )
+            if c.resampled_p is not None and c.verdict == INCONCLUSIVE and len(c.samples) >= 2:
+                c.mde, _, c.magnitude = mde_line(c.sd, len(c.samples), level)  # its power, at its own spread
 
     def _judge_primary(self) -> None:
         c, t = self.primary, self.primary_test()
@@ -310,6 +336,12 @@ class ClaimResult:
             what = "an effect of" if c.expected == "positive" else f"a deviation beyond ±{c.tolerance:g} of"
             c.mde, _, words = mde_line(t.sd, t.n, self.alpha, what)  # the sd is a guess too: both MDEs shown
             c.magnitude += f"; {words}"
+        if self.design and c.unit == "nats" and c.expected == "positive":
+            had = power_of_test(self.design, t.sd, t.n, self.alpha)
+            c.magnitude += (
+                f"; power at the design's {self.design:+g} nats {had:.2f} at the measured sd {t.sd:.3g} "
+                f"(n = {t.n}, α = {self.alpha:.3g})"
+            )
 
     @property
     def verdict(self) -> str:
@@ -349,9 +381,13 @@ def declare_primary(
     (holding or [candidates[0][1]])[0].role = PRIMARY
 
 
-def judge_table(claims: Sequence[ClaimResult], alpha: float = ALPHA) -> None:
+def judge_table(claims: Sequence[ClaimResult], alpha: float = ALPHA, design: float | None = None) -> None:
     """The table-level correction: Holm over the primaries that are testable, each claim judged at the level
-    of its rank (a claim whose primary is not testable is outside the family)."""
+    of its rank (a claim whose primary is not testable is outside the family). ``design``: the loss gap (nats) the
+    recipe sized its seeds for, so a loss primary says the power it had at it."""
+    owners = _same_gaps(claims)
+    for c in claims:
+        c.design = design
     testable = [c for c in claims if isinstance(c.primary_test(), TTest)]
     levels = holm_levels([c.primary_test().p for c in testable], alpha)
     rejected = holm([c.primary_test().p for c in testable], alpha)
@@ -363,24 +399,29 @@ def judge_table(claims: Sequence[ClaimResult], alpha: float = ALPHA) -> None:
         if all(c is not x for x in testable):
             c.family = len(testable)
             c.judge()
-    _one_verdict_per_gap(claims)
+    for c, owner in owners:
+        if c.verdict != NOT_TESTABLE:
+            c.verdict = owner.primary.verdict
+            c.reason = f"the same gap as {c.same_as}'s primary, judged there: {owner.primary.reason}"
 
 
-def _one_verdict_per_gap(claims: Sequence[ClaimResult]) -> None:
-    """A secondary that is another claim's primary (the same seeds and values: C5's L(γ0.5)−L(γ1) is C4's primary)
-    takes that primary's verdict, so one gap is never agree in one row and inconclusive in another."""
+def _same_gaps(claims: Sequence[ClaimResult]) -> list[tuple[Comparison, ClaimResult]]:
+    """Each secondary that is another claim's primary (the same seeds and values: C5's L(γ0.5)−L(γ1) is C4's
+    primary), marked ``same_as`` before judging: it takes that primary's verdict, so one gap is never agree in one
+    row and inconclusive in another, and it is not a member of its own claim's family of secondaries."""
 
     def gap(c: Comparison) -> tuple:
         return tuple(c.seeds or ()), tuple(c.samples)
 
     primaries = {gap(c.primary): c for c in claims if c.primary.samples and not c.primary.no_value}
+    out = []
     for res in claims:
         for c in res.comparisons:
             owner = primaries.get(gap(c)) if c.role == SECONDARY and c.samples else None
-            if owner is not None and owner is not res and c.verdict != NOT_TESTABLE:
+            if owner is not None and owner is not res:
                 c.same_as = owner.claim.split()[0]
-                c.verdict = owner.primary.verdict
-                c.reason = f"the same gap as {c.same_as}'s primary, judged there: {owner.primary.reason}"
+                out.append((c, owner))
+    return out
 
 
 NOT_RUN = "not run by design"

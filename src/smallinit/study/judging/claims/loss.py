@@ -238,6 +238,7 @@ def loss_comparison(label: str, a: Runs, b: Runs, paper: str, min_tpp: float, **
         trend=gap_trend(traj),
         lost=lost_seeds(a, b),
         no_value=no_value(a, b, val_loss, "final validation loss"),
+        unit="nats",
         **kw,
     )
     c.untestable = lost_problem(c.lost) or regime_problem([*a, *b], traj, min_tpp)  # lost seeds: not judged
