@@ -50,9 +50,9 @@ def run_demo(
             print(f"[demo] plan: {hours(planned)} wall ({plan.timing.describe()})", file=echo, flush=True)
     t0 = time.monotonic()  # the demo's time, beside its plan's, is the runs', the analysis' and the report's
     result = run_recipe("demo", scale, out, jobs=jobs, echo=echo, slurm=slurm)
-    if result.analysis is None:
+    if result.findings is None:
         return DemoResult(result, None, "", time.monotonic() - t0, planned)
-    table = verdict_table(result.analysis["claims"])
+    table = verdict_table(result.findings["claims"])
     write_text_atomic(out / "verdicts.txt", table + "\n")
     t_report = time.monotonic()
     if echo is not None:

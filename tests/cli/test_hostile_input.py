@@ -621,7 +621,7 @@ names = st.sampled_from(["cpu", "micro", "..", "../../evil", "a/b", "/abs", ".hi
     max_size=4
 )
 recipe_docs = st.fixed_dictionaries(
-    {"recipe": st.fixed_dictionaries({"analysis": st.sampled_from(["fig1", "nope"]) | junk})},
+    {"recipe": st.fixed_dictionaries({"findings": st.sampled_from(["fig1", "nope"]) | junk})},
     optional={
         "base": st.dictionaries(st.sampled_from(["model.gamma", "train.steps"]), scalars, max_size=2) | junk,
         "scales": st.dictionaries(
@@ -673,7 +673,7 @@ def test_recipe_files_load_or_one_line_error(doc, tmp_path_factory):
 )
 def test_recipe_names_cannot_leave_the_folder(text, words, tmp_path):
     f = tmp_path / "evil.toml"
-    f.write_text('[recipe]\nanalysis = "fig1"\n' + text, encoding="utf-8")
+    f.write_text('[recipe]\nfindings = "fig1"\n' + text, encoding="utf-8")
     with contextlib.chdir(tmp_path):
         # train.steps=0: were a name let through, every cell would be refused before any folder is made
         code, _, err = cli(

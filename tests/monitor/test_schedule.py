@@ -153,7 +153,7 @@ SCHEDULES = """
 [recipe]
 title = "schedules"
 claims = ["C5"]
-analysis = "claims"
+findings = "claims"
 [base]
 "model.d_model" = 16
 "model.n_layers" = 1

@@ -40,7 +40,7 @@ RECIPE = """
 [recipe]
 title = "A toy claim"
 claims = ["T1"]
-analysis = "claims"
+findings = "claims"
 
 [base]
 "model.preset" = "cpu-1m"
@@ -87,9 +87,9 @@ def test_the_plan_sees_the_toy_claim(recipe):
 def test_the_table_and_the_report_see_the_toy_claim(recipe, tmp_path):
     out = tmp_path / "out"
     result = run_recipe(recipe, "s", out, jobs=1, echo=None)
-    (claim,) = result.analysis["claims"]
+    (claim,) = result.findings["claims"]
     assert claim["claim"] == "T1" and claim["comparisons"][0]["n"] == 2 and claim["verdict"] == "agree"
-    assert "T1" in verdict_table(result.analysis["claims"]).splitlines()[1]
+    assert "T1" in verdict_table(result.findings["claims"]).splitlines()[1]
     html = build_report(out).read_text(encoding="utf-8")
     assert "γ = 1 ends below 100 nats" in html
 

@@ -28,7 +28,7 @@ TINY = """
 [recipe]
 title = "t"
 claims = ["C2", "C3"]
-analysis = "fig1"
+findings = "fig1"
 [base]
 "model.preset" = "cpu-1m"
 "model.d_model" = 16
@@ -245,7 +245,7 @@ def test_a_recipes_own_pilot_prices_its_mde(tmp_path):
     """A recipe that measured its own seed spread is planned with it (the sink task's is 2.3× the CPU study's);
     --seed-sd still wins."""
     text = GATE_GRID.replace(
-        'analysis = "fig1"\n', 'analysis = "fig1"\nseed_sd = 0.03\nseed_sd_source = "a pilot"\n'
+        'findings = "fig1"\n', 'findings = "fig1"\nseed_sd = 0.03\nseed_sd_source = "a pilot"\n'
     )
     long = ["train.steps=8000", "train.eval_every=1000", "analysis.every=1000"]
     plan = plan_recipe(tiny_recipe(tmp_path, text), "s", Hardware.make("cpu", 2), overrides=long)
@@ -268,13 +268,13 @@ def test_a_recipes_own_pilot_prices_its_mde(tmp_path):
         ('seed_sd = -1\nseed_sd_source = "x"\n', "recipe.seed_sd must be a number > 0"),
         (
             "seeds = 3\n",
-            "unknown key recipe.seeds; use title, claims, analysis, seed_sd, seed_sd_source, design_effect",
+            "unknown key recipe.seeds; use title, claims, findings, seed_sd, seed_sd_source, design_effect",
         ),
         ("design_effect = 0\n", "recipe.design_effect must be a loss gap in nats > 0, got 0"),
     ],
 )
 def test_a_bad_recipe_table_is_one_line(tmp_path, capsys, meta, message):
-    text = TINY.replace('analysis = "fig1"\n', f'analysis = "fig1"\n{meta}')
+    text = TINY.replace('findings = "fig1"\n', f'findings = "fig1"\n{meta}')
     assert main(["plan", str(tiny_recipe(tmp_path, text)), "--scale", "s"]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
@@ -343,7 +343,7 @@ def test_every_shipped_recipe_can_be_planned():
     """The plan judges through the same table the findings do, so no recipe's analysis is missing from it."""
     for name in recipe_names():
         recipe = load_recipe(name)
-        assert recipe.analysis in FINDINGS and set(recipe.claims) <= set(CLAIMS), name
+        assert recipe.findings in FINDINGS and set(recipe.claims) <= set(CLAIMS), name
     (claim,) = plan_recipe("sink", "gpu", Hardware.make("h100", 8)).claims
     assert claim.claim == "C3"
 

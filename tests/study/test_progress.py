@@ -16,7 +16,7 @@ RECIPE = """
 [recipe]
 title = "two sweeps"
 claims = ["C2", "C3"]
-analysis = "fig1"
+findings = "fig1"
 
 [base]
 "data.tokenizer" = "bytes"
@@ -72,12 +72,12 @@ def test_a_recipe_prints_an_overall_eta_and_its_analysis_steps(tmp_path):
     assert any(line.startswith("[recipe] two (micro): 2 sweep(s), 3 of 3 runs to train") for line in lines)
     overall = [line for line in lines if line.startswith("[two] ")]
     assert [line.split(" runs")[0] for line in overall] == ["[two] 1/3", "[two] 2/3", "[two] 3/3"]
-    assert all(re.search(r"ETA \d+:\d\d:\d\d, then the analysis$", line) for line in overall)
-    assert overall[-1].endswith("ETA 0:00:00, then the analysis")
-    steps = [line for line in lines if line.startswith("[analysis]")]
-    assert "reading the finished runs" in steps[0] and steps[-1].startswith("[analysis] done in ")
+    assert all(re.search(r"ETA \d+:\d\d:\d\d, then the findings$", line) for line in overall)
+    assert overall[-1].endswith("ETA 0:00:00, then the findings")
+    steps = [line for line in lines if line.startswith("[findings]")]
+    assert "reading the finished runs" in steps[0] and steps[-1].startswith("[findings] done in ")
 
-    echo = io.StringIO()  # run again: nothing left to train, the analysis runs again
+    echo = io.StringIO()  # run again: nothing left to train, the findings step runs again
     run_recipe(recipe, "micro", tmp_path / "out", jobs=2, echo=echo)
     text = echo.getvalue()
-    assert "0 of 3 runs to train" in text and "[two] " not in text and "[analysis] done in " in text
+    assert "0 of 3 runs to train" in text and "[two] " not in text and "[findings] done in " in text

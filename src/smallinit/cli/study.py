@@ -230,17 +230,17 @@ def cmd_recipe(args: argparse.Namespace) -> int:
         launcher=args.launcher,
         slurm=slurm(args),
     )
-    if result.analysis is None and any(o.in_slurm for o in result.sweeps.values()):
+    if result.findings is None and any(o.in_slurm for o in result.sweeps.values()):
         print(
-            "smallinit: cells on SLURM; run the same command again once they have finished (the analysis runs then)"
+            "smallinit: cells on SLURM; run the same command again once they have finished (the findings step runs then)"
         )
     if result.exit_code == Preempted.exit_code:
         print(
             f"smallinit: stopped by a signal; run the same command again to continue {result.out}",
             file=sys.stderr,
         )
-    if result.analysis is not None:
-        print(verdict_table(result.analysis["claims"]))
+    if result.findings is not None:
+        print(verdict_table(result.findings["claims"]))
     print(
         f"recipe folder {result.out} ({result.wall_s / 60:.1f} min); findings {result.out / 'findings.json'}"
     )
@@ -341,8 +341,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return demo.result.exit_code
-    a = demo.result.analysis
-    cpu_min = (a["cells_cpu_s"] + a["analysis_cpu_s"]) / 60
+    a = demo.result.findings
+    cpu_min = (a["cells_cpu_s"] + a["findings_cpu_s"]) / 60
     planned = f" (its plan said {demo.plan_wall_s / 60:.1f} min)" if demo.plan_wall_s else ""
     print(
         f"\nsmallinit demo ({args.scale}): {demo.wall_s / 60:.1f} min wall{planned}, {cpu_min:.1f} CPU-min of "
@@ -357,7 +357,8 @@ COMMANDS = (
     Command(
         "plan",
         "what a recipe scale or a sweep file costs (tokens, FLOPs, GPU-hours, memory) and which claims it can "
-        "decide, with minimum detectable effects; trains nothing",
+        "decide, with minimum detectable effects; on this machine's CPU it first times a few steps of each kind "
+        "of cell (--untimed: trains nothing)",
         add_plan,
         cmd_plan,
     ),

@@ -49,20 +49,20 @@ from smallinit.study.judging.scaling import fit_power_law
 from smallinit.train import load_model
 
 FINDINGS_FILE = "findings.json"  # a recipe's claims with their verdicts and the numbers behind the figures
-Say = Callable[[str], None]  # receives one progress line per step of an analysis
-Analysis = Callable[[Path, list[str], dict[str, Any], Say], dict[str, Any]]
+Say = Callable[[str], None]  # receives one progress line per stage of a findings step
+FindingsStep = Callable[[Path, list[str], dict[str, Any], Say], dict[str, Any]]
 
-# Each analysis measures what its figures show (and its claims need) and judges the recipe's claims; it registers
-# itself under the name a recipe's ``analysis =`` gives, as a claim does in the claims' registry.
-FINDINGS: dict[str, Analysis] = {}
+# Each findings step measures what its figures show (and its claims need) and judges the recipe's claims; it
+# registers itself under the name a recipe's ``findings =`` gives, as a claim does in the claims' registry.
+FINDINGS: dict[str, FindingsStep] = {}
 
 
-def analysis(name: str) -> Callable[[Analysis], Analysis]:
-    """Register the decorated function as the analysis ``name`` (once, where it is defined)."""
+def findings_step(name: str) -> Callable[[FindingsStep], FindingsStep]:
+    """Register the decorated function as the findings step ``name`` (once, where it is defined)."""
 
-    def register(fn: Analysis) -> Analysis:
+    def register(fn: FindingsStep) -> FindingsStep:
         if FINDINGS.get(name, fn) is not fn:
-            raise ValueError(f"analysis {name} is registered twice")
+            raise ValueError(f"findings step {name} is registered twice")
         FINDINGS[name] = fn
         return fn
 
@@ -319,7 +319,7 @@ def _claims(results: list[ClaimResult], design: float | None = None) -> list[dic
     return [c.to_dict() for c in results]
 
 
-@analysis("claims")
+@findings_step("claims")
 def claims_findings(
     out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet
 ) -> dict[str, Any]:
@@ -341,7 +341,7 @@ def claims_findings(
     }
 
 
-@analysis("fig1")
+@findings_step("fig1")
 def fig1_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     return {
@@ -376,7 +376,7 @@ def scaling_fits(runs: Runs) -> list[dict[str, Any]]:
     return fits
 
 
-@analysis("fig2")
+@findings_step("fig2")
 def fig2_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     c4_base = claim_c4(runs, arm=BASELINE, n_boot=int(options.get("n_boot", 1000)))  # contrast: no fixes
@@ -389,7 +389,7 @@ def fig2_findings(out: Path, claims: list[str], options: dict[str, Any], say: Sa
     }
 
 
-@analysis("fig3")
+@findings_step("fig3")
 def fig3_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     runs = _load(out, say)
     flow = flow_sweep(options, out, say)
@@ -447,7 +447,7 @@ def weight_rms(runs: Runs) -> list[dict[str, Any]]:
     return out
 
 
-@analysis("muon")
+@findings_step("muon")
 def muon_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     """smallinit's questions Q1 and Q2 (not claims of the paper), with each run's weight RMS along training."""
     runs = _load(out, say)
@@ -459,7 +459,7 @@ def muon_findings(out: Path, claims: list[str], options: dict[str, Any], say: Sa
     }
 
 
-@analysis("condensation")
+@findings_step("condensation")
 def condensation_findings(
     out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet
 ) -> dict[str, Any]:
@@ -472,7 +472,7 @@ def condensation_findings(
     }
 
 
-@analysis("tokens")
+@findings_step("tokens")
 def tokens_findings(
     out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet
 ) -> dict[str, Any]:
@@ -485,7 +485,7 @@ def tokens_findings(
     }
 
 
-@analysis("reasoning")
+@findings_step("reasoning")
 def reasoning_findings(
     out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet
 ) -> dict[str, Any]:
@@ -545,7 +545,7 @@ def reasoning_findings(
     }
 
 
-@analysis("sink")
+@findings_step("sink")
 def sink_findings(out: Path, claims: list[str], options: dict[str, Any], say: Say = _quiet) -> dict[str, Any]:
     """C3 on the sink task: its comparisons and precondition as everywhere, with the sink of every arm (headwise
     gate included) along training, where each final model's heads attend on trigger and other queries (first

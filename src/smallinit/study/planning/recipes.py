@@ -1,11 +1,11 @@
-"""Named recipes: the paper's experiments as shipped sweep files plus the analysis that reads them.
+"""Named recipes: the paper's experiments as shipped sweep files plus the findings step that reads them.
 
 A recipe is a TOML file in ``smallinit/study/planning/recipes/`` (or any path)::
 
     [recipe]
     title = "..."
-    claims = ["C2", "C3"]        # what its analysis judges
-    analysis = "fig1"             # a name in smallinit.study.judging.findings.FINDINGS
+    claims = ["C2", "C3"]        # what its findings step judges
+    findings = "fig1"             # a name in smallinit.study.judging.findings.FINDINGS
     seed_sd = 0.04                # optional: a pilot's seed sd of its loss gaps, for the plan's power
     seed_sd_source = "..."        # where that sd was measured
     design_effect = 0.05          # optional: the loss gap (nats) its seeds are sized for; the plan gives each
@@ -16,12 +16,12 @@ A recipe is a TOML file in ``smallinit/study/planning/recipes/`` (or any path)::
     [scales.cpu]
     description = "... (measured: N min on 2 cores)"
     [scales.cpu.base]             # config keys for every sweep of this scale
-    [scales.cpu.options]          # parameters of the analysis
+    [scales.cpu.options]          # parameters of the findings step
     [scales.cpu.budget]           # optional: training length by size, see apply_budget
     [scales.cpu.sweeps.NAME]      # one or more sweeps, in the sweep-file format ([base], [grid], [arms.*], [sizes.*])
 
 Running it (``smallinit recipe NAME --scale cpu --out DIR``) runs every sweep of the scale into
-``DIR/<sweep name>/`` (re-running continues them), then the analysis, which writes ``DIR/findings.json``
+``DIR/<sweep name>/`` (re-running continues them), then the findings step, which writes ``DIR/findings.json``
 (the claims with their comparisons and verdicts, and the numbers behind the figures) plus the files the
 HTML report reads (``residual_flow/``, ``tokens/``); ``smallinit report DIR`` then renders the folder.
 ``--presets a,b`` replaces every sweep's size axis by those presets (dense or MoE); ``--set key=value``
@@ -62,7 +62,7 @@ from smallinit.study.running.budget import budget_schedule, budget_steps
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 _RECIPE_SECTIONS = ("recipe", "base", "scales")
-_META_KEYS = ("title", "claims", "analysis", "seed_sd", "seed_sd_source", "design_effect")
+_META_KEYS = ("title", "claims", "findings", "seed_sd", "seed_sd_source", "design_effect")
 _SCALE_KEYS = ("description", "base", "options", "budget", "sweeps")
 _BUDGET_KEYS = ("tokens_per_param", "eval_points", "analysis_points", "warmup_frac")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+-]*")  # scale and sweep names become folder names
@@ -82,7 +82,7 @@ class Recipe:
     name: str
     title: str
     claims: list[str]
-    analysis: str
+    findings: str  # the findings step that measures and judges its runs (a name in FINDINGS)
     scales: dict[str, Scale]
     path: Path
     seed_sd: tuple[float, str] | None = None  # (the pilot's seed sd in nats, where it was measured)
@@ -138,9 +138,9 @@ def load_recipe(name: str | os.PathLike) -> Recipe:
     bad = sorted(set(meta) - set(_META_KEYS))
     if bad:
         raise ExperimentError(f"{where}: unknown key recipe.{bad[0]}; use {', '.join(_META_KEYS)}")
-    analysis = meta.get("analysis", "")
-    if not isinstance(analysis, str) or analysis not in FINDINGS:
-        raise ExperimentError(f"{where}: analysis {analysis!r} is not one of {', '.join(FINDINGS)}")
+    findings = meta.get("findings", "")
+    if not isinstance(findings, str) or findings not in FINDINGS:
+        raise ExperimentError(f"{where}: recipe.findings {findings!r} is not one of {', '.join(FINDINGS)}")
     seed_sd = _pilot_sd(meta, where)
     design = meta.get("design_effect")
     if design is not None and (
@@ -191,7 +191,7 @@ def load_recipe(name: str | os.PathLike) -> Recipe:
         path.stem,
         str(meta.get("title", path.stem)),
         list(meta.get("claims", [])),
-        analysis,
+        findings,
         scales,
         path,
         seed_sd,
@@ -323,7 +323,7 @@ class RecipeResult:
     scale: Scale
     out: Path
     sweeps: dict[str, SweepOutcome]
-    analysis: dict[str, Any] | None
+    findings: dict[str, Any] | None
     wall_s: float
 
     @property
@@ -358,10 +358,10 @@ def run_recipe(
     launcher: str | None = None,
     slurm: dict[str, Any] | None = None,
 ) -> RecipeResult:
-    """Run every sweep of ``scale`` (continuing earlier runs in ``out``), then the recipe's analysis.
+    """Run every sweep of ``scale`` (continuing earlier runs in ``out``), then the recipe's findings step.
 
     ``launcher`` (from the command line) replaces the launcher of every sweep, e.g. for a site's srun wrapper.
-    ``slurm`` (the SLURM flags, see run_sweep): submit every sweep's cells as job arrays instead; the analysis
+    ``slurm`` (the SLURM flags, see run_sweep): submit every sweep's cells as job arrays instead; the findings step
     runs when the same call finds them all finished.
     """
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
@@ -374,7 +374,7 @@ def run_recipe(
         for cell in sw.cells():
             work[str(cell_dir(out / name, cell.id))] = cell_work(resolve_config(cell, vocab))
     out.mkdir(parents=True, exist_ok=True)
-    # the analysis reads the design effect beside the scale's options: a loss verdict says its power at it
+    # the findings step reads the design effect beside the scale's options: a loss verdict says its power at it
     options = {**sc.options, **({"design_effect": recipe.design_effect} if recipe.design_effect else {})}
     write_json_atomic(
         out / "recipe.json",
@@ -384,7 +384,7 @@ def run_recipe(
             "scale": sc.name,
             "description": sc.description,
             "claims": recipe.claims,
-            "analysis": recipe.analysis,
+            "findings": recipe.findings,
             "options": options,
             "budget": sc.budget,
             "presets": presets,
@@ -396,7 +396,7 @@ def run_recipe(
     progress = SweepProgress(
         recipe.name,
         {k: w for k, w in work.items() if not (Path(k) / "summary.json").is_file()},
-        after=", then the analysis",
+        after=", then the findings",
     )
     if echo is not None:
         print(
@@ -416,38 +416,38 @@ def run_recipe(
         )
         if outcomes[name].interrupted:
             return RecipeResult(recipe, sc, out, outcomes, None, time.monotonic() - t0)
-    # every sweep submitted; the analysis waits for their cells
+    # every sweep submitted; the findings step waits for their cells
     if any(o.in_slurm for o in outcomes.values()):
         return RecipeResult(recipe, sc, out, outcomes, None, time.monotonic() - t0)
     if echo is not None:
-        print(f"[recipe] {recipe.name}: analysis", file=echo, flush=True)
+        print(f"[recipe] {recipe.name}: findings", file=echo, flush=True)
     train_wall = time.monotonic() - t0
     cpu0 = time.process_time()
-    analysis = FINDINGS[recipe.analysis](out, recipe.claims, options, _stage_printer(echo))
+    findings = FINDINGS[recipe.findings](out, recipe.claims, options, _stage_printer(echo))
     cells_cpu = sum(r.get("cpu_s") or 0.0 for o in outcomes.values() for r in o.rows)
     if echo is not None:
-        print(f"[analysis] done in {time.monotonic() - t0 - train_wall:.0f} s", file=echo, flush=True)
-    analysis = {
+        print(f"[findings] done in {time.monotonic() - t0 - train_wall:.0f} s", file=echo, flush=True)
+    findings = {
         "recipe": recipe.name,
         "scale": sc.name,
         "title": recipe.title,
         "train_wall_s": train_wall,
         "cells_cpu_s": cells_cpu,
-        "analysis_wall_s": time.monotonic() - t0 - train_wall,
-        "analysis_cpu_s": time.process_time() - cpu0,
-        **analysis,
+        "findings_wall_s": time.monotonic() - t0 - train_wall,
+        "findings_cpu_s": time.process_time() - cpu0,
+        **findings,
     }
-    write_json_atomic(out / FINDINGS_FILE, _jsonable(analysis))
-    return RecipeResult(recipe, sc, out, outcomes, analysis, time.monotonic() - t0)
+    write_json_atomic(out / FINDINGS_FILE, _jsonable(findings))
+    return RecipeResult(recipe, sc, out, outcomes, findings, time.monotonic() - t0)
 
 
 def _stage_printer(echo: TextIO | None) -> Callable[[str], None]:
-    """Prints each step of an analysis as it starts, with the seconds since the analysis began."""
+    """Prints each stage of a findings step as it starts, with the seconds since the step began."""
     t0 = time.monotonic()
 
     def say(line: str) -> None:
         if echo is not None:
-            print(f"[analysis] {time.monotonic() - t0:.0f} s: {line}", file=echo, flush=True)
+            print(f"[findings] {time.monotonic() - t0:.0f} s: {line}", file=echo, flush=True)
 
     return say
 
