@@ -42,8 +42,8 @@ def test_findings_from_another_version_read_with_defaults_and_other_files_are_re
         Findings.from_dict({"claims": [{"claim": "C1", "comparisons": "none"}]})
 
 
-def test_every_analysis_registers_itself_once():
-    from smallinit.study.judging.findings import FINDINGS, analysis
+def test_every_findings_step_registers_itself_once():
+    from smallinit.study.judging.findings import FINDINGS, findings_step
 
     assert list(FINDINGS) == [
         "claims",
@@ -58,5 +58,5 @@ def test_every_analysis_registers_itself_once():
     ]
     assert all(fn.__name__ == f"{name}_findings" for name, fn in FINDINGS.items())
     with pytest.raises(ValueError, match="fig1 is registered twice"):
-        analysis("fig1")(lambda out, claims, options, say: {})
+        findings_step("fig1")(lambda out, claims, options, say: {})
     assert FINDINGS["fig1"].__name__ == "fig1_findings"
