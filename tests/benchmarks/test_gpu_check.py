@@ -124,7 +124,10 @@ def test_cpu_check_compiles_the_moe_preset_as_one_graph(tmp_path):
     assert rows["resume"]["bit_exact"] and rows["resume"]["tensors"] > 0
     assert [rows[f"mfu cpu-1m {c}"]["compile"] for c in ("compiled", "eager")] == [True, False]
     moe = rows["moe cpu-moe-1m compiled"]
-    assert (moe["graphs"], moe["graph_breaks"], moe["frames_compiled"]) == (1, 0, 1)
+    # one graph and no break is the contract; a recompile would be a second graph. The frame count is not: it
+    # counts every Python frame Dynamo is shown while the compiled region runs, and a cold compile on a loaded
+    # machine can show it one more that it skips (CI saw 2 with one graph)
+    assert (moe["graphs"], moe["graph_breaks"]) == (1, 0) and moe["frames_compiled"] >= 1
     # the compiled MoE's losses against eager's over the same steps, from the same weights and batch
     versus = report["moe"]["compiled_vs_eager"]
     assert versus["steps"] == 3 and versus["agree"] and versus["max_rel_diff"] <= gpu.MOE_LOSS_RTOL["cpu"]
