@@ -65,7 +65,7 @@ class Timing:
         return (
             f"timed on this machine: {self.kinds} kind(s) of cell trained for a few steps, {self.jobs} side by side "
             f"as the sweep packs them ({self.timing_s:.0f} s); start-up, evaluations and analysis included, the "
-            "analysis after the runs not"
+            "findings step after the runs not"
         )
 
 
