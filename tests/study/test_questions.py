@@ -314,9 +314,14 @@ def test_q2_reads_a_washout_from_gamma_half_s_side_in_run_folders(tmp_path):
 def test_q2_with_no_gap_at_t_eq_says_there_was_none_to_wash_out(tmp_path):
     """A gap at t_eq that no test shows differs from 0 cannot wash out, however much the change moved: the test's p
     is the gap's, and the reason says so."""
-    runs = _q2_runs(
-        tmp_path, [0.02, -0.03, 0.01, -0.02, 0.03, 0.01], [-0.20, -0.23, -0.21, -0.19, -0.22, -0.20]
-    )
-    res = question_q2(runs)
+    at_eq, at_end = [0.02, -0.03, 0.01, -0.02, 0.03, 0.01], [-0.20, -0.23, -0.21, -0.19, -0.22, -0.20]
+    res = question_q2(_q2_runs(tmp_path, at_eq, at_end))
     assert res.verdict == INCONCLUSIVE
+    p, _, p_gap, p_change = washout_test(np.array([at_eq, at_end]).T, 0)  # the gaps at t_eq and at the end
+    assert (
+        p_change < 1e-4 and p == p_gap
+    )  # the change moved, the gap was not shown: the larger p is the gap's …
+    assert res.primary_test().p == pytest.approx(
+        p
+    )  # … and it is the p Holm reads among the table's primaries
     assert "no gap at t_eq was established, so none to wash out" in res.primary.reason, res.primary.reason
