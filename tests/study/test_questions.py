@@ -21,8 +21,8 @@ import pytest
 from smallinit.config import TrainConfig
 from smallinit.study.judging.claims import CLAIMS, FIXED, QUESTION, Runs, judge_table
 from smallinit.study.judging.claims.c4 import best_lr_test, flip_patterns
-from smallinit.study.judging.claims.q2 import question_q2, washout_change, washout_test
-from smallinit.study.judging.power import ALPHA
+from smallinit.study.judging.claims.q2 import question_q2, washout_change, washout_power, washout_test
+from smallinit.study.judging.power import ALPHA, minimum_detectable_by
 from smallinit.study.judging.verdicts import (
     AGREE,
     DISAGREE,
@@ -325,3 +325,10 @@ def test_q2_with_no_gap_at_t_eq_says_there_was_none_to_wash_out(tmp_path):
         p
     )  # … and it is the p Holm reads among the table's primaries
     assert "no gap at t_eq was established, so none to wash out" in res.primary.reason, res.primary.reason
+    needs = minimum_detectable_by(
+        lambda d: washout_power(d, ALPHA, seeds=6)
+    )  # the test's own MDE, not a t-test's
+    assert (
+        res.primary.mde == pytest.approx(needs * res.primary.sd)
+        and "intersection-union" in res.primary.magnitude
+    )
