@@ -33,8 +33,10 @@ def make_run(
     lr: float = 3e-3,
     n_seq: int = 16,
     seq_len: int = 10,
+    train: dict | None = None,
 ) -> Run:
-    """A finished run whose validation loss falls from ``start`` to ``final`` (or follows ``curve(frac)``)."""
+    """A finished run whose validation loss falls from ``start`` to ``final`` (or follows ``curve(frac)``); ``train``
+    adds keys to its train config (the optimizer, weight decay, schedule)."""
     steps = int(tpp * PARAMS / seq_len)
     model = {
         "d_model": d,
@@ -48,7 +50,7 @@ def make_run(
     }
     cfg = {
         "model": model,
-        "train": {"seed": seed, "steps": steps, "batch_size": 1, "lr": lr},
+        "train": {"seed": seed, "steps": steps, "batch_size": 1, "lr": lr, **(train or {})},
         "data": {"seq_len": seq_len},
         "analysis": {"batch_size": n_seq},
     }

@@ -81,18 +81,30 @@ def sd_upper_bound(sd: float, n: int, level: float = SD_BOUND) -> float:
     return float(sd * math.sqrt((n - 1) / stats.chi2.ppf(1 - level, n - 1)))
 
 
-def mde_line(sd: float, n: int, alpha: float, what: str = "an effect of") -> tuple[float, float, str]:
+def mde_line(
+    sd: float,
+    n: int,
+    alpha: float,
+    what: str = "an effect of",
+    power: Callable[..., float] | None = None,
+    rule: str = "",
+) -> tuple[float, float, str]:
     """(the MDE at the sample sd, the MDE at its upper bound, the words beside an inconclusive verdict). The sample
     sd of a few seeds is itself a guess (at 3 seeds the MDE at it is below the true MDE ~63 % of the time), so the
-    line gives both: the bound's is below the true MDE only with probability 1 − SD_BOUND."""
-    point = minimum_detectable_effect(sd, n, alpha, POWER)
-    upper = minimum_detectable_effect(sd_upper_bound(sd, n), n, alpha, POWER)
+    line gives both: the bound's is below the true MDE only with probability 1 − SD_BOUND. ``power`` (true effect
+    in seed sds, alpha=) → probability is the rule's where it is more than the paired t-test, ``rule`` its name."""
+    if power is None:
+        point = minimum_detectable_effect(sd, n, alpha, POWER)
+        upper = minimum_detectable_effect(sd_upper_bound(sd, n), n, alpha, POWER)
+    else:
+        sds = minimum_detectable_by(lambda d: power(d, alpha=alpha))
+        point, upper = sds * sd, sds * sd_upper_bound(sd, n)
     return (
         point,
         upper,
         (
-            f"{what} {point:.3g} would be seen at {POWER:.0%} power if the seed sd is the measured "
-            f"{sd:.3g} (n = {n}), {upper:.3g} if it is as large as its {SD_BOUND:.0%} upper bound "
-            f"{sd_upper_bound(sd, n):.3g}; smaller effects may have been missed"
+            f"{what} {point:.3g} would be seen at {POWER:.0%} power{f' by the {rule}' if rule else ''} if the seed "
+            f"sd is the measured {sd:.3g} (n = {n}), {upper:.3g} if it is as large as its {SD_BOUND:.0%} upper "
+            f"bound {sd_upper_bound(sd, n):.3g}; smaller effects may have been missed"
         ),
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,7 +237,7 @@ def claim_plans(
                 "rule": c.power_why or f"paired t-test, Holm over the claim's {len(secondaries)} secondaries",
                 "seed_sd": own,
                 "seed_sd_source": own_source,
-                "design": _at_design(design, own, own_unit, had, level),
+                "design": _at_design(design, own, own_unit, had, level, c.power),
             }
     alpha = ALPHA / max(1, sum(c.decides for c in plans))
     for c, power in zip(plans, powers):
@@ -253,22 +254,29 @@ def claim_plans(
                 if power
                 else power_of_test(design, c.seed_sd, c.seeds, alpha)
             )
-            c.design = _at_design(design, c.seed_sd, c.unit, had, alpha)
+            c.design = _at_design(design, c.seed_sd, c.unit, had, alpha, power)
     return plans
 
 
 def _at_design(
-    design: float | None, sd: float | None, unit: str, power: float, alpha: float = ALPHA
+    design: float | None,
+    sd: float | None,
+    unit: str,
+    power: float,
+    alpha: float = ALPHA,
+    rule: Callable[..., float] | None = None,
 ) -> dict[str, Any] | None:
-    """A loss comparison's power at the recipe's design effect, and the seeds the paired t-test would need for 80 %
-    at its seed sd (the best-lr sign-flip test has the t-test's power at its seeds: tests/study/test_best_lr.py)."""
+    """A loss comparison's power at the recipe's design effect, and the seeds its test would need for 80 % at its
+    seed sd: the paired t-test's, or those of ``rule`` (the comparison's power in seed sds, which takes ``seeds``)."""
     if not design or sd is None or unit != "nats":
         return None
-    return {
-        "effect": design,
-        "power": power,
-        "seeds_for_80": seeds_for_power(design, sd, alpha, POWER, 10_000),
-    }
+    if rule is None:
+        needs = seeds_for_power(design, sd, alpha, POWER, 10_000)
+    else:
+        needs = next(
+            (n for n in range(MIN_SEEDS, 10_001) if rule(design / sd, alpha=alpha, seeds=n) >= POWER), 10_001
+        )
+    return {"effect": design, "power": power, "seeds_for_80": needs}
 
 
 def finite(x: float) -> float | None:

@@ -64,10 +64,13 @@ class Comparison:
     mde: float | None = None  # the primary's minimum detectable effect when it is inconclusive
     lost: str = ""  # per arm, the seeds that diverged or failed (selection.lost_seeds)
     no_value: str = ""  # per arm, the finished seeds that gave no value (:func:`count_no_value`)
-    resampled_p: float | None = None  # a secondary judged by a resampling test instead of the t-test …
+    # a comparison judged by a test of its own instead of the t-test of its samples (C4's and Q1's sign-flip test,
+    # Q2's intersection-union test): its p, a rejection meaning the direction of the samples' mean …
+    resampled_p: float | None = None
     resampled_why: str = ""  # … and that test in words
-    # on a plan's runs, where the rule is more than the paired t-test over the seeds it pairs: (true effect in seed
-    # sds, level) → the probability that the rule decides in the paper's direction (a plan's MDE solves it) …
+    # where the rule is more than the paired t-test over the seeds it pairs: (true effect in seed sds, level) → the
+    # probability that the rule decides in the paper's direction (a plan's MDE solves it, and an inconclusive
+    # verdict's where the runs' own comparison carries it) …
     power: Callable[[float, float], float] | None = None
     power_why: str = ""  # … and that rule in words
     # seeds (else positions) whose value is not a number: on a plan's runs every value is unknown, so these are
@@ -314,7 +317,9 @@ class ClaimResult:
                 "; not rejected: Holm stopped at a smaller p" if held else ""
             )
             if c.resampled_p is not None and c.verdict == INCONCLUSIVE and len(c.samples) >= 2:
-                c.mde, _, c.magnitude = mde_line(c.sd, len(c.samples), level)  # its power, at its own spread
+                c.mde, _, c.magnitude = mde_line(  # its power, at its own spread
+                    c.sd, len(c.samples), level, power=c.power, rule=c.power_why
+                )
 
     def _judge_primary(self) -> None:
         c, t = self.primary, self.primary_test()
@@ -334,7 +339,9 @@ class ClaimResult:
         c.magnitude = magnitude(lo, hi, c.paper_value)
         if c.verdict == INCONCLUSIVE:
             what = "an effect of" if c.expected == "positive" else f"a deviation beyond ±{c.tolerance:g} of"
-            c.mde, _, words = mde_line(t.sd, t.n, self.alpha, what)  # the sd is a guess too: both MDEs shown
+            c.mde, _, words = mde_line(  # the sd is a guess too: both MDEs shown
+                t.sd, t.n, self.alpha, what, power=c.power, rule=c.power_why
+            )
             c.magnitude += f"; {words}"
         if self.design and c.unit == "nats" and c.expected == "positive":
             had = power_of_test(self.design, t.sd, t.n, self.alpha)

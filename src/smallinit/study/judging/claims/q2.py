@@ -6,13 +6,20 @@ at a constant rate η; ``train.optim.equilibrium_step`` follows the run's own sc
 weights has shrunk by e, and every matrix's RMS heads to a steady state set by η and λ (∝ √(η/λ)) whatever γ drew
 it. The line of work after the paper predicts from this that the γ effect fades over long training.
 
-Primary: per seed, how much the gap g = L(γ.5) − L(γ1) fell from the first evaluation at or after that step
-(t_eq) to the end, g(t_eq) − g(T): > 0 when γ = 1's lead shrank. Judged by the rule every loss gap is (Student-t
-over seeds, two-sided, Holm over the table). Read it with the gap at t_eq (a secondary): a gap washing out moves
-toward 0, so a positive change of a positive gap; a change larger than the gap is a crossing. The primary is the
-AdamW runs' (the paper's optimizer, for which the steady-state argument was made) with both fixes at the smallest
-size; the Muon runs' is a secondary. Each reads the runs of its optimizer at the largest weight decay (a design
-also holding runs at the default λ, as Q1's, keeps those out) and their most common learning rate.
+Primary: does the gap at the first evaluation at or after that step (t_eq) shrink toward 0 by the end? Which γ
+leads at t_eq is itself measured, so the change past it cannot be oriented by the sign the same seeds show there:
+g(t_eq)'s noise is inside the change g(t_eq) − g(T), and a change signed by it reads "shrank" where nothing moved
+(regression to the mean). The rule is an intersection-union test of two two-sided t-tests over seeds (pairing γ 0.5
+and 1 by seed): the gap at t_eq differs from 0, on side s, and the change differs from 0 on the same side (the gap
+moved toward 0 from s): a washout, "agree"; the change on the other side (the gap grew away from 0): "disagree".
+Its p is the larger of the two (so Holm over the table reads one p), and either way a false verdict happens at most
+α of the time whatever the two tests' correlation (tests/study/test_questions.py simulates it). With no gap shown at
+t_eq there is nothing to wash out, and the larger p, the gap's, says so. The comparison's per-seed values are the
+change signed by s (the leading γ's lead at t_eq minus at the end), so its interval reads in the washout's
+direction. The primary is the AdamW runs' (the paper's optimizer, for which the steady-state argument was made)
+with both fixes at the smallest size; the Muon runs' is a secondary judged by the same test. Each reads the runs of
+its optimizer at the largest weight decay (a design also holding runs at the default λ, as Q1's, keeps those out)
+and their most common learning rate; beside it, the gap at t_eq and at the end.
 
 Design preconditions: Σηλ reaches 1, at least half of training lies past t_eq, and at least 2 evaluations follow
 it. Beside the gaps, each arm's median matrix RMS over √(η/λ) at t_eq and at the end (the Monitor's records) shows
@@ -21,7 +28,11 @@ whether the norms did reach a common steady state.
 
 from __future__ import annotations
 
+import functools
+import math
+
 import numpy as np
+from scipy import stats
 
 from smallinit.study.judging.claims.comparison import PRIMARY, ClaimResult, Comparison, judged
 from smallinit.study.judging.claims.loss import gap_trajectory, loss_comparison
@@ -36,7 +47,8 @@ from smallinit.study.judging.claims.selection import (
     reference_lr,
     size_label,
 )
-from smallinit.study.judging.power import MIN_TOKENS_PER_PARAM
+from smallinit.study.judging.power import MIN_SEEDS, MIN_TOKENS_PER_PARAM
+from smallinit.study.judging.verdicts import paired_t, region_p
 from smallinit.train.optim import equilibrium_step
 
 MIN_PAST = 0.5  # the share of training past t_eq a design needs: the gap's course there is what is judged
@@ -53,6 +65,62 @@ def washout_change(gaps: np.ndarray, at: int) -> np.ndarray:
     """Per seed, the gap at evaluation ``at`` minus the gap at the last one (evaluations on the last axis)."""
     gaps = np.asarray(gaps, dtype=float)
     return gaps[..., at] - gaps[..., -1]
+
+
+def washout_test(gaps: np.ndarray, at: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The intersection-union test of a washout, over any leading axes of ``gaps`` (…, seeds, evaluations), t_eq at
+    evaluation ``at``: (p, side, p_gap, p_change). ``side`` is the sign of the mean gap at t_eq; p_gap and
+    p_change the two-sided t-tests over seeds of the gap at t_eq and of its change past t_eq; p = the larger.
+    Rejected at α, the gap moved toward 0 (washed out) where the change's mean has the sign ``side``, else away
+    from 0; each is false at most α of the time, since each needs both tests to reject (NaN: no spread)."""
+    gaps = np.asarray(gaps, dtype=float)
+    df = gaps.shape[-2] - 1
+    at_eq, change = gaps[..., at], washout_change(gaps, at)
+    p_gap, _ = region_p(*paired_t(at_eq), df)
+    p_change, _ = region_p(*paired_t(change), df)
+    return np.maximum(p_gap, p_change), np.sign(at_eq.mean(-1)), p_gap, p_change
+
+
+def washout_power(effect_sds: float, alpha: float, *, seeds: int) -> float:
+    """The probability that the washout test over ``seeds`` reads a washout of ``effect_sds`` seed sds, a gap at
+    t_eq gone by the end (the gap and its change each that many sds): each t-test rejects on the true side with
+    probability q, and both do with probability ≥ q² where the two are positively correlated, as the change carries
+    the gap at t_eq's noise wherever the end's noise is no larger than t_eq's (tests/study/test_questions.py)."""
+    if seeds < MIN_SEEDS:
+        return 0.0
+    df = seeds - 1
+    return float(stats.nct.sf(stats.t.ppf(1 - alpha / 2, df), df, effect_sds * math.sqrt(seeds))) ** 2
+
+
+TOWARD_0 = "> 0: the gap at t_eq shrinks toward 0"
+WASHOUT_RULE = (
+    "intersection-union test of the gap at t_eq and its change (each ≠ 0, on one side; "
+    "power at a gap at t_eq gone by the end)"
+)
+
+
+def _lead(side: float) -> str:
+    """The change signed by the side the gap was on at t_eq, in words: whose lead, as which difference."""
+    if side < 0:
+        return "γ.5's lead (L(γ1)−L(γ.5)) at t_eq minus at the end"
+    if side > 0:
+        return "γ1's lead (L(γ.5)−L(γ1)) at t_eq minus at the end"
+    return "the lead at t_eq (L(γ.5)−L(γ1) signed by its side there) minus at the end"
+
+
+def _washout_why(gaps: np.ndarray, at: int) -> tuple[float, str]:
+    """The washout test's p on one study's (seeds, evaluations) gaps, and the test in words."""
+    p, side, p_gap, p_change = (float(x) for x in washout_test(gaps, at))
+    leader = "γ0.5" if side < 0 else "γ1"
+    lead = abs(float(np.mean(gaps[:, at])))
+    moved = "toward 0" if side * float(np.mean(washout_change(gaps, at))) > 0 else "away from 0"
+    why = (
+        f"intersection-union test, {gaps.shape[0] - 1} df: the gap at t_eq ≠ 0, p = {p_gap:.2g} ({leader} ahead by "
+        f"{lead:.3g}), and its change past t_eq ≠ 0, p = {p_change:.2g} ({moved}); p = the larger"
+    )
+    if p_gap >= p_change:
+        why += ", the gap's: where it is above the level no gap at t_eq was established, so none to wash out"
+    return p, why
 
 
 def _design_problem(run: Run, t_eq: int | None) -> str:
@@ -93,8 +161,9 @@ def _rms_note(arms: dict[float, Runs], t_eq: int, tag: str) -> str:
 
 
 def washout(runs: Runs, optimizer: str, min_tpp: float) -> tuple[list[Comparison], list[str]]:
-    """The change of the gap past t_eq (the primary's quantity), the gap at t_eq and at the end, for one optimizer's
-    runs with both fixes at their smallest size, largest weight decay and most common rate; and the notes."""
+    """The change of the gap past t_eq signed by its side at t_eq (the primary's quantity, judged by
+    :func:`washout_test`), the gap at t_eq and at the end, for one optimizer's runs with both fixes at their smallest
+    size, largest weight decay and most common rate; and the notes."""
     sel = runs.where({"train.optimizer": optimizer}).where(FIXED)
     sizes = sel.values("size")
     if not sizes:
@@ -103,7 +172,7 @@ def washout(runs: Runs, optimizer: str, min_tpp: float) -> tuple[list[Comparison
     sel = reference_lr(sel.where({"train.weight_decay": sel.values("train.weight_decay")[-1]}))
     tag = f"{OPTIMIZERS[optimizer]} @{size_label(sizes[0])}"
     g05, g1 = sel.where({"model.gamma": 0.5}), sel.where({"model.gamma": 1.0})
-    label = f"L(γ.5)−L(γ1) at t_eq minus at the end, {tag}"
+    label = f"{_lead(0.0)}, {tag}"
     first = next(iter([*g05, *g1, *g05.lost, *g1.lost]), None)
     if first is None or not len(g05) or not len(g1):
         return [
@@ -128,17 +197,26 @@ def washout(runs: Runs, optimizer: str, min_tpp: float) -> tuple[list[Comparison
     ]
     if problem or traj is None or at is None:
         c = Comparison.missing(
-            label, lost_problem(lost) or problem or "no paired evaluations", "> 0", lost=lost
+            label, lost_problem(lost) or problem or "no paired evaluations", TOWARD_0, lost=lost
         )
         return [c], notes
     gaps = np.asarray(traj["gaps"], dtype=float)
+    side = float(np.sign(np.mean(gaps[:, at])))
     change = Comparison.by_seed(
-        label,
-        dict(zip(traj["seeds"], washout_change(gaps, at).tolist())),
-        "> 0: γ = 1's lead shrinks",
+        f"{_lead(side)}, {tag}",
+        dict(zip(traj["seeds"], (np.nan_to_num(side, nan=1.0) * washout_change(gaps, at)).tolist())),
+        TOWARD_0,
         lost=lost,
     )
     change.untestable = lost_problem(lost) or regime_problem([*g05, *g1], traj, min_tpp)
+    change.power = functools.partial(washout_power, seeds=len(traj["seeds"]))
+    change.power_why = WASHOUT_RULE
+    if np.isfinite(gaps).all() and not change.untestable:
+        change.resampled_p, change.resampled_why = _washout_why(gaps, at)
+        if math.isnan(change.resampled_p):
+            change.untestable = (
+                "no spread over seeds of the gap at t_eq or of its change: nothing to judge them by"
+            )
     at_eq = Comparison.by_seed(
         f"L(γ.5)−L(γ1) at t_eq (step {steps[at]}), {tag}",
         dict(zip(traj["seeds"], gaps[:, at].tolist())),
@@ -169,8 +247,9 @@ def question_q2(runs: Runs, *, min_tpp: float = MIN_TOKENS_PER_PARAM) -> ClaimRe
     else:
         res.comparisons.append(
             Comparison.missing(
-                "L(γ.5)−L(γ1) at t_eq minus at the end",
+                _lead(0.0),
                 "no runs at γ 0.5 and 1 with both fixes",
+                TOWARD_0,
                 role=PRIMARY,
             )
         )
