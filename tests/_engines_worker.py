@@ -5,6 +5,7 @@ engines on sharded parameters, checked against the draw of one process on the un
     torchrun --nproc_per_node 2 tests/_engines_worker.py olmo OUT        # OLMo-core's Trainer + the callback
     torchrun --nproc_per_node 2 tests/_engines_worker.py titan_gate OUT  # torchtitan gated, trained sharded
     torchrun --nproc_per_node 2 tests/_engines_worker.py titan_monitor_order OUT  # the Monitor before the optimizer
+    torchrun --nproc_per_node 2 tests/_engines_worker.py litgpt_meta_fsdp OUT  # litgpt gated on meta, FSDP1
 
 Each writes OUT/ok.json on rank 0: the parameters that, gathered, differ from the unsharded draw."""
 
@@ -202,8 +203,50 @@ def titan_monitor_order(out: Path) -> None:
     dist.destroy_process_group()
 
 
+def litgpt_meta_fsdp(out: Path) -> None:
+    """litgpt's GPT built on meta with both fixes, its reset_parameters hooked by the γ rule (what
+    `initialize_weights` does under Fabric's FSDP, which needs a GPU), then materialised by torch's FSDP1 on 2 ranks,
+    which calls them as Fabric's FSDP does: the weights gathered, and the losses of 5 AdamW steps."""
+    from litgpt import GPT, Config
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    from smallinit import set_norm_eps_
+    from smallinit.integrations.litgpt import hook_reset_parameters
+
+    dist.init_process_group("gloo")
+    config = Config(
+        block_size=64, vocab_size=256, padded_vocab_size=256, n_layer=2, n_head=4, n_query_groups=2, n_embd=32,
+        intermediate_size=64, bias=False, norm_class_name="RMSNorm", mlp_class_name="LLaMAMLP",
+        parallel_residual=False,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = GPT(config)
+    set_norm_eps_(model, 1e-12)
+    add_attention_gate_(model, "elementwise", 1.0, example_inputs=None)
+    hook_reset_parameters(model, gamma=1.0, seed=0)
+    model = FSDP(model, device_id=torch.device("cpu"), use_orig_params=True)
+    x = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(1))
+    with FSDP.summon_full_params(model):
+        weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(5):
+        loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    if dist.get_rank() == 0:
+        torch.save({"weights": weights, "losses": losses}, out / "litgpt_meta_fsdp.pt")
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     what, folder = sys.argv[1], Path(sys.argv[2])
-    {"olmo": olmo, "titan": titan, "titan_gate": titan_gate, "titan_monitor_order": titan_monitor_order}[
-        what
-    ](folder)
+    {
+        "olmo": olmo,
+        "titan": titan,
+        "titan_gate": titan_gate,
+        "titan_monitor_order": titan_monitor_order,
+        "litgpt_meta_fsdp": litgpt_meta_fsdp,
+    }[what](folder)

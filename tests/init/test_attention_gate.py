@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,8 @@ from smallinit.config import ModelConfig
 from smallinit.errors import SmallinitError
 from smallinit.init.gate import GateError
 from smallinit.model import Transformer
+from support.attention import SoftmaxAttention, decoder
+from support.distributed import torchrun
 from support.hf_tiny import build, tokens, transformers
 from support.trainers import Rows
 
@@ -311,25 +314,6 @@ def test_a_gated_folder_is_refused_by_the_folder_reader_in_one_line(tmp_path):
         load_hf_folder(tmp_path)
 
 
-class SoftmaxAttention(nn.Module):
-    """q/k/v/o projections around a causal softmax; ``own_init`` gives it an init of its own, as torchtitan's
-    modules have (init_states), which its model's init calls after to_empty."""
-
-    def __init__(self, d: int = 16, heads: int = 2):
-        super().__init__()
-        self.num_heads = heads
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(d, d, bias=False) for _ in range(4))
-
-    def forward(self, x):
-        B, T, d = x.shape
-        q, k, v = (
-            p(x).view(B, T, self.num_heads, -1).transpose(1, 2)
-            for p in (self.q_proj, self.k_proj, self.v_proj)
-        )
-        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, d))
-
-
 class OwnInit(SoftmaxAttention):
     def init_states(self) -> None:
         for p in (self.q_proj, self.k_proj, self.v_proj, self.o_proj):
@@ -376,3 +360,33 @@ def test_a_gate_left_undrawn_is_an_error_at_the_forward_not_a_silent_start():
     assert "\n" not in str(e.value) and "gamma_init_" in str(e.value)
     gamma_init_(model, 1.0, generator=torch.Generator().manual_seed(0), example_inputs=(x,))
     model(x)
+
+
+GATE_FSDP1_WORKER = Path(__file__).parents[1] / "_gate_fsdp1_worker.py"
+
+
+def test_a_gate_added_on_meta_is_drawn_when_fsdp1_materialises_the_model(tmp_path):
+    """torch's FSDP1 (and Lightning Fabric's FSDP) materialise a meta model by calling each module's
+    reset_parameters after to_empty: the gate's own draws W_θ by its rule, the numbers adding it to materialised
+    weights draws, where nn.Linear's default had left it flagged undrawn and the forward refused. 2 gloo ranks."""
+    done = torchrun(GATE_FSDP1_WORKER, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sharded = torch.load(tmp_path / "gates.pt")
+    eager = decoder()
+    add_attention_gate_(eager, gamma=0.5, generator=torch.Generator().manual_seed(7), example_inputs=None)
+    assert sharded["gates"].keys() == {f"{i}.g_proj.weight" for i in range(3)}
+    for i, block in enumerate(eager):
+        assert torch.equal(sharded["gates"][f"{i}.g_proj.weight"], block.g_proj.weight.detach()), i
+    assert math.isfinite(sharded["loss"])
+
+
+def test_resetting_a_gate_draws_it_by_its_rule_not_nn_linears_default():
+    """A materialised model whose modules are reset (the same idiom, outside FSDP): W_θ is redrawn with σ =
+    d_model^(−γ), not nn.Linear's uniform ±1/√d_model."""
+    model = decoder(n=8)
+    add_attention_gate_(model, gamma=1.0, example_inputs=None)
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            m.reset_parameters()
+    W = torch.cat([b.g_proj.weight.flatten() for b in model])
+    assert W.std().item() == pytest.approx(1 / 16, rel=0.1)  # nn.Linear's default: 1/(√3·4) ≈ 0.144

@@ -247,6 +247,22 @@ def test_a_gated_torchtitan_model_trains_under_fully_shard_as_in_one_process(tmp
         assert torch.equal(got["documented"][True][name], W), name
 
 
+def test_a_litgpt_model_gated_on_meta_is_drawn_by_fsdps_materialisation_and_trains(tmp_path):
+    """litgpt's pretraining on meta under FSDP: the γ hooks and the gate's own reset draw every matrix as FSDP
+    materialises it (torch's FSDP1 on 2 ranks, calling reset_parameters as Fabric's FSDP does); each matrix has
+    σ = d_in^(−γ), W_θ included, and it trains. The gate drawn by the hook was left flagged undrawn and its
+    forward refused."""
+    pytest.importorskip("litgpt")
+    run(torchrun(str(WORKER), "litgpt_meta_fsdp", str(tmp_path)), cwd=tmp_path)
+    got = torch.load(tmp_path / "litgpt_meta_fsdp.pt")
+    matrices = {n: W for n, W in got["weights"].items() if W.ndim == 2}
+    assert {n for n in matrices if "g_proj" in n} == {f"transformer.h.{i}.attn.g_proj.weight" for i in (0, 1)}
+    for name, W in matrices.items():  # d_in is each matrix's row length, the embedding's d_model included
+        assert W.std().item() == pytest.approx(W.shape[1] ** -1.0, rel=0.1), name
+    losses = got["losses"]
+    assert losses[-1] < losses[0] - 0.3
+
+
 def test_a_monitor_built_before_the_optimizer_leaves_fsdp2_training_bit_identical(tmp_path):
     """FSDP2 reshards after the backward: the Monitor's forward (it has none) must not leave the root's
     unsharded parameters registered for an optimizer built next to update as copies."""

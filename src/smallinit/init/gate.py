@@ -55,15 +55,31 @@ class AttentionGate(nn.Linear):
     """W_θ of one attention block, and the two hooks that apply it: X kept at the query projection, the
     output projection's input multiplied by σ(X W_θ) (per channel, or per head broadcast over its channels)."""
 
-    def __init__(self, d_model: int, n_heads: int, head_dim: int, kind: str, *, device=None, dtype=None):
+    def __init__(
+        self, d_model: int, n_heads: int, head_dim: int, kind: str, gamma: float, *, device=None, dtype=None
+    ):
         out = n_heads * (head_dim if kind == "elementwise" else 1)
         super().__init__(d_model, out, bias=False, device=device, dtype=dtype)
-        self.kind, self.n_heads, self.head_dim = kind, n_heads, head_dim
+        self.kind, self.n_heads, self.head_dim, self.gamma = kind, n_heads, head_dim, gamma
         self._x: torch.Tensor | None = None
-        # created on the meta device: drawn when its block's own init runs (_DeferredDraws), by gamma_init_, or
-        # loaded; until then its memory is whatever to_empty left, and a forward is refused
+        # created on the meta device: drawn when its block's own init runs (_DeferredDraws), by its own
+        # reset_parameters, by gamma_init_, or loaded; until then its memory is whatever to_empty left, and a
+        # forward is refused
         self.undrawn: str | None = None
+        self.deferred: _DeferredDraws | None = None
         self._register_load_state_dict_pre_hook(self._loaded)
+
+    def reset_parameters(self) -> None:
+        """W_θ ~ N(0, d_model^(−2γ)), not nn.Linear's default: materialising a meta model calls every module's
+        reset_parameters (FSDP1's and Lightning Fabric's default), which must draw the gate by its rule. A gate
+        added on meta draws from its add's generator, in block order, as an add on materialised weights does."""
+        if not hasattr(self, "gamma"):  # nn.Linear.__init__ calls it before the gate's fields exist
+            return super().reset_parameters()
+        if self.deferred is not None and self.undrawn is not None:
+            self.deferred.draw(self)
+            return
+        with torch.no_grad():
+            gamma_normal_(self.weight, self.gamma, self.in_features)
 
     def _loaded(self, state_dict, prefix, *_args) -> None:
         if f"{prefix}weight" in state_dict:
@@ -108,8 +124,9 @@ class _DeferredDraws:
 
     def add(self, name: str, block: nn.Module, gate: AttentionGate) -> None:
         self.gates.append(gate)
+        gate.deferred = self
         init = next((m for m in INITS if callable(getattr(block, m, None))), None)
-        how = f"{name}.{init}() runs" if init else "gamma_init_ draws it"
+        how = f"{name}.{init}() runs" if init else f"{name}.{GATE}.reset_parameters() runs"
         gate.undrawn = (
             f"the attention gate {name}.{GATE} was added on the meta device and is not drawn yet (its memory is "
             f"what to_empty left): it is drawn when {how} after to_empty, or call gamma_init_ on the model"
@@ -335,7 +352,7 @@ def gate_attention_(
         attn = model.get_submodule(name)
         d_model, n_heads, head_dim = layout[name]
         ref = getattr(attn, o).weight
-        gate = AttentionGate(d_model, n_heads, head_dim, kind, device=ref.device, dtype=ref.dtype)
+        gate = AttentionGate(d_model, n_heads, head_dim, kind, gamma, device=ref.device, dtype=ref.dtype)
         if not ref.is_meta:
             gamma_normal_(gate.weight, gamma, d_model, generator=generator)
         elif blocks is None:  # a saved model's blocks are rebuilt to be loaded; any other gate is drawn later

@@ -33,6 +33,16 @@ _strategies = engine("lightning.fabric.strategies", "litgpt", "smallinit.integra
 def initialize_weights(fabric: Any, model: nn.Module, gamma: float = 1.0, *, seed: int = 0) -> InitReport:
     """litgpt's ``initialize_weights(fabric, model, …)`` by the γ rule: every matrix ~ N(0, d_in^(−2γ)),
     biases 0; norms keep their own reset (scale 1). Returns what is drawn (works on the meta device)."""
+    report = hook_reset_parameters(model, gamma, seed=seed)
+    if not isinstance(fabric.strategy, _strategies.FSDPStrategy):  # FSDP calls them as it materialises
+        _utils.reset_parameters(model)
+    return report
+
+
+def hook_reset_parameters(model: nn.Module, gamma: float = 1.0, *, seed: int = 0) -> InitReport:
+    """Give every ``nn.Linear`` and ``nn.Embedding`` a ``reset_parameters`` that draws it by the γ rule, for
+    whatever calls them: litgpt's ``reset_parameters(model)``, or FSDP (Fabric's, or torch's FSDP1) as it
+    materialises a model built on meta."""
     report = init_plan(model, gamma)
     rows = report.by_name()
     generator = torch.Generator().manual_seed(seed)
@@ -49,8 +59,6 @@ def initialize_weights(fabric: Any, model: nn.Module, gamma: float = 1.0, *, see
             "litgpt's reset_parameters hook cannot draw them: call smallinit.gamma_init_(model, ...) after "
             "the model is materialised instead"
         )
-    if not isinstance(fabric.strategy, _strategies.FSDPStrategy):  # FSDP calls them as it materialises
-        _utils.reset_parameters(model)
     return report
 
 
@@ -59,3 +67,5 @@ def _draw(module: nn.Module, gamma: float, fan_in: int, generator: torch.Generat
     gamma_normal_(module.weight, gamma, fan_in, generator=generator)
     if getattr(module, "bias", None) is not None:
         module.bias.zero_()
+    if getattr(module, "undrawn", None) is not None:  # smallinit's gate, added on meta: drawn now
+        module.undrawn = None
