@@ -13,6 +13,7 @@ import torch
 from smallinit import gamma_init_, measure_gamma
 from smallinit.cli import main
 from smallinit.measures.norm_factor import relative_factor
+from smallinit.model import Transformer
 from smallinit.monitor.runs import Run, find_runs
 from smallinit.report import build_report
 from smallinit.report.diagnosis import diagnose
@@ -166,3 +167,22 @@ def test_matrices_a_run_did_not_move_are_named(tmp_path):
     assert "not trained" in fresh.meaning
     assert seen["init recipe at step 0"].value == "fan-in γ = 1.000 in every role"
     assert seen["RMSNorm factor at step 0"].value.startswith("min 1.000")  # ε = 1e-12 at γ = 1
+
+
+def test_a_model_too_large_to_audit_here_is_named_with_the_command_that_audits_it(tmp_path):
+    """The report audits a run by building its step-0 model and loading its checkpoint on the CPU; past its limit
+    (here ≈ 300M parameters: 2.3 GiB) it builds nothing and says, in one row, what to run instead."""
+    from support.report import fake_run
+
+    fake_run(tmp_path / "big", 3.0, "model.d_model=2048", "model.d_ff=8192", "model.n_layers=4")
+    run = Run.load(tmp_path / "big", "big")
+    (unread,) = [o for o in diagnose(run).observations if o.what == "the weights (smallinit audit)"]
+    assert unread.value == "not read here" and f"smallinit audit {run.path}" in unread.meaning
+    n = Transformer.count_params(run.cfg.model)[0]
+    assert unread.meaning.startswith(f"{round(n / 1e6)}M parameters: the report audits models up to 100M")
+    small = tmp_path / "small"
+    fake_run(small, 3.0)
+    seen = {o.what: o for o in diagnose(Run.load(small, "small"), max_params=1000).observations}
+    assert seen["the weights (smallinit audit)"].value == "not read here"
+    assert "init recipe at step 0" not in seen
+    assert "init recipe at step 0" in {o.what for o in diagnose(Run.load(small, "small")).observations}

@@ -18,11 +18,15 @@ from smallinit.init.scale import ONE_GAMMA
 from smallinit.io import read_json
 from smallinit.measures.norm_factor import SATURATED, relative_factor
 from smallinit.measures.sink import SINK_RATIO, sink_threshold, uniform_sink
+from smallinit.model import Transformer
 from smallinit.monitor.monitor import MONITOR_FILE
 from smallinit.monitor.runs import Run
 
 CONDENSED = 0.7  # stable rank fallen below this share of its start: the rows align along fewer directions
 BALANCED = 2.0  # a flow ratio within this factor of 1: branch and embedding balance (the γ = 1 regime)
+# the report audits a run by building its step-0 model and loading its newest checkpoint on the CPU, fp32: up to
+# 2 × 4 B per parameter; a larger model is left to `smallinit audit`, which the user runs knowing the cost
+AUDIT_MAX_PARAMS = 100_000_000
 
 
 @dataclass(frozen=True)
@@ -274,22 +278,31 @@ def _condensation(run: Run) -> Observation | None:
     )
 
 
-def _audits(run: Run) -> tuple[AuditResult | None, AuditResult | None, Observation | None]:
+def _audits(run: Run, max_params: int) -> tuple[AuditResult | None, AuditResult | None, Observation | None]:
     """The audits of the weights ``run`` started from and of its newest checkpoint (None: not here), or why
     they could not be read."""
     if run.monitored:  # the weights are the engine's, not in this folder
         return None, None, None
+    n = Transformer.count_params(run.cfg.model)[0]
+    if n > max_params:
+        why = (
+            f"{n / 1e6:,.0f}M parameters: the report audits models up to {max_params / 1e6:,.0f}M (it builds the "
+            f"step-0 model and loads the newest checkpoint, {8 * n / 2**30:.1f} GiB here); "
+            f"`smallinit audit {run.path}` audits this one"
+        )
+        return None, None, Observation("the weights (smallinit audit)", "not read here", "", why)
     try:
         return audit_start(run.cfg, source=run.name), audit_latest(run.path), None
     except SmallinitError as e:
         return None, None, Observation("the weights (smallinit audit)", "not read", "", str(e))
 
 
-def diagnose(run: Run) -> Diagnosis:
-    """The run's own measurements, each with what it means; those its records lack are left out."""
+def diagnose(run: Run, *, max_params: int = AUDIT_MAX_PARAMS) -> Diagnosis:
+    """The run's own measurements, each with what it means; those its records lack are left out. Its weights are
+    audited where the model has at most ``max_params`` parameters."""
     d = run.config.get("model.d_model")
     d = d if isinstance(d, int) and d > 1 else None
-    start, latest, unread = _audits(run)
+    start, latest, unread = _audits(run, max_params)
     gamma, first = _gamma(run, start)
     rest = (
         unread,
