@@ -174,7 +174,7 @@ def claim_plans(
     first of them α/k (a recipe that decides one claim judges it at α), in the claim's unit from its seed sd. A
     comparison whose quantity has its own sd (``Comparison.planned_sd``) is priced at that one; with a ``design``
     effect (nats) each loss comparison says its power at it and the seeds 80 % would need."""
-    plans, powers = [], []
+    plans, powers, raw_levels = [], [], []
     for res in results:
         problems = {c.label: _design_problem(res, c) for c in res.comparisons}
         failing = {label: why for label, why in problems.items() if why}
@@ -212,6 +212,7 @@ def claim_plans(
             )
         )
         powers.append(primary.power)
+        raw_levels.append(primary.raw_level)
         secondaries = [c for c in testable if c is not primary]
         level = ALPHA / max(
             1, len(secondaries)
@@ -236,10 +237,10 @@ def claim_plans(
                 "rule": c.power_why or f"paired t-test, Holm over the claim's {len(secondaries)} secondaries",
                 "seed_sd": own,
                 "seed_sd_source": own_source,
-                "design": _at_design(design, own, own_unit, had, level),
+                "design": _at_design(design, own, own_unit, had, c.raw_level(level)),
             }
     alpha = ALPHA / max(1, sum(c.decides for c in plans))
-    for c, power in zip(plans, powers):
+    for c, power, raw_level in zip(plans, powers, raw_levels):
         c.alpha = alpha
         c.mde_sds = (
             _mde(1.0, c.seeds, alpha)
@@ -253,7 +254,7 @@ def claim_plans(
                 if power
                 else power_of_test(design, c.seed_sd, c.seeds, alpha)
             )
-            c.design = _at_design(design, c.seed_sd, c.unit, had, alpha)
+            c.design = _at_design(design, c.seed_sd, c.unit, had, raw_level(alpha))
     return plans
 
 
@@ -261,7 +262,8 @@ def _at_design(
     design: float | None, sd: float | None, unit: str, power: float, alpha: float = ALPHA
 ) -> dict[str, Any] | None:
     """A loss comparison's power at the recipe's design effect, and the seeds the paired t-test would need for 80 %
-    at its seed sd (the best-lr sign-flip test has the t-test's power at its seeds: tests/study/test_best_lr.py)."""
+    at its seed sd and ``alpha`` (the best-lr test has the t-test's power at its seeds at the level its raw p is
+    judged at, passed here: tests/study/test_best_lr.py)."""
     if not design or sd is None or unit != "nats":
         return None
     return {

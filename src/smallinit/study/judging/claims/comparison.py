@@ -66,6 +66,9 @@ class Comparison:
     no_value: str = ""  # per arm, the finished seeds that gave no value (:func:`count_no_value`)
     resampled_p: float | None = None  # a secondary judged by a resampling test instead of the t-test …
     resampled_why: str = ""  # … and that test in words
+    # a test whose p is calibrated where its raw p is too small (C4's best-lr test): level → the level its raw p is
+    # judged at, where its MDE and power are taken
+    raw_level: Callable[[float], float] = float
     # on a plan's runs, where the rule is more than the paired t-test over the seeds it pairs: (true effect in seed
     # sds, level) → the probability that the rule decides in the paper's direction (a plan's MDE solves it) …
     power: Callable[[float, float], float] | None = None
@@ -314,7 +317,8 @@ class ClaimResult:
                 "; not rejected: Holm stopped at a smaller p" if held else ""
             )
             if c.resampled_p is not None and c.verdict == INCONCLUSIVE and len(c.samples) >= 2:
-                c.mde, _, c.magnitude = mde_line(c.sd, len(c.samples), level)  # its power, at its own spread
+                # its power, at its own spread and the level its raw p is judged at
+                c.mde, _, c.magnitude = mde_line(c.sd, len(c.samples), c.raw_level(level))
 
     def _judge_primary(self) -> None:
         c, t = self.primary, self.primary_test()
@@ -334,13 +338,16 @@ class ClaimResult:
         c.magnitude = magnitude(lo, hi, c.paper_value)
         if c.verdict == INCONCLUSIVE:
             what = "an effect of" if c.expected == "positive" else f"a deviation beyond ±{c.tolerance:g} of"
-            c.mde, _, words = mde_line(t.sd, t.n, self.alpha, what)  # the sd is a guess too: both MDEs shown
+            # the sd is a guess too: both MDEs shown; at the level its raw p is judged at
+            c.mde, _, words = mde_line(t.sd, t.n, c.raw_level(self.alpha), what)
             c.magnitude += f"; {words}"
         if self.design and c.unit == "nats" and c.expected == "positive":
-            had = power_of_test(self.design, t.sd, t.n, self.alpha)
+            raw = c.raw_level(self.alpha)
+            had = power_of_test(self.design, t.sd, t.n, raw)
             c.magnitude += (
                 f"; power at the design's {self.design:+g} nats {had:.2f} at the measured sd {t.sd:.3g} "
-                f"(n = {t.n}, α = {self.alpha:.3g})"
+                f"(n = {t.n}, α = {self.alpha:.3g}"
+                + (f", its raw p judged at {raw:.3g})" if raw != self.alpha else ")")
             )
 
     @property
