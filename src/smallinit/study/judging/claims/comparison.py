@@ -67,7 +67,7 @@ class Comparison:
     resampled_p: float | None = None  # a secondary judged by a resampling test instead of the t-test …
     resampled_why: str = ""  # … and that test in words
     # a test whose p is calibrated where its raw p is too small (C4's best-lr test): level → the level its raw p is
-    # judged at, where its MDE and power are taken
+    # judged at, where its MDE and power are taken (float: the same level, for every other test)
     raw_level: Callable[[float], float] = float
     # on a plan's runs, where the rule is more than the paired t-test over the seeds it pairs: (true effect in seed
     # sds, level) → the probability that the rule decides in the paper's direction (a plan's MDE solves it) …
