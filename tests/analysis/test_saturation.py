@@ -281,7 +281,7 @@ def test_a_best_lr_at_the_edge_of_the_grid_is_not_judged(tmp_path):
             )
             for g in (0.5, 1.0)
             for lr in (1e-3, 3e-3, 1e-2)
-            for s in range(6)  # the sign-flip test over 6 seeds can reach p = 2/64
+            for s in range(8)  # over 8 seeds the sign-flip p reaches 2/256, calibrated 0.047
         ]
         (best,) = [
             c
@@ -294,7 +294,7 @@ def test_a_best_lr_at_the_edge_of_the_grid_is_not_judged(tmp_path):
     assert inside.verdict == AGREE
     top = c4(tmp_path / "top", lambda lr: 3.0 - math.log(lr / 3e-3))  # the larger the better
     assert top.verdict == NOT_TESTABLE and "not bracketed" in top.reason and "0.01, the largest" in top.reason
-    assert top.samples == pytest.approx([0.1 + 0.01 * s for s in range(6)])  # the numbers are still shown
+    assert top.samples == pytest.approx([0.1 + 0.01 * s for s in range(8)])  # the numbers are still shown
 
 
 def test_findings_give_the_saturated_share_per_size_and_arm(tmp_path):

@@ -8,11 +8,14 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from smallinit.monitor.runs import Run
 from smallinit.report.claims import claims_section, render_claims
 from smallinit.study.judging.claims import Runs, claim_c4, claim_c6, loss_comparison
+from smallinit.study.judging.claims.c4 import raw_level
 from smallinit.study.judging.findings_file import Findings
+from smallinit.study.judging.power import ALPHA, minimum_detectable_effect
 from smallinit.study.judging.verdicts import INCONCLUSIVE, NOT_TESTABLE, verdict_table
 from support.verdicts import FIXED, PARAMS, make_run, srank_records
 
@@ -237,19 +240,23 @@ def test_a_run_lost_at_one_rate_of_the_best_lr_grid_is_said_so(tmp_path):
 
 
 def test_an_inconclusive_best_lr_line_says_the_power_it_had(tmp_path):
-    """Six seeds at three rates, no effect of γ: the best-lr line is inconclusive and says the smallest effect its
-    seeds could have seen at 80 % power at its own spread, under its line in the table."""
+    """Eight seeds at three rates, no effect of γ: the best-lr line is inconclusive and says the smallest effect its
+    seeds could have seen at 80 % power at its own spread, under its line in the table: at the level its raw p is
+    judged at (its p is calibrated), not at the calibrated p's level, where its MDE would look smaller."""
     rng = np.random.default_rng(3)
     profile = {3e-3: 0.2, 1e-2: 0.0, 3e-2: 0.2}
     runs = [
         make_run(tmp_path, gamma=g, seed=seed, arm=FIXED, lr=lr, final=3.0 + bump + 0.03 * rng.normal())
         for g in (0.5, 1.0)
         for lr, bump in profile.items()
-        for seed in range(6)
+        for seed in range(8)
     ]
     c4 = claim_c4(Runs(runs).where({"train.lr": 1e-2}), all_lrs=Runs(runs), n_boot=10)
     (best,) = [c for c in c4.comparisons if "best lr" in c.label]
     assert best.verdict == INCONCLUSIVE, best.reason
     assert best.mde is not None and "would be seen at 80% power" in best.magnitude
+    assert "against 0.05, its level" in best.reason  # the claim's one tested secondary
+    assert best.mde == pytest.approx(minimum_detectable_effect(best.sd, 8, raw_level(ALPHA)))
+    assert best.mde > minimum_detectable_effect(best.sd, 8, ALPHA)
     table = verdict_table([c4.to_dict()])
     assert f"↳ {best.magnitude}" in table

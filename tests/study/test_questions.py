@@ -20,7 +20,7 @@ import pytest
 
 from smallinit.config import TrainConfig
 from smallinit.study.judging.claims import CLAIMS, FIXED, QUESTION, Runs, judge_table
-from smallinit.study.judging.claims.c4 import best_lr_test, flip_patterns
+from smallinit.study.judging.claims.c4 import best_lr_test, calibrated_p, flip_patterns
 from smallinit.study.judging.claims.q2 import question_q2, washout_change, washout_power, washout_test
 from smallinit.study.judging.power import ALPHA, minimum_detectable_by
 from smallinit.study.judging.verdicts import (
@@ -49,13 +49,14 @@ def _margin(p: float, n: int = DRAWS) -> float:
 
 
 def _q1_null(rng: np.random.Generator, n: int = 8) -> tuple[np.ndarray, np.ndarray]:
-    """(mean gap, p) of Q1's test on studies where γ does nothing under Muon: (draws,) each."""
+    """(mean gap, calibrated p) of Q1's test on studies where γ does nothing under Muon: (draws,) each."""
     offset = rng.normal(0, 0.05, (DRAWS, n, 1, 1))
     losses = 3.0 + offset + PROFILE + rng.normal(0, RUN_SD, (DRAWS, n, 2, len(PROFILE)))
     flips = flip_patterns(n)
-    return np.concatenate(
+    mean, p = np.concatenate(
         [np.stack(best_lr_test(losses[i : i + CHUNK], flips), -1) for i in range(0, DRAWS, CHUNK)]
     ).T
+    return mean, calibrated_p(p)
 
 
 def _q2_studies(rng: np.random.Generator, n: int, washout: float = 0.0) -> np.ndarray:

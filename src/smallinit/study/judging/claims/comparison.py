@@ -344,10 +344,14 @@ class ClaimResult:
             )
             c.magnitude += f"; {words}"
         if self.design and c.unit == "nats" and c.expected == "positive":
-            had = power_of_test(self.design, t.sd, t.n, self.alpha)
+            had = (
+                c.power(self.design / t.sd, self.alpha)
+                if c.power
+                else power_of_test(self.design, t.sd, t.n, self.alpha)
+            )
             c.magnitude += (
                 f"; power at the design's {self.design:+g} nats {had:.2f} at the measured sd {t.sd:.3g} "
-                f"(n = {t.n}, α = {self.alpha:.3g})"
+                f"(n = {t.n}, α = {self.alpha:.3g}{f', by the {c.power_why}' if c.power else ''})"
             )
 
     @property

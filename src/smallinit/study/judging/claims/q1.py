@@ -6,10 +6,10 @@ The paper trained with AdamW only. Under Muon (torch.optim.Muon on the hidden ma
 init buys may differ. The rates that suit Muon are not AdamW's, so each γ is compared at its own best rate.
 
 Primary: L(γ.5) − L(γ1) of the Muon runs with both fixes at the smallest size, each γ at the rate the other seeds
-chose, judged by C4's sign-flip test with the rates chosen again in every flip (c4.best_lr_comparison), which
-holds its level however sharp the optimum; it needs the best rate inside the grid (an outcome precondition). It
-reads the Muon runs at the smallest weight decay of the design, so that Q2's long runs at a large one, which share
-the recipe, are not taken for another learning rate.
+chose, judged by C4's sign-flip test with the rates chosen again in every flip (c4.best_lr_comparison), its p
+calibrated for one γ's runs noisier than the other's; it needs the best rate inside the grid (an outcome
+precondition). It reads the Muon runs at the smallest weight decay of the design, so that Q2's long runs at a large
+one, which share the recipe, are not taken for another learning rate.
 """
 
 from __future__ import annotations
