@@ -239,6 +239,8 @@ def test_the_recipes_plan_decides_both_and_labels_them_as_smallinits(tmp_path):
     Σηλ reaches 1; a design whose λ is too small for its length cannot decide Q2 and says why."""
     plan = plan_recipe("muon", "cpu", Hardware.make("cpu", 2))
     assert [c.claim for c in plan.claims if c.decides] == ["Q1", "Q2"]
+    # Q1's calibrated sign-flip p can reach Holm's first step over the two (8 seeds could not: MDE infinite)
+    assert all(math.isfinite(c.mde) for c in plan.claims if c.decides)
     text = format_plan(plan)
     assert text.count(f"({QUESTION})") == 2
     assert all(CLAIMS[k].question and QUESTION in CLAIMS[k].label for k in ("Q1", "Q2"))
