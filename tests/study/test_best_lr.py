@@ -24,7 +24,7 @@ from smallinit.study.judging.claims.c4 import (
     raw_level,
     smallest_p,
 )
-from smallinit.study.judging.power import ALPHA, seeds_for_power
+from smallinit.study.judging.power import ALPHA, power_of_test, seeds_for_power
 from smallinit.study.judging.verdicts import paired_t, region_p
 from smallinit.study.planning.cost import Hardware
 from smallinit.study.planning.plan import plan_recipe
@@ -188,11 +188,14 @@ def test_the_full_demos_best_lr_design_has_the_power_its_plan_states():
 
 
 def test_a_best_lr_primary_is_priced_at_the_level_its_raw_p_is_judged_at():
-    """Q1's primary is the best-lr test over 8 seeds, judged at Holm's first step α/2 beside Q2: its smallest
-    calibrated p (0.047) cannot reach that, so its plan gives it no power, and the seeds 80 % would need are the
-    t-test's at the raw p's level, not at α/2."""
+    """Q1's primary is the best-lr test, judged at Holm's first step α/2 beside Q2: over 8 seeds its smallest
+    calibrated p (0.047) cannot reach that (no power), so the recipe runs 10 (0.0195); its power and the seeds 80 %
+    would need are the t-test's at the raw p's level, not at α/2."""
     (q1,) = (c for c in plan_recipe("muon", "cpu", Hardware.make("cpu", 2)).claims if c.claim == "Q1")
-    assert q1.seeds == 8 and q1.alpha == ALPHA / 2 and smallest_p(8) > q1.alpha
-    assert q1.design["power"] == 0.0 == best_lr_power(0.05 / q1.seed_sd, q1.alpha, seeds=8)
+    assert q1.alpha == ALPHA / 2 and smallest_p(8) > q1.alpha >= smallest_p(q1.seeds) and q1.seeds == 10
+    assert best_lr_power(0.05 / q1.seed_sd, q1.alpha, seeds=8) == 0.0
+    had = power_of_test(0.05, q1.seed_sd, 10, raw_level(q1.alpha))
+    assert q1.design["power"] == pytest.approx(had) and 0 < had
+    assert had < power_of_test(0.05, q1.seed_sd, 10, q1.alpha)
     assert q1.design["seeds_for_80"] == seeds_for_power(0.05, q1.seed_sd, raw_level(q1.alpha), 0.8, 10_000)
     assert q1.design["seeds_for_80"] > seeds_for_power(0.05, q1.seed_sd, q1.alpha, 0.8, 10_000)

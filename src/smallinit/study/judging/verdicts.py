@@ -180,9 +180,10 @@ per token. Each number is the mean ± sd over seeds of a paired difference, sign
 direction, at the budget stated (tokens per non-embedding parameter). The paper column gives its number in
 the same units and sign, at the model size in brackets (0.1B … 1.5B parameters: the paper's range).
 ▶ marks each claim's pre-declared primary estimate, which alone decides its verdict: agree / disagree when
-its t-interval at the level shown lies inside / outside the paper's region (> 0, or within ±tol), Holm over
-the table's primaries at α = 0.05; inconclusive otherwise, with the smallest effect its seeds could see at
-80 % power. · marks secondary comparisons: shown, never deciding, each claim's judged together at α = 0.05
+its t-interval at the level shown lies inside / outside the paper's region (> 0, or within ±tol), or, on a
+line that names a test of its own (a sign-flip or intersection-union test), when that test's p is at most the
+level, Holm over the table's primaries at α = 0.05; inconclusive otherwise, with the smallest effect its seeds
+could see at 80 % power. · marks secondary comparisons: shown, never deciding, each claim's judged together at α = 0.05
 (Holm); one that is another claim's primary shows that verdict.
 not testable here: a precondition failed (reason below the line). A loss gap's trend: its per-seed slope
 against log tokens over the second half of training, tested across seeds (settled / moving / undetermined);

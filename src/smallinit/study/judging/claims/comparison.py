@@ -331,8 +331,12 @@ class ClaimResult:
         lo, hi = t.interval(self.alpha)
         c.lo, c.hi = lo, hi
         family = f"its level under Holm over {self.family} primaries" if self.family > 1 else "judged alone"
+        # a test of its own decides where the seeds' values are not a t-test's (they share the rates chosen, or one
+        # verdict needs two tests): the t-interval beside its p only describes the seeds, and may exclude 0 where the
+        # test does not reject
+        described = " (a description: the test's p decides)" if c.resampled_p is not None else ""
         c.reason = (
-            f"{100 * (1 - self.alpha):.4g}% t-interval [{lo:+.3g}, {hi:+.3g}]; p = {t.p:.2g} ({t.why}) against "
+            f"{100 * (1 - self.alpha):.4g}% t-interval [{lo:+.3g}, {hi:+.3g}]{described}; p = {t.p:.2g} ({t.why}) against "
             f"α = {self.alpha:.3g} ({family})"
             + ("; not rejected: Holm stopped at a smaller p" if self.held else "")
         )
