@@ -331,15 +331,14 @@ class ClaimResult:
         lo, hi = t.interval(self.alpha)
         c.lo, c.hi = lo, hi
         family = f"its level under Holm over {self.family} primaries" if self.family > 1 else "judged alone"
-        # a test of its own decides where the seeds' values are not a t-test's (they share the rates chosen, or one
-        # verdict needs two tests): the t-interval beside its p only describes the seeds, and may exclude 0 where the
-        # test does not reject
-        described = " (a description: the test's p decides)" if c.resampled_p is not None else ""
-        c.reason = (
-            f"{100 * (1 - self.alpha):.4g}% t-interval [{lo:+.3g}, {hi:+.3g}]{described}; p = {t.p:.2g} ({t.why}) against "
-            f"α = {self.alpha:.3g} ({family})"
-            + ("; not rejected: Holm stopped at a smaller p" if self.held else "")
-        )
+        interval = f"{100 * (1 - self.alpha):.4g}% t-interval [{lo:+.3g}, {hi:+.3g}]"
+        test = f"p = {t.p:.2g} ({t.why}) against α = {self.alpha:.3g} ({family})"
+        if c.resampled_p is None:  # the interval decides
+            c.reason = f"{interval}; {test}"
+        else:  # a test of its own decides (its seeds share the rates chosen, or its verdict needs two tests): the
+            # t-interval only describes the seeds, and may exclude 0 where the test does not reject
+            c.reason = f"{test}; {interval}, a description of the seeds"
+        c.reason += "; not rejected: Holm stopped at a smaller p" if self.held else ""
         c.magnitude = magnitude(lo, hi, c.paper_value)
         if c.verdict == INCONCLUSIVE:
             what = "an effect of" if c.expected == "positive" else f"a deviation beyond ±{c.tolerance:g} of"
