@@ -31,6 +31,7 @@ KINDS = ("elementwise", "headwise")
 QUERY = (
     "q_proj",
     "q_a_proj",  # multi-head latent attention's low-rank query (DeepSeek-V2/V3, MiniCPM3, Kimi): X is its input
+    "wq_a",  # the same in torchtitan's DeepSeek-V3 (q_lora_rank > 0, as its 236B and 671B flavors)
     "qkv_proj",
     "qkv",
     "c_attn",
