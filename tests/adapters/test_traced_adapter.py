@@ -550,16 +550,17 @@ class _Readout(nn.Module):
 
 @pytest.mark.parametrize("norm_inside", [False, True], ids=["norm-a-stage", "norm-in-the-readout"])
 def test_a_pipeline_style_sequential_is_read_at_its_blocks(norm_inside):
-    """A model that is one nn.Sequential (embedding, layers, final norm, readout: the stages a pipeline cuts):
-    the blocks are the layers between the embedding and the norm, so e is the first layer's input and h_L the
-    final norm's, and each layer's output is a row of massive activations, all read here by hooks."""
+    """A model that is one nn.Sequential (embedding, dropout, layers, final norm, readout: the stages a pipeline
+    cuts): the blocks are the layers between the dropout and the norm, so e is the first layer's input and h_L
+    the final norm's, and each layer's output (not the dropout's) is a row of massive activations, all read
+    here by hooks."""
     torch.manual_seed(0)
     table = nn.Embedding(VOCAB, D)
     with torch.no_grad():
         table.weight.mul_(0.05)
     layers = [Layer(False) for _ in range(3)]
     tail = [_Readout()] if norm_inside else [nn.RMSNorm(D, eps=1e-3), nn.Linear(D, VOCAB, bias=False)]
-    model, ids = nn.Sequential(table, *layers, *tail).eval(), _ids()
+    model, ids = nn.Sequential(table, nn.Dropout(0.1), *layers, *tail).eval(), _ids()  # dropout: no block
     final = tail[0].norm if norm_inside else tail[0]
     seen: dict[str, list[torch.Tensor]] = {"e": [], "out": [], "h_L": []}
     hooks = [layers[0].register_forward_pre_hook(lambda _m, a: seen["e"].append(a[0].double()))]
@@ -577,7 +578,7 @@ def test_a_pipeline_style_sequential_is_read_at_its_blocks(norm_inside):
     assert result.massive.ratio == pytest.approx(
         [(o.abs().max() / o.abs().median()).item() for o in seen["out"]]
     )
-    assert result.sink.layers == ("1.mix", "2.mix", "3.mix")
+    assert result.sink.layers == ("2.mix", "3.mix", "4.mix")
     assert result.notes == () and not result.not_measured
 
 

@@ -3,9 +3,10 @@ from its structure: a run of consecutive modules of a stack (ModuleList, ModuleD
 any classes: an attention/state-space hybrid's layers differ) that each run once, in order, each taking the
 output of the one before and giving one of the same shape. The run is the whole stack, or two or more of its
 modules where others do not map the stream to itself: a pipeline-style Sequential's embedding, norm and readout
-around its blocks. Among such runs the stream's is the one whose last output a norm outside its blocks takes
-(the final norm), and of those (or, where no norm takes any, of all) the one with the most parameters: a stack of
-adapters after the final norm chains too but feeds the readout, and MoE experts never chain."""
+around its blocks (a norm, or a module with no parameters such as dropout, is never a block). Among such runs
+the stream's is the one whose last output a norm outside its blocks takes (the final norm), and of those (or,
+where no norm takes any, of all) the one with the most parameters: a stack of adapters after the final norm
+chains too but feeds the readout, and MoE experts never chain."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ class _Chain:
 
     name: str
     children: list[tuple[str, nn.Module]]
-    norms: set[int]  # the children that are norm layers: never a block
+    passive: set[int]  # the children that are norm layers or hold no parameters (dropout): never a block
     runs: list[_Run] = field(default_factory=list)
     entered: dict[int, tuple[torch.Size, bool] | None] = field(default_factory=dict)
     broken: bool = False
@@ -53,7 +54,7 @@ class _Chain:
     def leave(self, i: int, out: Any) -> None:
         h = first_tensor(out if isinstance(out, (tuple, list)) else (out,), {})
         seen = self.entered.get(i)
-        if self.broken or h is None or seen is None or h.shape != seen[0] or i in self.norms:
+        if self.broken or h is None or seen is None or h.shape != seen[0] or i in self.passive:
             return
         if seen[1]:
             self.runs[-1].end, self.runs[-1].last = i + 1, h.detach()
@@ -95,7 +96,11 @@ def residual_blocks(
     or none, and why, in one line."""
     norms = norm_modules(model)
     chains = [
-        _Chain(name, children, {i for i, (n, _) in enumerate(children) if n in norms})
+        _Chain(
+            name,
+            children,
+            {i for i, (n, c) in enumerate(children) if n in norms or next(c.parameters(), None) is None},
+        )
         for name, children in stacks(model).items()
     ]
     hooks = []
