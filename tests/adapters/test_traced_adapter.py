@@ -537,6 +537,51 @@ def test_the_layers_are_the_blocks_the_residual_stream_passes_through(model):
     assert result.notes == () and "residual_flow" not in result.not_measured
 
 
+class _Readout(nn.Module):
+    """The final norm and the readout in one module, as a pipeline's last stage holds them."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm, self.out = nn.RMSNorm(D, eps=1e-3), nn.Linear(D, VOCAB, bias=False)
+
+    def forward(self, h):
+        return self.out(self.norm(h))
+
+
+@pytest.mark.parametrize("norm_inside", [False, True], ids=["norm-a-stage", "norm-in-the-readout"])
+def test_a_pipeline_style_sequential_is_read_at_its_blocks(norm_inside):
+    """A model that is one nn.Sequential (embedding, dropout, layers, final norm, readout: the stages a pipeline
+    cuts): the blocks are the layers between the dropout and the norm, so e is the first layer's input and h_L
+    the final norm's, and each layer's output (not the dropout's) is a row of massive activations, all read
+    here by hooks."""
+    torch.manual_seed(0)
+    table = nn.Embedding(VOCAB, D)
+    with torch.no_grad():
+        table.weight.mul_(0.05)
+    layers = [Layer(False) for _ in range(3)]
+    tail = [_Readout()] if norm_inside else [nn.RMSNorm(D, eps=1e-3), nn.Linear(D, VOCAB, bias=False)]
+    model, ids = nn.Sequential(table, nn.Dropout(0.1), *layers, *tail).eval(), _ids()  # dropout: no block
+    final = tail[0].norm if norm_inside else tail[0]
+    seen: dict[str, list[torch.Tensor]] = {"e": [], "out": [], "h_L": []}
+    hooks = [layers[0].register_forward_pre_hook(lambda _m, a: seen["e"].append(a[0].double()))]
+    hooks += [m.register_forward_hook(lambda _m, _a, o: seen["out"].append(o)) for m in layers]
+    hooks += [final.register_forward_pre_hook(lambda _m, a: seen["h_L"].append(a[0].double()))]
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    (e,), (h_L,) = seen["e"], seen["h_L"]
+    result = measure_activations(model, ids, ids)
+    assert result.residual_flow == pytest.approx(
+        ((h_L - e).norm(dim=-1) / e.norm(dim=-1)).mean().item(), rel=1e-9
+    )
+    assert result.massive.ratio == pytest.approx(
+        [(o.abs().max() / o.abs().median()).item() for o in seen["out"]]
+    )
+    assert result.sink.layers == ("2.mix", "3.mix", "4.mix")
+    assert result.notes == () and not result.not_measured
+
+
 def test_the_logits_are_read_by_what_they_are_not_by_their_position():
     """A forward returning (hidden, logits): the logits are the tensor of shape (batch, T, vocabulary)."""
 

@@ -132,6 +132,51 @@ def test_gated_forward_is_g1(arch, kind):
     torch.testing.assert_close(seen["y"], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["elementwise", "headwise"])
+def test_multi_head_latent_attention_is_gated_at_its_low_rank_query(kind):
+    """DeepSeek-V3's attention (MLA) has no q_proj: its query is q_a_proj → q_a_layernorm → q_b_proj, and o_proj
+    reads heads × v_head_dim channels (v_head_dim ≠ the query's head dim). By hand: o_proj's input is the
+    attention output times σ(X W_θ), X the block's input, per channel or per head."""
+    cfg = transformers.DeepseekV3Config(
+        vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
+        num_experts_per_tok=2, n_group=1, topk_group=1, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=12, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.DeepseekV3ForCausalLM(cfg).eval()
+    report = add_attention_gate_(model, kind, generator=torch.Generator().manual_seed(1))
+    gates = _gates(model)
+    assert len(report.gated) == len(gates) == 2, str(report)
+    seen: dict = {}
+    hooks = []
+    for name, g in gates.items():
+        attn = model.get_submodule(name[: -len(".g_proj")])
+        assert g.weight.shape == (4 * (12 if kind == "elementwise" else 1), 64)
+        g.weight.data.normal_(0, 1.0, generator=torch.Generator().manual_seed(2))  # gates far from 1/2
+        hooks += [
+            attn.register_forward_pre_hook(
+                lambda _m, a, k, n=name: seen.__setitem__(
+                    (n, "x"), k.get("hidden_states", a[0] if a else None)
+                ),
+                with_kwargs=True,
+            ),
+            attn.o_proj.register_forward_pre_hook(
+                lambda _m, a, n=name: seen.__setitem__((n, "y"), a[0].clone()), prepend=True
+            ),  # before the gate's own hook
+            attn.o_proj.register_forward_pre_hook(lambda _m, a, n=name: seen.__setitem__((n, "gated"), a[0])),
+        ]
+    with torch.no_grad():
+        model(input_ids=tokens(model))
+    for h in hooks:
+        h.remove()
+    for name, g in gates.items():
+        x, y = seen[(name, "x")], seen[(name, "y")]
+        by_hand = torch.sigmoid(x.float() @ g.weight.T.float())  # (B, T, 4·12) or (B, T, 4)
+        by_hand = by_hand.repeat_interleave(12 if kind == "headwise" else 1, dim=-1)
+        torch.testing.assert_close(seen[(name, "gated")], y * by_hand, rtol=1e-6, atol=0)
+
+
 def test_bad_kind_leaves_the_model_unchanged():
     model = build("llama")
     state = _state(model)

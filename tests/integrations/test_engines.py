@@ -147,6 +147,33 @@ def test_litgpt_initialize_weights_hook_draws_what_gamma_init_draws():
 # -- the paper's gate on the engines' models -------------------------------------------------------------
 
 
+def titan_mla_model():
+    """torchtitan's DeepSeek-V3 debug model, 2 layers, its attention with a low-rank query (q_lora_rank > 0, as
+    its 236B and 671B flavors: wq_a → q_norm → wq_b, no wq), through SDPA, drawn by its own init_weights."""
+    pytest.importorskip("torchtitan")
+    from torchtitan.models import deepseek_v3
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    config = deepseek_v3.model_registry("debugmodel").model
+    config.layers = config.layers[:2]
+    for i, layer in enumerate(config.layers):
+        a = layer.attention
+        layer.attention = deepseek_v3.make_mla_attention_config(
+            layer_id=i, dim=config.dim, n_heads=a.n_heads, q_lora_rank=64, kv_lora_rank=a.kv_lora_rank,
+            qk_nope_head_dim=a.qk_nope_head_dim, qk_rope_head_dim=a.qk_rope_head_dim, v_head_dim=a.v_head_dim,
+            mscale=a.mscale, attn_backend="flex", linear_init=a.wkv_a.param_init, norm_init=a.kv_norm.param_init,
+            depth_init=lambda _i, init=a.wo.param_init: init, rope=a.rope,
+        )  # fmt: skip
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = config.build()
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights()
+    return model
+
+
 def gate_model(engine: str):
     """(model γ-initialised, its first attention block, the block's query and output projection, tokens)."""
     if engine == "torchtitan":
@@ -159,6 +186,8 @@ def gate_model(engine: str):
             ("qkv_linear", "wo"),
             2048,
         )
+    elif engine == "torchtitan-mla":
+        model, first, projections, vocab = titan_mla_model(), "layers.0.attention", ("wq_a", "wo"), 2048
     elif engine == "litgpt":
         pytest.importorskip("litgpt")
         from litgpt import GPT
@@ -182,7 +211,7 @@ def gate_model(engine: str):
     )
 
 
-@pytest.mark.parametrize("engine", ["torchtitan", "OLMo-core", "litgpt"])
+@pytest.mark.parametrize("engine", ["torchtitan", "torchtitan-mla", "OLMo-core", "litgpt"])
 def test_the_gate_on_an_engines_model_is_the_papers_and_trains(engine):
     """add_attention_gate_ on the engine's own model: the output projection of the first block reads
     Y ⊙ σ(X W_θ), Y and X taken from the ungated model (its query projection's input, its output projection's

@@ -230,6 +230,37 @@ def test_a_gated_norm_is_measured_on_what_it_normalises():
         assert abs(on_g - on_x) > 0.05  # on x it would read differently
 
 
+def test_a_norm_over_groups_of_channels_is_the_mean_of_its_groups_factors():
+    """Bamba's gated norm with n_groups = 4 normalises each group of 32 channels of x·silu(z) on its own
+    (modeling_bamba.BambaRMSNormGated): its factor is the mean over tokens and groups, as a per-head norm's is
+    over heads. The first group's z is made large, so it is far from saturated while the others are: the rms
+    over groups, which a ratio of whole-row norms gives, would read 0.47 here against a mean of 0.29."""
+    config = transformers.BambaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, attn_layer_indices=[], mamba_n_heads=8, mamba_d_head=16, mamba_expand=2,
+        mamba_d_state=8, mamba_n_groups=4, mamba_d_conv=4,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.BambaForCausalLM(config).eval()
+    mixer = model.model.layers[0].mamba
+    with torch.no_grad():
+        mixer.in_proj.weight[: mixer.norm.group_size].mul_(30.0)  # the rows of z that gate the first group
+    ids = _ids(model)
+    calls = []
+    hook = mixer.norm.register_forward_pre_hook(lambda _m, a, k: calls.append((a, k)), with_kwargs=True)
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=False)
+    hook.remove()
+    ((args, kwargs),) = calls
+    x, z = args[0].double(), (args[1] if len(args) > 1 else kwargs["gate"]).double()
+    groups = (x * torch.nn.functional.silu(z)).unflatten(-1, (4, 32))  # (B, T, group, channel)
+    ms = groups.pow(2).mean(-1)
+    per_group = torch.sqrt(ms / (ms + mixer.norm.variance_epsilon))
+    assert per_group.mean((0, 1)).max() > 0.8 > 0.2 > per_group.mean((0, 1)).min()  # groups far apart
+    factor = measure_activations(model, ids).norm_factor["model.layers.0.mamba.norm"]
+    assert factor == pytest.approx(per_group.mean().item(), rel=1e-5)
+
+
 @pytest.mark.parametrize("window", [None, 5])
 def test_uniform_sink_is_the_score_of_even_attention(window):
     """q = k = 0: every key a query may see gets the same score, so the attention is exactly even."""

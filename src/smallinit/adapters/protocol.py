@@ -254,8 +254,11 @@ def _centered(name: str, m: nn.Module) -> bool:
 
 @torch.no_grad()
 def realised_factor(norm: nn.Module, args: tuple, kwargs: dict, output) -> torch.Tensor:
-    """Per row (token) of one call, the norm's realised factor over the ideal, read from its own forward:
-    ‖N(x) − N(0)‖ / ‖N(c·x) − N(0)‖ with c large enough that N no longer changes with it (ε negligible).
+    """Per row (token) of one call, the norm's realised factor over the ideal, read from its own forward: the f
+    that makes N(x) − N(0) = f·(N(c·x) − N(0)) in least squares, with c large enough that N no longer changes with
+    it (ε negligible). A norm over each group of channels on its own (Mamba-2's gated norm with n_groups > 1)
+    gives the mean of its groups' factors, as the heads of a per-head norm count (exactly while its weight is
+    the same in every group, as at init; a trained weight weighs each group by its share of ‖N(c·x) − N(0)‖²).
 
     ``output`` is N(x) as the forward made it; the others re-run ``norm.forward`` (no hooks) on the same
     call, so this runs inside the forward (a forward hook), where a sharded model's parameters are whole.
@@ -304,7 +307,8 @@ def realised_factor(norm: nn.Module, args: tuple, kwargs: dict, output) -> torch
                 "factor cannot be read from its forward"
             )
         if (further - ideal).abs().max() <= tol * ideal.abs().max():
-            f = scaled(given, rms).norm(dim=-1) / ideal.norm(dim=-1).clamp_min(tiny)
+            # least squares, so that a grouped norm gives the mean of its groups' factors, not their rms
+            f = (scaled(given, rms) * ideal).sum(-1) / ideal.pow(2).sum(-1).clamp_min(tiny)
             return torch.where(rms.squeeze(-1) > 0, f, 0.0).flatten()
         scale = scale * 1e2
     raise ModelError(

@@ -1,14 +1,17 @@
 """The blocks the residual stream passes through, established from one forward of the model rather than
-from its structure: a stack (ModuleList, ModuleDict or Sequential, of modules of any classes: an
-attention/state-space hybrid's layers differ) whose modules each run once, in order, each taking the output of
-the one before, of one shape. Among such chains the stream's is the one whose last output a norm outside it
-takes (the final norm), and of those (or, where no norm takes any, of all) the one with the most parameters:
-a stack of adapters after the final norm chains too but feeds the readout, and MoE experts never chain."""
+from its structure: a run of consecutive modules of a stack (ModuleList, ModuleDict or Sequential, of modules of
+any classes: an attention/state-space hybrid's layers differ) that each run once, in order, each taking the
+output of the one before and giving one of the same shape. The run is the whole stack, or two or more of its
+modules where others do not map the stream to itself: a pipeline-style Sequential's embedding, norm and readout
+around its blocks (a norm, or a module with no parameters such as dropout, is never a block). Among such runs
+the stream's is the one whose last output a norm outside its blocks takes (the final norm), and of those (or,
+where no norm takes any, of all) the one with the most parameters: a stack of adapters after the final norm
+chains too but feeds the readout, and MoE experts never chain."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -19,30 +22,57 @@ from smallinit.adapters.protocol import norm_modules
 
 
 @dataclass
+class _Run:
+    """Consecutive children start … end − 1 of one stack, each on the output of the one before."""
+
+    start: int
+    end: int
+    last: torch.Tensor
+    final_norm: bool = False
+
+
+@dataclass
 class _Chain:
-    """One stack followed through the forward: the next module expected, the last output, whether it broke."""
+    """One stack followed through the forward: its runs so far (one of a single child is dropped when the next
+    starts, so that MoE experts keep no outputs alive), per child entered its input's shape and whether it took
+    the open run's last output, and whether a child ran twice (then none of its runs is the stream's)."""
 
     name: str
     children: list[tuple[str, nn.Module]]
-    next: int = 0
-    last: torch.Tensor | None = None
+    passive: set[int]  # the children that are norm layers or hold no parameters (dropout): never a block
+    runs: list[_Run] = field(default_factory=list)
+    entered: dict[int, tuple[torch.Size, bool] | None] = field(default_factory=dict)
     broken: bool = False
-    final_norm: bool = False
 
     def enter(self, i: int, h: torch.Tensor | None) -> None:
-        if i != self.next or h is None or (i > 0 and not _same(h, self.last)):
+        if i in self.entered:
             self.broken = True
+        run = self.runs[-1] if self.runs else None
+        follows = run is not None and run.end == i and _same(h, run.last)
+        self.entered[i] = None if h is None else (h.shape, follows)
 
     def leave(self, i: int, out: Any) -> None:
         h = first_tensor(out if isinstance(out, (tuple, list)) else (out,), {})
-        if self.broken or h is None or (self.last is not None and h.shape != self.last.shape):
-            self.broken = True
+        seen = self.entered.get(i)
+        if self.broken or h is None or seen is None or h.shape != seen[0] or i in self.passive:
             return
-        self.next, self.last = i + 1, h.detach()
+        if seen[1]:
+            self.runs[-1].end, self.runs[-1].last = i + 1, h.detach()
+            return
+        if self.runs and self.runs[-1].end - self.runs[-1].start < 2:
+            self.runs.pop()
+        self.runs.append(_Run(i, i + 1, h.detach()))
 
-    @property
-    def complete(self) -> bool:
-        return not self.broken and self.next == len(self.children)
+    def blocks(self) -> list[tuple[_Run, list[tuple[str, nn.Module]]]]:
+        """The runs that may be the stream's: the whole stack, or two or more of its children."""
+        if self.broken:
+            return []
+        n = len(self.children)
+        return [
+            (r, self.children[r.start : r.end])
+            for r in self.runs
+            if r.end - r.start >= 2 or (r.start, r.end) == (0, n)
+        ]
 
 
 def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
@@ -64,7 +94,15 @@ def residual_blocks(
 ) -> tuple[list[tuple[str, nn.Module]], str | None]:
     """The blocks the residual stream passes through in ``forward()`` (one forward of ``model``), by name;
     or none, and why, in one line."""
-    chains = [_Chain(name, children) for name, children in stacks(model).items()]
+    norms = norm_modules(model)
+    chains = [
+        _Chain(
+            name,
+            children,
+            {i for i, (n, c) in enumerate(children) if n in norms or next(c.parameters(), None) is None},
+        )
+        for name, children in stacks(model).items()
+    ]
     hooks = []
     for chain in chains:
         for i, (_, child) in enumerate(chain.children):
@@ -78,10 +116,12 @@ def residual_blocks(
     def norm_called(name: str, args: tuple, kwargs: dict) -> None:
         h = first_tensor(args, kwargs)
         for chain in chains:
-            if chain.complete and not name.startswith(f"{chain.name}.") and _same(h, chain.last):
-                chain.final_norm = True
+            for run in chain.runs:
+                inside = any(name.startswith(f"{n}.") for n, _ in chain.children[run.start : run.end])
+                if not inside and _same(h, run.last):
+                    run.final_norm = True
 
-    for name, norm in norm_modules(model).items():
+    for name, norm in norms.items():
         hooks.append(
             norm.register_forward_pre_hook(lambda _m, a, kw, n=name: norm_called(n, a, kw), with_kwargs=True)
         )
@@ -90,14 +130,15 @@ def residual_blocks(
     finally:
         for h in hooks:
             h.remove()
-    complete = [c for c in chains if c.complete]
-    if not complete:
+    runs = [found for chain in chains for found in chain.blocks()]
+    if not runs:
         return [], (
             f"no stack of blocks in {type(model).__name__} through which the residual stream passes (a "
             "ModuleList, ModuleDict or Sequential whose modules each run once, in order, each on the output of "
             "the one before), so the residual stream cannot be observed"
         )
-    best = max(
-        complete, key=lambda c: (c.final_norm, sum(p.numel() for _, m in c.children for p in m.parameters()))
+    _, best = max(
+        runs,
+        key=lambda found: (found[0].final_norm, sum(p.numel() for _, m in found[1] for p in m.parameters())),
     )
-    return best.children, None
+    return best, None

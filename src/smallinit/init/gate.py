@@ -8,10 +8,10 @@ forward pre-hooks apply it, one on the query projection (which keeps X) and one 
 (which gates its input), so the architecture's own forward is not edited. W_θ is drawn with σ = d_model^(−γ).
 
 An attention block is a module with a query projection and an output projection among its children (the names
-Hugging Face's families and GPT-2's Conv1D use, torchtitan's qkv_linear/wo, OLMo-core's w_q/w_out, litgpt's
-qkv/proj); one forward on example inputs checks that a softmax runs between the two, so linear attention and
-state-space mixers are left ungated, said, and that no sigmoid already gates it (Qwen3-Next's attention is
-kept as it is, said).
+Hugging Face's families, multi-head latent attention's q_a_proj and GPT-2's Conv1D use, torchtitan's
+qkv_linear/wo, OLMo-core's w_q/w_out, litgpt's qkv/proj); one forward on example inputs checks that a softmax
+runs between the two, so linear attention and state-space mixers are left ungated, said, and that no sigmoid
+already gates it (Qwen3-Next's attention is kept as it is, said).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from smallinit.init.roles import _example_inputs, _is_hf_conv1d
 KINDS = ("elementwise", "headwise")
 QUERY = (
     "q_proj",
+    "q_a_proj",  # multi-head latent attention's low-rank query (DeepSeek-V2/V3, MiniCPM3, Kimi): X is its input
+    "wq_a",  # the same in torchtitan's DeepSeek-V3 (q_lora_rank > 0, as its 236B and 671B flavors)
     "qkv_proj",
     "qkv",
     "c_attn",
