@@ -191,7 +191,7 @@ def test_what_cannot_be_observed_is_said_and_the_rest_measured():
         ((h - e).norm(dim=-1) / e.norm(dim=-1)).mean().item(), rel=1e-9
     )
     assert result.notes == (
-        "residual_flow: h_L is the last layer's output: no norm of LlamaForCausalLM takes it "
+        "residual_flow: h_L is the last layer's output: no norm module of LlamaForCausalLM takes it "
         "after the last layer",
     )
 

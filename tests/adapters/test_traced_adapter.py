@@ -182,7 +182,7 @@ def test_what_a_model_lacks_is_named_in_one_line_and_the_rest_measured():
     no_norm = measure_activations(Decoder(norm=False).eval(), ids)
     assert no_norm.not_measured == {"norm_factor": "no norm layer ran in the forward"}
     assert no_norm.notes == (
-        "residual_flow: h_L is the last layer's output: no norm of Decoder takes it after the last layer",
+        "residual_flow: h_L is the last layer's output: no norm module of Decoder takes it after the last layer",
     )
 
     class Flat(nn.Module):  # an embedding and a readout, no stack of blocks, no attention, no norm

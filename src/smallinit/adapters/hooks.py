@@ -95,7 +95,7 @@ def _residual(
     final = [h for h in final if h.shape == last.shape and torch.equal(h, last)]
     if not final:
         out.notes["residual"] = (
-            f"h_L is the last layer's output: no norm of {model} takes it after the last layer"
+            f"h_L is the last layer's output: no norm module of {model} takes it after the last layer"
         )
     residual = [h for _, _, h in inputs] + [final[0] if final else last]
     if residual[0].shape != residual[-1].shape:
