@@ -67,6 +67,10 @@ def main() -> None:
         return
     deepspeed.init_distributed("gloo")
     init(path)
+    # both ranks leave the group before exit: a rank that exits with gloo's threads still up aborts ("terminate
+    # called without an active exception", exit -6), which failed the engines stage once on a loaded machine
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
