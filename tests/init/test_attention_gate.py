@@ -224,6 +224,21 @@ class NoOutputAttention(nn.Module):
         self.q_proj, self.proj_out = nn.Linear(d, d), nn.Linear(d, d)
 
 
+def test_attention_whose_projections_the_gate_cannot_name_is_refused_for_that_reason():
+    """BERT as a decoder has softmax attention, its projections named query and output.dense: the line says the
+    projections were not found, not that the model has no softmax attention."""
+    config = transformers.BertConfig(
+        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        is_decoder=True,
+    )  # fmt: skip
+    model = transformers.BertLMHeadModel(config)
+    with pytest.raises(
+        GateError, match=r"^BertLMHeadModel has no softmax attention to gate: no module holds both"
+    ):
+        add_attention_gate_(model)
+    assert not _gates(model)
+
+
 def test_linear_attention_is_not_gated_and_a_missing_output_projection_refused():
     with pytest.raises(GateError, match="no softmax attention"):
         add_attention_gate_(LinearAttention(), example_inputs=torch.randn(1, 4, 8))

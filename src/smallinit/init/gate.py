@@ -345,9 +345,17 @@ def gate_attention_(
     elif blocks is None and found:
         report.notes.append("softmax not checked: no forward could be run (pass example_inputs)")
     if not found and not report.kept:
+        why = (
+            report.ungated[0]
+            if report.ungated
+            # attention named otherwise (BERT's query, output.dense)
+            else (
+                f"no module holds both a query projection ({', '.join(QUERY[:3])}…) and an output projection "
+                f"({', '.join(OUTPUT[:3])}…) among its children"
+            )
+        )
         raise GateError(
-            f"{type(model).__name__} has no softmax attention with a query and an output projection "
-            f"({', '.join(QUERY[:3])}… and {', '.join(OUTPUT[:3])}…): nothing to gate"
+            f"{type(model).__name__} has no softmax attention to gate: {why}; the model is unchanged"
         )
     deferred = _DeferredDraws(gamma, generator)
     for name, (q, o) in found.items():
