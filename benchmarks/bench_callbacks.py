@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 import tempfile
@@ -25,7 +24,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import Row, Stat, check, machine, paired
+from common import Row, Stat, check, paired, write_rows
 
 from smallinit.config import Config
 from smallinit.train import AnalysisCallback, Trainer
@@ -137,9 +136,7 @@ def main() -> int:
             f"{'' if r.ok is None else ('ok' if r.ok else 'MISSED')} {r.note}"
         )
     if args.json:
-        Path(args.json).write_text(
-            json.dumps({"machine": machine(), "rows": [r.to_dict() for r in rows]}, indent=1)
-        )
+        write_rows(args.json, rows)
     return 0
 
 

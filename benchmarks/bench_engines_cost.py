@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from common import CLOCKS, Row, Stat, format_table, interleaved, machine, paired
+from common import CLOCKS, Row, Stat, format_table, interleaved, paired, write_rows
 
 ENGINES = {"titan": "torchtitan debugmodel", "olmo": "OLMo-core olmo2_30M", "litgpt": "litgpt pythia-14m"}
 VOCAB = 2048
@@ -222,9 +222,7 @@ def main() -> int:
     rows = run(args)
     print(format_table(rows))
     if args.json:
-        Path(args.json).write_text(
-            json.dumps({"machine": machine(), "rows": [r.to_dict() for r in rows]}, indent=1)
-        )
+        write_rows(args.json, rows)
     return 0
 
 

@@ -180,5 +180,10 @@ def main(doc: str, add_args: Callable, run: Callable) -> None:
     rows = run(args)
     print(format_table(rows))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"machine": machine(), "rows": [r.to_dict() for r in rows]}, f, indent=1)
+        write_rows(args.json, rows)
+
+
+def write_rows(path: str, rows: list[Row]) -> None:
+    """The rows and the machine that measured them, as JSON (a benchmark's ``--json``)."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"machine": machine(), "rows": [r.to_dict() for r in rows]}, f, indent=1)
