@@ -181,6 +181,21 @@ def test_the_weight_norms_table_is_each_runs_recorded_matrix_rms(report_dir):
     assert ratio == pytest.approx(rms / math.sqrt(3e-3 / 0.1), rel=1e-6)
 
 
+def test_the_activation_sections_name_curves_by_what_varies_among_the_runs_that_measured(
+    report_dir, tmp_path
+):
+    """A run that recorded no activations (here at another lr and length) is no curve of the activation sections,
+    so their curves are not named by its settings: the weight-norm rows stay "d = 32 · γ = 1"."""
+    import shutil
+
+    shutil.copytree(report_dir / "runs", tmp_path / "runs")
+    fake_run(tmp_path / "runs" / "other", 3.0, "train.lr=0.01", "analysis.every=0")
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "r.html")]) == 0
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    section = page.split("Weight norms: matrix RMS over training", 1)[1].split("<h2>", 1)[0]
+    assert "<td>d = 32 · γ = 1</td>" in section and "lr" not in section.split("<table", 1)[1]
+
+
 def test_report_numbers_come_from_the_files(report_dir):
     page = (report_dir / "report.html").read_text(encoding="utf-8")
     cmp = json.loads(

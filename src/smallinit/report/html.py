@@ -168,15 +168,19 @@ def _sections(
     pooled = runs if include_unfinished else [r for r in runs if r.summary]
     pooled_vary = arm_keys(pooled)
     groups = Groups.of(pooled, pooled_vary)
+    # the activation sections draw only the runs that measured activations: their curves are named by what varies
+    # among those (a folder whose other runs differ in lr or length would name every curve by those keys too)
+    measured = [r for r in pooled if r.analysis]
+    measured_groups = Groups.of(measured, arm_keys(measured))
     parts += render_runs(runs_section(runs, vary, pooled))
     parts += render_norm_factor(norm_factor_section(runs, analyses))
     sections = (
         (loss_section(pooled, pooled_vary, groups), render_losses),
-        (sink_section(groups, analyses), render_sink),
+        (sink_section(measured_groups, analyses), render_sink),
         (residual_section(runs, arm_keys(runs), sweeps, claims.get("C5")), render_residual),
-        (condensation_section(groups), render_condensation),
-        (weights_section(groups), render_weights),
-        (outliers_section(groups, analyses), render_outliers),
+        (condensation_section(measured_groups), render_condensation),
+        (weights_section(measured_groups), render_weights),
+        (outliers_section(measured_groups, analyses), render_outliers),
         (token_section(compares, claims.get("C7")), render_tokens),
         (checks, render_coordchecks),
         (analyses_section(analyses), render_analyses),
