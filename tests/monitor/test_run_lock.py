@@ -97,15 +97,18 @@ def _refused_and_unchanged(run: Path, other: Path, capsys) -> None:
 
 
 def test_a_second_writer_is_refused_and_changes_nothing(tmp_path, capsys):
-    """Before and after the first checkpoint (the first run paused with SIGSTOP, so its files hold still)."""
+    """Before any checkpoint and after one (the first run paused with SIGSTOP, so its files hold still). Each state
+    is its own run, one that never checkpoints and one that does every 2 steps: a single run's window between its
+    second step and its first checkpoint can pass between two polls of a fast machine."""
     other = tmp_path / "other"
     assert main(["train", "--out", str(other), *_sets("train.steps=2")]) == 0
-    run = tmp_path / "run"
-    proc = _start(run, "train.checkpoint_every=60")
-    try:
-        for checkpointed in (False, True):
+    for every, checkpointed in ((0, False), (2, True)):
+        run = tmp_path / f"run-{every}"
+        proc = _start(run, f"train.checkpoint_every={every}")
+        try:
             _wait_for(
-                proc, lambda c=checkpointed: _steps_logged(run) >= 2 and (run / "checkpoints").is_dir() == c
+                proc,
+                lambda r=run, c=checkpointed: _steps_logged(r) >= 2 and (r / "checkpoints").is_dir() == c,
             )
             os.kill(proc.pid, signal.SIGSTOP)
             try:
@@ -113,11 +116,11 @@ def test_a_second_writer_is_refused_and_changes_nothing(tmp_path, capsys):
                 _refused_and_unchanged(run, other, capsys)
             finally:
                 os.kill(proc.pid, signal.SIGCONT)
-        time.sleep(0.5)
-        assert proc.poll() is None  # the first run trains on
-    finally:
-        proc.kill()
-        proc.wait()
+            time.sleep(0.5)
+            assert proc.poll() is None  # the first run trains on
+        finally:
+            proc.kill()
+            proc.wait()
 
 
 def test_two_fresh_runs_into_one_folder_one_is_refused(tmp_path):
