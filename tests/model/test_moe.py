@@ -389,8 +389,7 @@ def test_compiled_moe_is_one_graph_without_breaks_or_recompiles():
         torch.testing.assert_close(losses[1], losses[0])
         eager.blocks[0].mlp.pop_stats()
     assert len({tuple(r) for r in routings}) == len(routings)  # the routing did change between steps
-    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["stats"]["unique_graphs"] == 1  # a recompile or a break would trace a second graph
     assert sum(counters["graph_break"].values()) == 0
-    assert counters["frames"]["total"] == 1  # one frame compiled once: nothing recompiled
     for a, b in zip(eager.parameters(), compiled.parameters()):
         torch.testing.assert_close(a, b)
