@@ -264,6 +264,51 @@ def test_hf_architectures_read_from_their_forward_agree_with_their_own_adapter(a
     assert found.loss == pytest.approx(own.loss, rel=1e-12)
 
 
+def _bloom():
+    cfg = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4)
+    return cfg, "transformer.h.{}.self_attention.query_key_value.weight"
+
+
+def _falcon():  # multi-query: one key and one value head; its FalconLinear forms x @ W.T itself
+    cfg = transformers.FalconConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        multi_query=True,
+        alibi=True,
+    )
+    return cfg, "transformer.h.{}.self_attention.query_key_value.weight"
+
+
+@pytest.mark.parametrize(
+    ("build", "implementation"),
+    [(_bloom, "eager"), (_falcon, "eager"), (_falcon, "sdpa")],
+    ids=["bloom", "falcon-multi-query", "falcon-multi-query-sdpa"],
+)
+def test_fused_parts_are_split_as_the_modeling_source_splits_them(build, implementation):
+    """Bloom's query_key_value is laid out per head as [q, k, v] and its scores come from one baddbmm (ALiBi
+    + q·kᵀ) on (batch·heads, T, hd) tensors; multi-query Falcon's is [Q: d | K: hd | V: hd] and its linear is
+    a written-out x @ W.T. The rows of each part are those the modeling source's views and splits take."""
+    cfg, name = build()
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=implementation).eval()
+    d, H = cfg.hidden_size, cfg.num_attention_heads
+    hd = d // H
+    if build is _bloom:  # fused_qkv.view(B, T, H, 3, hd): q = [..., 0, :], k = [..., 1, :], v = [..., 2, :]
+        rows = torch.arange(3 * d).view(H, 3, hd)
+        expected = {p: rows[:, i].flatten() for i, p in enumerate("qkv")}
+    else:  # fused_qkv.view(B, T, H + 2, hd).split([H, 1, 1], dim=-2)
+        expected = {"q": torch.arange(d), "k": torch.arange(d, d + hd), "v": torch.arange(d + hd, d + 2 * hd)}
+    adapter = TracedAdapter(model)
+    with torch.no_grad():
+        adapter.observe(_ids(2), kinds=("attention",))
+    for layer in range(cfg.num_hidden_layers if build is _falcon else cfg.n_layer):
+        parts = adapter.parts[name.format(layer)]
+        assert {p: r.sort().values.tolist() for p, r in parts.items()} == {
+            p: r.tolist() for p, r in expected.items()
+        }
+
+
 def test_a_norm_that_returns_its_scale_is_measured_by_its_formula():
     """HY-V4's hyper-connection input_norm returns rsqrt(mean(x²) + ε), one number per row, not a normed
     row: its factor over the ideal 1/σ is σ/√(σ² + ε), computed here from each call's input."""

@@ -255,7 +255,7 @@ class _AttentionMode(TorchFunctionMode):
             self.sdpa(*args, **kwargs)
         elif (scores := attention_scores(func, args, kwargs, self.T)) is not None:
             self.softmax(scores, out)
-        self.sources.products(func, args)
+        self.sources.products(func, args, kwargs)
         self.sources.follow(func, args, kwargs, out)
         return out
 
@@ -385,6 +385,8 @@ class _Sources:
             weight = args[1]
         elif func is torch.addmm and len(args) > 2:  # GPT-2's Conv1D: x @ W, W stored (in, out)
             weight = args[2]
+        elif func in self.MATMUL and len(args) > 1:  # x @ W.T written out (Falcon's FalconLinear)
+            weight = _transposed_parameter(args[1])
         if isinstance(weight, nn.Parameter) and id(weight) not in self.names:
             # FSDP2 swaps a block's unsharded parameters in for its forward: the names are those of now
             self.names = {id(p): n for n, p in self.model.named_parameters()}
@@ -423,13 +425,18 @@ class _Sources:
         return name, rows, depth
 
     MATMUL = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm}
+    BADDBMM = {torch.baddbmm, torch.Tensor.baddbmm}  # bias + q·kᵀ in one call (Bloom's ALiBi)
 
-    def products(self, func, args) -> None:
+    def products(self, func, args, kwargs) -> None:
         """Eager attention's two products: scores q·kᵀ of one matrix's rows (kept by matrix), then the weights
         times v, whose rows of the same matrix, with the scores', are the attention's inputs."""
-        if not self.following or func not in self.MATMUL or len(args) < 2:
+        if func in self.BADDBMM:
+            operands = [*args[1:3], *(kwargs[k] for k in ("batch1", "batch2") if k in kwargs)]
+        else:
+            operands = list(args[:2])
+        if not self.following or func not in self.MATMUL | self.BADDBMM or len(operands) < 2:
             return
-        a, b = (self.source(t) if isinstance(t, torch.Tensor) else None for t in args[:2])
+        a, b = (self.source(t) if isinstance(t, torch.Tensor) else None for t in operands)
         if b is not None and b[0] in self.scores:  # the weights (made of the scores) times v
             q, k = self.scores.pop(b[0])
             self._fused(b[0], [q, k, b[1]])
@@ -447,6 +454,15 @@ class _Sources:
     def _fused(self, name: str, rows: list[torch.Tensor]) -> None:
         if sum(len(r) for r in rows) == len(torch.unique(torch.cat(rows))):  # disjoint: one fused matrix
             self.parts[name] = dict(zip("qkv", rows))
+
+
+def _transposed_parameter(t: Any) -> nn.Parameter | None:
+    """The parameter W when ``t`` is W.T (a 2-D transposed view of it), else None."""
+    base = getattr(t, "_base", None)
+    if not isinstance(base, nn.Parameter) or base.dim() != 2 or t.dim() != 2:
+        return None
+    same = t.shape == base.shape[::-1] and t.stride() == base.stride()[::-1]
+    return base if same and t.data_ptr() == base.data_ptr() else None
 
 
 def _storage(t: torch.Tensor) -> int | None:
