@@ -683,3 +683,67 @@ def test_sdpa_on_3d_tensors_is_one_line_and_the_rest_measured():
     assert result.not_measured["max_attention_logit"] == result.not_measured["sink"]  # one call, one reason
     assert result.not_measured["sink"].startswith("stack.0.mix: scaled_dot_product_attention on 3-d queries")
     assert result.residual_flow is not None and result.norm_factor
+
+
+class _TorchBlock(nn.Module):
+    """A pre-norm block whose attention is torch's nn.MultiheadAttention (in_proj_weight: [W_q | W_k | W_v])."""
+
+    def __init__(self, need_weights: bool, float_mask: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(D)
+        self.attn = nn.MultiheadAttention(D, HEADS, batch_first=True)
+        self.need_weights, self.float_mask = need_weights, float_mask
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        L = x.shape[1]
+        mask = nn.Transformer.generate_square_subsequent_mask(L) if self.float_mask else None
+        mask = torch.ones(L, L, dtype=torch.bool).triu(1) if mask is None else mask  # True / −inf: blocked
+        h = self.norm(x)
+        return x + self.attn(h, h, h, attn_mask=mask, need_weights=self.need_weights)[0]
+
+
+@pytest.mark.parametrize(
+    ("need_weights", "float_mask", "training"),
+    [(False, False, False), (True, True, False), (False, True, True)],
+    ids=["sdpa-bool-mask", "weights-float-mask", "train-mode"],
+)
+def test_torch_multihead_attention_is_measured_from_its_own_projections(need_weights, float_mask, training):
+    """nn.MultiheadAttention's forward reaches a torch function mode as one call (multi_head_attention_forward),
+    which hid its SDPA or softmax: the sink was 'no softmax attention' on a model made of nothing else. Its
+    sink, largest logit and the parts of in_proj_weight against q and k projected here by hand."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(VOCAB, D), _TorchBlock(need_weights, float_mask))
+    model.append(_TorchBlock(need_weights, float_mask)).append(nn.LayerNorm(D)).append(nn.Linear(D, VOCAB))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(4)  # attention far from uniform
+    model.train(training)
+    ids = _ids(2)
+    inputs = []
+    hooks = [b.attn.register_forward_pre_hook(lambda _m, a: inputs.append(a[0])) for b in model[1:3]]
+    result = measure_activations(model, ids)
+    for h in hooks:
+        h.remove()
+    assert result.not_measured == {}
+    sinks, logits = [], []
+    for block, x in zip(model[1:3], inputs):
+        W, b = block.attn.in_proj_weight, block.attn.in_proj_bias
+        q, k = (F.linear(x, W[i * D : (i + 1) * D], b[i * D : (i + 1) * D]) for i in range(2))
+        q, k = (t.view(2, T, HEADS, D // HEADS).transpose(1, 2) for t in (q, k))
+        s = (q @ k.transpose(-1, -2) / math.sqrt(D // HEADS)).masked_fill(
+            torch.ones(T, T, dtype=torch.bool).triu(1), -torch.inf
+        )
+        sinks.append(s.softmax(-1)[:, :, 1:, 0].mean().item())
+        logits.append(s.max().item())
+    assert result.sink.layers == ("1.attn", "2.attn")
+    np.testing.assert_allclose(result.sink.per_layer, sinks, rtol=1e-5)
+    np.testing.assert_allclose(result.max_attention_logit, logits, rtol=1e-5)
+    assert min(logits) > 5  # far from uniform attention, so a wrong key, mask or scale would show
+    adapter = TracedAdapter(model)
+    with torch.no_grad():
+        adapter.observe(ids, kinds=("attention",))
+    rows = torch.arange(3 * D).view(3, D)
+    assert {p: r.tolist() for p, r in adapter.parts["1.attn.in_proj_weight"].items()} == {
+        p: rows[i].tolist() for i, p in enumerate("qkv")
+    }

@@ -253,6 +253,8 @@ class _AttentionMode(TorchFunctionMode):
         out = func(*args, **kwargs)
         if func is F.scaled_dot_product_attention:
             self.sdpa(*args, **kwargs)
+        elif func is F.multi_head_attention_forward:
+            self.multi_head(**_MHA.bind(*args, **kwargs).arguments)
         elif (scores := attention_scores(func, args, kwargs, self.T)) is not None:
             self.softmax(scores, out)
         self.sources.products(func, args, kwargs)
@@ -284,6 +286,39 @@ class _AttentionMode(TorchFunctionMode):
                 scale=scale,
             )
         )
+
+    def multi_head(self, query, key, value, num_heads, in_proj_weight, in_proj_bias, **kw) -> None:
+        """nn.MultiheadAttention's call: it reaches this mode as one function, so the projections, SDPA or
+        softmax inside it are never seen; its queries and keys are rebuilt from its arguments by torch's own
+        in-projection, the keys a query may see from its masks."""
+        if kw.get("bias_k") is not None or kw.get("add_zero_attn") or kw.get("static_k") is not None:
+            self.problems.append(
+                f"{self.where()}: nn.MultiheadAttention with bias_k, add_zero_attn or static_k attends to keys "
+                "that are no token, so which token is first cannot be read"
+            )
+            return
+        if query.dim() == 2:  # unbatched (T, E)
+            query, key, value = query[:, None], key[:, None], value[:, None]
+        (T, B, E), S, hd = query.shape, key.shape[0], query.shape[-1] // num_heads
+        if kw.get("use_separate_proj_weight"):
+            b = (None,) * 3 if in_proj_bias is None else in_proj_bias.chunk(3)
+            q, k, _ = F._in_projection(
+                query, key, value, kw["q_proj_weight"], kw["k_proj_weight"], kw["v_proj_weight"], *b
+            )
+        else:  # in_proj_weight holds [W_q | W_k | W_v]
+            q, k, _ = F._in_projection_packed(query, key, value, in_proj_weight, in_proj_bias)
+            self.sources.known(in_proj_weight, torch.arange(3 * E).view(3, E))
+        q = q.reshape(T, B, num_heads, hd).permute(1, 2, 0, 3)
+        k = k.reshape(S, B, num_heads, hd).permute(1, 2, 0, 3)
+        # its masks as it reads them (its is_causal is a hint that comes with a causal attn_mask)
+        mask = torch.zeros(B, num_heads, T, S, device=q.device)
+        if (given := kw.get("attn_mask")) is not None:  # (T, S) or (B·heads, T, S)
+            mask = mask + (
+                _additive(given).view(B, num_heads, T, S) if given.dim() == 3 else _additive(given)
+            )
+        if (given := kw.get("key_padding_mask")) is not None:  # (B, S)
+            mask = mask + _additive(given).view(B, 1, 1, S)
+        self.records.append(AttentionInputs(name=self.where(), q=q.detach(), k=k.detach(), mask=mask))
 
     def softmax(self, scores: torch.Tensor, out: torch.Tensor) -> None:
         self.records.append(AttentionInputs(name=self.where(), probs=out.detach(), mask=visible(scores)))
@@ -451,9 +486,24 @@ class _Sources:
             return
         self._fused(found[0][0], [f[1] for f in found])
 
+    def known(self, weight: torch.Tensor, rows: torch.Tensor) -> None:
+        """The parts of a fused matrix read off the call that uses it: ``rows`` (3, n), those of q, k and v."""
+        if self.following and id(weight) in self.names:
+            self._fused(self.names[id(weight)], list(rows))
+
     def _fused(self, name: str, rows: list[torch.Tensor]) -> None:
         if sum(len(r) for r in rows) == len(torch.unique(torch.cat(rows))):  # disjoint: one fused matrix
             self.parts[name] = dict(zip("qkv", rows))
+
+
+_MHA = inspect.signature(F.multi_head_attention_forward)
+
+
+def _additive(mask: torch.Tensor) -> torch.Tensor:
+    """A mask of torch's attention modules as scores to add: True (bool) blocks, as −inf; a float one is added."""
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, device=mask.device).masked_fill(mask, -torch.inf)
+    return mask.float()
 
 
 def _transposed_parameter(t: Any) -> nn.Parameter | None:
