@@ -264,12 +264,17 @@ def test_hf_architectures_read_from_their_forward_agree_with_their_own_adapter(a
     assert found.loss == pytest.approx(own.loss, rel=1e-12)
 
 
-def _bloom():
+def _bloom():  # fused_qkv.view(B, T, H, 3, hd): q = [..., 0, :], k = [..., 1, :], v = [..., 2, :]
     cfg = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4)
-    return cfg, "transformer.h.{}.self_attention.query_key_value.weight"
+    rows = torch.arange(3 * 32).view(4, 3, 8)
+    return (
+        cfg,
+        "transformer.h.{}.self_attention.query_key_value.weight",
+        [rows[:, i].flatten() for i in range(3)],
+    )
 
 
-def _falcon():  # multi-query: one key and one value head; its FalconLinear forms x @ W.T itself
+def _falcon():  # multi-query; fused_qkv.view(B, T, H + 2, hd).split([H, 1, 1], dim=-2); FalconLinear: x @ W.T
     cfg = transformers.FalconConfig(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -278,35 +283,56 @@ def _falcon():  # multi-query: one key and one value head; its FalconLinear form
         multi_query=True,
         alibi=True,
     )
-    return cfg, "transformer.h.{}.self_attention.query_key_value.weight"
+    rows = torch.arange(32 + 2 * 8)
+    return cfg, "transformer.h.{}.self_attention.query_key_value.weight", [rows[:32], rows[32:40], rows[40:]]
 
 
+def _bigcode():  # multi-query; c_attn(h).split((d, hd, hd), dim=-1)
+    cfg = transformers.GPTBigCodeConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, multi_query=True)
+    rows = torch.arange(32 + 2 * 8)
+    return cfg, "transformer.h.{}.attn.c_attn.weight", [rows[:32], rows[32:40], rows[40:]]
+
+
+def _neox():  # qkv.view(B, T, H, 3·hd).chunk(3, dim=-1): per head [q | k | v]
+    cfg = transformers.GPTNeoXConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
+    rows = torch.arange(3 * 32).view(4, 3, 8)
+    return (
+        cfg,
+        "gpt_neox.layers.{}.attention.query_key_value.weight",
+        [rows[:, i].flatten() for i in range(3)],
+    )
+
+
+@pytest.mark.parametrize("adapter", [TracedAdapter, HFAdapter], ids=["traced", "hf"])
 @pytest.mark.parametrize(
     ("build", "implementation"),
-    [(_bloom, "eager"), (_falcon, "eager"), (_falcon, "sdpa")],
-    ids=["bloom", "falcon-multi-query", "falcon-multi-query-sdpa"],
+    [(_bloom, "eager"), (_falcon, "eager"), (_falcon, "sdpa"), (_bigcode, "sdpa"), (_neox, "eager")],
+    ids=["bloom", "falcon-multi-query", "falcon-multi-query-sdpa", "gpt-bigcode-multi-query", "gpt-neox"],
 )
-def test_fused_parts_are_split_as_the_modeling_source_splits_them(build, implementation):
+def test_fused_parts_are_split_as_the_modeling_source_splits_them(tmp_path, build, implementation, adapter):
     """Bloom's query_key_value is laid out per head as [q, k, v] and its scores come from one baddbmm (ALiBi
     + q·kᵀ) on (batch·heads, T, hd) tensors; multi-query Falcon's is [Q: d | K: hd | V: hd] and its linear is
-    a written-out x @ W.T. The rows of each part are those the modeling source's views and splits take."""
-    cfg, name = build()
+    a written-out x @ W.T; GPTBigCode's c_attn is [Q: d | K: hd | V: hd]; GPT-NeoX's per head [q | k | v].
+    Each part is the rows the modeling source's views and splits take, found from the forward by the adapter
+    found from it and by Hugging Face's (the Monitor's, which recorded the fused matrices whole and no part)."""
+    cfg, name, expected = build()
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=implementation).eval()
-    d, H = cfg.hidden_size, cfg.num_attention_heads
-    hd = d // H
-    if build is _bloom:  # fused_qkv.view(B, T, H, 3, hd): q = [..., 0, :], k = [..., 1, :], v = [..., 2, :]
-        rows = torch.arange(3 * d).view(H, 3, hd)
-        expected = {p: rows[:, i].flatten() for i, p in enumerate("qkv")}
-    else:  # fused_qkv.view(B, T, H + 2, hd).split([H, 1, 1], dim=-2)
-        expected = {"q": torch.arange(d), "k": torch.arange(d, d + hd), "v": torch.arange(d + hd, d + 2 * hd)}
-    adapter = TracedAdapter(model)
+    observer = adapter(model)
     with torch.no_grad():
-        adapter.observe(_ids(2), kinds=("attention",))
-    for layer in range(cfg.num_hidden_layers if build is _falcon else cfg.n_layer):
-        parts = adapter.parts[name.format(layer)]
-        assert {p: r.sort().values.tolist() for p, r in parts.items()} == {
-            p: r.tolist() for p, r in expected.items()
+        observer.observe(_ids(2), kinds=("attention",))
+    layers = [name.format(i) for i in range(2)]
+    for layer in layers:
+        assert {p: r.sort().values.tolist() for p, r in observer.parts[layer].items()} == {
+            p: r.tolist() for p, r in zip("qkv", expected)
         }
+    if adapter is HFAdapter:
+        with Monitor(model, every=1, batch=_ids(2), out=tmp_path / "run") as monitor:
+            ranks = parse_record(monitor(0)).by_matrix("stable_rank")
+        W = model.get_parameter(layers[1]).detach()
+        for p, rows in zip("qkv", expected):
+            assert ranks[f"{layers[1]}[{p}]"] == pytest.approx(_exact_stable_rank(W[rows]), rel=1e-4)
 
 
 def test_a_norm_that_returns_its_scale_is_measured_by_its_formula():
