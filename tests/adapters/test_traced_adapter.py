@@ -773,3 +773,22 @@ def test_torch_multihead_attention_is_measured_from_its_own_projections(need_wei
     assert {p: r.tolist() for p, r in adapter.parts["1.attn.in_proj_weight"].items()} == {
         p: rows[i].tolist() for i, p in enumerate("qkv")
     }
+
+
+def test_torch_multihead_attention_with_keys_that_are_no_token_is_one_line():
+    """add_bias_kv appends a learned key to every sequence: token 1 is no longer the first key, so the sink and
+    the largest logit are named in one line, and the norms measured."""
+    torch.manual_seed(0)
+    block = _TorchBlock(need_weights=False, float_mask=False)
+    block.attn = nn.MultiheadAttention(D, HEADS, batch_first=True, add_bias_kv=True)
+    block.forward = lambda x: (
+        x + block.attn(x, x, x, need_weights=False)[0]
+    )  # no mask: it would need S + 1 keys
+    model = nn.Sequential(nn.Embedding(VOCAB, D), block, nn.LayerNorm(D), nn.Linear(D, VOCAB)).eval()
+    result = measure_activations(model, _ids(2))
+    assert result.not_measured["sink"] == (
+        "1.attn: nn.MultiheadAttention with bias_k, add_zero_attn or static_k attends to keys that are no token, "
+        "so which token is first cannot be read"
+    )
+    assert result.not_measured["max_attention_logit"] == result.not_measured["sink"]
+    assert result.norm_factor and result.loss is None
