@@ -469,3 +469,18 @@ def test_our_moe_experts_are_matrices_of_their_own():
     mats = named_matrices(model)
     assert torch.equal(mats["blocks.0.mlp.down_proj.3"], model.blocks[0].mlp.down_proj[3])
     assert mats["blocks.0.mlp.up_proj.0"].shape == (16, cfg.d_model)
+
+
+def test_compiled_layers_are_measured_as_the_same_layers_uncompiled():
+    """The first observation of attention follows each fused matrix's products through the forward: where a
+    layer is torch.compile'd, that runs eagerly, else the compiled code under the following read every norm's
+    factor as 'Boolean value of Tensor with more than one value is ambiguous'."""
+    llama = next(a for a in ARCHS if a.name == "llama")
+    plain, compiled = model_of(llama), model_of(llama)
+    for layer in compiled.model.layers:
+        layer.compile()
+    ids = ids_of()
+    want, got = measure_activations(plain, ids, ids), measure_activations(compiled, ids, ids)
+    assert got.not_measured == want.not_measured == {}
+    assert got.sink.per_layer == pytest.approx(want.sink.per_layer, rel=1e-6)
+    assert got.norm_factor == pytest.approx(want.norm_factor, rel=1e-6)

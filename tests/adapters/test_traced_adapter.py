@@ -264,6 +264,77 @@ def test_hf_architectures_read_from_their_forward_agree_with_their_own_adapter(a
     assert found.loss == pytest.approx(own.loss, rel=1e-12)
 
 
+def _bloom():  # fused_qkv.view(B, T, H, 3, hd): q = [..., 0, :], k = [..., 1, :], v = [..., 2, :]
+    cfg = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4)
+    rows = torch.arange(3 * 32).view(4, 3, 8)
+    return (
+        cfg,
+        "transformer.h.{}.self_attention.query_key_value.weight",
+        [rows[:, i].flatten() for i in range(3)],
+    )
+
+
+def _falcon():  # multi-query; fused_qkv.view(B, T, H + 2, hd).split([H, 1, 1], dim=-2); FalconLinear: x @ W.T
+    cfg = transformers.FalconConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        multi_query=True,
+        alibi=True,
+    )
+    rows = torch.arange(32 + 2 * 8)
+    return cfg, "transformer.h.{}.self_attention.query_key_value.weight", [rows[:32], rows[32:40], rows[40:]]
+
+
+def _bigcode():  # multi-query; c_attn(h).split((d, hd, hd), dim=-1)
+    cfg = transformers.GPTBigCodeConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, multi_query=True)
+    rows = torch.arange(32 + 2 * 8)
+    return cfg, "transformer.h.{}.attn.c_attn.weight", [rows[:32], rows[32:40], rows[40:]]
+
+
+def _neox():  # qkv.view(B, T, H, 3·hd).chunk(3, dim=-1): per head [q | k | v]
+    cfg = transformers.GPTNeoXConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
+    rows = torch.arange(3 * 32).view(4, 3, 8)
+    return (
+        cfg,
+        "gpt_neox.layers.{}.attention.query_key_value.weight",
+        [rows[:, i].flatten() for i in range(3)],
+    )
+
+
+@pytest.mark.parametrize("adapter", [TracedAdapter, HFAdapter], ids=["traced", "hf"])
+@pytest.mark.parametrize(
+    ("build", "implementation"),
+    [(_bloom, "eager"), (_falcon, "eager"), (_falcon, "sdpa"), (_bigcode, "sdpa"), (_neox, "eager")],
+    ids=["bloom", "falcon-multi-query", "falcon-multi-query-sdpa", "gpt-bigcode-multi-query", "gpt-neox"],
+)
+def test_fused_parts_are_split_as_the_modeling_source_splits_them(tmp_path, build, implementation, adapter):
+    """Bloom's query_key_value is laid out per head as [q, k, v] and its scores come from one baddbmm (ALiBi
+    + q·kᵀ) on (batch·heads, T, hd) tensors; multi-query Falcon's is [Q: d | K: hd | V: hd] and its linear is
+    a written-out x @ W.T; GPTBigCode's c_attn is [Q: d | K: hd | V: hd]; GPT-NeoX's per head [q | k | v].
+    Each part is the rows the modeling source's views and splits take, found from the forward by the adapter
+    found from it and by Hugging Face's (the Monitor's, which recorded the fused matrices whole and no part)."""
+    cfg, name, expected = build()
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=implementation).eval()
+    observer = adapter(model)
+    with torch.no_grad():
+        observer.observe(_ids(2), kinds=("attention",))
+    layers = [name.format(i) for i in range(2)]
+    for layer in layers:
+        assert {p: r.sort().values.tolist() for p, r in observer.parts[layer].items()} == {
+            p: r.tolist() for p, r in zip("qkv", expected)
+        }
+    if adapter is HFAdapter:
+        with Monitor(model, every=1, batch=_ids(2), out=tmp_path / "run") as monitor:
+            ranks = parse_record(monitor(0)).by_matrix("stable_rank")
+        W = model.get_parameter(layers[1]).detach()
+        for p, rows in zip("qkv", expected):
+            assert ranks[f"{layers[1]}[{p}]"] == pytest.approx(_exact_stable_rank(W[rows]), rel=1e-4)
+
+
 def test_a_norm_that_returns_its_scale_is_measured_by_its_formula():
     """HY-V4's hyper-connection input_norm returns rsqrt(mean(x²) + ε), one number per row, not a normed
     row: its factor over the ideal 1/σ is σ/√(σ² + ε), computed here from each call's input."""
@@ -638,3 +709,86 @@ def test_sdpa_on_3d_tensors_is_one_line_and_the_rest_measured():
     assert result.not_measured["max_attention_logit"] == result.not_measured["sink"]  # one call, one reason
     assert result.not_measured["sink"].startswith("stack.0.mix: scaled_dot_product_attention on 3-d queries")
     assert result.residual_flow is not None and result.norm_factor
+
+
+class _TorchBlock(nn.Module):
+    """A pre-norm block whose attention is torch's nn.MultiheadAttention (in_proj_weight: [W_q | W_k | W_v])."""
+
+    def __init__(self, need_weights: bool, float_mask: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(D)
+        self.attn = nn.MultiheadAttention(D, HEADS, batch_first=True)
+        self.need_weights, self.float_mask = need_weights, float_mask
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        L = x.shape[1]
+        mask = nn.Transformer.generate_square_subsequent_mask(L) if self.float_mask else None
+        mask = torch.ones(L, L, dtype=torch.bool).triu(1) if mask is None else mask  # True / −inf: blocked
+        h = self.norm(x)
+        return x + self.attn(h, h, h, attn_mask=mask, need_weights=self.need_weights)[0]
+
+
+@pytest.mark.parametrize(
+    ("need_weights", "float_mask", "training"),
+    [(False, False, False), (True, True, False), (False, True, True)],
+    ids=["sdpa-bool-mask", "weights-float-mask", "train-mode"],
+)
+def test_torch_multihead_attention_is_measured_from_its_own_projections(need_weights, float_mask, training):
+    """nn.MultiheadAttention's forward reaches a torch function mode as one call (multi_head_attention_forward),
+    which hid its SDPA or softmax: the sink was 'no softmax attention' on a model made of nothing else. Its
+    sink, largest logit and the parts of in_proj_weight against q and k projected here by hand."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(VOCAB, D), _TorchBlock(need_weights, float_mask))
+    model.append(_TorchBlock(need_weights, float_mask)).append(nn.LayerNorm(D)).append(nn.Linear(D, VOCAB))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(4)  # attention far from uniform
+    model.train(training)
+    ids = _ids(2)
+    inputs = []
+    hooks = [b.attn.register_forward_pre_hook(lambda _m, a: inputs.append(a[0])) for b in model[1:3]]
+    result = measure_activations(model, ids)
+    for h in hooks:
+        h.remove()
+    assert result.not_measured == {}
+    sinks, logits = [], []
+    for block, x in zip(model[1:3], inputs):
+        W, b = block.attn.in_proj_weight, block.attn.in_proj_bias
+        q, k = (F.linear(x, W[i * D : (i + 1) * D], b[i * D : (i + 1) * D]) for i in range(2))
+        q, k = (t.view(2, T, HEADS, D // HEADS).transpose(1, 2) for t in (q, k))
+        s = (q @ k.transpose(-1, -2) / math.sqrt(D // HEADS)).masked_fill(
+            torch.ones(T, T, dtype=torch.bool).triu(1), -torch.inf
+        )
+        sinks.append(s.softmax(-1)[:, :, 1:, 0].mean().item())
+        logits.append(s.max().item())
+    assert result.sink.layers == ("1.attn", "2.attn")
+    np.testing.assert_allclose(result.sink.per_layer, sinks, rtol=1e-5)
+    np.testing.assert_allclose(result.max_attention_logit, logits, rtol=1e-5)
+    assert min(logits) > 5  # far from uniform attention, so a wrong key, mask or scale would show
+    adapter = TracedAdapter(model)
+    with torch.no_grad():
+        adapter.observe(ids, kinds=("attention",))
+    rows = torch.arange(3 * D).view(3, D)
+    assert {p: r.tolist() for p, r in adapter.parts["1.attn.in_proj_weight"].items()} == {
+        p: rows[i].tolist() for i, p in enumerate("qkv")
+    }
+
+
+def test_torch_multihead_attention_with_keys_that_are_no_token_is_one_line():
+    """add_bias_kv appends a learned key to every sequence: token 1 is no longer the first key, so the sink and
+    the largest logit are named in one line, and the norms measured."""
+    torch.manual_seed(0)
+    block = _TorchBlock(need_weights=False, float_mask=False)
+    block.attn = nn.MultiheadAttention(D, HEADS, batch_first=True, add_bias_kv=True)
+    block.forward = lambda x: (
+        x + block.attn(x, x, x, need_weights=False)[0]
+    )  # no mask: it would need S + 1 keys
+    model = nn.Sequential(nn.Embedding(VOCAB, D), block, nn.LayerNorm(D), nn.Linear(D, VOCAB)).eval()
+    result = measure_activations(model, _ids(2))
+    assert result.not_measured["sink"] == (
+        "1.attn: nn.MultiheadAttention with bias_k, add_zero_attn or static_k attends to keys that are no token, "
+        "so which token is first cannot be read"
+    )
+    assert result.not_measured["max_attention_logit"] == result.not_measured["sink"]
+    assert result.norm_factor and result.loss is None

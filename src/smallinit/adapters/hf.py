@@ -16,7 +16,9 @@ does not have is named in ``Observed.missing`` (one line each), so the rest is s
   logit soft-cap and learned sinks it is called with, then calls the backend unchanged. Attention outside
   the interface (Falcon, RoFormer, Bloom …) or with a position bias is read instead from the probabilities
   the eager path returns (output_attentions, a second forward); a model that has neither (state-space,
-  linear attention) has no sink score.
+  linear attention) has no sink score;
+* the parts of a fused q/k/v matrix (sources.py), followed from its product to the attention on the first
+  observation of attention, so the Monitor records each part as the modeling source splits it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from torch import nn
 from smallinit.adapters.eager import EagerMasks
 from smallinit.adapters.hooks import observe_by_hooks
 from smallinit.adapters.protocol import AttentionInputs, NormForm, Observed, check_kinds, readable_norm_forms
+from smallinit.adapters.sources import Following, Sources, run_eagerly
 from smallinit.errors import ModelError
 from smallinit.model.loss import cross_entropy
 
@@ -53,6 +56,9 @@ class HFAdapter:
         except ModelError as e:  # the residual stream cannot be observed; everything else still can
             self.blocks, self.no_blocks = [], str(e)
         self.no_attention: str | None = None  # once a model returned no probabilities, it is not asked again
+        # the rows of each fused q/k/v matrix that make each part, learnt on the first observation of attention
+        # (following them keeps the forward's products alive)
+        self.parts: dict[str, dict[str, torch.Tensor]] | None = None
 
     def norms(self) -> dict[str, NormForm]:
         """The form of each norm whose ε and form can be read (observe() names the others when asked)."""
@@ -62,9 +68,16 @@ class HFAdapter:
         self, tokens: torch.Tensor, targets: torch.Tensor | None = None, kinds: Collection[str] = ()
     ) -> Observed:
         kinds = check_kinds(kinds)
+        sources = Sources(self.module, following=self.parts is None and "attention" in kinds)
 
-        def recording(attention: list[AttentionInputs], problems: list[str]):
-            return recording_attention(self.module, attention, problems)
+        @contextlib.contextmanager
+        def recording(attention: list[AttentionInputs], problems: list[str]) -> Iterator[None]:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(recording_attention(self.module, attention, problems))
+                if sources.following:  # compiled regions run as written: a kernel hides its products
+                    stack.enter_context(run_eagerly())
+                    stack.enter_context(Following(sources))
+                yield
 
         out, problems = observe_by_hooks(
             self.module,
@@ -74,6 +87,8 @@ class HFAdapter:
             lambda: self.module(input_ids=tokens, use_cache=False).logits,
             recording,
         )
+        if sources.following:
+            self.parts = sources.parts
         if targets is not None:
             out.loss = cross_entropy(out.logits.flatten(0, 1), targets.flatten())
         if "attention" in kinds and (problems or not out.attention):

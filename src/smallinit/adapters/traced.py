@@ -46,6 +46,7 @@ from smallinit.adapters.protocol import (
     readable_norm_forms,
     score_modded,
 )
+from smallinit.adapters.sources import Sources, run_eagerly
 from smallinit.adapters.stream import residual_blocks
 from smallinit.errors import ModelError
 from smallinit.model.loss import cross_entropy
@@ -96,7 +97,7 @@ class TracedAdapter:
         kinds = check_kinds(kinds)
         T = tokens.shape[-1]
 
-        sources, notes = _Sources(self.module, following=self.parts is None and "attention" in kinds), []
+        sources, notes = Sources(self.module, following=self.parts is None and "attention" in kinds), []
         if _compiled(self.module):
             notes.append("torch.compile'd modules run eagerly while measuring")
 
@@ -146,7 +147,7 @@ class TracedAdapter:
         name = type(self.module).__name__
         try:
             # torch.compile'd regions run as written: a compiled kernel hides its calls from the recording
-            with _eager():
+            with run_eagerly():
                 out = self._forward(tokens)
         except (
             TypeError,
@@ -198,7 +199,7 @@ def recording_attention_calls(
     T: int,
     records: list[AttentionInputs],
     problems: list[str],
-    sources: _Sources,
+    sources: Sources,
     notes: list[str],
 ) -> Iterator[None]:
     """While inside, every softmax attention call the forward makes is recorded in ``records`` (named by the
@@ -241,7 +242,7 @@ class _AttentionMode(TorchFunctionMode):
         records: list[AttentionInputs],
         problems: list[str],
         where: Callable[[], str],
-        sources: _Sources,
+        sources: Sources,
         notes: list[str],
     ):
         super().__init__()
@@ -253,9 +254,11 @@ class _AttentionMode(TorchFunctionMode):
         out = func(*args, **kwargs)
         if func is F.scaled_dot_product_attention:
             self.sdpa(*args, **kwargs)
+        elif func is F.multi_head_attention_forward:
+            self.multi_head(**_MHA.bind(*args, **kwargs).arguments)
         elif (scores := attention_scores(func, args, kwargs, self.T)) is not None:
             self.softmax(scores, out)
-        self.sources.products(func, args)
+        self.sources.products(func, args, kwargs)
         self.sources.follow(func, args, kwargs, out)
         return out
 
@@ -284,6 +287,39 @@ class _AttentionMode(TorchFunctionMode):
                 scale=scale,
             )
         )
+
+    def multi_head(self, query, key, value, num_heads, in_proj_weight, in_proj_bias, **kw) -> None:
+        """nn.MultiheadAttention's call: it reaches this mode as one function, so the projections, SDPA or
+        softmax inside it are never seen; its queries and keys are rebuilt from its arguments by torch's own
+        in-projection, the keys a query may see from its masks."""
+        if kw.get("bias_k") is not None or kw.get("add_zero_attn") or kw.get("static_k") is not None:
+            self.problems.append(
+                f"{self.where()}: nn.MultiheadAttention with bias_k, add_zero_attn or static_k attends to keys "
+                "that are no token, so which token is first cannot be read"
+            )
+            return
+        if query.dim() == 2:  # unbatched (T, E)
+            query, key, value = query[:, None], key[:, None], value[:, None]
+        (T, B, E), S, hd = query.shape, key.shape[0], query.shape[-1] // num_heads
+        if kw.get("use_separate_proj_weight"):
+            b = (None,) * 3 if in_proj_bias is None else in_proj_bias.chunk(3)
+            q, k, _ = F._in_projection(
+                query, key, value, kw["q_proj_weight"], kw["k_proj_weight"], kw["v_proj_weight"], *b
+            )
+        else:  # in_proj_weight holds [W_q | W_k | W_v]
+            q, k, _ = F._in_projection_packed(query, key, value, in_proj_weight, in_proj_bias)
+            self.sources.known(in_proj_weight, torch.arange(3 * E).view(3, E))
+        q = q.reshape(T, B, num_heads, hd).permute(1, 2, 0, 3)
+        k = k.reshape(S, B, num_heads, hd).permute(1, 2, 0, 3)
+        # its masks as it reads them (its is_causal is a hint that comes with a causal attn_mask)
+        mask = torch.zeros(B, num_heads, T, S, device=q.device)
+        if (given := kw.get("attn_mask")) is not None:  # (T, S) or (B·heads, T, S)
+            mask = mask + (
+                _additive(given).view(B, num_heads, T, S) if given.dim() == 3 else _additive(given)
+            )
+        if (given := kw.get("key_padding_mask")) is not None:  # (B, S)
+            mask = mask + _additive(given).view(B, 1, 1, S)
+        self.records.append(AttentionInputs(name=self.where(), q=q.detach(), k=k.detach(), mask=mask))
 
     def softmax(self, scores: torch.Tensor, out: torch.Tensor) -> None:
         self.records.append(AttentionInputs(name=self.where(), probs=out.detach(), mask=visible(scores)))
@@ -359,107 +395,14 @@ def _flex_math(q, k, v, score_mod, mask, scale, return_lse=False, kernel_options
     return (out, lse) if return_lse else out
 
 
-class _Sources:
-    """Which rows of which weight matrix (out × in) each tensor of the forward is made of, followed from the
-    matrix's product through views (rows read off the strides), splits and element-wise steps (position
-    encoding, per-head norms) for a few ops; at an attention call, a matrix whose rows make the queries, keys
-    and values alike is a fused one, and its parts are those rows (any layout: blocks or interleaved heads)."""
-
-    DEPTH = 24  # ops a source is followed through: enough for position encoding, not the whole network
-
-    def __init__(self, model: nn.Module, following: bool = True):
-        self.model, self.following = model, following
-        self.names = {id(p): n for n, p in model.named_parameters()}
-        # storage → (matrix name, rows of a product's output (None: read them off the view's strides) or
-        # the rows a derived tensor is made of, the product's width, ops since the product)
-        self.seen: dict[int, tuple[str, torch.Tensor | None, int, int]] = {}
-        self.parts: dict[str, dict[str, torch.Tensor]] = {}
-        self.scores: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # matrix → rows of eager q and k
-        self.alive: list[torch.Tensor] = []  # what is followed stays alive, so no storage is reused meanwhile
-
-    def follow(self, func, args, kwargs, out) -> None:
-        if not self.following:
-            return
-        weight = None
-        if func is F.linear and len(args) > 1:
-            weight = args[1]
-        elif func is torch.addmm and len(args) > 2:  # GPT-2's Conv1D: x @ W, W stored (in, out)
-            weight = args[2]
-        if isinstance(weight, nn.Parameter) and id(weight) not in self.names:
-            # FSDP2 swaps a block's unsharded parameters in for its forward: the names are those of now
-            self.names = {id(p): n for n, p in self.model.named_parameters()}
-        if (
-            isinstance(weight, nn.Parameter)
-            and id(weight) in self.names
-            and isinstance(out, torch.Tensor)
-            and _storage(out) is not None
-        ):
-            self.seen[_storage(out)] = (self.names[id(weight)], None, int(out.shape[-1]), 0)
-            self.alive.append(out)
-            return
-        found = [src for t in _tensors(args, kwargs) if (src := self.source(t)) is not None]
-        if not found or len({name for name, _, _ in found}) != 1 or min(d for *_, d in found) >= self.DEPTH:
-            return
-        name, depth = found[0][0], min(d for *_, d in found) + 1
-        rows = torch.unique(torch.cat([r for _, r, _ in found]))
-        for o in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(o, torch.Tensor) and _storage(o) not in self.seen and _storage(o) is not None:
-                self.seen[_storage(o)] = (name, rows, 0, depth)
-                self.alive.append(o)
-
-    def source(self, t: torch.Tensor) -> tuple[str, torch.Tensor, int] | None:
-        """(matrix name, the rows of it ``t`` is made of, ops since its product)."""
-        key = _storage(t)
-        entry = None if key is None else self.seen.get(key)
-        if entry is None:
-            return None
-        name, rows, width, depth = entry
-        if rows is None:  # a view of the product: the rows its elements sit at
-            index = torch.tensor(t.storage_offset())
-            for size, stride in zip(t.shape, t.stride()):
-                if stride % width:
-                    index = (index[..., None] + torch.arange(size) * stride).flatten()
-            rows = torch.unique(index % width)
-        return name, rows, depth
-
-    MATMUL = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm}
-
-    def products(self, func, args) -> None:
-        """Eager attention's two products: scores q·kᵀ of one matrix's rows (kept by matrix), then the weights
-        times v, whose rows of the same matrix, with the scores', are the attention's inputs."""
-        if not self.following or func not in self.MATMUL or len(args) < 2:
-            return
-        a, b = (self.source(t) if isinstance(t, torch.Tensor) else None for t in args[:2])
-        if b is not None and b[0] in self.scores:  # the weights (made of the scores) times v
-            q, k = self.scores.pop(b[0])
-            self._fused(b[0], [q, k, b[1]])
-        elif a is not None and b is not None and a[0] == b[0]:
-            self.scores[a[0]] = (a[1], b[1])
-
-    def attention_inputs(self, q, k, v) -> None:
-        if not self.following:
-            return
-        found = [self.source(t) if isinstance(t, torch.Tensor) else None for t in (q, k, v)]
-        if any(f is None for f in found) or len({f[0] for f in found}) != 1:
-            return
-        self._fused(found[0][0], [f[1] for f in found])
-
-    def _fused(self, name: str, rows: list[torch.Tensor]) -> None:
-        if sum(len(r) for r in rows) == len(torch.unique(torch.cat(rows))):  # disjoint: one fused matrix
-            self.parts[name] = dict(zip("qkv", rows))
+_MHA = inspect.signature(F.multi_head_attention_forward)
 
 
-def _storage(t: torch.Tensor) -> int | None:
-    try:
-        return t.untyped_storage()._cdata
-    except (NotImplementedError, RuntimeError):  # a tensor without storage (vmap's, a fake or sparse one)
-        return None
-
-
-def _tensors(args, kwargs) -> list[torch.Tensor]:
-    flat = [*args, *kwargs.values()]
-    flat += [x for a in args if isinstance(a, (tuple, list)) for x in a]
-    return [t for t in flat if isinstance(t, torch.Tensor)]
+def _additive(mask: torch.Tensor) -> torch.Tensor:
+    """A mask of torch's attention modules as scores to add: True (bool) blocks, as −inf; a float one is added."""
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, device=mask.device).masked_fill(mask, -torch.inf)
+    return mask.float()
 
 
 def _record_flex(mode: _AttentionMode, q, k, score_mod, block_mask, scale) -> torch.Tensor | None:
@@ -509,15 +452,6 @@ def _as_logits(out: Any, shape: tuple[int, ...], vocab: int | None) -> torch.Ten
         ]
         logits = fits[0] if len(fits) == 1 else None
     return logits if isinstance(logits, torch.Tensor) else None
-
-
-def _eager() -> contextlib.AbstractContextManager:
-    """Compiled code run eagerly inside; nothing to do where torch.compile was never imported."""
-    return (
-        torch.compiler.set_stance("force_eager")
-        if "torch._dynamo" in sys.modules
-        else contextlib.nullcontext()
-    )
 
 
 def _compiled(model: nn.Module) -> bool:
