@@ -288,6 +288,19 @@ def test_a_bad_recipe_table_is_one_line(tmp_path, capsys, meta, message):
     assert message in err and err.count("\n") == 1
 
 
+def test_a_training_config_given_as_a_recipe_or_sweep_says_what_it_is(tmp_path, capsys):
+    """examples/cpu-run.toml given to `recipe`, `plan` or `sweep`: one line naming it a training config and the
+    command that trains it, rather than "unknown section [data]"; nothing is written."""
+    config = ROOT / "examples" / "cpu-run.toml"
+    out = ["--out", str(tmp_path / "out")]
+    for argv in (["recipe", str(config), *out], ["plan", str(config)], ["sweep", str(config), *out]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is a training config ([data], [model], [train])" in err, err
+        assert "smallinit train --config FILE" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_plan_json_and_plan_flags(tmp_path, capsys):
     recipe = tiny_recipe(tmp_path)
     assert (
