@@ -382,3 +382,14 @@ def test_norm_factors_alone_between_the_full_measurements(tmp_path):
     data = load_token_data(str(corpus), load_tokenizer("bytes"), val_fraction=0.05)
     x, _ = next(iter_eval_batches(data.val, 4, 32, 1))
     assert measured_norm_factors(load_model(run), x) == pytest.approx(norms[6], rel=1e-5)
+
+
+def test_the_library_section_of_analysis_md_imports_what_it_lists():
+    """docs/analysis.md, "Library": its import block names functions that exist (it had named a removed one)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "analysis.md").read_text(encoding="utf-8")
+    section = text[text.index("## Library") : text.index("## Choices")]
+    (code,) = re.findall(r"^```python\n(.*?)^```$", section, re.S | re.M)
+    exec(compile(code, "docs/analysis.md", "exec"), {})

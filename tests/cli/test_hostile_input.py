@@ -434,7 +434,13 @@ def test_cli_arguments_exit_0_or_one_line_2(command, rest, tmp_path_factory):
 def test_cli_errors_in_a_real_process(tmp_path):
     """Exit codes and stderr as a shell sees them: an argparse and a corpus error, one line each."""
     cases = [
-        (["train", "--no-such-flag"], "unrecognized arguments"),
+        # refused by the command it was given to, with that command's help, where the flag would be listed
+        (
+            ["train", "--no-such-flag"],
+            "smallinit train: error: unrecognized arguments: --no-such-flag; see smallinit train --help",
+        ),
+        (["tokenizer", "train", "c", "--out", "t", "--bogus"], "see smallinit tokenizer train --help"),
+        (["--bogus"], "smallinit: error: unrecognized arguments: --bogus; see smallinit --help"),
         (["train", "--out", str(tmp_path / "r"), *sets(*TINY, f"data.corpus={tmp_path}")], "has no .txt"),
     ]
     for argv, words in cases:

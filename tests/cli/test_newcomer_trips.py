@@ -1,6 +1,7 @@
 """What a newcomer trips over first, each answered by one line that says what to do: a γ given as text, an ε
 with no norm to go to, a tokenizer hint that suggests what cannot fit, a demo folder on top of a run's, the
-report screenshot outside smallinit's environment."""
+report screenshot outside smallinit's environment; and output piped into a reader that stops early, which is no
+error and says nothing."""
 
 from __future__ import annotations
 
@@ -113,3 +114,19 @@ def test_the_screenshot_script_says_which_python_it_needs(tmp_path):
         text=True,
     )
     assert "no Python with Pillow" not in out.stderr
+
+
+def test_output_piped_into_a_reader_that_stops_early_is_no_error():
+    """`smallinit info | head -1`: head leaves after one line; that is no disk, permission or path error."""
+    read, write = os.pipe()
+    os.close(read)  # the reader has left before the first line is written
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "smallinit", "info", "--preset", "cpu-1m"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        os.close(write)
+    assert out.stderr == "" and out.returncode == 141, out.stderr

@@ -1,5 +1,6 @@
 """The model against independent computations: plain attention, complex-number RoPE, causality, ε, GQA."""
 
+import itertools
 import math
 
 import pytest
@@ -215,3 +216,48 @@ def test_built_on_meta_draws_nothing_then_matches_a_cpu_build(preset, overrides)
         assert torch.equal(dict(m.named_buffers())[name], buf), name
     x = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(0))
     assert torch.equal(m(x).logits, cpu(x).logits)
+
+
+def _doc_table(path: str, heading: str) -> list[list[str]]:
+    """The rows of the first table under ``heading`` in ``path``, cells stripped of backticks."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / path).read_text(encoding="utf-8")
+    lines = text[text.index(heading) :].splitlines()
+    start = (
+        next(i for i, line in enumerate(lines) if line.startswith("|")) + 2
+    )  # past the header and its rule
+    rows = itertools.takewhile(lambda line: line.startswith("|"), lines[start:])
+    return [[c.strip().strip("`") for c in row.strip("|").split("|")] for row in rows]
+
+
+def test_the_preset_tables_of_the_readme_and_moe_md_are_what_the_models_count():
+    """README.md's and docs/moe.md's preset tables: each shape and count is the preset's own (they name
+    `smallinit info` / `num_params` as their source)."""
+    readme = _doc_table("README.md", "## Model presets")
+    assert len(readme) == 8
+    for name, d, layers, heads, d_ff, shown in readme:
+        cfg = ModelConfig.preset(name.split()[0])
+        assert [cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_ff] == [
+            int(d),
+            int(layers),
+            int(heads),
+            int(d_ff),
+        ]
+        with torch.device("meta"):
+            n = Transformer(cfg, init=False).num_params() / 1e6
+        value = shown.removesuffix(" M")
+        decimals = len(value.partition(".")[2])
+        assert abs(float(value) - n) <= 0.5 * 10**-decimals, (name, shown, n)
+    moe = _doc_table("docs/moe.md", "## Presets")
+    assert len(moe) == 4
+    for name, d, layers, heads, experts, top_k, d_expert, total, active in moe:
+        cfg = ModelConfig.preset(name)
+        shape = [cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.moe.num_experts, cfg.moe.top_k, cfg.moe.d_expert]
+        assert shape == [int(x) for x in (d, layers, heads, experts, top_k, d_expert)], name
+        with torch.device("meta"):
+            m = Transformer(cfg, init=False)
+        assert [m.num_params(), m.num_params(active=True)] == [
+            int(total.replace(",", "")),
+            int(active.replace(",", "")),
+        ]

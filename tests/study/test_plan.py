@@ -85,6 +85,14 @@ def test_tokens_flops_and_time_by_hand(tmp_path):
     assert by_rate.wall_s == pytest.approx(4 * 10 * 4 * T / 640)
 
 
+def test_a_headline_priced_by_flops_on_the_cpu_says_it_was_not_timed(tmp_path):
+    """`smallinit recipes` and `recipe`'s [plan] line: the FLOPs' price of a CPU design (the full demo's 3 min,
+    which took 13 min on an idle machine) is said to be untimed, with the command that times it."""
+    cpu = plan_recipe(tiny_recipe(tmp_path), "s", Hardware.make("cpu", 2, mfu=0.5)).headline()
+    assert "(untimed, at MFU 50% of" in cpu and "smallinit plan times it on this machine" in cpu
+    assert "untimed" not in plan_recipe(tiny_recipe(tmp_path), "s", Hardware.make("h100", 8)).headline()
+
+
 def test_gpu_time_uses_the_peak_table(tmp_path):
     plan = plan_recipe(tiny_recipe(tmp_path), "s", Hardware.make("a100", 4, mfu=0.25))
     assert plan.wall_s == pytest.approx(plan.flops / (4 * 312e12 * 0.25))
@@ -280,6 +288,19 @@ def test_a_bad_recipe_table_is_one_line(tmp_path, capsys, meta, message):
     assert message in err and err.count("\n") == 1
 
 
+def test_a_training_config_given_as_a_recipe_or_sweep_says_what_it_is(tmp_path, capsys):
+    """examples/cpu-run.toml given to `recipe`, `plan` or `sweep`: one line naming it a training config and the
+    command that trains it, rather than "unknown section [data]"; nothing is written."""
+    config = ROOT / "examples" / "cpu-run.toml"
+    out = ["--out", str(tmp_path / "out")]
+    for argv in (["recipe", str(config), *out], ["plan", str(config)], ["sweep", str(config), *out]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is a training config ([data], [model], [train])" in err, err
+        assert "smallinit train --config FILE" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_plan_json_and_plan_flags(tmp_path, capsys):
     recipe = tiny_recipe(tmp_path)
     assert (
@@ -372,7 +393,9 @@ def test_a_cpu_plan_is_timed_on_this_machine():
     assert sorted(timing.cells) == sorted(f"{c.sweep}/{c.cell}" for c in plan.cells)
     assert all(s > 0 for s in timing.cells.values()) and plan.wall_s == timing.wall_s
     assert plan.wall_s == pytest.approx(sum(timing.cells.values()) / timing.jobs)
-    assert "timed on this machine: 2 kind(s) of cell" in format_plan(plan)
+    assert (
+        "timed on this machine: 2 kind(s) of cell" in format_plan(plan) and "untimed" not in plan.headline()
+    )
     assert plan_recipe("demo", "micro", hw).timing is None
     other = plan_recipe("demo", "micro", Hardware.make("cpu", hw.devices + 1), timed=True)
     assert other.timing is None and any("priced by FLOPs" in n for n in other.notes)

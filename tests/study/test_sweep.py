@@ -90,6 +90,10 @@ def test_same_folder_name_is_refused():
         ('[grid]\n"model.gamma" = 0.5\n', "non-empty list"),
         ('[grid]\n"model.gamma" = []\n', "non-empty list"),
         ('[grids]\n"model.gamma" = [1]\n', "unknown section [grids]"),
+        (
+            "[model]\ngamma = 1.0\n[train]\nsteps = 5\n",
+            "is a training config ([model], [train]), not a sweep",
+        ),
         ('[sweep]\nnmae = "x"\n', "unknown key sweep.nmae"),
         ('[grid]\n"model.gamam" = [1.0]\n', "unknown config key model.gamam"),
         ('[grid]\n"model.gamma" = [1.0, -1.0]\n', "model.gamma must be > 0"),

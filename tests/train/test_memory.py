@@ -152,3 +152,16 @@ def test_activation_estimate_matches_saved_tensors_under_bf16_autocast(shape):
     assert activation_bytes_per_token(cfg, 2) * 4 * 32 == pytest.approx(measured, rel=0.05)
     params = sum(p.numel() for p in Transformer(cfg, seed=0).parameters())
     assert 0 < casts <= 2 * params  # autocast's weight copies: within the estimate's 2P
+
+
+def test_the_memory_table_of_distributed_md_is_what_the_command_it_names_prints():
+    """docs/distributed.md quotes `memory_table()`'s output: it must change when the estimate does."""
+    import re
+    from pathlib import Path
+
+    from smallinit.train.memory import memory_table
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "distributed.md").read_text(encoding="utf-8")
+    assert "from smallinit.train.memory import memory_table; print(memory_table())" in doc
+    shown = re.search(r"^```\n(per GPU, GiB.*?)^```$", doc, re.S | re.M)
+    assert shown is not None and shown.group(1) == memory_table() + "\n"

@@ -54,6 +54,18 @@ def test_resume_of_a_finished_run_keeps_everything(tmp_path, capsys):
         and out.out.count("\n") == 1
     )
     assert "done" not in out.out and "resumed" not in out.err  # not "resumed from step 6 ... done"
+    # the way to train longer is one a cosine run allows: a new run from its weights, not a longer --resume
+    assert f"--init-from {run} --set train.steps=N" in out.out and "--resume --set" not in out.out
+
+
+def test_a_finished_run_whose_schedule_lengthens_is_told_to_resume_longer(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), *sets("train.steps=4", 'train.schedule="constant"')]) == 0
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume"]) == 0
+    hint = capsys.readouterr().out
+    assert f"smallinit train --out {run} --resume --set train.steps=N (N > 4)" in hint, hint
+    assert main(["train", "--out", str(run), "--resume", "--set", "train.steps=6"]) == 0  # the hint runs
 
 
 def test_cosine_run_refuses_to_extend_and_says_the_way_out(tmp_path, capsys):

@@ -53,7 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a reader that left (`smallinit info | head`) shows here, not at exit
+        return code
+    except BrokenPipeError:  # the reader of the output left: nothing went wrong here, nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at Python's flush on exit
+        return 141  # as the shell reports a writer stopped by SIGPIPE
     except SmallinitError as e:
         one_line = str(e).replace("\r", "\\r").replace("\n", "\\n")  # a file name may hold a newline
         kind = "" if isinstance(e, Preempted) else "error: "  # a stop that was asked for is not an error

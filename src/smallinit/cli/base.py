@@ -23,6 +23,24 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **{"formatter_class": _Usage, **kwargs})
 
+    def parse_args(self, args=None, namespace=None):
+        """An unknown flag is refused by the command it was given to, pointing to that command's --help (argparse
+        refuses it at the top, pointing to `smallinit --help`, which lists no command's flags)."""
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            self._chosen(parsed).error(f"unrecognized arguments: {' '.join(unknown)}")
+        return parsed
+
+    def _chosen(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        """The innermost command the arguments chose (``smallinit tokenizer train``: tokenizer's train)."""
+        parser: argparse.ArgumentParser = self
+        while True:
+            sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+            name = getattr(parsed, sub.dest, None) if sub else None
+            if name is None:
+                return parser
+            parser = sub.choices[name]
+
     def error(self, message: str):
         """One line and exit 2, like every other user error (argparse would print the usage first)."""
         self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")

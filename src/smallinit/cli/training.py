@@ -52,9 +52,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         trainer.close()
         shutdown()
         if trainer.runtime.is_main:
+            how = (
+                f"smallinit train --out {out} --resume --set train.steps=N (N > {trainer.step})"
+                if trainer.lengthens
+                else f"its {trainer.cfg.train.schedule} schedule has run its course, so start a new run from its "
+                f"weights: smallinit train --out NEW_RUN --init-from {out} --set train.steps=N (docs/config.md)"
+            )
             print(
-                f"nothing trained: {out} already reached train.steps={trainer.step}; to train longer: smallinit "
-                f"train --out {out} --resume --set train.steps=N (N > {trainer.step})"
+                f"nothing trained: {out} already reached train.steps={trainer.step}; to train longer: {how}"
             )
         return 0
     if trainer.runtime.is_main:

@@ -210,6 +210,11 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return peak + (floor - peak) * t
 
 
+def first_changed_lr(old: TrainConfig, new: TrainConfig, step: int) -> int | None:
+    """The first of steps 0 … step − 1 that the two schedules give different learning rates (None: none)."""
+    return next((s for s in range(step) if lr_at(s, old) != lr_at(s, new)), None)
+
+
 def wsd_decay_start(cfg: TrainConfig) -> int:
     """The first step of a WSD schedule's decay; every step after warmup and before it is at the peak."""
     return cfg.steps - max(1, round(cfg.decay_frac * cfg.steps))

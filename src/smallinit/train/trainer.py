@@ -8,6 +8,7 @@ number of ranks), and nothing else draws random numbers.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -49,6 +50,7 @@ from smallinit.train.moe_log import RouterLog, has_moe
 from smallinit.train.optim import (
     OPTIMIZER_FILE,
     build_optimizer,
+    first_changed_lr,
     lr_at,
     optimizer_split,
     set_lr,
@@ -246,7 +248,7 @@ class Trainer:
                 f"--resume: train.steps={new.steps} is below step {step}, which the run has reached; "
                 f"pass train.steps ≥ {step}"
             )
-        changed = next((s for s in range(step) if lr_at(s, planned) != lr_at(s, new)), None)
+        changed = first_changed_lr(planned, new, step)
         if changed is None:
             return
         why = {
@@ -370,6 +372,13 @@ class Trainer:
     def finished(self) -> bool:
         """Whether the run already reached train.steps (a resumed finished run: fit would train nothing)."""
         return self.step >= self.cfg.train.steps
+
+    @property
+    def lengthens(self) -> bool:
+        """Whether ``--resume`` with a larger train.steps may continue this run: every step taken keeps its
+        learning rate (a constant schedule, a WSD run before its decay, a cosine run still in warmup)."""
+        longer = dataclasses.replace(self.cfg.train, steps=self.cfg.train.steps + 1)
+        return first_changed_lr(self.cfg.train, longer, self.step) is None
 
     def fit(self) -> dict[str, Any]:
         """Train to ``train.steps``. On SIGTERM/SIGINT: finish the step, checkpoint, raise Preempted. The run

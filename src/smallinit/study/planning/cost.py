@@ -109,14 +109,16 @@ class Hardware:
             return tokens / self.tokens_per_s
         return flops / (self.devices * self.peak_flops * self.mfu)
 
+    @property
+    def rate(self) -> str:
+        """The rate the wall time is priced at."""
+        if self.tokens_per_s:
+            return f"{self.tokens_per_s:,.0f} tokens/s"
+        return f"MFU {self.mfu:.0%} of {self.peak_flops / 1e12:g} TFLOP/s"
+
     def describe(self) -> str:
         what = f"{self.devices} CPU cores" if self.kind == "cpu" else f"{self.devices} × {self.kind.upper()}"
-        rate = (
-            f"{self.tokens_per_s:,.0f} tokens/s"
-            if self.tokens_per_s
-            else f"MFU {self.mfu:.0%} of {self.peak_flops / 1e12:g} TFLOP/s"
-        )
-        return f"{what}, {rate} ({self.source})"
+        return f"{what}, {self.rate} ({self.source})"
 
 
 @dataclass

@@ -84,7 +84,10 @@ class Plan:
         )
         if not decided:
             said += ": an illustration, its design decides no claim (smallinit plan shows why)"
-        return f"plan on {where}: {hours(self.wall_s)} wall, {self.device_hours:,.1f} {unit}-hours; {said}"
+        wall = f"{hours(self.wall_s)} wall"
+        if unit == "core" and self.timing is None:  # the FLOPs' price, which priced the demo 5–6× short
+            wall += f" (untimed, at {self.hardware.rate}: smallinit plan times it on this machine)"
+        return f"plan on {where}: {wall}, {self.device_hours:,.1f} {unit}-hours; {said}"
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -59,6 +59,7 @@ from smallinit.study.running import (
     run_sweep,
 )
 from smallinit.study.running.budget import budget_schedule, budget_steps
+from smallinit.study.running.spec import refuse_a_run_config
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 _RECIPE_SECTIONS = ("recipe", "base", "scales")
@@ -128,6 +129,7 @@ def load_recipe(name: str | os.PathLike) -> Recipe:
     except SmallinitError as e:
         raise ExperimentError(str(e).replace("config file", "recipe file")) from None
     unknown = sorted(set(raw) - set(_RECIPE_SECTIONS))
+    refuse_a_run_config(unknown, where, "recipe")
     if unknown:
         raise ExperimentError(
             f"{where}: unknown section [{unknown[0]}]; use [recipe], [base] and [scales.NAME]"

@@ -35,7 +35,7 @@ import itertools
 import os
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +137,15 @@ class Cell:
         }
 
 
+def refuse_a_run_config(sections: list[str], where: str, kind: str) -> None:
+    """A file whose unknown sections are a training config's was given where a sweep or recipe goes: say so."""
+    if sections and set(sections) <= {f.name for f in fields(Config)}:
+        raise ExperimentError(
+            f"{where} is a training config ([{'], ['.join(sections)}]), not a {kind}; train it with smallinit "
+            f'train --config FILE, or put its keys in a {kind}\'s [base] as "section.key" = value'
+        )
+
+
 @dataclass
 class Sweep:
     base: dict[str, Any] = field(default_factory=dict)
@@ -152,6 +161,7 @@ class Sweep:
     def from_dict(raw: dict[str, Any], where: str = "sweep") -> Sweep:
         """Build and check a sweep from a parsed TOML table; ``where`` names it in error messages."""
         unknown = sorted(set(raw) - set(_SECTIONS))
+        refuse_a_run_config(unknown, where, "sweep")
         if unknown:
             raise ExperimentError(
                 f"{where}: unknown section [{unknown[0]}]; use [sweep], [base], [grid], [arms.NAME] and [slurm]"
