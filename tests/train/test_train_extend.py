@@ -163,7 +163,7 @@ def test_terminal_output(tmp_path, caplog):
         "corpus shakespeare",
         "tokenizer bytes (vocab 257)",
         "device: cpu",
-        "threads",
+        "fp32, 1 thread, 1 process" if torch.get_num_threads() == 1 else f"{torch.get_num_threads()} threads",
         str(tmp_path / "run"),
     ):
         assert text in banner, text

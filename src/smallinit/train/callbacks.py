@@ -83,6 +83,7 @@ def banner(trainer: Trainer) -> list[str]:
         "fp32" if trainer.amp_dtype is None else f"{str(trainer.amp_dtype).removeprefix('torch.')} autocast"
     )
     layout = f", {cfg.train.parallel}" if cfg.train.parallel != "none" else ""
+    threads = torch.get_num_threads()
     lines = [
         f"run folder {trainer.run_dir}",
         f"model: {params:,} parameters ({nonembed:,} without embeddings"
@@ -91,7 +92,7 @@ def banner(trainer: Trainer) -> list[str]:
         f"{tokens:,} tokens, {tokens / params:.2f} per parameter, {tokens / nonembed:.2f} per non-embedding parameter",
         f"data: corpus {cfg.data.corpus} ({trainer.data.describe()}), tokenizer {cfg.data.tokenizer} "
         f"(vocab {trainer.tokenizer.vocab_size:,})",
-        f"device: {trainer.runtime.device}, {precision}, {torch.get_num_threads()} threads, "
+        f"device: {trainer.runtime.device}, {precision}, {threads} thread{'s' if threads > 1 else ''}, "
         f"{trainer.runtime.world_size} process{'es' if trainer.runtime.world_size > 1 else ''}{layout}",
     ]
     if cfg.train.optimizer != "adamw":
