@@ -156,6 +156,7 @@ def test_info_shows_the_table_and_refuses_a_role_that_matches_nothing():
     assert re.search(r"blocks\.\*\.attn\.o_proj\.weight +6 \(64, 64\) +output +zeros", r.stdout)
     r = subprocess.run([*run, "--set", 'model.init_scales=["head=zero"]'], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no parameter has role head" in r.stderr
+    assert r.stdout == ""  # refused before the parameter counts, not after them
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["experts", "shared-expert"])

@@ -107,6 +107,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     check_norm_saturation(cfg.model)
     with torch.device("meta"):  # shapes only: counts and the init table without allocating the weights
         model = Transformer(cfg.model, init=False)
+    # the plan first: a bad init scale is refused before anything is printed
+    plan = init_plan(
+        model, cfg.model.gamma, example_inputs=model.example_inputs(), scales=cfg.model.init_scales
+    )
     total, active = model.num_params(), model.num_params(active=True)
     print(
         f"parameters: {total:,} total, {active:,} active, {model.num_params(embeddings=False):,} without embeddings"
@@ -116,9 +120,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         print(describe_memory(cfg, args.num_devices))
         return 0
-    plan = init_plan(
-        model, cfg.model.gamma, example_inputs=model.example_inputs(), scales=cfg.model.init_scales
-    )
     print(plan if args.layers else plan.summary())
     return 0
 
