@@ -154,6 +154,29 @@ def test_the_recipe_named_for_hugging_face_defaults_gamma_init_and_nanochat():
     assert r.roles["head"].sigma == pytest.approx(0.001, rel=0.05)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_an_mlp_as_wide_as_the_vocabulary_is_no_head(tied):
+    """The head is the model's own (its lm_head, tied or not), not every matrix with the vocabulary's output
+    size: with 4·d = vocab, c_fc (vocab × d) had joined the head role (3 matrices for an untied model, a head role
+    of two c_fc for a tied one)."""
+    torch.manual_seed(0)
+    model = GPT(Config(d=48, vocab=192))
+    if tied:
+        model.lm_head.weight = model.wte.weight
+    result = audit(model, torch.randint(0, 192, (2, 16)))
+    roles = {}
+    for r in result.matrices:
+        roles.setdefault(
+            "embedding" if r.kind == "embedding" else "output projections" if r.writes_residual
+            else "head" if r.name == "lm_head.weight" else "matrices", []
+        ).append(r.name)  # fmt: skip
+    assert {role: fit.matrices for role, fit in result.recipe.roles.items()} == {
+        role: len(names) for role, names in roles.items()
+    }
+    assert ("head" in result.recipe.roles) == (not tied)
+    assert sum(r.head for r in result.matrices) == 1
+
+
 def test_torch_s_default_init_is_named_as_such():
     """nn.Linear's own init (uniform in ±1/√d_in, σ = 1/√(3·d_in)) at d_in 48 and 192 reads as fan-in γ ≈ 0.62
     under the γ rule; the recipe names it torch's default in every role but the embedding (nn.Embedding's own
