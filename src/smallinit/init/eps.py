@@ -56,8 +56,8 @@ def set_norm_eps_(module: nn.Module, eps: float, example_inputs=None) -> list[st
     written = [c for c in calls.values() if not c.settable]
     if written:
         raise NormEpsError(
-            f"{len(written)} norms are written out in the forward as x·rsqrt(mean(x²) + ε) with ε a number in the "
-            f"source ({', '.join(f'{c.name} at {c.where}' for c in written)}), so ε = {eps:g} cannot be set; "
+            f"{len(written)} norms are written out in the forward as x·rsqrt(mean(x²) + ε) or x / sqrt(…) with "
+            f"ε fixed in the source ({', '.join(f'{c.name} at {c.where}' for c in written)}), so ε = {eps:g} cannot be set; "
             "call F.rms_norm(x, shape, eps=...) there instead, or keep the architecture's ε"
         )
     touched = []
