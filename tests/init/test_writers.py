@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from smallinit.config import ModelConfig
-from smallinit.init.branches import residual_writers
+from smallinit.init.branches import residual_writers, trace_stream
 from smallinit.model import Transformer
 from support.hf_tiny import build
 from support.nanochat_style import GPT, Config
@@ -40,6 +40,26 @@ def test_output_projections_of_a_nanochat_style_model_and_smallinit_s_own():
         cfg = ModelConfig.preset(preset)
         got, _ = residual_writers(Transformer(cfg), ids)
         assert got == [f"blocks.{i}.{p}" for i in range(cfg.n_layers) for p in ("attn.o_proj.weight", down)]
+
+
+def test_a_projection_of_the_embedding_added_to_the_position_embedding_is_no_branch():
+    """OPT-350m's shape (word_embed_proj_dim < hidden_size): project_in maps the token embedding up and the
+    position embedding is added to it. That addition starts the stream; it is no branch writing into it, so
+    project_in is no output projection (per-role scales drew it at output=zero or depth, and depth divided every
+    output projection by √(2L + 1))."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.OPTConfig(
+        hidden_size=64, word_embed_proj_dim=32, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=256, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.OPTForCausalLM(config)
+    layer = "model.decoder.layers.{}"
+    expected = [f"{layer.format(i)}.{p}.weight" for i in range(2) for p in ("self_attn.out_proj", "fc2")]
+    assert "model.decoder.project_in.weight" in dict(model.named_parameters())
+    trace = trace_stream(model)
+    assert trace.writers == expected and trace.additions == 4
 
 
 def test_a_forward_that_cannot_run_is_said():
