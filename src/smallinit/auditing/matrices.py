@@ -37,8 +37,8 @@ POWER_STEPS = 30  # power iterations for the top singular value: it converges fa
 @dataclass(frozen=True)
 class MatrixRow:
     """One weight matrix (or embedding table). ``sigma`` None where the values cannot be read (meta);
-    ``gamma`` = −ln σ / ln d_in; ``truncation`` = max|w − mean|/σ (≈ 2 for trunc_normal_ at ±2σ, ≈ √3 for
-    a uniform draw, 4–6 for an untruncated normal of this size); ``edge`` = top singular value over σ(√m + √n)
+    ``gamma`` = −ln σ / ln d_in; ``truncation`` = max|w − mean|/σ (≈ 2.27 for trunc_normal_ at ±2σ, whose σ is
+    0.88 of its std; ≈ √3 for a uniform draw, 4–6 for an untruncated normal of this size); ``edge`` = top singular value over σ(√m + √n)
     (of a fused tensor, its experts' largest, each over its own σ); ``fresh_random`` None where not judged (meta, zero, too small); ``writes_residual``: its output is added
     to the residual stream (found from the forward)."""
 
