@@ -239,6 +239,41 @@ def test_norm_factors_of_a_hugging_face_model_against_their_inputs():
     assert first.factor < 0.5 and first.saturated and "model.layers.0.input_layernorm" in result.saturated
 
 
+def test_a_model_in_training_mode_is_audited_without_dropout_and_left_as_it_was():
+    """GPT-2 built from a config is in training mode with dropout 0.1 after every branch: the audit's forward
+    ran with it, so its norm factors were random (two audits of one model differed) and not the model's own.
+    They are now those of the eval-mode forward, computed here, and every module keeps its mode."""
+    model = build("gpt2")
+    ids = tokens(model)
+    with torch.no_grad():  # inputs small enough that ε matters
+        model.transformer.wte.weight.mul_(1e-2)
+        model.transformer.wpe.weight.mul_(1e-2)
+    model.transformer.h[0].eval()  # a part the user froze in eval mode
+    assert model.training and model.config.resid_pdrop > 0
+    seen = {}
+    hooks = [
+        m.register_forward_pre_hook(lambda _m, args, n=n: seen.__setitem__(n, args[0].detach().double()))
+        for n, m in model.named_modules()
+        if isinstance(m, nn.LayerNorm)
+    ]
+    model.eval()
+    with torch.no_grad():
+        model(input_ids=ids)
+    model.train()
+    model.transformer.h[0].eval()
+    for h in hooks:
+        h.remove()
+    first, second = audit(model, ids), audit(model, ids)
+    assert [n.factor for n in first.norms] == [n.factor for n in second.norms]
+    eps = model.config.layer_norm_epsilon
+    for n in first.norms:
+        var = seen[n.name].var(-1, unbiased=False)
+        assert n.factor == pytest.approx(torch.sqrt(var / (var + eps)).mean().item(), rel=1e-6)
+    assert min(n.factor for n in first.norms) < 0.99  # ε is felt, so dropout would have moved the factor
+    assert model.training and not model.transformer.h[0].training and model.transformer.h[1].training
+    assert not model.transformer.h[0].attn.training
+
+
 def test_a_model_on_meta_is_audited_from_shapes_and_config():
     result = audit_path("1.5b")
     cfg = ModelConfig.preset("1.5b")
