@@ -7,8 +7,6 @@ audited from its shapes and, for a smallinit preset, its config."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from smallinit.init import param_roles
 from smallinit.init.branches import residual_writers
 from smallinit.init.norm_calls import NormCalls, norm_call_sites
 from smallinit.io import make_folder, write_json_atomic
+from smallinit.measures.activations import evaluating
 from smallinit.measures.norm_factor import SATURATED, norm_factors_from_observed, relative_factor
 from smallinit.model import Transformer
 from smallinit.train.checkpoint import latest_checkpoint, load_weights, resolve_checkpoint
@@ -160,19 +159,6 @@ def _fresh_parts(row: MatrixRow) -> str:
     return f"fresh-random experts: {len(row.fresh_parts)} of {row.shape[0]} ({shown})"
 
 
-@contextmanager
-def _evaluating(module: nn.Module) -> Iterator[None]:
-    """``module`` in eval mode inside; afterwards each submodule in the mode it had (a frozen part in eval
-    inside a model in training stays so)."""
-    modes = [(m, m.training) for m in module.modules()]
-    module.eval()
-    try:
-        yield
-    finally:
-        for m, training in modes:
-            m.training = training
-
-
 def _default_tokens(vocab: int) -> tuple[torch.Tensor | None, str]:
     """A batch of the builtin corpus through smallinit's default tokenizer (or bytes) where the model's
     vocabulary holds its ids."""
@@ -222,7 +208,7 @@ def audit(
         notes.append(
             "the model is on meta: σ, γ and the factors need weights; d_in, ties and ε are from shapes"
         )
-    with _evaluating(module):  # dropout off: the factors are the model's own, the same on every audit
+    with evaluating(module):  # dropout off: the factors are the model's own, the same on every audit
         norms = _norms(adapter, module, tokens, meta, config, example, data, vocab)
     return AuditResult(
         model=type(module).__name__,
