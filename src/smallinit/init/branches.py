@@ -9,7 +9,8 @@ to its weight's scale (1 at init) whatever γ, so the balance the rule sets is u
 
 The forward is followed call by call (a torch function mode, so a norm the forward calls as ``F.rms_norm`` is
 a call like any other): each tensor it makes is tagged with the matrices it last came from (any op on a parameter
-of two or more axes other than an embedding lookup: F.linear, GPT-2's Conv1D ``addmm``, a fused expert's slice),
+of two or more axes other than an embedding lookup or an addition: F.linear, GPT-2's Conv1D ``addmm``, a fused
+expert's slice; a fused experts' bias, GPT-OSS's ``down_proj_bias[e]`` of shape (1, d), is added, not contracted),
 through any op: those of its inputs of the output's shape (a norm's rsqrt or a router's weight only scales it;
 a sum of routed and shared experts is made by both), or of all its inputs where none has that shape (a
 reduction, a scatter). The residual stream starts at the embedding lookup's output and goes on
@@ -109,8 +110,10 @@ class _Stream(TorchFunctionMode):
         if floats and all(floats):  # a view, cast or slice of a weight is that weight
             self.weights[id(out)] = (floats[0], out)
             return out
-        # a product with a weight matrix (F.linear, Conv1D's addmm, a fused expert's w[e]); a lookup is not one
+        # a product with a weight matrix (F.linear, Conv1D's addmm, a fused expert's w[e]); a lookup is not one,
+        # nor a bias added
         weight = next((name for t in tensors if t.dim() >= 2 and (name := self.weight(t))), None)
+        weight = None if func in _ADDS else weight
         lookups = self.origins(tensors)
         if weight is not None:
             self.tags[id(out)] = (frozenset({weight}), out)
