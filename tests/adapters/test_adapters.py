@@ -416,6 +416,23 @@ def test_cli_on_hf_folders_and_on_a_folder_that_is_neither(corpus, tmp_path, cap
     assert "it has no model.safetensors" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("damage", ["truncated", "garbled"])
+def test_a_damaged_safetensors_in_a_hugging_face_folder_is_one_line(damage, tmp_path, capsys):
+    from smallinit.cli import main
+
+    a = _hf_folder(tmp_path / "a")
+    weights = a / "model.safetensors"
+    raw = weights.read_bytes()
+    # a copy cut short (a save killed mid-write), or the right length of noise: safetensors raises its own
+    # error type, which is no OSError
+    weights.write_bytes(raw[: len(raw) // 2] if damage == "truncated" else bytes(len(raw)) + b"x")
+    capsys.readouterr()  # save_pretrained's progress bar
+    for command in ("audit", "analyze"):
+        assert main([command, str(a), "--out", str(tmp_path / command)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "cannot load" in err and str(a) in err, err
+
+
 # --- matrices in out × in orientation, from the d_in knowledge γ-init uses -------------------------------------
 
 

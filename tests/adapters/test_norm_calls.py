@@ -117,6 +117,47 @@ def test_written_out_norms_are_measured_and_their_eps_refused():
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
 
 
+class _DivSqrt(nn.Module):
+    """Norms written as x / sqrt(mean(x²) + ε), as many hand-written LayerNorms are: the input centred as a
+    temporary no name holds once its square is taken, ε a buffer (a one-element tensor)."""
+
+    def __init__(self, d: int = 32, vocab: int = 64):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        nn.init.normal_(self.wte.weight, std=1e-3)  # mean square 1e-6, at ε: a factor of about 1/√2
+        self.fc = nn.Linear(d, d, bias=False)
+        self.register_buffer("eps", torch.tensor(1e-6))
+
+    def _ln(self, x: torch.Tensor) -> torch.Tensor:
+        var = (x - x.mean(-1, keepdim=True)).pow(2).mean(-1, keepdim=True)
+        return (x - x.mean(-1, keepdim=True)) / torch.sqrt(var + self.eps)
+
+    def _rms(self, x: torch.Tensor) -> torch.Tensor:
+        return x / (x * x).mean(-1, keepdim=True).add(1e-5).sqrt()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._rms(self.fc(self._ln(self.wte(ids)))) @ self.wte.weight.T  # tied logits
+
+
+def test_norms_written_with_a_division_by_sqrt_are_found_measured_and_refused():
+    """x / sqrt(…) is the same norm as x·rsqrt(…): found, measured against the factor computed here (the
+    hand-written LayerNorm's on the centred input), and its ε refused in one line naming both sites; they had
+    been missed, so the model read as having no norm at all."""
+    model, ids = _DivSqrt(), _ids()
+    e = model.wte(ids).detach().double()
+    centred = e - e.mean(-1, keepdim=True)
+    h = model.fc(model._ln(model.wte(ids))).detach()
+    factors = measure_activations(model, ids).norm_factor
+    assert factors.keys() == {"<root>:hand-written#0", "<root>:hand-written#1"}
+    assert factors["<root>:hand-written#0"] == pytest.approx(_factor(centred, 1e-6), rel=1e-6)
+    assert factors["<root>:hand-written#0"] < 0.8  # the batch sits at ε: a factor that is felt
+    assert factors["<root>:hand-written#1"] == pytest.approx(_factor(h, 1e-5), rel=1e-9)
+    with pytest.raises(
+        NormEpsError, match=r"2 norms are written out.*hand-written#0 at .*hand-written#1 at "
+    ):
+        set_norm_eps_(model, 1e-12)
+
+
 def test_set_norm_eps_finds_the_calls_of_the_forward_as_it_is_now():
     """Why set_norm_eps_ follows the forward on every call rather than caching a model's norm calls: which norms
     a forward calls can hang on Python state no cache key sees. The same modules and weights, with the config

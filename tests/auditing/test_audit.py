@@ -154,6 +154,29 @@ def test_the_recipe_named_for_hugging_face_defaults_gamma_init_and_nanochat():
     assert r.roles["head"].sigma == pytest.approx(0.001, rel=0.05)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_an_mlp_as_wide_as_the_vocabulary_is_no_head(tied):
+    """The head is the model's own (its lm_head, tied or not), not every matrix with the vocabulary's output
+    size: with 4·d = vocab, c_fc (vocab × d) had joined the head role (3 matrices for an untied model, a head role
+    of two c_fc for a tied one)."""
+    torch.manual_seed(0)
+    model = GPT(Config(d=48, vocab=192))
+    if tied:
+        model.lm_head.weight = model.wte.weight
+    result = audit(model, torch.randint(0, 192, (2, 16)))
+    roles = {}
+    for r in result.matrices:
+        roles.setdefault(
+            "embedding" if r.kind == "embedding" else "output projections" if r.writes_residual
+            else "head" if r.name == "lm_head.weight" else "matrices", []
+        ).append(r.name)  # fmt: skip
+    assert {role: fit.matrices for role, fit in result.recipe.roles.items()} == {
+        role: len(names) for role, names in roles.items()
+    }
+    assert ("head" in result.recipe.roles) == (not tied)
+    assert sum(r.head for r in result.matrices) == 1
+
+
 def test_torch_s_default_init_is_named_as_such():
     """nn.Linear's own init (uniform in ±1/√d_in, σ = 1/√(3·d_in)) at d_in 48 and 192 reads as fan-in γ ≈ 0.62
     under the γ rule; the recipe names it torch's default in every role but the embedding (nn.Embedding's own
@@ -214,6 +237,41 @@ def test_norm_factors_of_a_hugging_face_model_against_their_inputs():
         assert norms[name].factor == pytest.approx(torch.sqrt(ms / (ms + eps)).mean().item(), rel=1e-6)
     first = norms["model.layers.0.input_layernorm"]
     assert first.factor < 0.5 and first.saturated and "model.layers.0.input_layernorm" in result.saturated
+
+
+def test_a_model_in_training_mode_is_audited_without_dropout_and_left_as_it_was():
+    """GPT-2 built from a config is in training mode with dropout 0.1 after every branch: the audit's forward
+    ran with it, so its norm factors were random (two audits of one model differed) and not the model's own.
+    They are now those of the eval-mode forward, computed here, and every module keeps its mode."""
+    model = build("gpt2")
+    ids = tokens(model)
+    with torch.no_grad():  # inputs small enough that ε matters
+        model.transformer.wte.weight.mul_(1e-2)
+        model.transformer.wpe.weight.mul_(1e-2)
+    model.transformer.h[0].eval()  # a part the user froze in eval mode
+    assert model.training and model.config.resid_pdrop > 0
+    seen = {}
+    hooks = [
+        m.register_forward_pre_hook(lambda _m, args, n=n: seen.__setitem__(n, args[0].detach().double()))
+        for n, m in model.named_modules()
+        if isinstance(m, nn.LayerNorm)
+    ]
+    model.eval()
+    with torch.no_grad():
+        model(input_ids=ids)
+    model.train()
+    model.transformer.h[0].eval()
+    for h in hooks:
+        h.remove()
+    first, second = audit(model, ids), audit(model, ids)
+    assert [n.factor for n in first.norms] == [n.factor for n in second.norms]
+    eps = model.config.layer_norm_epsilon
+    for n in first.norms:
+        var = seen[n.name].var(-1, unbiased=False)
+        assert n.factor == pytest.approx(torch.sqrt(var / (var + eps)).mean().item(), rel=1e-6)
+    assert min(n.factor for n in first.norms) < 0.99  # ε is felt, so dropout would have moved the factor
+    assert model.training and not model.transformer.h[0].training and model.transformer.h[1].training
+    assert not model.transformer.h[0].attn.training
 
 
 def test_a_model_on_meta_is_audited_from_shapes_and_config():

@@ -313,6 +313,28 @@ def test_set_norm_eps_refuses_hard_coded_eps():
     assert "OlmoLayerNorm" in str(e.value) and "hard-codes" in str(e.value)
 
 
+def test_set_norm_eps_sets_torch_s_rms_norm_at_its_default_eps():
+    """nn.RMSNorm(d) holds eps = None (the input dtype's machine epsilon): an attribute its forward reads, so ε is
+    set there, and the factor moves to √(ms/(ms + ε)) at the new ε, computed here. It was refused as a norm
+    whose forward hard-codes ε."""
+    torch.manual_seed(0)
+    norm, ln = nn.RMSNorm(32), nn.LayerNorm(32, elementwise_affine=False)
+    model = nn.Sequential(norm, ln)
+    x = torch.randn(4, 32) * 1e-4  # mean square 1e-8: fp32's machine epsilon (1.2e-7) swamps it
+
+    def factor(eps: float) -> float:
+        ms = x.double().pow(2).mean(-1)
+        return torch.sqrt(ms / (ms + eps)).mean().item()
+
+    ideal = x.double() / x.double().pow(2).mean(-1, keepdim=True).sqrt()
+    assert (norm(x).double() / ideal).mean().item() == pytest.approx(
+        factor(torch.finfo(torch.float32).eps), rel=1e-4
+    )
+    assert set_norm_eps_(model, 1e-12, example_inputs=(x,)) == ["0", "1"]
+    assert norm.eps == 1e-12 and ln.eps == 1e-12
+    assert (norm(x).double() / ideal).mean().item() == pytest.approx(factor(1e-12), rel=1e-4)
+
+
 @pytest.mark.parametrize(
     "raw",
     [

@@ -315,3 +315,28 @@ def test_the_report_shows_an_analysis_without_a_sink_and_says_why(tmp_path):
     write_analysis(analyze_model(hf_tiny.build("mamba"), [(x[:, :-1], x[:, 1:])]), tmp_path)
     html = build_report(tmp_path).read_text()
     assert "Single-model analyses" in html and "sink not measured: no softmax attention" in html
+
+
+def test_a_model_in_training_mode_is_measured_without_dropout_and_left_as_it_was():
+    """GPT-2 built from a config is in training mode (dropout 0.1 on embeddings, attention and branches): the
+    forward measure_activations observes ran with it, so two measurements of one model differed. Measured now as
+    its eval-mode forward, the flow computed here from transformers' own hidden states, and every module keeps
+    its mode (a part the user froze in eval stays so)."""
+    model = hf_tiny.build("gpt2")
+    ids = _ids(model)
+    model.transformer.h[0].eval()
+    assert model.training and model.config.resid_pdrop > 0
+    first, second = measure_activations(model, ids), measure_activations(model, ids)
+    assert first.residual_flow == second.residual_flow and first.norm_factor == second.norm_factor
+    model.eval()
+    seen = []
+    hook = model.transformer.ln_f.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))  # h_L
+    with torch.no_grad():
+        e = model(input_ids=ids, output_hidden_states=True).hidden_states[0]
+    hook.remove()
+    assert first.residual_flow == pytest.approx(_flow(e, seen[0]), rel=1e-6)
+    model.train()
+    model.transformer.h[0].eval()
+    measure_activations(model, ids)
+    assert model.training and model.transformer.h[1].training
+    assert not model.transformer.h[0].training and not model.transformer.h[0].attn.training

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError
 from torch import nn
 
 from smallinit.errors import ModelError
@@ -257,7 +258,8 @@ def load_hf_folder(path: str | os.PathLike, *, device: str = "cpu", tokenizer: A
             tokenizer, source = AutoTokenizer.from_pretrained(folder, local_files_only=True), str(folder)
         else:
             source = getattr(tokenizer, "name_or_path", "") or "the tokenizer given"
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    # SafetensorError: a weights file cut short or garbled
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(
             f"transformers cannot load {path} as a causal LM with its tokenizer: {first}"

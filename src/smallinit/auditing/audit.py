@@ -28,6 +28,7 @@ from smallinit.init import param_roles
 from smallinit.init.branches import residual_writers
 from smallinit.init.norm_calls import NormCalls, norm_call_sites
 from smallinit.io import make_folder, write_json_atomic
+from smallinit.measures.activations import evaluating
 from smallinit.measures.norm_factor import SATURATED, norm_factors_from_observed, relative_factor
 from smallinit.model import Transformer
 from smallinit.train.checkpoint import latest_checkpoint, load_weights, resolve_checkpoint
@@ -207,7 +208,8 @@ def audit(
         notes.append(
             "the model is on meta: σ, γ and the factors need weights; d_in, ties and ε are from shapes"
         )
-    norms = _norms(adapter, module, tokens, meta, config, example, data, vocab)
+    with evaluating(module):  # dropout off: the factors are the model's own, the same on every audit
+        norms = _norms(adapter, module, tokens, meta, config, example, data, vocab)
     return AuditResult(
         model=type(module).__name__,
         source=source,

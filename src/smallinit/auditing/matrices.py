@@ -22,7 +22,7 @@ from torch import nn
 
 from smallinit.fields import to_json
 from smallinit.init import ParamRole, as_out_in, measure_gamma
-from smallinit.init.roles import named_parameters_once
+from smallinit.init.roles import head_weights, named_parameters_once
 
 # the top singular value over the bulk edge σ(√m + √n) stays below 1 + EDGE_SLACK + 1.5·min(m, n)^(−2/3)
 # for an i.i.d. matrix (Tracy–Widom fluctuations shrink as min(m, n)^(−2/3); the largest of 200 normal, uniform
@@ -37,8 +37,8 @@ POWER_STEPS = 30  # power iterations for the top singular value: it converges fa
 @dataclass(frozen=True)
 class MatrixRow:
     """One weight matrix (or embedding table). ``sigma`` None where the values cannot be read (meta);
-    ``gamma`` = −ln σ / ln d_in; ``truncation`` = max|w − mean|/σ (≈ 2 for trunc_normal_ at ±2σ, ≈ √3 for
-    a uniform draw, 4–6 for an untruncated normal of this size); ``edge`` = top singular value over σ(√m + √n)
+    ``gamma`` = −ln σ / ln d_in; ``truncation`` = max|w − mean|/σ (≈ 2.27 for trunc_normal_ at ±2σ, whose σ is
+    0.88 of its std; ≈ √3 for a uniform draw, 4–6 for an untruncated normal of this size); ``edge`` = top singular value over σ(√m + √n)
     (of a fused tensor, its experts' largest, each over its own σ); ``fresh_random`` None where not judged (meta, zero, too small); ``writes_residual``: its output is added
     to the residual stream (found from the forward)."""
 
@@ -56,6 +56,7 @@ class MatrixRow:
     fresh_parts: tuple[int, ...] = ()  # a fused tensor's experts that look freshly drawn, where not all do
     tied: tuple[str, ...] = ()  # the other names the same tensor has
     writes_residual: bool = False
+    head: bool = False  # the model's output head (get_output_embeddings or lm_head), tied or not
     not_read: str = ""
 
     @property
@@ -133,6 +134,7 @@ def matrix_rows(model: nn.Module, roles: dict[str, ParamRole], writers: set[str]
     for n, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(n)
     gammas = measure_gamma(model, roles)
+    heads = head_weights(model)
     rows = []
     for name, _, _, p in named_parameters_once(model):
         role = roles.get(name)
@@ -149,6 +151,7 @@ def matrix_rows(model: nn.Module, roles: dict[str, ParamRole], writers: set[str]
                 d_in=role.fan_in,
                 tied=tuple(n for n in names[id(p)] if n != name),
                 writes_residual=name in writers,
+                head=id(p) in heads,
                 **values,
             )
         )

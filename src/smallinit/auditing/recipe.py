@@ -4,8 +4,8 @@ The candidates: a fixed std (σ the same whatever d_in: 0.02, most libraries' de
 d_in^(−γ): one γ in every matrix), torch's default (nn.Linear's kaiming_uniform_(a=√5): uniform entries in
 ±1/√d_in, σ = 1/√(3·d_in): γ = 0.5 with the constant factor 1/√3, which read as fan-in γ looks like a γ near
 0.65 that drifts with d_in), output projections depth-scaled below that rule (σ times 1/√(k·L), GPT-2's
-k = 2), zero-init, and mixes of these by role. The roles: embedding tables, the head (the matrix whose
-output has the vocabulary's size), the output projections (the matrices that write into the residual stream,
+k = 2), zero-init, and mixes of these by role. The roles: embedding tables, the head (the model's own,
+else the matrix whose output has the vocabulary's size), the output projections (the matrices that write into the residual stream,
 found from the forward) and the other matrices. Each role is fitted on its own; where roles follow different
 rules, the recipe says which.
 
@@ -70,12 +70,14 @@ class Recipe:
         return to_json(self)
 
 
-def role_of(row: MatrixRow, vocab: int | None) -> str:
+def role_of(row: MatrixRow, vocab: int | None, heads_known: bool) -> str:
+    """The row's role; the head is the model's own where it names one, else the matrix whose output has the
+    vocabulary's size (an MLP as wide as the vocabulary is not a head where the model names its head)."""
     if row.kind == "embedding":
         return "embedding"
     if row.writes_residual:
         return "output projections"
-    if vocab is not None and row.shape and row.shape[0] == vocab:
+    if row.head or (not heads_known and vocab is not None and row.shape and row.shape[0] == vocab):
         return "head"
     return "matrices"
 
@@ -178,8 +180,9 @@ def follows(fit: RoleFit, rows: list[MatrixRow]) -> bool:
 def fit_recipe(rows: list[MatrixRow], vocab: int | None) -> Recipe:
     """The recipe of a model's matrices (rows from smallinit.auditing.matrices.matrix_rows)."""
     by_role: dict[str, list[MatrixRow]] = {}
+    heads_known = any(r.head for r in rows)
     for r in rows:
-        by_role.setdefault(role_of(r, vocab), []).append(r)
+        by_role.setdefault(role_of(r, vocab, heads_known), []).append(r)
     fits = {role: fit_role(role, by_role[role]) for role in ROLES if role in by_role}
     base = fits.get("matrices")
     ratio = k = None

@@ -9,13 +9,17 @@ to its weight's scale (1 at init) whatever γ, so the balance the rule sets is u
 
 The forward is followed call by call (a torch function mode, so a norm the forward calls as ``F.rms_norm`` is
 a call like any other): each tensor it makes is tagged with the matrices it last came from (any op on a parameter
-of two or more axes other than an embedding lookup: F.linear, GPT-2's Conv1D ``addmm``, a fused expert's slice),
+of two or more axes other than an embedding lookup or an addition: F.linear, GPT-2's Conv1D ``addmm``, a fused
+expert's slice; a fused experts' bias, GPT-OSS's ``down_proj_bias[e]`` of shape (1, d), is added, not contracted),
 through any op: those of its inputs of the output's shape (a norm's rsqrt or a router's weight only scales it;
 a sum of routed and shared experts is made by both), or of all its inputs where none has that shape (a
 reduction, a scatter). The residual stream starts at the embedding lookup's output and goes on
 through every op with no tagged input (a cast, Gemma's √d, nanochat's norm of the embedding); an addition of a
 tagged tensor to the stream, of the same shape, is a branch's output written into it, and its result is the
-stream again. A norm module's output so added is a renormalised branch.
+stream again, unless it is known to come from other lookups than the stream: each tensor carries the lookups it
+comes from (where an op returning several tensors leaves that unknown), so a matrix applied to one lookup and added
+to another (OPT's project_in of the token embedding plus the position embedding) makes the stream's start, not a
+branch. A norm module's output so added is a renormalised branch.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ class _Stream(TorchFunctionMode):
         # id(tensor) → (the matrices that made it, the tensor, kept alive)
         self.tags: dict[int, tuple[frozenset[str], torch.Tensor]] = {}
         self.stream: dict[int, torch.Tensor] = {}  # id → tensor (kept alive)
+        # id → (the embedding lookups, by number, a stream or tagged tensor comes from; the tensor)
+        self.lookups: dict[int, tuple[frozenset[int], torch.Tensor]] = {}
         self.norm_outputs: dict[int, tuple[str, torch.Tensor]] = {}  # id → (norm module, its output)
         self.writers: dict[str, None] = {}
         self.renormalised: dict[str, None] = {}
@@ -69,6 +75,18 @@ class _Stream(TorchFunctionMode):
 
     def in_stream(self, t) -> bool:
         return isinstance(t, torch.Tensor) and self.stream.get(id(t)) is t
+
+    def origins(self, tensors) -> frozenset[int]:
+        found = [
+            entry[0] for t in tensors if (entry := self.lookups.get(id(t))) is not None and entry[1] is t
+        ]
+        return frozenset().union(*found)
+
+    def made(self, out: torch.Tensor, lookups: frozenset[int], *, stream: bool) -> None:
+        """``out`` is the stream (or a branch's tensor, tagged by the caller), from ``lookups``."""
+        if stream:
+            self.stream[id(out)] = out
+        self.lookups[id(out)] = (lookups, out)
 
     def norm_output(self, name: str):
         def record(_mod, _args, out):
@@ -86,35 +104,42 @@ class _Stream(TorchFunctionMode):
         flat = [x for a in (*args, *kwargs.values()) for x in (a if isinstance(a, (tuple, list)) else (a,))]
         tensors = [a for a in flat if isinstance(a, torch.Tensor)]
         if func is F.embedding:
-            self.stream[id(out)] = out
+            self.made(out, frozenset({len(self.lookups)}), stream=True)
             return out
         floats = [self.weight(t) for t in tensors if t.is_floating_point()]
         if floats and all(floats):  # a view, cast or slice of a weight is that weight
             self.weights[id(out)] = (floats[0], out)
             return out
-        # a product with a weight matrix (F.linear, Conv1D's addmm, a fused expert's w[e]); a lookup is not one
+        # a product with a weight matrix (F.linear, Conv1D's addmm, a fused expert's w[e]); a lookup is not one,
+        # nor a bias added
         weight = next((name for t in tensors if t.dim() >= 2 and (name := self.weight(t))), None)
+        weight = None if func in _ADDS else weight
+        lookups = self.origins(tensors)
         if weight is not None:
             self.tags[id(out)] = (frozenset({weight}), out)
+            self.made(out, lookups, stream=False)
             return out
         tagged = [(t, made) for t in tensors if (made := self.tag(t))]
         if func in _ADDS and len(tensors) == 2 and len(tagged) == 1:
             branch, made = tagged[0]
             other = tensors[1] if tensors[0] is branch else tensors[0]
             if self.in_stream(other) and other.shape == branch.shape == out.shape:
-                self.writers.update(dict.fromkeys(sorted(made)))
-                self.additions += 1
-                norm = self.norm_outputs.get(id(branch))
-                if norm is not None and norm[1] is branch:
-                    self.renormalised[norm[0]] = None
                 self.tags.pop(id(out), None)
-                self.stream[id(out)] = out
-                return out
+                self.made(out, lookups, stream=True)
+                made_from = self.origins([branch])  # empty where a tuple-valued op (split, chunk) lost them
+                if not made_from or made_from & self.origins([other]):  # x + f(x): a branch writes into x
+                    self.writers.update(dict.fromkeys(sorted(made)))
+                    self.additions += 1
+                    norm = self.norm_outputs.get(id(branch))
+                    if norm is not None and norm[1] is branch:
+                        self.renormalised[norm[0]] = None
+                return out  # else a projection of one lookup added to another: the stream's start
         shaped = [made for t, made in tagged if t.shape == out.shape] or [made for _, made in tagged]
         if shaped:
             self.tags[id(out)] = (frozenset().union(*shaped), out)
+            self.made(out, lookups, stream=False)
         elif any(self.in_stream(t) for t in tensors):
-            self.stream[id(out)] = out
+            self.made(out, lookups, stream=True)
         return out
 
 

@@ -15,6 +15,16 @@ class NormEpsError(ConfigError):
     """A norm whose ε is not an attribute that can be set (hard-coded in its forward)."""
 
 
+def _eps_attr(mod: nn.Module) -> str | None:
+    """The attribute that holds the layer's ε: a float, or torch's nn.RMSNorm's None (its default, the input
+    dtype's machine epsilon, which its forward reads from that attribute)."""
+    for a in EPS_ATTRS:
+        value = getattr(mod, a, None)
+        if isinstance(value, float) or (value is None and a == "eps" and isinstance(mod, nn.RMSNorm)):
+            return a
+    return None
+
+
 def set_norm_eps_(module: nn.Module, eps: float, example_inputs=None) -> list[str]:
     """Set ε of every norm of ``module``: each norm layer's attribute (ours, torch's, Hugging Face's naming),
     and the rms_norm / layer_norm calls its forward makes outside norm layers (found from one forward on
@@ -34,11 +44,7 @@ def set_norm_eps_(module: nn.Module, eps: float, example_inputs=None) -> list[st
         raise ConfigError(f"norm eps must be a positive number such as 1e-12, got {eps!r}")
     norms = norm_layers(module)
     # a layer that hard-codes ε is refused before anything runs
-    fixed = [
-        name
-        for name, mod in norms.items()
-        if not any(isinstance(getattr(mod, a, None), float) for a in EPS_ATTRS)
-    ]
+    fixed = [name for name, mod in norms.items() if _eps_attr(mod) is None]
     if fixed:
         kind = type(module.get_submodule(fixed[0])).__name__
         more = f" and {len(fixed) - 1} more" if len(fixed) > 1 else ""
@@ -56,14 +62,13 @@ def set_norm_eps_(module: nn.Module, eps: float, example_inputs=None) -> list[st
     written = [c for c in calls.values() if not c.settable]
     if written:
         raise NormEpsError(
-            f"{len(written)} norms are written out in the forward as x·rsqrt(mean(x²) + ε) with ε a number in the "
-            f"source ({', '.join(f'{c.name} at {c.where}' for c in written)}), so ε = {eps:g} cannot be set; "
+            f"{len(written)} norms are written out in the forward as x·rsqrt(mean(x²) + ε) or x / sqrt(…) with "
+            f"ε fixed in the source ({', '.join(f'{c.name} at {c.where}' for c in written)}), so ε = {eps:g} cannot be set; "
             "call F.rms_norm(x, shape, eps=...) there instead, or keep the architecture's ε"
         )
     touched = []
     for name, mod in norms.items():
-        attr = next(a for a in EPS_ATTRS if isinstance(getattr(mod, a, None), float))
-        setattr(mod, attr, float(eps))
+        setattr(mod, _eps_attr(mod), float(eps))
         touched.append(name)
     if calls:
         FunctionalEps.apply(module, eps)

@@ -1,6 +1,7 @@
 """Norms that are calls, not modules: ``F.rms_norm`` / ``F.layer_norm`` made outside any norm layer (nanochat
 and modded-nanogpt write ``F.rms_norm(x, (x.size(-1),))``: no weight, ε the dtype's default), and
-x·rsqrt(mean(x²) + ε) written out in a forward. No module holds them, so they are found from one forward.
+x·rsqrt(mean(x²) + ε) or x / sqrt(mean(x²) + ε) written out in a forward (a hand-written LayerNorm is one on
+x − mean(x)), ε a number or a one-element tensor. No module holds them, so they are found from one forward.
 
 A call site is named by the innermost module of the model whose forward makes it and the order in which
 that module's sites first run: ``h.0:rms_norm#1`` is the second site of ``h.0``; ``where`` is the line of
@@ -36,7 +37,7 @@ _POWS = {torch.pow, torch.Tensor.pow, torch.Tensor.__pow__}
 _MULS = {torch.mul, torch.Tensor.mul, torch.Tensor.__mul__}
 _MEANS = {torch.mean, torch.Tensor.mean}
 _ADDS = {torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__}
-_RSQRTS = {torch.rsqrt, torch.Tensor.rsqrt}
+_RSQRTS = {torch.rsqrt, torch.Tensor.rsqrt, torch.sqrt, torch.Tensor.sqrt}  # x·rsqrt(…) or x / sqrt(…)
 # frames of these files are not where a call is made: torch's dispatch, and this module
 _SKIP = (os.path.dirname(torch.__file__), __file__)
 
@@ -44,7 +45,7 @@ _SKIP = (os.path.dirname(torch.__file__), __file__)
 @dataclass(frozen=True)
 class NormCall:
     """One call site of a norm that no module holds. ``kind``: "rms_norm", "layer_norm" or "hand-written"
-    (x·rsqrt(mean(x²) + ε)); ``eps`` as the call used it, ``default_eps`` when the call passed none (the
+    (x·rsqrt(mean(x²) + ε) or x / sqrt(…)); ``eps`` as the call used it, ``default_eps`` when the call passed none (the
     dtype's machine epsilon, torch's default for rms_norm); ``where``: file:line of the module's forward."""
 
     name: str
@@ -124,9 +125,11 @@ class NormCalls(TorchFunctionMode):
         self.where = _Sites(model)
         self.sites: dict[str, NormCall] = {}
         self.factors: dict[str, torch.Tensor] = {}
-        # hand-written: by id, each tensor of an x² → mean → + ε on its way to an rsqrt: (stage, x, ε, the
-        # tensor), held by weak references, so that following the forward keeps nothing alive
-        self.chain: dict[int, tuple[str, weakref.ref, float | None, weakref.ref]] = {}
+        # hand-written: by id, each tensor of an x² → mean → + ε on its way to an rsqrt: (stage, mean(x²) once
+        # known, ε, the tensor). The tensors are held by weak references, so that following the forward keeps
+        # nothing alive but the mean squares (one number a row): x itself may be a temporary gone by the rsqrt
+        # (a hand-written LayerNorm's (x − μ).pow(2))
+        self.chain: dict[int, tuple[str, torch.Tensor | None, float | None, weakref.ref]] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -141,7 +144,7 @@ class NormCalls(TorchFunctionMode):
         return out
 
     def _follow(self, func, args, kwargs, out: torch.Tensor) -> None:
-        """x², then its mean over the last axis, then + ε, then rsqrt: a hand-written RMS norm of x."""
+        """x², then its mean over the last axis, then + ε, then rsqrt or sqrt: a hand-written RMS norm of x."""
         a = args[0] if args else None
         b = args[1] if len(args) > 1 else None
         if not isinstance(a, torch.Tensor):
@@ -151,19 +154,24 @@ class NormCalls(TorchFunctionMode):
             step = None
         two = isinstance(b, (int, float)) and b == 2
         if (func in _SQUARES) or (func in _POWS and two) or (func in _MULS and b is a):
-            self.chain[id(out)] = ("square", weakref.ref(a), None, weakref.ref(out))
+            self.chain[id(out)] = ("square", None, None, weakref.ref(out))
         elif func in _MEANS and step is not None and step[0] == "square":
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
             dims = tuple(dim) if isinstance(dim, (tuple, list)) else (dim,)
             if dims in ((-1,), (a.dim() - 1,)):
-                self.chain[id(out)] = ("mean", step[1], None, weakref.ref(out))
+                self.chain[id(out)] = ("mean", out.detach(), None, weakref.ref(out))
         elif func in _ADDS and step is not None and step[0] == "mean":
+            if isinstance(b, torch.Tensor) and b.numel() == 1 and not b.is_meta:  # ε held in a buffer
+                b = float(b)
             if isinstance(b, (int, float)) and not isinstance(b, bool):
                 self.chain[id(out)] = ("plus eps", step[1], float(b), weakref.ref(out))
-        elif func in _RSQRTS and step is not None and step[0] == "plus eps" and (x := step[1]()) is not None:
-            self._record("hand-written", x, 1, step[2])
+        elif func in _RSQRTS and step is not None and step[0] == "plus eps":
+            self._record("hand-written", step[1], 1, step[2], mean_square=True)
 
-    def _record(self, kind: str, x: torch.Tensor, axes: int, eps: float | None) -> None:
+    def _record(
+        self, kind: str, x: torch.Tensor, axes: int, eps: float | None, mean_square: bool = False
+    ) -> None:
+        """A call on ``x`` (or, ``mean_square``, on rows whose mean squares ``x`` holds)."""
         found = self.where.locate()
         if found is None:
             return
@@ -176,7 +184,10 @@ class NormCalls(TorchFunctionMode):
         if x.is_meta:
             return
         h = x.detach().double().flatten(-axes) if axes > 1 else x.detach().double()
-        var = h.var(-1, unbiased=False) if kind == "layer_norm" else h.pow(2).mean(-1)
+        if mean_square:
+            var = h
+        else:
+            var = h.var(-1, unbiased=False) if kind == "layer_norm" else h.pow(2).mean(-1)
         f = torch.sqrt(var / (var + eps)).flatten()
         prev = self.factors.get(name)
         self.factors[name] = f if prev is None else torch.cat([prev, f])

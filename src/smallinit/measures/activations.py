@@ -12,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from smallinit.adapters import as_adapter
 from smallinit.errors import ModelError
@@ -104,15 +106,30 @@ def _mean(kind: Any, values: list[Any]) -> Any:
 
 
 @torch.no_grad()
+@contextmanager
+def evaluating(module: nn.Module) -> Iterator[None]:
+    """``module`` in eval mode inside (no dropout: a measurement of the model's own forward, the same every time);
+    afterwards each submodule in the mode it had (a frozen part in eval inside a model in training stays so)."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
 def measure_activations(
     model, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, chunk: int = 256
 ) -> Activations:
     """Every activation measurement of ``model`` (any model an adapter reads) on ``tokens`` (one forward; with
     ``targets`` also the loss). Each measurement stands on its own: one that does not apply to the model (no
     softmax attention, no decoder layers to read the residual stream at, a norm that cannot be run) is None or
-    empty and named in ``not_measured``."""
+    empty and named in ``not_measured``. The forward runs in eval mode (no dropout), whatever mode the model is
+    in, and leaves each module in the mode it had."""
     adapter = as_adapter(model)
-    out = adapter.observe(tokens, targets, kinds=tuple(dict.fromkeys(MEASURED_FROM.values())))
+    with evaluating(adapter.module):
+        out = adapter.observe(tokens, targets, kinds=tuple(dict.fromkeys(MEASURED_FROM.values())))
     not_measured = {key: out.missing[kind] for key, kind in MEASURED_FROM.items() if kind in out.missing}
     name = type(adapter.module).__name__
     seen = {
