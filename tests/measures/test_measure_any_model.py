@@ -340,3 +340,18 @@ def test_a_model_in_training_mode_is_measured_without_dropout_and_left_as_it_was
     measure_activations(model, ids)
     assert model.training and model.transformer.h[1].training
     assert not model.transformer.h[0].training and not model.transformer.h[0].attn.training
+
+
+def test_the_measured_forward_builds_no_autograd_graph():
+    """A measurement reads the forward and keeps none of it for a backward: with the parameters requiring grad,
+    every layer runs under no_grad (a graph kept alive would hold each layer's activations until the end)."""
+    model = hf_tiny.build("llama")
+    graded = []
+    hooks = [
+        m.register_forward_hook(lambda _m, _a, out: graded.append(torch.is_grad_enabled()))
+        for m in model.modules()
+    ]
+    measure_activations(model, _ids(model))
+    for h in hooks:
+        h.remove()
+    assert graded and not any(graded)

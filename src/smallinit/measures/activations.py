@@ -105,7 +105,6 @@ def _mean(kind: Any, values: list[Any]) -> Any:
     return tuple(_mean(item, [v[i] for v in values if i < len(v)]) for i in range(rows))
 
 
-@torch.no_grad()
 @contextmanager
 def evaluating(module: nn.Module) -> Iterator[None]:
     """``module`` in eval mode inside (no dropout: a measurement of the model's own forward, the same every time);
@@ -119,6 +118,7 @@ def evaluating(module: nn.Module) -> Iterator[None]:
             m.training = training
 
 
+@torch.no_grad()
 def measure_activations(
     model, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, chunk: int = 256
 ) -> Activations:
