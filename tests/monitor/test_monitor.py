@@ -228,3 +228,18 @@ def test_each_matrix_rms_is_recorded_beside_the_steady_state_of_its_optimizer(tm
         assert m.rms == pytest.approx(W.pow(2).mean().sqrt().item(), rel=1e-9)
         assert m.steady_rms == pytest.approx((eta / 0.25) ** 0.5)
         assert m.rms_ratio == pytest.approx(m.rms / m.steady_rms)
+
+
+def test_a_part_frozen_in_eval_mode_stays_so_after_an_observation(tmp_path):
+    """A user who froze part of the model in eval mode (its dropout off) keeps it so: the Monitor measures in eval
+    mode and puts back each module's own mode, not the root's on every module (which would turn that part's
+    dropout on for the rest of training)."""
+    model = tiny_qwen3()
+    model.train()
+    model.model.layers[0].eval()
+    mon = Monitor(model, every=1, norm_every=1, batch=tokens(2), out=tmp_path / "m")
+    mon(0)
+    mon(1)
+    mon.close()
+    assert model.training and model.model.layers[1].training
+    assert not any(m.training for m in model.model.layers[0].modules())

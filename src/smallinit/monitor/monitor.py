@@ -25,12 +25,13 @@ its matrices need them all); rank 0 alone writes. smallinit's Trainer reaches it
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import logging
 import sys
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ from smallinit.config import AnalysisConfig
 from smallinit.errors import ConfigError
 from smallinit.init import GammaEstimate, measure_gamma, param_roles
 from smallinit.init.partitioned import full_numel, gathered, is_partitioned
-from smallinit.measures.activations import measure_activations
+from smallinit.measures.activations import evaluating, measure_activations
 from smallinit.measures.condensation import (
     MatrixStat,
     named_matrices,
@@ -534,20 +535,16 @@ def _first_rows(data: Iterable, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(xs)[:n], torch.cat(ys)[:n]
 
 
-class _eval_mode:
-    """The model in eval mode inside, and afterwards as it was: its mode, and under FSDP2 its sharded
-    parameters registered again. A forward without a backward leaves FSDP2's root holding the unsharded ones
-    (it reshards after the backward), which an optimizer built next would update as copies."""
-
-    def __init__(self, module: nn.Module):
-        self.module, self.was_training = module, module.training
-
-    def __enter__(self) -> None:
-        self.module.eval()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.module.train(self.was_training)
+@contextlib.contextmanager
+def _eval_mode(module: nn.Module) -> Iterator[None]:
+    """The model in eval mode inside, and afterwards as it was: each module in its own mode, and under FSDP2 its
+    sharded parameters registered again. A forward without a backward leaves FSDP2's root holding the unsharded
+    ones (it reshards after the backward), which an optimizer built next would update as copies."""
+    try:
+        with evaluating(module):
+            yield
+    finally:
         fsdp = sys.modules.get("torch.distributed.fsdp")  # none to reshard before fully_shard imports it
-        for m in self.module.modules() if fsdp is not None else ():
+        for m in module.modules() if fsdp is not None else ():
             if isinstance(m, fsdp.FSDPModule):
                 m.reshard()
