@@ -335,6 +335,36 @@ def test_fused_parts_are_split_as_the_modeling_source_splits_them(tmp_path, buil
             assert ranks[f"{layers[1]}[{p}]"] == pytest.approx(_exact_stable_rank(W[rows]), rel=1e-4)
 
 
+@pytest.fixture
+def opaque_kernel():
+    """An attention implementation registered by name whose kernel no torch function mode sees, as a compiled or
+    external kernel (flash attention, a hub kernel) is seen: SDPA called with torch functions disabled."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def forward(*args, **kwargs):
+        with torch._C.DisableTorchFunction():
+            return sdpa_attention_forward(*args, **kwargs)
+
+    transformers.AttentionInterface.register("opaque", forward)
+    yield "opaque"
+    del transformers.AttentionInterface._global_mapping["opaque"]
+
+
+def test_fused_parts_are_found_where_the_attention_kernel_is_hidden(opaque_kernel):
+    """The queries, keys and values of a Hugging Face attention call are read where the interface hands them to
+    the kernel, so a fused matrix's parts are found whatever the kernel (before, only an SDPA or eager product
+    the adapter could see found them, and under another kernel the matrix was recorded whole, no line)."""
+    cfg, name, expected = _neox()
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=opaque_kernel).eval()
+    observer = HFAdapter(model)
+    with torch.no_grad():
+        observer.observe(_ids(2), kinds=("attention",))
+    for layer in (name.format(i) for i in range(2)):
+        assert {p: r.sort().values.tolist() for p, r in observer.parts[layer].items()} == {
+            p: r.tolist() for p, r in zip("qkv", expected)
+        }
+
+
 def test_a_norm_that_returns_its_scale_is_measured_by_its_formula():
     """HY-V4's hyper-connection input_norm returns rsqrt(mean(x²) + ε), one number per row, not a normed
     row: its factor over the ideal 1/σ is σ/√(σ² + ε), computed here from each call's input."""

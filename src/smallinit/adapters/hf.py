@@ -73,7 +73,7 @@ class HFAdapter:
         @contextlib.contextmanager
         def recording(attention: list[AttentionInputs], problems: list[str]) -> Iterator[None]:
             with contextlib.ExitStack() as stack:
-                stack.enter_context(recording_attention(self.module, attention, problems))
+                stack.enter_context(recording_attention(self.module, attention, problems, sources))
                 if sources.following:  # compiled regions run as written: a kernel hides its products
                     stack.enter_context(run_eagerly())
                     stack.enter_context(Following(sources))
@@ -184,12 +184,16 @@ def _layer_count(config) -> int | None:
 
 @contextlib.contextmanager
 def recording_attention(
-    model: nn.Module, records: list[AttentionInputs], problems: list[str] | None = None
+    model: nn.Module,
+    records: list[AttentionInputs],
+    problems: list[str] | None = None,
+    sources: Sources | None = None,
 ) -> Iterator[None]:
     """While inside, every attention call of ``model``'s modules is recorded in ``records`` on its way to
     the backend the model was loaded with; other models' calls pass untouched. A call that cannot be
     rebuilt from q and k (a position bias, a flex-attention mask) raises, or with ``problems`` is said there
-    and the forward goes on."""
+    and the forward goes on. With ``sources``, each call's q, k and v are handed to it here, where they are
+    whatever kernel runs next (flash, flex or a registered one hides them from a torch function mode)."""
     from transformers import AttentionInterface
 
     names = {id(m): n for n, m in model.named_modules()}
@@ -200,6 +204,8 @@ def recording_attention(
 
         def recorded(module, query, key, value, *args, **kwargs):
             if id(module) in names:
+                if sources is not None:
+                    sources.attention_inputs(query, key, value)
                 try:
                     records.append(_attention_inputs(names[id(module)], module, query, key, args, kwargs))
                 except ModelError as e:
