@@ -309,6 +309,12 @@ def layout_problems(fig: Figure) -> list[str]:
             and ax.get_window_extent(renderer).width < 0.5 * fig.bbox.width / spec.get_gridspec().ncols
         ):
             problems.append(f"axes {ax.get_title()!r} squeezed")
+    labels = [ax.yaxis.label for ax in axes if ax.yaxis.label.get_text()]
+    for i, label in enumerate(labels):
+        box = label.get_window_extent(renderer)
+        for other in [*labels[i + 1 :], *titles]:
+            if _overlap(box, other.get_window_extent(renderer)) > 1.0:
+                problems.append(f"the y label {label.get_text()!r} runs into {other.get_text()!r}")
     return problems
 
 
@@ -732,7 +738,12 @@ def test_heatmaps_of_the_judged_arm_come_first_with_a_colour_bar(tmp_path):
     judged = c6_judged(groups)
     assert sorted(judged.values()) == [0, 1] and {id(groups[2]), id(groups[3])} == set(judged)
     assert judged[id(groups[3])] == 0  # γ = 1 first: the setting whose rebound C6 tests
-    snap = {"step": 0, "matrices": {"blocks.0.attn.q_proj.weight": np.eye(4)}, "mean_abs_cos": {}}
+    long = "gpt_neox.layers.0.attention.query_key_value.weight"  # a Hugging Face name, longer than a panel
+    snap = {
+        "step": 0,
+        "matrices": {"blocks.0.attn.q_proj.weight": np.eye(4), long: np.eye(4)},
+        "mean_abs_cos": {},
+    }
     fig = figures.heatmaps_figure([snap, {**snap, "step": 4}])
     bars = [ax for ax in fig.axes if ax.get_ylabel() == "|cos| between two rows"]
     assert len(bars) == 1 and bars[0].get_ylim() == (0.0, 1.0)

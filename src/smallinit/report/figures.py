@@ -413,11 +413,25 @@ def heatmaps_figure(snapshots: Sequence[Mapping]) -> Figure:
                 cos = snap.get("mean_abs_cos", {}).get(name, float("nan"))
                 ax.set_title(f"step {snap['step']}, mean|cos| {cos:.2f}", fontsize=SMALL)
             if j == 0:
-                ax.set_ylabel(name.replace(".weight", ""), fontsize=SMALL)
+                ax.set_ylabel(_wrapped(name.replace(".weight", "")), fontsize=SMALL)
     bar = fig.colorbar(matplotlib.cm.ScalarMappable(norm, "magma"), ax=axes.ravel().tolist(), shrink=0.6)
     bar.set_label("|cos| between two rows", fontsize=SMALL)
     bar.ax.tick_params(labelsize=SMALL)
     return fig
+
+
+def _wrapped(name: str, width: int = 26) -> str:
+    """A dotted parameter name on lines of at most ``width`` characters, broken after a dot, so that a long one
+    (gpt_neox.layers.0.attention.query_key_value) stays beside its own row of panels."""
+    lines = [""]
+    for part in name.split("."):
+        piece = part if not lines[-1] else "." + part
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines[-1] += "."
+            lines.append(part)
+        else:
+            lines[-1] += piece
+    return "\n".join(lines)
 
 
 # the two panels of a token-level comparison: (result field, y label, title)
