@@ -855,3 +855,15 @@ def test_demo_refuses_an_out_that_is_a_file(tmp_path, monkeypatch, capsys):
     assert (
         sorted(p.name for p in tmp_path.iterdir()) == ["taken"] and (tmp_path / "taken").read_text() == "mine"
     )
+
+
+def test_a_course_no_run_recorded_says_so_in_its_axes():
+    """A Monitor outside smallinit's trainer records each matrix's RMS but no √(η/λ) unless told: the second
+    panel of the weight-norm figure says why it is empty instead of drawing bare axes."""
+    curves = {"all runs": {"rms": [[(0, 0.02), (10, 0.03)]], "rms_ratio": [[]]}}  # one seed, no ratio
+    fig = figures.courses_figure({"": curves}, figures.WEIGHT_RMS)
+    rms, ratio = fig.axes[:2]
+    assert not rms.texts and rms.lines
+    assert [t.get_text() for t in ratio.texts] == [figures.WEIGHT_RMS[1].missing] and not ratio.lines
+    assert "steady_rms" in figures.WEIGHT_RMS[1].missing
+    assert layout_problems(fig) == []

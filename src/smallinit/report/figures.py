@@ -349,12 +349,14 @@ def residual_sweep_figure(sweep: ResidualFlowSweep) -> Figure:
 
 @dataclass(frozen=True)
 class Course:
-    """One measure drawn over training: its key in a curve's table, its axis label and title, its scale."""
+    """One measure drawn over training: its key in a curve's table, its axis label and title, its scale, and
+    what its axes say where no run recorded it."""
 
     key: str
     ylabel: str
     title: str
     log: bool = False
+    missing: str = "no run here recorded it"
 
 
 CONDENSATION = (
@@ -363,7 +365,12 @@ CONDENSATION = (
 )
 WEIGHT_RMS = (
     Course("rms", "median over matrices of RMS(W)", "weight RMS", log=True),
-    Course("rms_ratio", "median over matrices of RMS(W) / √(η/λ)", "against weight decay's √(η/λ)"),
+    Course(
+        "rms_ratio",
+        "median over matrices of RMS(W) / √(η/λ)",
+        "against weight decay's √(η/λ)",
+        missing="no run here recorded √(η/λ): weight decay off,\nor a Monitor not given steady_rms\n(smallinit's trainer gives it)",
+    ),
 )
 OUTLIERS = (
     Course("max_attention_logit", "largest scale·q·k over layers", "attention logits"),
@@ -392,7 +399,9 @@ def courses_figure(
             ax.set_title(f"{title}: {c.title}".lstrip(": "), fontsize=10)
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
-            if c.log:
+            if not any(any(s.get(c.key) or ()) for s in curves.values()):  # bare axes read as a failed plot
+                ax.text(0.5, 0.5, c.missing, ha="center", va="center", transform=ax.transAxes, fontsize=SMALL)
+            elif c.log:
                 ax.set_yscale("log")
     shared_legend(fig, legend_title)
     return fig
