@@ -335,6 +335,52 @@ def test_fused_parts_are_split_as_the_modeling_source_splits_them(tmp_path, buil
             assert ranks[f"{layers[1]}[{p}]"] == pytest.approx(_exact_stable_rank(W[rows]), rel=1e-4)
 
 
+class _SelectingMixer(nn.Module):
+    """Multi-query attention whose key and value are copies of some of the fused product's elements, as Falcon's
+    before transformers 5.25 took them: ``fused[..., [-2], :]`` and ``index_select``."""
+
+    def __init__(self, eager: bool):
+        super().__init__()
+        self.wqkv, self.eager = nn.Linear(D, (HEADS + 2) * HD, bias=False), eager
+
+    def forward(self, x):
+        B, L, _ = x.shape
+        fused = self.wqkv(x).view(B, L, HEADS + 2, HD)
+        q, k = fused[..., :-2, :], fused[..., [-2], :]
+        v = fused.index_select(-2, torch.tensor([HEADS + 1]))
+        q, k, v = (t.transpose(1, 2) for t in (q, k.expand_as(q), v.expand_as(q)))
+        if self.eager:
+            s = (q @ k.transpose(-2, -1)).masked_fill(
+                ~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf")
+            )
+            y = torch.softmax(s, dim=-1) @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y.transpose(1, 2).reshape(B, L, HEADS * HD)
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["sdpa", "eager-softmax"])
+def test_parts_copied_out_by_an_index_are_the_rows_it_selects(eager):
+    """A part taken by an index (a list, index_select) is a copy of the product's elements; its rows are those
+    the index selects (before, the copy was made of all the rows the indexed view spans, every part overlapped,
+    and the fused matrix was recorded whole with no line)."""
+    model = Decoder(eager)
+    for layer in model.stack:
+        layer.mix = _SelectingMixer(eager)
+    observer = TracedAdapter(model)
+    with torch.no_grad():
+        observer.observe(_ids(2), kinds=("attention",))
+    rows = torch.arange((HEADS + 2) * HD)
+    for i in range(len(model.stack)):
+        assert {
+            p: r.sort().values.tolist() for p, r in observer.parts[f"stack.{i}.mix.wqkv.weight"].items()
+        } == {
+            "q": rows[: HEADS * HD].tolist(),
+            "k": rows[HEADS * HD : (HEADS + 1) * HD].tolist(),
+            "v": rows[(HEADS + 1) * HD :].tolist(),
+        }
+
+
 @pytest.fixture
 def opaque_kernel():
     """An attention implementation registered by name whose kernel no torch function mode sees, as a compiled or

@@ -60,6 +60,9 @@ class Sources:
             return
         name, depth = found[0][0], min(d for *_, d in found) + 1
         rows = torch.unique(torch.cat([r for _, r, _ in found]))
+        of = self.row_of(args[0]) if func in self.SELECT else None
+        if of is not None:  # a copy of some elements of a product: the rows of those elements only
+            rows = torch.unique(func(of, *args[1:], **kwargs))
         for o in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(o, torch.Tensor) and _storage(o) not in self.seen and _storage(o) is not None:
                 self.seen[_storage(o)] = (name, rows, 0, depth)
@@ -73,13 +76,16 @@ class Sources:
             return None
         name, rows, width, depth = entry
         if rows is None:  # a view of the product: the rows its elements sit at
-            index = torch.tensor(t.storage_offset())
-            for size, stride in zip(t.shape, t.stride()):
-                if stride % width:
-                    index = (index[..., None] + torch.arange(size) * stride).flatten()
-            rows = torch.unique(index % width)
+            rows = torch.unique(_rows(t, width))
         return name, rows, depth
 
+    def row_of(self, t: torch.Tensor) -> torch.Tensor | None:
+        """For a view of a product, the row each element of ``t`` sits at (a tensor shaped as ``t``); None for
+        anything else (a derived tensor's rows are known as a set only)."""
+        entry = self.seen.get(_storage(t)) if isinstance(t, torch.Tensor) else None
+        return None if entry is None or entry[1] is not None else _rows(t, entry[2]).expand(t.shape)
+
+    SELECT = {torch.Tensor.__getitem__, torch.index_select, torch.Tensor.index_select}  # copies of elements
     MATMUL = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm}
     BADDBMM = {torch.baddbmm, torch.Tensor.baddbmm}  # bias + q·kᵀ in one call (Bloom's ALiBi)
 
@@ -124,6 +130,17 @@ def transposed_parameter(t: Any) -> nn.Parameter | None:
         return None
     same = t.shape == base.shape[::-1] and t.stride() == base.stride()[::-1]
     return base if same and t.data_ptr() == base.data_ptr() else None
+
+
+def _rows(t: torch.Tensor, width: int) -> torch.Tensor:
+    """The row of a product (…, width) that each element of its view ``t`` sits at, read off the strides,
+    broadcastable to ``t``: size 1 along a dimension that steps whole rows (tokens, batch), so it stays small."""
+    index = torch.tensor(t.storage_offset())
+    for size, stride in zip(t.shape, t.stride()):
+        index = index[..., None] + (
+            torch.arange(size) * stride if stride % width else torch.zeros(1, dtype=torch.long)
+        )
+    return index % width
 
 
 def _storage(t: torch.Tensor) -> int | None:
