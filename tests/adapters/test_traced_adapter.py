@@ -4,6 +4,7 @@ eager softmax) and on Hugging Face architectures read through it instead of thei
 
 from __future__ import annotations
 
+import logging
 import math
 import weakref
 
@@ -339,14 +340,16 @@ class _SelectingMixer(nn.Module):
     """Multi-query attention whose key and value are copies of some of the fused product's elements, as Falcon's
     before transformers 5.25 took them: ``fused[..., [-2], :]`` and ``index_select``."""
 
-    def __init__(self, eager: bool):
+    def __init__(self, eager: bool, gather: bool = False):
         super().__init__()
-        self.wqkv, self.eager = nn.Linear(D, (HEADS + 2) * HD, bias=False), eager
+        self.wqkv, self.eager, self.gather = nn.Linear(D, (HEADS + 2) * HD, bias=False), eager, gather
 
     def forward(self, x):
         B, L, _ = x.shape
         fused = self.wqkv(x).view(B, L, HEADS + 2, HD)
         q, k = fused[..., :-2, :], fused[..., [-2], :]
+        if self.gather:  # an index the follower does not read: k is taken as made of every row it spans
+            k = fused.gather(-2, torch.full((B, L, 1, HD), HEADS))
         v = fused.index_select(-2, torch.tensor([HEADS + 1]))
         q, k, v = (t.transpose(1, 2) for t in (q, k.expand_as(q), v.expand_as(q)))
         if self.eager:
@@ -379,6 +382,22 @@ def test_parts_copied_out_by_an_index_are_the_rows_it_selects(eager):
             "k": rows[HEADS * HD : (HEADS + 1) * HD].tolist(),
             "v": rows[(HEADS + 1) * HD :].tolist(),
         }
+
+
+def test_a_fused_matrix_whose_parts_cannot_be_told_apart_is_said_to_be_recorded_whole(tmp_path, caplog):
+    """Where q, k and v are all made of one matrix but followed to overlapping rows, the Monitor records the
+    matrix whole and says so once, naming each such matrix (before, it said nothing)."""
+    model = Decoder()
+    for layer in model.stack:
+        layer.mix = _SelectingMixer(eager=False, gather=True)
+    with caplog.at_level(logging.WARNING, logger="smallinit"):
+        with Monitor(model.eval(), every=1, batch=_ids(2), out=tmp_path / "run") as monitor:
+            ranks = [parse_record(monitor(step)).by_matrix("stable_rank") for step in (0, 1)]
+    said = [r.getMessage() for r in caplog.records if "could not be told apart" in r.getMessage()]
+    assert len(said) == 1
+    for i in range(len(model.stack)):
+        assert f"stack.{i}.mix.wqkv.weight" in said[0]
+        assert f"stack.{i}.mix.wqkv.weight" in ranks[1] and f"stack.{i}.mix.wqkv.weight[q]" not in ranks[1]
 
 
 @pytest.fixture

@@ -59,6 +59,7 @@ class HFAdapter:
         # the rows of each fused q/k/v matrix that make each part, learnt on the first observation of attention
         # (following them keeps the forward's products alive)
         self.parts: dict[str, dict[str, torch.Tensor]] | None = None
+        self.unsplit: set[str] = set()  # fused matrices whose parts could not be told apart
 
     def norms(self) -> dict[str, NormForm]:
         """The form of each norm whose ε and form can be read (observe() names the others when asked)."""
@@ -89,6 +90,7 @@ class HFAdapter:
         )
         if sources.following:
             self.parts = sources.parts
+            self.unsplit = sources.unsplit - set(sources.parts)
         if targets is not None:
             out.loss = cross_entropy(out.logits.flatten(0, 1), targets.flatten())
         if "attention" in kinds and (problems or not out.attention):

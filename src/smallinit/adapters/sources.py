@@ -30,6 +30,9 @@ class Sources:
         # the rows a derived tensor is made of, the product's width, ops since the product)
         self.seen: dict[int, tuple[str, torch.Tensor | None, int, int]] = {}
         self.parts: dict[str, dict[str, torch.Tensor]] = {}
+        self.unsplit: set[str] = (
+            set()
+        )  # matrices that make q, k and v alike, from rows followed as overlapping
         self.scores: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # matrix → rows of eager q and k
         self.alive: list[torch.Tensor] = []  # what is followed stays alive, so no storage is reused meanwhile
 
@@ -121,6 +124,8 @@ class Sources:
     def _fused(self, name: str, rows: list[torch.Tensor]) -> None:
         if sum(len(r) for r in rows) == len(torch.unique(torch.cat(rows))):  # disjoint: one fused matrix
             self.parts[name] = dict(zip("qkv", rows))
+        else:
+            self.unsplit.add(name)
 
 
 def transposed_parameter(t: Any) -> nn.Parameter | None:

@@ -74,6 +74,7 @@ class TracedAdapter:
         # on the first forward that observes attention only: following keeps every product of the forward
         # alive, which costs more memory than the forward itself, and the parts are the architecture's
         self.parts: dict[str, dict[str, torch.Tensor]] | None = None
+        self.unsplit: set[str] = set()  # fused matrices whose parts could not be told apart
 
     @property
     def vocab_size(self) -> int:
@@ -123,6 +124,7 @@ class TracedAdapter:
         if "attention" in kinds:
             if sources.following and not problems:
                 self.parts = sources.parts
+                self.unsplit = sources.unsplit - set(sources.parts)
             name = type(self.module).__name__
             if problems:  # one call that cannot be rebuilt would make every layer's mean wrong
                 out.attention, out.missing["attention"] = [], problems[0]

@@ -139,6 +139,7 @@ class Monitor:
         self.snapshot_steps = self._snapshot_steps()
         # the saturation guard speaks at the start of a fresh run only
         self.warned = start_step > 0 or not guard
+        self.told: set[str] = set()  # fused matrices already said to be recorded whole
         self.last_step: int | None = None
         self.last_loss: float | None = None
         self.out = Path(out)
@@ -355,6 +356,13 @@ class Monitor:
                 n: W.full_tensor() if hasattr(W, "full_tensor") else W.clone() if copy else W
                 for n, W in mats.items()
             }
+        unsplit = sorted(set(getattr(self.adapter, "unsplit", ())) & set(whole) - self.told)
+        if unsplit and self.writes:
+            log.warning(
+                f"{', '.join(unsplit)}: the queries, keys and values are all made of this matrix, but their rows "
+                "could not be told apart in the forward, so its statistics are the whole matrix's, not each part's"
+            )
+        self.told.update(unsplit)
         for name, rows in (getattr(self.adapter, "parts", None) or {}).items():
             if name in whole:
                 whole.update(
