@@ -21,6 +21,9 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from smallinit.export.remote.configuration_smallinit import SmallinitConfig
 
+# the output's cache is `cache` from transformers 5.24, `past_key_values` before: this file runs on the loader's
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
 
 class SmallinitRMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -247,7 +250,7 @@ class SmallinitForCausalLM(SmallinitPreTrainedModel, GenerationMixin):
         past_key_values: Cache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        cache = cache if cache is not None else past_key_values  # the name before transformers 5
+        cache = cache if cache is not None else past_key_values  # the name before transformers 5.24
         h = self.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         B, T = h.shape[:2]
         use_cache = self.config.use_cache and not self.training if use_cache is None else use_cache
@@ -268,4 +271,4 @@ class SmallinitForCausalLM(SmallinitPreTrainedModel, GenerationMixin):
             loss = self.loss_function(
                 logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
             )
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: cache if use_cache else None})
