@@ -501,3 +501,25 @@ def test_compiled_layers_are_measured_as_the_same_layers_uncompiled():
     assert got.not_measured == want.not_measured == {}
     assert got.sink.per_layer == pytest.approx(want.sink.per_layer, rel=1e-6)
     assert got.norm_factor == pytest.approx(want.norm_factor, rel=1e-6)
+
+
+def test_a_transformers_older_than_the_oldest_read_is_one_line_and_the_bound_is_the_one_installed_and_tested():
+    """Before 5.23 the adapter failed deep inside (5.0: KeyError 'get_interface') and the exported model's
+    forward raised TypeError; the refusal names the version and the install line, and pyproject's bound and
+    the release .ci/run tests are that same oldest version."""
+    import re
+    from pathlib import Path
+
+    from smallinit.adapters.hf import OLDEST_TRANSFORMERS, transformers_too_old
+
+    oldest = ".".join(map(str, OLDEST_TRANSFORMERS))
+    assert transformers_too_old("5.22.2") == (
+        f"transformers 5.22.2 is older than {oldest}, the oldest smallinit reads; "
+        f"pip install 'transformers>={oldest}'"
+    )
+    assert transformers_too_old("4.57.6") is not None
+    assert transformers_too_old(f"{oldest}.0.dev0") is None and transformers_too_old("6.0.0") is None
+    assert transformers_too_old(transformers.__version__) is None
+    root = Path(__file__).resolve().parents[2]
+    assert set(re.findall(r'"transformers>=([\d.]+)"', (root / "pyproject.toml").read_text())) == {oldest}
+    assert re.findall(r'"transformers==([\d.]+)"', (root / ".ci" / "run").read_text()) == [f"{oldest}.0"]

@@ -24,6 +24,8 @@ does not have is named in ``Observed.missing`` (one line each), so the rest is s
 from __future__ import annotations
 
 import contextlib
+import re
+import sys
 from collections.abc import Collection, Iterator
 from typing import Any
 
@@ -37,6 +39,21 @@ from smallinit.adapters.sources import Following, Sources, run_eagerly
 from smallinit.errors import ModelError
 from smallinit.model.loss import cross_entropy
 
+# the oldest transformers smallinit reads: the whole suite passes on 5.23.0 (.ci/run runs the Hugging Face tests on
+# it); 5.0.0 fails 61 tests (its AttentionInterface has no get_interface), 5.10.1 9, 5.20.0 4
+OLDEST_TRANSFORMERS = (5, 23)
+
+
+def transformers_too_old(version: str) -> str | None:
+    """One line saying what to do when transformers ``version`` is older than OLDEST_TRANSFORMERS, else None."""
+    if tuple(int(n) for n in re.findall(r"\d+", version)[:2]) >= OLDEST_TRANSFORMERS:
+        return None
+    oldest = ".".join(map(str, OLDEST_TRANSFORMERS))
+    return (
+        f"transformers {version} is older than {oldest}, the oldest smallinit reads; "
+        f"pip install 'transformers>={oldest}'"
+    )
+
 
 def is_hf_causal_lm(model: Any) -> bool:
     """A transformers PreTrainedModel (without importing transformers when it is not loaded)."""
@@ -48,6 +65,9 @@ def is_hf_causal_lm(model: Any) -> bool:
 
 class HFAdapter:
     def __init__(self, model: nn.Module):
+        version = getattr(sys.modules.get("transformers"), "__version__", None)
+        if version is not None and (why := transformers_too_old(version)):
+            raise ModelError(why)
         self.module = model
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.vocab_size = int(config.vocab_size)

@@ -34,6 +34,7 @@ import torch
 from safetensors.torch import save_file
 
 from smallinit import io
+from smallinit.adapters.hf import transformers_too_old
 from smallinit.adapters.hf_folder import coverage_problem, read_tokenizer
 from smallinit.config import Config, ModelConfig
 from smallinit.data import EOS_TOKEN, load_tokenizer
@@ -70,10 +71,8 @@ def require_transformers():
         import transformers
     except ImportError:
         raise ExportError("transformers is not installed; pip install 'smallinit[hf]'") from None
-    if int(transformers.__version__.split(".")[0]) < 5:
-        raise ExportError(
-            f"transformers {transformers.__version__} is too old; pip install 'transformers>=5'"
-        )
+    if why := transformers_too_old(transformers.__version__):
+        raise ExportError(why)
     return transformers
 
 
