@@ -30,9 +30,8 @@ class Sources:
         # the rows a derived tensor is made of, the product's width, ops since the product)
         self.seen: dict[int, tuple[str, torch.Tensor | None, int, int]] = {}
         self.parts: dict[str, dict[str, torch.Tensor]] = {}
-        self.unsplit: set[str] = (
-            set()
-        )  # matrices that make q, k and v alike, from rows followed as overlapping
+        # matrices that make q, k and v alike, from rows followed as overlapping: recorded whole
+        self.unsplit: set[str] = set()
         self.scores: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # matrix → rows of eager q and k
         self.alive: list[torch.Tensor] = []  # what is followed stays alive, so no storage is reused meanwhile
 
