@@ -400,6 +400,20 @@ def test_a_fused_matrix_whose_parts_cannot_be_told_apart_is_said_to_be_recorded_
         assert f"stack.{i}.mix.wqkv.weight" in ranks[1] and f"stack.{i}.mix.wqkv.weight[q]" not in ranks[1]
 
 
+def test_the_monitor_learns_a_hugging_face_models_fused_parts_at_its_start(tmp_path):
+    """Following the parts keeps every product of the forward alive, so the Monitor does it once at its start
+    on one sequence, for a Hugging Face model as for any other (before, the first observation followed them with
+    the whole held-out batch: on the engines, up to 8 training steps' peak memory)."""
+    cfg, name, expected = _neox()
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    with Monitor(model, every=1, batch=_ids(4), out=tmp_path / "run") as monitor:
+        assert isinstance(monitor.adapter, HFAdapter) and monitor.adapter.parts is not None
+        ranks = parse_record(monitor(0)).by_matrix("stable_rank")
+    W = model.get_parameter(name.format(1)).detach()
+    for p, rows in zip("qkv", expected):
+        assert ranks[f"{name.format(1)}[{p}]"] == pytest.approx(_exact_stable_rank(W[rows]), rel=1e-4)
+
+
 @pytest.fixture
 def opaque_kernel():
     """An attention implementation registered by name whose kernel no torch function mode sees, as a compiled or

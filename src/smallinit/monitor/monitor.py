@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from smallinit import io
-from smallinit.adapters import ModelAdapter, TracedAdapter, TransformerAdapter, as_adapter
+from smallinit.adapters import HFAdapter, ModelAdapter, TracedAdapter, TransformerAdapter, as_adapter
 from smallinit.config import AnalysisConfig
 from smallinit.errors import ConfigError
 from smallinit.init import GammaEstimate, measure_gamma, param_roles
@@ -125,8 +125,9 @@ class Monitor:
         self.writes = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
         self.tokens, self.targets = self._held_out(batch, data)
         with _eval_mode(self.module):
-            if isinstance(self.adapter, TracedAdapter):
-                # a forward that cannot run says so now, and the parts of fused matrices become known
+            if isinstance(self.adapter, (TracedAdapter, HFAdapter)):
+                # a forward that cannot run says so now, and the parts of fused matrices become known on one
+                # sequence: following them keeps every product of the forward alive (several steps' memory)
                 with torch.no_grad():
                     self.adapter.observe(self.tokens[:1], kinds=("attention",))
             example = getattr(self.adapter, "example_inputs", None)  # the forward γ-init's trace runs
