@@ -21,7 +21,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from smallinit.export.remote.configuration_smallinit import SmallinitConfig
 
-# the output's cache is `cache` from transformers 5.24, `past_key_values` before: this file runs on the loader's
+# the output's cache is `cache` from transformers 5.24, `past_key_values` before; this file runs on the loader's own
+# release, whichever it is
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
